@@ -1,0 +1,136 @@
+"""The ``kernelexec`` command: serve, exec, config.
+
+Every setting in ``config.Settings`` is also a flag here, generated from the model, so ``--help``
+always shows the real defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+import anyio
+
+from . import __version__
+from .config import Settings, load_settings
+
+# Settings that belong to one command only.
+_SERVE_ONLY = {"transport", "host", "port"}
+
+
+def _add_settings_flags(parser: argparse.ArgumentParser, skip: set[str] = frozenset()) -> None:
+    group = parser.add_argument_group("settings (also KERNELEXEC_<NAME> environment variables or a TOML file)")
+    defaults = Settings.model_construct()
+    for name, field in Settings.model_fields.items():
+        if name in skip:
+            continue
+        flag = "--" + name.replace("_", "-")
+        default = getattr(defaults, name, None) if field.default_factory is None else field.default_factory()  # type: ignore[call-arg]
+        if isinstance(default, list):
+            shown = ",".join(map(str, default)) or "none"
+        else:
+            shown = default
+        help_text = f"{field.description} (default: {shown})"
+        choices = getattr(field.annotation, "__args__", None)
+        kwargs: dict[str, Any] = {"dest": name, "default": None, "help": help_text}
+        if choices and all(isinstance(c, str) for c in choices):
+            kwargs["choices"] = list(choices)
+        group.add_argument(flag, **kwargs)
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides = {k: v for k, v in vars(args).items() if k in Settings.model_fields and v is not None}
+    try:
+        return load_settings(**overrides)
+    except Exception as exc:  # pydantic ValidationError: say which setting is wrong, no traceback
+        sys.exit(f"kernelexec: invalid configuration: {exc}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kernelexec",
+        description="A stateful, sandboxed Jupyter-kernel Python executor served over MCP.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"kernelexec {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="serve MCP over stdio (default) or streamable HTTP at /mcp")
+    _add_settings_flags(serve)
+
+    execute = sub.add_parser("exec", help="run code once through the same session path; print execute_code's JSON")
+    execute.add_argument("code", help="Python code, or - to read it from stdin")
+    execute.add_argument("--timeout", dest="call_timeout", type=float, default=None, help="per-call timeout in seconds (default: --default-timeout)")
+    execute.add_argument("--cwd", dest="call_working_dir", default=None, help="working_dir for the call (default: the session's)")
+    _add_settings_flags(execute, skip=_SERVE_ONLY)
+
+    config = sub.add_parser("config", help="print the effective configuration as JSON")
+    _add_settings_flags(config)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        sys.exit(2)
+    settings = _settings(args)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="kernelexec %(levelname)s %(name)s: %(message)s")
+    if args.command == "config":
+        print(json.dumps(settings.model_dump(mode="json"), indent=2))
+    elif args.command == "serve":
+        anyio.run(_serve, settings)
+    elif args.command == "exec":
+        code = sys.stdin.read() if args.code == "-" else args.code
+        sys.exit(anyio.run(_exec, settings, code, args.call_timeout, args.call_working_dir))
+
+
+async def _serve(settings: Settings) -> None:
+    from .server import build_server
+    from .sessions import SessionManager
+
+    sessions = SessionManager(settings)
+    async with sessions.running():
+        server = build_server(settings, sessions)
+        if settings.transport == "stdio":
+            await server.run_stdio_async()
+        else:
+            print(f"kernelexec: MCP over streamable HTTP at http://{settings.host}:{settings.port}/mcp", file=sys.stderr)
+            await server.run_streamable_http_async(host=settings.host, port=settings.port)
+
+
+async def _exec(settings: Settings, code: str, timeout: float | None, working_dir: str | None) -> int:
+    """Run one call through a real in-memory MCP client, exactly as a client would, and print its JSON."""
+    from mcp import Client
+
+    from .server import build_server
+    from .sessions import SessionManager
+
+    sessions = SessionManager(settings)
+    async with sessions.running():
+        server = build_server(settings, sessions)
+        tool = "run_python" if settings.preset == "safe-executor" else "execute_code"
+        arguments: dict[str, Any] = {"code": code}
+        if tool == "execute_code":
+            arguments |= {k: v for k, v in {"timeout": timeout, "working_dir": working_dir}.items() if v is not None}
+        async with Client(server) as client:
+            result = await client.call_tool(tool, arguments)
+        if result.structured_content is not None:
+            print(json.dumps(result.structured_content, indent=2))
+            ok = result.structured_content.get("success", not result.is_error)
+        else:
+            print(json.dumps({"error": "".join(getattr(c, "text", "") for c in result.content)}, indent=2))
+            ok = False
+        return 0 if ok and not result.is_error else 1
+
+
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
+
+__all__ = ["main", "build_parser"]

@@ -1,0 +1,132 @@
+"""One typed settings model for the whole server.
+
+Precedence, highest first: command-line flags, ``KERNELEXEC_*`` environment variables, the TOML
+file named by ``--config`` / ``KERNELEXEC_CONFIG``, then the defaults below.
+"""
+
+from __future__ import annotations
+
+import os
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+
+Profile = Literal["strict", "standard", "trusted"]
+Preset = Literal["all", "plugin", "safe-executor"]
+Transport = Literal["stdio", "http"]
+
+_toml_file: ContextVar[str | None] = ContextVar("kernelexec_toml_file", default=None)
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "kernelexec"
+
+
+class Settings(BaseSettings):
+    """Everything a deployment can set. Each field is also a ``--flag`` and a ``KERNELEXEC_`` variable."""
+
+    model_config = SettingsConfigDict(env_prefix="KERNELEXEC_", extra="forbid", validate_default=True)
+
+    profile: Profile = Field(
+        "standard",
+        description="In-kernel policy: strict (short stdlib list, no files), standard (stdlib + data stack, "
+        "files in the session's directories, no subprocess/network), trusted (no guards).",
+    )
+    preset: Preset = Field(
+        "all",
+        description="Which tools to expose: all, plugin (only execute_code, like the old Claude Code plugin), "
+        "safe-executor (only run_python under the strict profile).",
+    )
+    state_dir: Path = Field(default_factory=default_state_dir, description="Where session directories live.")
+    work_roots: list[Path] = Field(
+        default_factory=list,
+        description="Directories a call's working_dir may lie in (and, in standard, where files may be written). "
+        "The session's own directory is always allowed.",
+    )
+    working_dir: Path | None = Field(
+        None,
+        description="Default working directory of new sessions (default: the session's own work dir; "
+        "the plugin preset uses the directory the server was started in).",
+    )
+    read_dirs: list[Path] = Field(default_factory=list, description="Extra read-only data directories.")
+    allow_imports: list[str] = Field(
+        default_factory=list, description="Extra top-level modules to allow in strict/standard."
+    )
+    default_timeout: float = Field(60.0, gt=0, description="Per-call timeout in seconds when the call gives none.")
+    max_timeout: float = Field(3600.0, gt=0, description="Largest timeout a call may ask for, in seconds.")
+    interrupt_grace: float = Field(3.0, gt=0, description="Seconds to wait after an interrupt before restarting.")
+    startup_timeout: float = Field(60.0, gt=0, description="Seconds a kernel may take to start.")
+    result_chars: int = Field(5000, ge=100, description="A result longer than this is cut; the whole is written to result_file.")
+    stream_chars: int = Field(20000, ge=100, description="stdout/stderr longer than this are cut head+tail in the answer; the whole is kept in a file.")
+    kernel_stream_cap: int = Field(1_000_000, ge=1000, description="Characters per stream per cell the kernel forwards; the rest goes to a file.")
+    kernel_disk_cap: int = Field(64_000_000, ge=0, description="Characters per stream per cell kept on disk beyond the forwarded part.")
+    max_code_bytes: int = Field(1_000_000, ge=1, description="Largest code a call may send.")
+    max_sessions: int = Field(16, ge=1, description="Most live sessions (kernels) at once.")
+    idle_timeout: float = Field(3600.0, ge=0, description="Shut down a session's kernel after this many idle seconds (0 = never).")
+    env_pass: list[str] = Field(
+        default_factory=lambda: ["PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ"],
+        description="Environment variables passed to kernels; everything else is scrubbed.",
+    )
+    transport: Transport = Field("stdio", description="MCP transport.")
+    host: str = Field("127.0.0.1", description="HTTP bind address.")
+    port: int = Field(8765, ge=0, le=65535, description="HTTP port.")
+    config: Path | None = Field(None, description="A TOML file with any of these settings.")
+
+    @field_validator("allow_imports", "env_pass", "work_roots", "read_dirs", mode="before")
+    @classmethod
+    def _split_commas(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [v for v in value.split(",") if v]
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml_file = _toml_file.get() or os.environ.get("KERNELEXEC_CONFIG")
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if toml_file:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
+        return tuple(sources)
+
+    @model_validator(mode="after")
+    def _apply_preset(self) -> Settings:
+        """The plugin preset behaves like the old plugin: trusted, working in the start directory."""
+        if self.preset == "plugin":
+            if "profile" not in self.model_fields_set:
+                self.profile = "trusted"
+            if self.working_dir is None:
+                self.working_dir = Path.cwd()
+        if self.working_dir is not None:
+            self.working_dir = self.working_dir.expanduser().resolve()
+            if self.working_dir not in self.work_roots:
+                self.work_roots = [*self.work_roots, self.working_dir]
+        return self
+
+    @property
+    def effective_profile(self) -> Profile:
+        """The safe-executor preset always runs strict."""
+        return "strict" if self.preset == "safe-executor" else self.profile
+
+    @property
+    def sessions_dir(self) -> Path:
+        return self.state_dir / "sessions"
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build settings from flags (``overrides``), the environment and the optional TOML file."""
+    config = overrides.get("config")
+    token = _toml_file.set(str(config) if config is not None else None)
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    finally:
+        _toml_file.reset(token)

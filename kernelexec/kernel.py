@@ -1,0 +1,350 @@
+"""One IPython kernel, driven through jupyter_client's async API.
+
+``Kernel.execute`` sends one request, reads IOPub (filtered by ``parent_header.msg_id``) and the
+shell reply against one monotonic deadline, and races that against ``is_alive()`` so a dead kernel
+is noticed in well under a second. On timeout it escalates: SIGINT, a short grace, then a restart.
+Callers hold the session lock: at most one request is ever in flight per kernel.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import re
+import time
+from collections.abc import Awaitable, Callable
+from typing import IO, Any
+
+import anyio
+from jupyter_client.manager import AsyncKernelManager
+
+from .errors import KernelStartError
+from .launch import LaunchSpec
+from .models import Execution
+
+logger = logging.getLogger(__name__)
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
+_POLL = 0.2  # seconds between liveness checks while waiting on output
+
+OnOutput = Callable[[str, str], Awaitable[None]]  # (stream name, text) for progress reporting
+
+
+def strip_ansi(text: str) -> str:
+    return _ANSI.sub("", text)
+
+
+def _output_from_msg(msg: dict[str, Any]) -> dict[str, Any]:
+    from nbformat.v4 import output_from_msg  # imported lazily: nbformat costs ~0.3 s at import
+
+    return dict(output_from_msg(msg))
+
+
+class _Collector:
+    """Turns one request's IOPub messages into an Execution (after nbclient's output handling)."""
+
+    def __init__(self, execution: Execution) -> None:
+        self.ex = execution
+        self.clear_before_next = False
+        self.display_index: dict[str, list[int]] = {}
+        self.idle = False
+
+    def handle(self, msg: dict[str, Any]) -> None:
+        kind = msg["msg_type"]
+        content = msg["content"]
+        if kind == "status":
+            self.idle = content.get("execution_state") == "idle"
+            return
+        if kind == "execute_input":
+            self.ex.execution_count = content.get("execution_count")
+            return
+        if kind == "clear_output":
+            if content.get("wait"):
+                self.clear_before_next = True
+            else:
+                self._clear()
+            return
+        if kind not in ("stream", "display_data", "execute_result", "error", "update_display_data"):
+            return
+        if self.clear_before_next:
+            self._clear()
+        if kind == "stream":
+            self._stream(content["name"], content.get("text", ""))
+            return
+        if kind == "update_display_data":
+            display_id = content.get("transient", {}).get("display_id")
+            for index in self.display_index.get(display_id, []):
+                out = self.ex.outputs[index]
+                out["data"] = _output_from_msg({**msg, "msg_type": "display_data"})["data"]
+                out["metadata"] = content.get("metadata", {})
+            return
+        out = _output_from_msg(msg)
+        if kind == "error":
+            out["traceback"] = [strip_ansi(line) for line in out.get("traceback", [])]
+            self.ex.error = {"ename": out["ename"], "evalue": out["evalue"], "traceback": out["traceback"]}
+        if kind in ("display_data", "execute_result"):
+            display_id = content.get("transient", {}).get("display_id")
+            if display_id:
+                self.display_index.setdefault(display_id, []).append(len(self.ex.outputs))
+            if kind == "execute_result":
+                self.ex.execution_count = content.get("execution_count", self.ex.execution_count)
+        self.ex.outputs.append(out)
+
+    def _stream(self, name: str, text: str) -> None:
+        if name == "stdout":
+            self.ex.stdout += text
+        else:
+            self.ex.stderr += text
+        last = self.ex.outputs[-1] if self.ex.outputs else None
+        if last is not None and last.get("output_type") == "stream" and last.get("name") == name:
+            last["text"] += text
+        else:
+            self.ex.outputs.append({"output_type": "stream", "name": name, "text": text})
+
+    def _clear(self) -> None:
+        self.clear_before_next = False
+        self.ex.outputs = [o for o in self.ex.outputs if o.get("output_type") == "error"]
+        self.display_index.clear()
+
+
+class Kernel:
+    """A running kernel for one session. Not safe for concurrent ``execute`` calls: the session serialises them."""
+
+    def __init__(self, spec: LaunchSpec, *, startup_timeout: float = 60.0) -> None:
+        self.spec = spec
+        self.startup_timeout = startup_timeout
+        self.km: AsyncKernelManager | None = None
+        self.kc: Any = None
+        self._log: IO[bytes] | None = None
+        self.restarts = 0
+
+    # --- lifecycle -----------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the kernel and wait until it answers and its policy is installed."""
+        dirs = self.spec.dirs
+        self._log = open(dirs.log, "ab")  # noqa: SIM115 - lives as long as the kernel
+        km = AsyncKernelManager(transport="ipc", connection_file=str(dirs.connection_file))
+        km.ip = str(dirs.ipc_prefix)
+        self.km = km
+        try:
+            with anyio.fail_after(self.startup_timeout):
+                await km.start_kernel(**self.spec.start_kwargs(self._log))
+                self.kc = km.client()
+                self.kc.start_channels()
+                await self._wait_ready()
+        except BaseException as exc:
+            tail = self.log_tail()
+            with anyio.CancelScope(shield=True):
+                await self.shutdown()
+            if isinstance(exc, KernelStartError):
+                raise
+            if isinstance(exc, Exception):
+                raise KernelStartError(f"kernel failed to start: {exc!r}", tail) from exc
+            raise
+
+    async def _wait_ready(self) -> None:
+        """Wait for the kernel to answer, then check that the startup code installed the policy."""
+        while True:
+            try:
+                await self.kc.wait_for_ready(timeout=self.startup_timeout)
+                break
+            except RuntimeError as exc:
+                if not await self.km.is_alive():
+                    raise KernelStartError("kernel exited during startup", self.log_tail()) from exc
+                raise
+        report = await self.evaluate("_kernelexec_policy()", timeout=self.startup_timeout)
+        if not (isinstance(report, dict) and report.get("active")):
+            raise KernelStartError(f"kernel started without its policy: {report!r}", self.log_tail())
+
+    async def shutdown(self) -> None:
+        """Stop the kernel and release its sockets and files. Safe to call more than once."""
+        if self.kc is not None:
+            self.kc.stop_channels()
+            self.kc = None
+        if self.km is not None:
+            try:
+                if self.km.has_kernel:
+                    await self.km.shutdown_kernel(now=True)
+            except Exception:
+                logger.exception("kernel shutdown failed")
+            finally:
+                await self.km._async_cleanup_resources()  # the sync name warns under a running loop
+                self.km = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    async def restart(self) -> None:
+        """Kill the kernel (and its process group) and start a fresh one; the startup code runs again."""
+        assert self.km is not None
+        self.restarts += 1
+        try:
+            await self.km.restart_kernel(now=True)
+            await self._wait_ready()
+        except Exception:
+            # a restart that fails leaves us with a broken manager: start over from scratch
+            logger.exception("restart failed; starting a new kernel")
+            await self.shutdown()
+            await self.start()
+        await self._drain()
+
+    async def is_alive(self) -> bool:
+        return self.km is not None and await self.km.is_alive()
+
+    def exit_code(self) -> int | None:
+        process = getattr(self.km.provisioner, "process", None) if self.km else None
+        return None if process is None else process.poll()
+
+    def log_tail(self, limit: int = 2000) -> str:
+        try:
+            return self.spec.dirs.log.read_bytes()[-limit:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    async def _drain(self) -> None:
+        """Drop stale IOPub/shell messages left over from an interrupted or killed request."""
+        for channel in (self.kc.iopub_channel, self.kc.shell_channel):
+            while await channel.msg_ready():
+                await channel.get_msg(timeout=0)
+
+    # --- running code ----------------------------------------------------------------------
+    async def execute(
+        self,
+        code: str,
+        *,
+        timeout: float,
+        grace: float,
+        on_output: OnOutput | None = None,
+    ) -> Execution:
+        """Run ``code`` as one cell. Never raises for the user's errors; those are in ``Execution.error``."""
+        ex = Execution(code=code)
+        started = time.monotonic()
+        msg_id = self.kc.execute(
+            code,
+            store_history=True,
+            allow_stdin=False,
+            stop_on_error=False,
+            user_expressions={"report": "_kernelexec_report()"},
+        )
+        collector = _Collector(ex)
+        try:
+            state = await self._collect(msg_id, collector, started + timeout, on_output)
+            if state == "timeout":
+                ex.timed_out = True
+                state = await self._escalate(msg_id, collector, grace, ex, "timed out after %.3g s" % timeout)
+            if state == "dead":
+                await self._after_death(ex)
+            elif state == "idle":
+                await self._finish(msg_id, ex, deadline=time.monotonic() + max(grace, 5.0))
+        except anyio.get_cancelled_exc_class():
+            # The client gave up (MCP cancellation): stop the cell so the next call finds a quiet kernel.
+            ex.cancelled = True
+            with anyio.CancelScope(shield=True):
+                await self._escalate(msg_id, collector, grace, ex, "the call was cancelled")
+            raise
+        finally:
+            ex.duration_ms = round((time.monotonic() - started) * 1000, 3)
+        return ex
+
+    async def _collect(
+        self, msg_id: str, collector: _Collector, deadline: float, on_output: OnOutput | None
+    ) -> str:
+        """Read IOPub until the request's idle status: returns ``idle``, ``timeout`` or ``dead``."""
+        next_check = time.monotonic() + _POLL
+        while True:
+            now = time.monotonic()
+            if now >= next_check:
+                if not await self.km.is_alive():
+                    return "dead"
+                next_check = now + _POLL
+            remaining = deadline - now
+            if remaining <= 0:
+                return "timeout"
+            try:
+                msg = await self.kc.get_iopub_msg(timeout=min(remaining, _POLL))
+            except queue.Empty:
+                continue
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            collector.handle(msg)
+            if on_output is not None and msg["msg_type"] == "stream":
+                await on_output(msg["content"]["name"], msg["content"].get("text", ""))
+            if collector.idle:
+                return "idle"
+
+    async def _escalate(self, msg_id: str, collector: _Collector, grace: float, ex: Execution, why: str) -> str:
+        """SIGINT, wait ``grace`` for idle; if the cell still runs (C loop, SIGINT ignored), restart."""
+        if not await self.is_alive():
+            await self._after_death(ex)
+            return "dead-handled"
+        await self.km.interrupt_kernel()
+        state = await self._collect(msg_id, collector, time.monotonic() + grace, None)
+        if state == "idle":
+            ex.ending = "interrupted"
+            await self._finish(msg_id, ex, deadline=time.monotonic() + grace)
+            return "interrupted"
+        if state == "dead":
+            await self._after_death(ex)
+            return "dead-handled"
+        ex.ending = "restarted"
+        ex.restart_reason = f"{why}; the interrupt did not stop it within {grace:g} s, so the kernel was restarted (variables lost)"
+        await self.restart()
+        return "restarted"
+
+    async def _after_death(self, ex: Execution) -> None:
+        code = self.exit_code()
+        ex.ending = "kernel_died"
+        ex.restart_reason = (
+            f"the kernel died (exit code {code}) while running this code; it was restarted and its variables are lost"
+        )
+        await self.restart()
+
+    async def _finish(self, msg_id: str, ex: Execution, deadline: float) -> None:
+        """Take the shell reply: execution count, the result report and (if no IOPub error came) the error."""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                logger.warning("no execute_reply for %s", msg_id)
+                return
+            try:
+                reply = await self.kc.get_shell_msg(timeout=remaining)
+            except queue.Empty:
+                return
+            if reply.get("parent_header", {}).get("msg_id") == msg_id:
+                break
+        content = reply["content"]
+        ex.execution_count = content.get("execution_count", ex.execution_count)
+        if content.get("status") == "error" and ex.error is None:
+            ex.error = {
+                "ename": content.get("ename", "Error"),
+                "evalue": content.get("evalue", ""),
+                "traceback": [strip_ansi(t) for t in content.get("traceback", [])],
+            }
+        report = content.get("user_expressions", {}).get("report", {})
+        data = report.get("data", {}) if report.get("status") == "ok" else {}
+        payload = data.get("application/json")
+        if isinstance(payload, dict):
+            ex.streams_cut = payload.pop("streams", {}) or {}
+            ex.result = payload if payload.get("kind") != "none" else None
+
+    async def evaluate(self, expression: str, *, timeout: float = 10.0) -> Any:
+        """Evaluate one expression silently (no history, no IOPub output); return its JSON or text."""
+        msg_id = self.kc.execute("", silent=True, store_history=False, user_expressions={"x": expression})
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no reply evaluating {expression!r}")
+            try:
+                reply = await self.kc.get_shell_msg(timeout=min(remaining, _POLL))
+            except queue.Empty:
+                if not await self.km.is_alive():
+                    raise KernelStartError("kernel died", self.log_tail()) from None
+                continue
+            if reply.get("parent_header", {}).get("msg_id") == msg_id:
+                break
+        value = reply["content"].get("user_expressions", {}).get("x", {})
+        if value.get("status") != "ok":
+            return {"error": f"{value.get('ename')}: {value.get('evalue')}"}
+        data = value.get("data", {})
+        return data.get("application/json", data.get("text/plain"))

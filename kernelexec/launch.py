@@ -1,0 +1,134 @@
+"""How a kernel process is started: its command-line flags, environment, directories and fds.
+
+Launching and talking are separate jobs: this module decides *what* process to start
+(launch hygiene, the startup script, and where the OS-level layers will plug in); kernel.py
+drives the running kernel through jupyter_client.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+STARTUP_FILE = "kernel_init.py"
+
+
+def startup_script() -> Path:
+    """The file every kernel runs before user code (``kernelexec/startup/kernel_init.py`` in the wheel)."""
+    return Path(str(resources.files("kernelexec.startup").joinpath(STARTUP_FILE)))
+
+
+def kernel_arguments() -> list[str]:
+    """ipykernel flags: our startup file, and no SQLite history (the notebook is our history)."""
+    return [
+        f"--IPKernelApp.exec_files={json.dumps([str(startup_script())])}",
+        "--HistoryManager.enabled=False",
+        "--IPCompleter.use_jedi=False",
+        "--IPKernelApp.trio_loop=False",
+        "--Application.log_level=WARN",
+    ]
+
+
+@dataclass
+class SessionDirs:
+    """A session's private directory tree. Everything the session owns lives under ``root``."""
+
+    root: Path
+
+    @property
+    def work(self) -> Path:
+        return self.root / "work"
+
+    @property
+    def home(self) -> Path:
+        return self.root / "home"
+
+    @property
+    def tmp(self) -> Path:
+        return self.root / "tmp"
+
+    @property
+    def outputs(self) -> Path:
+        return self.root / "outputs"
+
+    @property
+    def connection_file(self) -> Path:
+        return self.root / "kernel.json"
+
+    @property
+    def ipc_prefix(self) -> Path:
+        return self.root / "k"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "kernel.log"
+
+    @property
+    def notebook(self) -> Path:
+        return self.root / "notebook.ipynb"
+
+    @property
+    def journal(self) -> Path:
+        return self.root / "journal.jsonl"
+
+    def create(self) -> None:
+        for d in (self.root, self.work, self.home, self.tmp, self.outputs):
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # unix socket paths are limited to 107 bytes; "-<port>" is appended to the prefix
+        if len(str(self.ipc_prefix)) > 90:
+            raise ValueError(f"session directory path too long for unix sockets: {self.root}")
+
+
+@dataclass
+class LaunchSpec:
+    """Everything passed to ``AsyncKernelManager.start_kernel`` for one session's kernel."""
+
+    dirs: SessionDirs
+    cwd: Path
+    policy: dict[str, Any]
+    env_pass: list[str] = field(default_factory=list)
+
+    def environment(self) -> dict[str, str]:
+        """A scrubbed environment: only ``env_pass`` from the server, plus the session's own dirs.
+
+        ``start_kernel(env=...)`` replaces the environment, so server secrets never reach user code.
+        """
+        env = {k: os.environ[k] for k in self.env_pass if k in os.environ}
+        env.setdefault("PATH", os.defpath)
+        env.update(
+            HOME=str(self.dirs.home),
+            TMPDIR=str(self.dirs.tmp),
+            IPYTHONDIR=str(self.dirs.home / ".ipython"),
+            MPLCONFIGDIR=str(self.dirs.home / ".matplotlib"),
+            MPLBACKEND="module://matplotlib_inline.backend_inline",
+            PYTHONDONTWRITEBYTECODE="1",
+            PYDEVD_DISABLE_FILE_VALIDATION="1",
+            MALLOC_ARENA_MAX="2",
+            OPENBLAS_NUM_THREADS="1",
+            OMP_NUM_THREADS="1",
+            KERNELEXEC_POLICY=json.dumps(self.policy),
+        )
+        return env
+
+    def start_kwargs(self, log_file: Any) -> dict[str, Any]:
+        """Keyword arguments for ``start_kernel``: fds 0/1 to /dev/null (a kernel writing to fd 1
+        must never reach the MCP stdio stream) and fd 2 to the session's log file."""
+        return {
+            "extra_arguments": kernel_arguments(),
+            "env": self.environment(),
+            "cwd": str(self.cwd),
+            "stdin": subprocess.DEVNULL,
+            "stdout": subprocess.DEVNULL,
+            "stderr": log_file,
+        }
+
+
+def kernel_python() -> str:
+    """The interpreter kernels run with: the server's own, so the same packages are importable."""
+    return sys.executable

@@ -1,0 +1,100 @@
+"""What a call produced, as plain data.
+
+``Execution`` is built once from the kernel's messages (kernel.py) and then rendered once for MCP
+(render.py) and appended once to the session notebook (recording.py). ``ExecuteResult`` and
+friends are the tools' structured output; their JSON schemas are the tools' output schemas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+Ending = Literal["completed", "interrupted", "restarted", "kernel_died"]
+
+
+@dataclass
+class Execution:
+    """One cell's outcome, straight from the kernel. No MCP or file concerns here."""
+
+    code: str
+    stdout: str = ""
+    stderr: str = ""
+    outputs: list[dict[str, Any]] = field(default_factory=list)  # nbformat v4 output dicts, in order
+    result: dict[str, Any] | None = None  # the kernel runtime's report (kind, format, text, file)
+    streams_cut: dict[str, Any] = field(default_factory=dict)  # what the kernel's stream cap cut
+    error: dict[str, Any] | None = None  # ename, evalue, traceback (ANSI stripped)
+    execution_count: int | None = None
+    duration_ms: float = 0.0
+    ending: Ending = "completed"
+    timed_out: bool = False
+    cancelled: bool = False
+    restart_reason: str | None = None
+
+    @property
+    def success(self) -> bool:
+        return self.error is None and self.ending == "completed"
+
+
+class OutputRef(BaseModel):
+    """A rich output kept as a file: what it is, how big, and where to get all of it."""
+
+    mime_type: str = Field(description="MIME type, e.g. image/png, image/svg+xml, text/html")
+    size: int = Field(description="Size in bytes")
+    path: str = Field(description="File holding the full item")
+    uri: str = Field(description="MCP resource URI for the same file")
+
+
+class ExecuteResult(BaseModel):
+    """The structured answer of execute_code (the old plugin's fields, extended)."""
+
+    success: bool = Field(description="True when the code ran to the end without raising")
+    result: Any = Field(None, description="Value of `result` if the code bound it, else of the last expression: JSON when possible, else its repr")
+    stdout: str = Field("", description="Standard output (cut head+tail when long; see stdout_file)")
+    stderr: str = Field("", description="Standard error (cut head+tail when long; see stderr_file)")
+    result_file: str | None = Field(None, description="File with the whole result when it was too long to return")
+    error: str | None = Field(None, description='One line, e.g. "ZeroDivisionError: division by zero"')
+    error_type: str | None = Field(None, description="Exception class name")
+    traceback: list[str] = Field(default_factory=list, description="Traceback lines, no colour codes")
+    session: str = Field(description="Session handle this ran in; pass it back to keep state")
+    execution_count: int | None = Field(None, description="The cell number in this session's kernel")
+    outputs: list[OutputRef] = Field(default_factory=list, description="Rich outputs (images, HTML, ...) kept as files")
+    duration_ms: float = Field(0.0, description="Wall time of the call in milliseconds")
+    stdout_file: str | None = Field(None, description="Full stdout when it was cut")
+    stderr_file: str | None = Field(None, description="Full stderr when it was cut")
+    timed_out: bool = Field(False, description="The call hit its timeout")
+    ending: Ending = Field("completed", description="completed, interrupted (SIGINT stopped it), restarted (the kernel was restarted; state lost) or kernel_died")
+    restart_reason: str | None = Field(None, description="Why the kernel was restarted, when it was")
+    notebook: str | None = Field(None, description="Path of this session's notebook record")
+    profile: str = Field(description="Policy profile in force")
+
+
+class RunPythonResult(BaseModel):
+    """The old safe executor's answer."""
+
+    result: Any = Field(None, description="Value of `result` or of the last expression")
+    logs: str = Field("", description="Everything printed (stdout then stderr)")
+
+
+class Variable(BaseModel):
+    name: str
+    type: str
+    repr: str = Field(description="Bounded repr")
+    shape: list[int] | None = None
+    length: int | None = None
+
+
+class VariablesResult(BaseModel):
+    session: str
+    variables: list[Variable]
+
+
+class SessionInfo(BaseModel):
+    session: str
+    status: str = Field(description="What happened: created, restarted, closed")
+    profile: str
+    working_dir: str
+    notebook: str | None = None
+    detail: str | None = None

@@ -1,0 +1,117 @@
+"""Profiles: what each one lets user code do, as the policy the kernel's startup code enforces.
+
+Pure data; no kernel needed to test it. The kernel side is ``startup/guard.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import site
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+from .config import Profile
+
+# The old safe executor's list, plus the four its description promised.
+STRICT_IMPORTS = frozenset(
+    {
+        "collections", "datetime", "itertools", "math", "queue", "random", "re", "stat", "statistics",
+        "time", "unicodedata", "json", "string", "functools", "operator",
+    }
+)
+
+# Broad, side-effect-free stdlib. Absent on purpose: subprocess, socket, ssl, ctypes, multiprocessing,
+# signal, pty, importlib (its __import__ bypasses the hook), sqlite3, _posixsubprocess, posix.
+STANDARD_STDLIB = frozenset(
+    {
+        "__future__", "abc", "argparse", "array", "ast", "asyncio", "base64", "binascii", "bisect", "builtins",
+        "bz2", "calendar", "cmath", "codecs", "collections", "colorsys", "concurrent", "contextlib", "contextvars",
+        "copy", "copyreg", "csv", "dataclasses", "datetime", "decimal", "difflib", "dis", "email", "enum", "errno",
+        "fnmatch", "fractions", "functools", "gettext", "glob", "graphlib", "gzip", "hashlib", "heapq", "hmac",
+        "html", "inspect", "io", "ipaddress", "itertools", "json", "keyword", "linecache", "locale", "logging",
+        "lzma", "math", "mimetypes", "numbers", "operator", "os", "pathlib", "pickle", "platform", "pprint",
+        "queue", "random", "re", "reprlib", "secrets", "shlex", "shutil", "statistics", "string", "stringprep",
+        "struct", "sys", "tarfile", "tempfile", "textwrap", "threading", "time", "timeit", "tokenize",
+        "tomllib", "traceback", "types", "typing", "typing_extensions", "unicodedata", "urllib", "uuid",
+        "warnings", "weakref", "xml", "zipfile", "zlib", "zoneinfo",
+    }
+)
+
+# Third-party packages the standard profile allows when they are installed.
+DATA_STACK = frozenset(
+    {
+        "numpy", "pandas", "scipy", "matplotlib", "mpl_toolkits", "matplotlib_inline", "seaborn", "sympy",
+        "mpmath", "PIL", "sklearn", "statsmodels", "networkx", "pyarrow", "polars", "dateutil", "pytz",
+        "tzdata", "tabulate", "tqdm", "IPython", "openpyxl", "bs4", "lxml", "yaml", "jinja2", "plotly",
+        "altair", "bokeh", "numexpr", "bottleneck", "patsy", "xarray",
+    }
+)
+
+
+def python_read_roots() -> list[str]:
+    """Where the interpreter, its libraries and the fonts/timezones they read live (read-only)."""
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sysconfig.get_paths()["stdlib"]}
+    roots.update(site.getsitepackages())
+    roots.update(p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and os.path.isdir(p))
+    roots.update(
+        p
+        for p in ("/usr/share/fonts", "/usr/share/zoneinfo", "/usr/share/matplotlib", "/etc/fonts",
+                  "/etc/localtime", "/usr/share/mime", "/dev/null", "/dev/urandom", "/usr/lib/python3",
+                  "/usr/local/share/fonts")
+        if os.path.exists(p)
+    )
+    return sorted(roots)
+
+
+def kernel_policy(
+    profile: Profile,
+    *,
+    session_dir: Path,
+    spill_dir: Path,
+    work_roots: list[Path],
+    read_dirs: list[Path],
+    allow_imports: list[str],
+    result_cap: int,
+    stream_cap: int,
+    disk_cap: int,
+) -> dict[str, Any]:
+    """The JSON the kernel's startup code reads (``KERNELEXEC_POLICY``)."""
+    base: dict[str, Any] = {
+        "profile": profile,
+        "spill_dir": str(spill_dir),
+        "result_cap": result_cap,
+        "stream_cap": stream_cap,
+        "disk_cap": disk_cap,
+        "figure_formats": ["png", "svg"],
+    }
+    if profile == "trusted":
+        return base | {"allowed_imports": None, "file_io": "all"}
+    guarded = {"deny_process": True, "deny_network": True, "deny_tamper": True}
+    python_roots = python_read_roots()
+    if profile == "strict":
+        return base | guarded | {
+            "allowed_imports": sorted(STRICT_IMPORTS | set(allow_imports)),
+            "file_io": "none",
+            "write_roots": [],
+            "read_roots": python_roots,
+        }
+    return base | guarded | {
+        "allowed_imports": sorted(STANDARD_STDLIB | DATA_STACK | set(allow_imports)),
+        "imports_hint": "most of the standard library (not subprocess, socket, ctypes, multiprocessing, signal, "
+        "importlib, sqlite3) and the data stack: numpy, pandas, scipy, matplotlib, seaborn, sympy, PIL, sklearn, "
+        "statsmodels, networkx, IPython.display",
+        "file_io": "roots",
+        "write_roots": [str(session_dir), *map(str, work_roots)],
+        "read_roots": [*map(str, read_dirs), *python_roots],
+    }
+
+
+def describe(profile: Profile) -> str:
+    """One line for answers and the README: what the in-kernel layer of this profile does."""
+    return {
+        "strict": "imports limited to a short stdlib list; no file access; no subprocess, network or ctypes",
+        "standard": "stdlib + data stack imports; files only in the session's directories; no subprocess, network or ctypes",
+        "trusted": "no in-kernel guards",
+    }[profile]

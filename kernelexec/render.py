@@ -1,0 +1,236 @@
+"""Turn an ``Execution`` into what the MCP client gets: structured content and content blocks.
+
+Rendering happens once per call. Anything too long for the answer is cut here and kept whole in
+a file in the session's ``outputs/`` directory, named in the answer; nothing is dropped silently.
+Binary data never goes into structured content (clients copy it into the model's context as text).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mcp_types import ContentBlock, EmbeddedResource, ImageContent, ResourceLink, TextContent, TextResourceContents
+
+from .kernel import strip_ansi
+from .models import Execution, ExecuteResult, OutputRef
+
+EXTENSIONS = {
+    "image/png": "png",
+    "image/jpeg": "jpg",
+    "image/gif": "gif",
+    "image/svg+xml": "svg",
+    "text/html": "html",
+    "text/markdown": "md",
+    "text/latex": "tex",
+    "application/json": "json",
+    "application/pdf": "pdf",
+    "application/javascript": "js",
+}
+BINARY = {"image/png", "image/jpeg", "image/gif", "application/pdf"}
+MODEL_IMAGES = {"image/png", "image/jpeg"}
+EMBED_LIMIT = 100_000  # larger text outputs are linked, not embedded
+
+
+def session_file_uri(session: str, name: str) -> str:
+    return f"kernelexec://sessions/{session}/files/{name}"
+
+
+def readable(text: str) -> str:
+    """What a terminal would show: ANSI codes removed and ``\\r`` progress lines collapsed."""
+    text = strip_ansi(text)
+    if "\r" not in text:
+        return text
+    lines = []
+    for line in text.split("\n"):
+        parts = [p for p in line.split("\r") if p]
+        lines.append(parts[-1] if parts else "")
+    return "\n".join(lines)
+
+
+def cut(text: str, limit: int) -> tuple[str, bool]:
+    """Head and tail of ``text`` within ``limit`` characters, with a marker saying what was cut."""
+    if len(text) <= limit:
+        return text, False
+    head = limit * 2 // 3
+    tail = limit - head
+    omitted = len(text) - head - tail
+    return f"{text[:head]}\n[... {omitted:,} characters cut ...]\n{text[-tail:]}", True
+
+
+@dataclass
+class Rendered:
+    structured: ExecuteResult
+    content: list[ContentBlock]
+
+
+class Renderer:
+    """Renders executions for one session; owns the naming of its spill files."""
+
+    def __init__(self, session: str, outputs_dir: Path, *, result_chars: int, stream_chars: int, profile: str) -> None:
+        self.session = session
+        self.outputs_dir = outputs_dir
+        self.result_chars = result_chars
+        self.stream_chars = stream_chars
+        self.profile = profile
+        self._seq = 0
+
+    def _write(self, stem: str, ext: str, data: bytes) -> tuple[Path, str]:
+        self.outputs_dir.mkdir(parents=True, exist_ok=True)
+        name = f"{stem}.{ext}"
+        path = self.outputs_dir / name
+        path.write_bytes(data)
+        return path, session_file_uri(self.session, name)
+
+    def render(self, ex: Execution, *, notebook: str | None) -> Rendered:
+        self._seq += 1
+        stem = f"cell{ex.execution_count if ex.execution_count is not None else 'x'}-{self._seq}"
+        fields: dict[str, Any] = {}
+
+        # result: the value, cut past result_chars with the whole kept in result_file
+        result_value: Any = None
+        result_file: str | None = None
+        if ex.result is not None:
+            text = ex.result.get("text", "")
+            result_file = ex.result.get("file")
+            if len(text) > self.result_chars:
+                if result_file is None:
+                    ext = "json" if ex.result.get("format") == "json" else "txt"
+                    result_file = str(self._write(f"{stem}-result", ext, text.encode())[0])
+                result_value = text[: self.result_chars] + f"... [cut at {self.result_chars:,} of {len(text):,} characters; whole in result_file]"
+            elif ex.result.get("format") == "json":
+                result_value = json.loads(text)
+            else:
+                result_value = text
+
+        # streams: readable, cut head+tail, the whole kept in a file
+        for name in ("stdout", "stderr"):
+            raw = getattr(ex, name)
+            shown, was_cut = cut(readable(raw), self.stream_chars)
+            kernel_file = ex.streams_cut.get(name, {}).get("file")
+            path = kernel_file
+            if was_cut and path is None:
+                path = str(self._write(f"{stem}-{name}", "txt", raw.encode(errors="replace"))[0])
+            fields[name] = shown
+            fields[f"{name}_file"] = path
+
+        # rich outputs: every non-text item kept as a file; images for the model, others as resources
+        refs: list[OutputRef] = []
+        blocks: list[ContentBlock] = []
+        seen: set[str] = set()
+        for index, out in enumerate(ex.outputs):
+            data = out.get("data")
+            if not data:
+                continue
+            for mime, value in data.items():
+                if mime == "text/plain" or mime not in EXTENSIONS and not mime.startswith("image/"):
+                    continue
+                raw = _as_bytes(mime, value)
+                digest = hashlib.sha1(raw).hexdigest()
+                if digest in seen:  # a cell ending in `fig` shows the figure twice
+                    continue
+                seen.add(digest)
+                ext = EXTENSIONS.get(mime, mime.rsplit("/", 1)[-1].split("+")[0])
+                path, uri = self._write(f"{stem}-out{index}", ext, raw)
+                refs.append(OutputRef(mime_type=mime, size=len(raw), path=str(path), uri=uri))
+                if mime in MODEL_IMAGES:
+                    blocks.append(ImageContent(type="image", data=base64.b64encode(raw).decode(), mime_type=mime))
+                elif mime not in BINARY and len(raw) <= EMBED_LIMIT:
+                    blocks.append(
+                        EmbeddedResource(
+                            type="resource",
+                            resource=TextResourceContents(uri=uri, mime_type=mime, text=raw.decode(errors="replace")),
+                        )
+                    )
+                else:
+                    blocks.append(ResourceLink(type="resource_link", uri=uri, name=path.name, mime_type=mime, size=len(raw)))
+
+        error = ex.error
+        restart_note = ex.restart_reason
+        structured = ExecuteResult(
+            success=ex.success,
+            result=result_value,
+            result_file=result_file,
+            error=_one_line(ex, error),
+            error_type=(error or {}).get("ename") or (None if ex.success else _ending_type(ex)),
+            traceback=[line for t in (error or {}).get("traceback", []) for line in t.split("\n")],
+            session=self.session,
+            execution_count=ex.execution_count,
+            outputs=refs,
+            duration_ms=ex.duration_ms,
+            timed_out=ex.timed_out,
+            ending=ex.ending,
+            restart_reason=restart_note,
+            notebook=notebook,
+            profile=self.profile,
+            **fields,
+        )
+        return Rendered(structured, [TextContent(type="text", text=summary_text(structured)), *blocks])
+
+
+def _as_bytes(mime: str, value: Any) -> bytes:
+    if mime in BINARY:
+        return base64.b64decode(value if isinstance(value, str) else "".join(value))
+    if isinstance(value, (dict, list)) and not mime.startswith("text/") and mime != "image/svg+xml":
+        return json.dumps(value, indent=1).encode()
+    if isinstance(value, list):
+        value = "".join(value)
+    return str(value).encode()
+
+
+def _ending_type(ex: Execution) -> str:
+    return {"interrupted": "TimeoutError", "restarted": "TimeoutError", "kernel_died": "KernelDied"}.get(ex.ending, "Error")
+
+
+def _one_line(ex: Execution, error: dict[str, Any] | None) -> str | None:
+    if error is not None and ex.ending == "completed":
+        evalue = str(error.get("evalue", "")).strip().splitlines()
+        return f"{error['ename']}: {evalue[0]}" if evalue else error["ename"]
+    if ex.ending == "completed":
+        return None
+    if ex.timed_out:
+        how = {"interrupted": "interrupted", "restarted": "the kernel was restarted; variables lost"}.get(ex.ending, ex.ending)
+        return f"TimeoutError: the code ran longer than its timeout ({how})"
+    if ex.cancelled:
+        return "CancelledError: the call was cancelled"
+    if ex.ending == "kernel_died":
+        return f"KernelDied: {ex.restart_reason}"
+    return f"{ex.ending}"
+
+
+_TAG = re.compile(r"</?(kernelexec-[a-z]+)>")
+
+
+def summary_text(r: ExecuteResult) -> str:
+    """One text block for the model: what happened, result, output, error. Tags escaped, no base64."""
+
+    def esc(text: str) -> str:
+        return _TAG.sub(lambda m: m.group(0).replace("<", "&lt;"), text)
+
+    status = "ok" if r.success else ("error" if r.ending == "completed" else r.ending)
+    parts = [f"[{status}] session={r.session} cell={r.execution_count} {r.duration_ms:.0f} ms profile={r.profile}"]
+    if r.restart_reason:
+        parts.append(f"NOTE: {r.restart_reason}")
+    if r.result is not None:
+        shown = r.result if isinstance(r.result, str) else json.dumps(r.result)
+        parts.append(f"<kernelexec-result>\n{esc(shown)}\n</kernelexec-result>")
+        if r.result_file:
+            parts.append(f"(whole result in {r.result_file})")
+    for name in ("stdout", "stderr"):
+        text = getattr(r, name)
+        if text:
+            parts.append(f"<kernelexec-{name}>\n{esc(text.rstrip())}\n</kernelexec-{name}>")
+            path = getattr(r, f"{name}_file")
+            if path:
+                parts.append(f"(whole {name} in {path})")
+    if r.error:
+        tb = "\n".join(r.traceback[-30:]) if r.traceback else ""
+        parts.append(f"<kernelexec-error>\n{esc(r.error)}\n{esc(tb)}\n</kernelexec-error>".replace("\n\n</", "\n</"))
+    for ref in r.outputs:
+        parts.append(f"output {ref.mime_type} ({ref.size:,} bytes): {ref.uri}")
+    return "\n".join(parts)

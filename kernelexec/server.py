@@ -1,0 +1,235 @@
+"""The MCP face of kernelexec: tools and resources over a SessionManager.
+
+Built by ``build_server(settings, sessions)``; nothing happens at import. Three error channels:
+user code raising is a normal result; failures the model can act on (unknown session, bad input,
+dead kernel) are ``ToolError``; protocol faults stay ``MCPError``.
+"""
+
+
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
+from mcp_types import CallToolResult, ToolAnnotations
+from pydantic import Field
+
+from . import __version__
+from .config import Settings
+from .errors import InvalidRequest, KernelexecError
+from .models import ExecuteResult, RunPythonResult, SessionInfo, Variable, VariablesResult
+from .policy import describe
+from .sessions import Session, SessionManager
+
+INSTRUCTIONS = """\
+kernelexec runs Python in a persistent IPython kernel. Variables, imports and functions persist
+between calls in the same session. The answer's `result` is the value of a variable named
+`result` if your code assigns it, otherwise the value of the last expression. Print for logs.
+Plots: matplotlib figures are returned as PNG images (and SVG files). Every answer names its
+`session`; pass it back to keep working in the same kernel, or call new_session for a fresh one.
+Long-running code is interrupted at `timeout` seconds; if it cannot be interrupted the kernel is
+restarted and its variables are lost (the answer says so). Profile: {profile} ({what})."""
+
+SessionArg = Annotated[
+    str | None,
+    Field(description="Session handle from an earlier answer; omit to use this connection's default session"),
+]
+CodeArg = Annotated[str, Field(description="Python code to run (IPython syntax: magics and top-level await work)")]
+
+
+def _timeout(settings: Settings, timeout: float | None) -> float:
+    if timeout is None:
+        return settings.default_timeout
+    if not 0 < timeout <= settings.max_timeout:
+        raise InvalidRequest(f"timeout must be > 0 and at most {settings.max_timeout:g} seconds; got {timeout!r}")
+    return float(timeout)
+
+
+def _check_code(settings: Settings, code: str) -> None:
+    if not isinstance(code, str):
+        raise InvalidRequest("code must be a string")
+    size = len(code.encode("utf-8", errors="surrogatepass"))
+    if size > settings.max_code_bytes:
+        raise InvalidRequest(f"code is {size:,} bytes; the limit is {settings.max_code_bytes:,} (--max-code-bytes)")
+    if "\x00" in code:
+        raise InvalidRequest("code contains NUL bytes (\\x00); send source text only")
+
+
+class _Progress:
+    """Forwards output tails as progress notifications, at most every ``interval`` seconds."""
+
+    def __init__(self, ctx: Context, interval: float = 0.5) -> None:
+        self.ctx = ctx
+        self.interval = interval
+        self.chars = 0
+        self.tail = ""
+        self.last = 0.0
+
+    async def __call__(self, name: str, text: str) -> None:
+        self.chars += len(text)
+        self.tail = (self.tail + text)[-400:]
+        now = time.monotonic()
+        if now - self.last >= self.interval:
+            self.last = now
+            await self.ctx.report_progress(self.chars, None, self.tail)
+
+
+def build_server(settings: Settings, sessions: SessionManager) -> MCPServer:
+    """Create the MCP server. ``sessions`` must be running (``SessionManager.running()``) while it serves."""
+    profile = settings.effective_profile
+    mcp = MCPServer(
+        "kernelexec",
+        version=__version__,
+        instructions=INSTRUCTIONS.format(profile=profile, what=describe(profile)),
+    )
+
+    def owner_of(ctx: Context) -> str | None:
+        principal = getattr(ctx.request_context, "principal", None) if ctx is not None else None
+        return None if principal is None else str(principal)
+
+    async def resolve(ctx: Context, handle: str | None) -> Session:
+        owner = owner_of(ctx)
+        if handle:
+            return sessions.get(handle, owner=owner)
+        headers = ctx.headers if ctx is not None else None
+        if headers is None:  # stdio, in-memory: one client per process
+            return await sessions.default(working_dir=settings.working_dir)
+        transport_id = headers.get("mcp-session-id")
+        if transport_id:  # legacy streamable HTTP (protocol <= 2025-11-25)
+            return await sessions.for_transport(transport_id, owner=owner, working_dir=settings.working_dir)
+        # stateless HTTP (2026-07-28): no way to tell clients apart, so a fresh session per call without a handle
+        return await sessions.create(owner=owner, working_dir=settings.working_dir)
+
+    async def run(ctx: Context, code: str, session: str | None, timeout: float | None, working_dir: str | None):
+        _check_code(settings, code)
+        seconds = _timeout(settings, timeout)
+        try:
+            target = await resolve(ctx, session)
+            return await target.run(code, timeout=seconds, working_dir=working_dir, on_output=_Progress(ctx))
+        except KernelexecError as exc:
+            raise ToolError(str(exc)) from exc
+
+    async def execute_code(
+        code: CodeArg,
+        ctx: Context,
+        working_dir: Annotated[
+            str | None, Field(description="Directory to run in (must lie in an allowed root); default: the session's directory")
+        ] = None,
+        session: SessionArg = None,
+        timeout: Annotated[float | None, Field(description=f"Seconds before the code is interrupted (default {settings.default_timeout:g}, max {settings.max_timeout:g})")] = None,
+    ) -> Annotated[CallToolResult, ExecuteResult]:
+        """Run Python code in a persistent Jupyter kernel and return its result, output, rich outputs and errors."""
+        rendered = await run(ctx, code, session, timeout, working_dir)
+        return CallToolResult(
+            content=rendered.content,
+            structured_content=rendered.structured.model_dump(mode="json"),
+            is_error=False,
+        )
+
+    async def run_python(code: CodeArg, ctx: Context, session: SessionArg = None) -> RunPythonResult:
+        """Run Python code and return {result, logs}. Errors raised by the code are reported as tool errors."""
+        rendered = await run(ctx, code, session, None, None)
+        r = rendered.structured
+        if not r.success:
+            raise ToolError(f"{r.error}\n{chr(10).join(r.traceback[-8:])}".strip())
+        logs = r.stdout + (("\n" if r.stdout and not r.stdout.endswith("\n") else "") + r.stderr if r.stderr else "")
+        return RunPythonResult(result=r.result, logs=logs)
+
+    async def list_variables(ctx: Context, session: SessionArg = None) -> VariablesResult:
+        """List the session's variables: name, type, a short repr, and shape or length where there is one."""
+        try:
+            target = await resolve(ctx, session)
+            async with target.lock:
+                kernel = await target.ensure_kernel()
+                data = await kernel.evaluate("_kernelexec_variables()")
+        except KernelexecError as exc:
+            raise ToolError(str(exc)) from exc
+        if isinstance(data, str):
+            data = json.loads(data)
+        if isinstance(data, dict) and "error" in data:
+            raise ToolError(f"could not list variables: {data['error']}")
+        return VariablesResult(session=target.handle, variables=[Variable(**v) for v in data])
+
+    async def new_session(
+        ctx: Context,
+        working_dir: Annotated[str | None, Field(description="Default working directory (must lie in an allowed root)")] = None,
+    ) -> SessionInfo:
+        """Open a new, independent session (its own kernel) and return its handle."""
+        try:
+            created = await sessions.create(owner=owner_of(ctx), working_dir=settings.working_dir)
+            cwd = created.resolve_working_dir(working_dir)
+            if cwd is not None:
+                created.default_cwd = created.cwd = cwd
+            await created.ensure_kernel()
+        except KernelexecError as exc:
+            raise ToolError(str(exc)) from exc
+        return _info(created, "created")
+
+    async def restart_session(ctx: Context, session: SessionArg = None) -> SessionInfo:
+        """Restart the session's kernel: all variables are lost; the notebook record stays."""
+        try:
+            target = await resolve(ctx, session)
+            await target.restart()
+        except KernelexecError as exc:
+            raise ToolError(str(exc)) from exc
+        return _info(target, "restarted")
+
+    async def close_session(
+        ctx: Context, session: Annotated[str, Field(description="Handle of the session to close")]
+    ) -> SessionInfo:
+        """Shut the session's kernel down and forget its handle (its notebook stays on disk)."""
+        try:
+            closed = await sessions.close(session, owner=owner_of(ctx))
+        except KernelexecError as exc:
+            raise ToolError(str(exc)) from exc
+        return _info(closed, "closed")
+
+    def _info(s: Session, status: str) -> SessionInfo:
+        return SessionInfo(session=s.handle, status=status, profile=s.profile, working_dir=str(s.cwd), notebook=str(s.dirs.notebook))
+
+    acting = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
+    reading = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
+    tools: dict[str, tuple[Any, ToolAnnotations, str]] = {
+        "execute_code": (execute_code, acting, "Execute Python code"),
+        "run_python": (run_python, acting, "Run Python"),
+        "list_variables": (list_variables, reading, "List variables"),
+        "new_session": (new_session, acting, "New session"),
+        "restart_session": (restart_session, ToolAnnotations(destructive_hint=True, open_world_hint=False), "Restart session"),
+        "close_session": (close_session, ToolAnnotations(destructive_hint=True, open_world_hint=False), "Close session"),
+    }
+    exposed = {
+        "plugin": ["execute_code"],
+        "safe-executor": ["run_python"],
+    }.get(settings.preset, list(tools))
+    for name in exposed:
+        fn, annotations, title = tools[name]
+        mcp.add_tool(fn, name=name, title=title, annotations=annotations)
+
+    def session_file(session: str, name: str) -> Path:
+        try:
+            s = sessions.get(session)
+        except KernelexecError as exc:
+            raise ResourceNotFoundError(str(exc)) from exc
+        path = (s.dirs.outputs / name).resolve()
+        if path.parent != s.dirs.outputs.resolve() or not path.is_file():
+            raise ResourceNotFoundError(f"no file {name!r} in session {session}")
+        return path
+
+    @mcp.resource("kernelexec://sessions/{session}/files/{name}", name="session-file", description="A file a session produced (plots, spilled output)")
+    def read_session_file(session: str, name: str) -> bytes:
+        return session_file(session, name).read_bytes()
+
+    @mcp.resource("kernelexec://sessions/{session}/notebook.ipynb", name="session-notebook", mime_type="application/x-ipynb+json", description="The session's notebook record")
+    def read_notebook(session: str) -> str:
+        try:
+            s = sessions.get(session)
+        except KernelexecError as exc:
+            raise ResourceNotFoundError(str(exc)) from exc
+        path = s.recorder.write_notebook()
+        if path is None:
+            raise ResourceError("notebook not written yet")
+        return path.read_text()
+
+    return mcp

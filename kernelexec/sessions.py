@@ -1,0 +1,256 @@
+"""Sessions: server-minted handles, each owning one kernel, one directory and one notebook record.
+
+MCP 2026-07-28 is stateless, so a session is a handle the client passes back as a tool argument.
+Calls to one session run one at a time in arrival order (a FIFO lock); different sessions run in
+parallel. The manager enforces the live-session limit, reaps idle kernels and keeps notebooks
+written in the background.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from .config import Settings
+from .errors import InvalidRequest, SessionError
+from .kernel import Kernel, OnOutput
+from .launch import LaunchSpec, SessionDirs
+from .models import Execution
+from .policy import kernel_policy
+from .recording import Recorder
+from .render import Rendered, Renderer
+
+logger = logging.getLogger(__name__)
+
+_HANDLE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
+
+
+def valid_handle(handle: str) -> bool:
+    return 8 <= len(handle) <= 64 and set(handle) <= _HANDLE_CHARS
+
+
+class Session:
+    """One client's kernel, directory, renderer and notebook record."""
+
+    def __init__(self, handle: str, settings: Settings, *, owner: str | None = None, working_dir: Path | None = None) -> None:
+        self.handle = handle
+        self.settings = settings
+        self.profile = settings.effective_profile
+        self.owner = owner
+        self.dirs = SessionDirs(settings.sessions_dir / handle)
+        self.dirs.create()
+        self.default_cwd = working_dir or self.dirs.work
+        self.cwd = self.default_cwd
+        self.kernel: Kernel | None = None
+        self.lock = anyio.Lock()
+        self.last_used = time.monotonic()
+        self.closed = False
+        self.busy = False
+        self.renderer = Renderer(
+            handle, self.dirs.outputs, result_chars=settings.result_chars,
+            stream_chars=settings.stream_chars, profile=self.profile,
+        )
+        meta = {"session": handle, "profile": self.profile, "created": time.time()}
+        self.recorder = Recorder(self.dirs.journal, self.dirs.notebook, meta)
+        meta_file = self.dirs.root / "session.json"
+        if not meta_file.exists():
+            meta_file.write_text(json.dumps({**meta, "owner": owner, "working_dir": str(self.default_cwd)}))
+
+    def launch_spec(self) -> LaunchSpec:
+        s = self.settings
+        policy = kernel_policy(
+            self.profile,
+            session_dir=self.dirs.root,
+            spill_dir=self.dirs.outputs,
+            work_roots=s.work_roots,
+            read_dirs=s.read_dirs,
+            allow_imports=s.allow_imports,
+            result_cap=max(s.result_chars * 20, 1_000_000),
+            stream_cap=s.kernel_stream_cap,
+            disk_cap=s.kernel_disk_cap,
+        )
+        return LaunchSpec(dirs=self.dirs, cwd=self.default_cwd, policy=policy, env_pass=s.env_pass)
+
+    async def ensure_kernel(self) -> Kernel:
+        if self.kernel is None:
+            kernel = Kernel(self.launch_spec(), startup_timeout=self.settings.startup_timeout)
+            await kernel.start()
+            self.kernel = kernel
+            self.cwd = self.default_cwd
+        return self.kernel
+
+    def resolve_working_dir(self, working_dir: str | None) -> Path | None:
+        """Check a call's working_dir: it must exist and lie in the session dir or a configured root."""
+        if working_dir is None:
+            return None
+        path = Path(os.path.expanduser(working_dir))
+        if not path.is_absolute():
+            path = self.default_cwd / path
+        path = path.resolve()
+        if not path.is_dir():
+            raise InvalidRequest(f"working_dir {working_dir!r} does not exist or is not a directory")
+        roots = [self.dirs.root.resolve(), *(Path(r).resolve() for r in self.settings.work_roots)]
+        unrestricted = self.profile == "trusted" and not self.settings.work_roots
+        if not unrestricted and not any(path == r or r in path.parents for r in roots):
+            allowed = ", ".join(map(str, roots))
+            raise InvalidRequest(f"working_dir {working_dir!r} is outside the allowed roots ({allowed}); see --work-roots")
+        return path
+
+    async def run(self, code: str, *, timeout: float, working_dir: str | None = None, on_output: OnOutput | None = None) -> Rendered:
+        """Run one cell in this session and return the rendered answer; record it in the notebook."""
+        cwd = self.resolve_working_dir(working_dir)
+        async with self.lock:
+            if self.closed:
+                raise SessionError.unknown(self.handle)
+            self.busy = True
+            try:
+                kernel = await self.ensure_kernel()
+                if cwd is not None and cwd != self.cwd:
+                    await kernel.evaluate(f"_kernelexec_chdir({str(cwd)!r})")
+                    self.cwd = cwd
+                ex = await kernel.execute(code, timeout=timeout, grace=self.settings.interrupt_grace, on_output=on_output)
+                if ex.ending in ("restarted", "kernel_died"):
+                    self.cwd = self.default_cwd
+                self.record(ex)
+                return self.renderer.render(ex, notebook=str(self.dirs.notebook))
+            finally:
+                self.busy = False
+                self.last_used = time.monotonic()
+
+    def record(self, ex: Execution) -> None:
+        self.recorder.append(ex, {"session": self.handle, "profile": self.profile, "cwd": str(self.cwd)})
+
+    async def restart(self) -> None:
+        async with self.lock:
+            if self.kernel is None:
+                await self.ensure_kernel()
+            else:
+                await self.kernel.restart()
+            self.cwd = self.default_cwd
+
+    async def stop_kernel(self) -> None:
+        """Shut the kernel down (idle reaping, close); the directory and notebook stay."""
+        kernel, self.kernel = self.kernel, None
+        if kernel is not None:
+            await kernel.shutdown()
+        await anyio.to_thread.run_sync(self.recorder.flush)
+
+
+class SessionManager:
+    """Owns all sessions of a server process. Use as an async context manager."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.sessions: dict[str, Session] = {}
+        self.aliases: dict[str, str] = {}  # transport session id (legacy HTTP) -> handle
+        self.default_handle: str | None = None
+        self._create_lock = anyio.Lock()
+        self._tg: Any = None
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[SessionManager]:
+        self.settings.sessions_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            tg.start_soon(self._housekeeping)
+            try:
+                yield self
+            finally:
+                tg.cancel_scope.cancel()
+                with anyio.CancelScope(shield=True):
+                    await self.aclose()
+
+    async def aclose(self) -> None:
+        for session in list(self.sessions.values()):
+            try:
+                await session.stop_kernel()
+            except Exception:
+                logger.exception("closing session %s", session.handle)
+
+    def live_count(self) -> int:
+        return sum(1 for s in self.sessions.values() if s.kernel is not None or s.busy)
+
+    async def create(self, *, owner: str | None = None, working_dir: Path | None = None) -> Session:
+        """Mint a new session (the kernel starts on first use)."""
+        async with self._create_lock:
+            if self.live_count() >= self.settings.max_sessions:
+                raise SessionError.limit(self.settings.max_sessions)
+            handle = secrets.token_urlsafe(12)
+            session = Session(handle, self.settings, owner=owner, working_dir=working_dir)
+            self.sessions[handle] = session
+            return session
+
+    def get(self, handle: str, *, owner: str | None = None) -> Session:
+        """Look a handle up; a session from another owner is reported exactly like an unknown one."""
+        if not isinstance(handle, str) or not valid_handle(handle):
+            raise SessionError.unknown(str(handle)[:80])
+        session = self.sessions.get(handle)
+        if session is None or session.closed or (session.owner is not None and session.owner != owner):
+            raise SessionError.unknown(handle)
+        return session
+
+    async def default(self, *, working_dir: Path | None = None) -> Session:
+        """The process's single default session (stdio and in-memory clients that pass no handle)."""
+        async with self._create_lock:
+            handle = self.default_handle
+        if handle is not None and handle in self.sessions and not self.sessions[handle].closed:
+            return self.sessions[handle]
+        session = await self.create(working_dir=working_dir)
+        self.default_handle = session.handle
+        return session
+
+    async def for_transport(self, key: str, *, owner: str | None, working_dir: Path | None = None) -> Session:
+        """The session of a legacy HTTP client, keyed by its Mcp-Session-Id."""
+        handle = self.aliases.get(key)
+        if handle is not None and handle in self.sessions and not self.sessions[handle].closed:
+            return self.sessions[handle]
+        session = await self.create(owner=owner, working_dir=working_dir)
+        self.aliases[key] = session.handle
+        return session
+
+    async def close(self, handle: str, *, owner: str | None = None) -> Session:
+        session = self.get(handle, owner=owner)
+        async with session.lock:
+            session.closed = True
+            await session.stop_kernel()
+        self.sessions.pop(handle, None)
+        if self.default_handle == handle:
+            self.default_handle = None
+        return session
+
+    async def _reap(self) -> None:
+        """Stop kernels idle for longer than the idle timeout; their directories and notebooks stay."""
+        idle = sorted(
+            (s for s in self.sessions.values() if s.kernel is not None and not s.busy and not s.lock.locked()),
+            key=lambda s: s.last_used,
+        )
+        timeout = self.settings.idle_timeout
+        now = time.monotonic()
+        for session in idle:
+            if timeout and now - session.last_used > timeout:
+                logger.info("stopping idle session %s", session.handle)
+                await session.stop_kernel()
+
+    async def _housekeeping(self) -> None:
+        while True:
+            await anyio.sleep(0.5)
+            for session in list(self.sessions.values()):
+                if session.recorder.dirty:
+                    try:
+                        await anyio.to_thread.run_sync(session.recorder.flush)
+                    except Exception:
+                        logger.exception("writing notebook of %s", session.handle)
+            await self._reap()
+
+    def remove_dir(self, session: Session) -> None:
+        shutil.rmtree(session.dirs.root, ignore_errors=True)

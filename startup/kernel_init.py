@@ -1,0 +1,57 @@
+"""Runs first in every kernelexec kernel, before any user code (``IPKernelApp.exec_files``).
+
+ipykernel runs this file again after every restart. It reads the session policy from the
+``KERNELEXEC_POLICY`` environment variable (then removes it), installs the guard and the
+runtime, and fails closed: if anything here raises, the kernel exits and the server reports it.
+"""
+
+
+def _kernelexec_boot() -> None:
+    import builtins
+    import importlib.util
+    import json
+    import os
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(f"_kernelexec_{name}", os.path.join(here, f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        return module
+
+    try:
+        policy = json.loads(os.environ.pop("KERNELEXEC_POLICY"))
+        shell = get_ipython()  # noqa: F821 - provided by IPython in exec_files
+        guard = load("guard")
+        runtime_mod = load("runtime")
+        formats = policy.get("figure_formats")
+        if formats:
+            shell.run_line_magic("config", f"InlineBackend.figure_formats = {set(formats)!r}")
+        runtime = runtime_mod.Runtime(shell, policy, bypass=None)
+        for stream in (sys.stdout, sys.stderr):
+            if hasattr(stream, "pub_thread"):
+                runtime.cap_stream(stream)
+        shell.events.register("pre_run_cell", runtime.pre_run_cell)
+        shell.events.register("post_run_cell", runtime.post_run_cell)
+        builtins._kernelexec_report = runtime.report
+        builtins._kernelexec_variables = runtime.variables
+        builtins._kernelexec_chdir = os.chdir
+        runtime.bypass = guard.install(policy)
+        if policy.get("file_io") == "none":
+            def deny_open(info: object) -> None:
+                guard.deny_open_in(shell.user_ns, policy["profile"])
+
+            deny_open(None)
+            shell.events.register("pre_run_cell", deny_open)
+        builtins._kernelexec_policy = lambda: runtime_mod._Report({"profile": policy["profile"], "active": True})
+    except BaseException as exc:  # fail closed: no kernel without its policy
+        sys.__stderr__.write(f"kernelexec startup failed: {exc!r}\n")
+        sys.__stderr__.flush()
+        os._exit(70)
+
+
+_kernelexec_boot()
+del _kernelexec_boot

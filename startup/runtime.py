@@ -1,0 +1,223 @@
+"""Result capture and the per-cell output cap, inside the kernel. Stdlib only.
+
+The server asks for the last cell's result through ``user_expressions``
+(``_kernelexec_report()``), so nothing extra travels on IOPub or lands in the notebook.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import sys
+import threading
+from typing import Any
+
+_MISSING = object()
+
+
+def _binds_result(cell: str) -> bool:
+    """True when the cell's top level stores to the name ``result`` (=, +=, for, with, :=, import as)."""
+    try:
+        tree = ast.parse(cell)
+    except SyntaxError:
+        return False
+    scopes = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+    todo: list[ast.AST] = [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Name) and node.id == "result" and isinstance(node.ctx, ast.Store):
+            return True
+        if isinstance(node, ast.alias) and (node.asname or node.name) == "result":
+            return True
+        if isinstance(node, ast.Global) and "result" in node.names:
+            return True
+        if isinstance(node, scopes):
+            # a nested scope binds its own locals, unless it declares `global result` (found above)
+            todo.extend(n for n in ast.walk(node) if isinstance(n, ast.Global))
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+    return False
+
+
+class _Report:
+    """What ``user_expressions`` returns: its JSON mime bundle is the whole answer."""
+
+    def __init__(self, payload: dict[str, Any]) -> None:
+        self._payload = payload
+
+    def _repr_json_(self) -> dict[str, Any]:
+        return self._payload
+
+    def __repr__(self) -> str:
+        return json.dumps(self._payload)
+
+
+class Runtime:
+    """Per-kernel state: the last cell's result and the stream budget."""
+
+    def __init__(self, shell: Any, policy: dict[str, Any], bypass: Any) -> None:
+        self.shell = shell
+        self.bypass = bypass
+        self.spill_dir: str = policy["spill_dir"]
+        self.result_cap: int = int(policy.get("result_cap", 8_000_000))
+        self.stream_cap: int = int(policy.get("stream_cap", 1_000_000))
+        self.disk_cap: int = int(policy.get("disk_cap", 64_000_000))
+        self.last: dict[str, Any] = {"kind": "none"}
+        self._before: Any = _MISSING
+        self._lock = threading.Lock()
+        self._streams: dict[str, dict[str, Any]] = {}
+        self._cell = 0
+
+    # --- result ------------------------------------------------------------------------
+    def pre_run_cell(self, info: Any) -> None:
+        self._cell += 1
+        self._before = self.shell.user_ns.get("result", _MISSING)
+        with self._lock:
+            self._streams = {}
+
+    def post_run_cell(self, outcome: Any) -> None:
+        ns = self.shell.user_ns
+        cell = getattr(outcome.info, "raw_cell", "") or ""
+        value: Any = _MISSING
+        if "result" in ns and (ns["result"] is not self._before or _binds_result(cell)):
+            value, kind = ns["result"], "variable"
+        elif outcome.result is not None:
+            value, kind = outcome.result, "expression"
+        self.last = {"kind": "none"} if value is _MISSING else self._encode(value, kind)
+        self._finish_streams()
+
+    def _encode(self, value: Any, kind: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": kind, "type": type(value).__qualname__}
+        try:
+            text = json.dumps(value, allow_nan=False)
+            out["format"] = "json"
+        except (TypeError, ValueError, RecursionError):
+            try:
+                text = repr(value)
+            except Exception as exc:  # a broken __repr__ must not break the answer
+                text = f"<unrepresentable {type(value).__qualname__}: {exc!r}>"
+            out["format"] = "repr"
+        if len(text) > self.result_cap:
+            out["file"] = self._spill(f"result-{self._cell}.{'json' if out['format'] == 'json' else 'txt'}", text)
+            out["total_chars"] = len(text)
+            text = text[: self.result_cap]
+            out["format"] = "repr"  # a cut JSON text is no longer JSON
+        out["text"] = text
+        return out
+
+    def report(self) -> _Report:
+        return _Report({**self.last, "streams": self._stream_report()})
+
+    def _spill(self, name: str, text: str) -> str:
+        path = os.path.join(self.spill_dir, name)
+        with self.bypass():
+            os.makedirs(self.spill_dir, exist_ok=True)
+            with open(path, "w", encoding="utf-8", errors="replace") as fh:
+                fh.write(text)
+        return path
+
+    def variables(self) -> _Report:
+        """The user's variables for ``list_variables``: name, type, bounded repr, shape/length."""
+        import reprlib
+        import types
+
+        short = reprlib.Repr()
+        short.maxstring = short.maxother = 120
+        hidden = self.shell.user_ns_hidden
+        out = []
+        for name, value in list(self.shell.user_ns.items()):
+            if name.startswith("_") or name in hidden or isinstance(value, types.ModuleType):
+                continue
+            kind = type(value)
+            entry: dict[str, Any] = {"name": name, "type": f"{kind.__module__}.{kind.__qualname__}".removeprefix("builtins.")}
+            try:
+                entry["repr"] = short.repr(value)[:200]
+            except Exception as exc:
+                entry["repr"] = f"<repr failed: {exc!r}>"[:200]
+            shape = getattr(value, "shape", None)
+            if isinstance(shape, tuple) and all(isinstance(n, int) for n in shape):
+                entry["shape"] = list(shape)
+            if not isinstance(value, type):
+                try:
+                    entry["length"] = len(value)
+                except Exception:
+                    pass
+            out.append(entry)
+        return _Report(out)  # type: ignore[arg-type]
+
+    # --- stream cap ------------------------------------------------------------------------
+    def cap_stream(self, stream: Any) -> None:
+        """Wrap ``stream.write`` so one cell forwards at most ``stream_cap`` characters over ZMQ.
+
+        Beyond the cap the text goes to a file (up to ``disk_cap``), and the cell ends with one
+        note naming the file. The fd watcher thread calls the same ``write``, so raw fd writes count too.
+        """
+        real_write = stream.write
+        name = stream.name
+
+        def write(text: str) -> int | None:
+            with self._lock:
+                state = self._streams.setdefault(name, {"sent": 0, "total": 0, "head": [], "fh": None, "file": None})
+                n = len(text)
+                state["total"] += n
+                room = self.stream_cap - state["sent"]
+                if room >= n and state["fh"] is None:
+                    state["sent"] += n
+                    state["head"].append(text)
+                    forward = text
+                else:
+                    forward = text[: max(room, 0)]
+                    state["sent"] += len(forward)
+                    self._to_file(name, state, text)
+            if forward:
+                return real_write(forward)
+            return n
+
+        stream.write = write
+
+    def _to_file(self, name: str, state: dict[str, Any], text: str) -> None:
+        if state["fh"] is None:
+            path = os.path.join(self.spill_dir, f"{name}-{self._cell}.txt")
+            with self.bypass():
+                os.makedirs(self.spill_dir, exist_ok=True)
+                state["fh"] = open(path, "w", encoding="utf-8", errors="replace")  # noqa: SIM115
+            state["file"] = path
+            state["written"] = 0
+            for chunk in state["head"]:
+                state["fh"].write(chunk)
+                state["written"] += len(chunk)
+            state["head"] = []
+        room = self.disk_cap - state["written"]
+        if room > 0:
+            with self.bypass():
+                state["fh"].write(text[:room])
+            state["written"] += min(room, len(text))
+
+    def _finish_streams(self) -> None:
+        with self._lock:
+            streams = dict(self._streams)
+        for name, state in streams.items():
+            fh = state.get("fh")
+            if fh is None:
+                continue
+            fh.close()
+            state["fh"] = False
+            note = (
+                f"\n[kernelexec: {name} cut after {state['sent']:,} of {state['total']:,} characters; "
+                f"{state['written']:,} kept in {state['file']}]\n"
+            )
+            stream = getattr(sys, name, None)
+            if stream is not None:
+                stream.flush()
+                # bypass the cap for our own note
+                type(stream).write(stream, note)
+                stream.flush()
+
+    def _stream_report(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                name: {"total": s["total"], "sent": s["sent"], "file": s["file"], "kept": s.get("written", s["total"])}
+                for name, s in self._streams.items()
+                if s["file"]
+            }
