@@ -32,6 +32,7 @@ EXTENSIONS = {
     "application/pdf": "pdf",
     "application/javascript": "js",
 }
+TEXT_EXTENSIONS = {"svg", "html", "md", "tex", "json", "js", "txt"}
 BINARY = {"image/png", "image/jpeg", "image/gif", "application/pdf"}
 MODEL_IMAGES = {"image/png", "image/jpeg"}
 EMBED_LIMIT = 100_000  # larger text outputs are linked, not embedded
@@ -127,14 +128,16 @@ class Renderer:
             data = out.get("data")
             if not data:
                 continue
+            # A cell ending in `fig` shows the figure twice (its repr, then the inline backend's
+            # flush); the PNG bytes are identical though the SVGs differ in ids, so key on the PNG.
+            key = hashlib.sha1(json.dumps(data.get("image/png") or data, sort_keys=True).encode()).hexdigest()
+            if key in seen:
+                continue
+            seen.add(key)
             for mime, value in data.items():
                 if mime == "text/plain" or mime not in EXTENSIONS and not mime.startswith("image/"):
                     continue
                 raw = _as_bytes(mime, value)
-                digest = hashlib.sha1(raw).hexdigest()
-                if digest in seen:  # a cell ending in `fig` shows the figure twice
-                    continue
-                seen.add(digest)
                 ext = EXTENSIONS.get(mime, mime.rsplit("/", 1)[-1].split("+")[0])
                 path, uri = self._write(f"{stem}-out{index}", ext, raw)
                 refs.append(OutputRef(mime_type=mime, size=len(raw), path=str(path), uri=uri))

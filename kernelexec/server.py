@@ -21,6 +21,7 @@ from .config import Settings
 from .errors import InvalidRequest, KernelexecError
 from .models import ExecuteResult, RunPythonResult, SessionInfo, Variable, VariablesResult
 from .policy import describe
+from .render import TEXT_EXTENSIONS
 from .sessions import Session, SessionManager
 
 INSTRUCTIONS = """\
@@ -218,8 +219,12 @@ def build_server(settings: Settings, sessions: SessionManager) -> MCPServer:
         return path
 
     @mcp.resource("kernelexec://sessions/{session}/files/{name}", name="session-file", description="A file a session produced (plots, spilled output)")
-    def read_session_file(session: str, name: str) -> bytes:
-        return session_file(session, name).read_bytes()
+    def read_session_file(session: str, name: str) -> str | bytes:
+        path = session_file(session, name)
+        data = path.read_bytes()
+        if path.suffix.lstrip(".") in TEXT_EXTENSIONS:
+            return data.decode(errors="replace")
+        return data
 
     @mcp.resource("kernelexec://sessions/{session}/notebook.ipynb", name="session-notebook", mime_type="application/x-ipynb+json", description="The session's notebook record")
     def read_notebook(session: str) -> str:

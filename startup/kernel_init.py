@@ -39,6 +39,9 @@ def _kernelexec_boot() -> None:
         builtins._kernelexec_report = runtime.report
         builtins._kernelexec_variables = runtime.variables
         builtins._kernelexec_chdir = os.chdir
+        import tempfile
+
+        tempfile.gettempdir()  # probes by writing a file: cache it before writes may be refused
         runtime.bypass = guard.install(policy)
         if policy.get("file_io") == "none":
             def deny_open(info: object) -> None:

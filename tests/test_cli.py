@@ -1,0 +1,50 @@
+"""The kernelexec command line: exec prints execute_code's JSON; --help shows defaults; config shows settings."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from .conftest import clean_env, kernelexec_cmd
+
+
+def run(*args: str, stdin: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(kernelexec_cmd(*args), input=stdin, capture_output=True, text=True, timeout=120, env=env or clean_env())
+
+
+def test_exec_prints_the_structured_answer(short_tmp: Path) -> None:
+    proc = run("exec", "--state-dir", str(short_tmp / "cli"), "result = 6 * 7\nprint('hi')")
+    assert proc.returncode == 0, proc.stderr
+    answer = json.loads(proc.stdout)
+    assert answer["result"] == 42 and answer["stdout"] == "hi\n" and answer["success"] is True
+
+
+def test_exec_reads_stdin_and_exits_nonzero_on_error(short_tmp: Path) -> None:
+    proc = run("exec", "--state-dir", str(short_tmp / "cli"), "-", stdin="1/0")
+    assert proc.returncode == 1
+    assert json.loads(proc.stdout)["error"] == "ZeroDivisionError: division by zero"
+
+
+def test_help_shows_defaults_for_every_command() -> None:
+    for command in ("serve", "exec", "config"):
+        proc = run(command, "--help")
+        assert proc.returncode == 0
+        assert "(default: standard)" in proc.stdout and "--default-timeout" in proc.stdout
+
+
+def test_config_precedence_flag_over_env_over_toml(tmp_path: Path) -> None:
+    toml = tmp_path / "k.toml"
+    toml.write_text('profile = "strict"\ndefault_timeout = 5\nmax_sessions = 3\n')
+    env = clean_env(KERNELEXEC_DEFAULT_TIMEOUT="7")
+    proc = run("config", "--config", str(toml), "--max-sessions", "4", env=env)
+    assert proc.returncode == 0, proc.stderr
+    config = json.loads(proc.stdout)
+    assert (config["profile"], config["default_timeout"], config["max_sessions"]) == ("strict", 7.0, 4)
+
+
+def test_bad_setting_is_a_clear_message_not_a_traceback() -> None:
+    proc = run("config", "--profile", "nonsense")
+    assert proc.returncode != 0 and "invalid choice" in proc.stderr
+    proc = run("config", "--default-timeout", "-3")
+    assert proc.returncode != 0 and "default_timeout" in proc.stderr and "Traceback" not in proc.stderr

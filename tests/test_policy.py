@@ -1,0 +1,198 @@
+"""Each profile's in-kernel layer: allowed and refused imports and file access, through MCP.
+
+These guards give clear errors; they are not the security boundary (see README, "Layers").
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from kernelexec.policy import STRICT_IMPORTS, kernel_policy
+
+from .conftest import Harness, make_settings, start_harness
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+async def strict(short_tmp: Path) -> AsyncIterator[Harness]:
+    h, cm = await start_harness(make_settings(short_tmp, profile="strict"))
+    yield h
+    await h.client.__aexit__(None, None, None)
+    await cm.__aexit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+async def trusted(short_tmp: Path) -> AsyncIterator[Harness]:
+    h, cm = await start_harness(make_settings(short_tmp, profile="trusted"))
+    yield h
+    await h.client.__aexit__(None, None, None)
+    await cm.__aexit__(None, None, None)
+
+
+def test_strict_allows_exactly_the_safe_executor_list_plus_four() -> None:
+    policy = kernel_policy("strict", session_dir=Path("/s"), spill_dir=Path("/s/o"), work_roots=[], read_dirs=[],
+                           allow_imports=[], result_cap=1, stream_cap=1, disk_cap=1)
+    assert set(policy["allowed_imports"]) == STRICT_IMPORTS
+    assert policy["file_io"] == "none" and policy["write_roots"] == []
+
+
+# --- strict -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("module", sorted(STRICT_IMPORTS))
+async def test_strict_allows_its_modules(strict: Harness, module: str) -> None:
+    r = await strict.run(f"import {module}")
+    assert r["success"], r["error"]
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import os",
+        "import sys",
+        "import subprocess",
+        "from os import path",
+        "import os.path",
+        "__import__('os')",
+        "import importlib",
+        "import socket",
+        "import numpy",
+        "import pathlib",
+        "import io",
+        "def f():\n    import os\nf()",
+        "%reset -f\nimport os",
+    ],
+)
+async def test_strict_refuses_other_imports_with_a_message_naming_them(strict: Harness, code: str) -> None:
+    r = await strict.run(code)
+    assert r["success"] is False
+    assert r["error_type"] == "ImportError"
+    assert "not allowed in the 'strict' profile" in r["error"]
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "open('x.txt', 'w')",
+        "open('/etc/passwd').read()",
+        "__builtins__.open('/etc/hostname').read()" ,
+        "%reset -f\nopen('x.txt', 'w')",
+    ],
+)
+async def test_strict_refuses_all_file_access(strict: Harness, code: str) -> None:
+    r = await strict.run(code)
+    assert r["success"] is False
+    assert r["error_type"] == "PolicyError", r
+    assert "strict" in r["error"]
+
+
+async def test_strict_still_computes(strict: Harness) -> None:
+    r = await strict.run("import math, statistics\nresult = [statistics.mean([1, 2, 3]), math.factorial(5)]")
+    assert r["result"] == [2, 120]
+
+
+# --- standard ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("module", ["os", "json", "pathlib", "numpy", "pandas", "matplotlib.pyplot", "tempfile", "collections.abc"])
+async def test_standard_allows_stdlib_and_data_stack(harness: Harness, module: str) -> None:
+    r = await harness.run(f"import {module}")
+    assert r["success"], r["error"]
+
+
+@pytest.mark.parametrize("module", ["subprocess", "socket", "ctypes", "multiprocessing", "signal", "importlib", "sqlite3", "_posixsubprocess", "pty"])
+async def test_standard_refuses_process_network_and_native_modules(harness: Harness, module: str) -> None:
+    r = await harness.run(f"import {module}")
+    assert r["error_type"] == "ImportError"
+    assert f"import of {module!r} is not allowed" in r["error"]
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import os\nos.system('true')",
+        "import os\nos.popen('true')",
+        "import os\nos.execv('/bin/true', ['true'])",
+        "import os\nos.fork()",
+        "import os\nos.posix_spawn('/bin/true', ['true'], {})",
+        "import os\nos.kill(os.getppid(), 0)",
+        # the module object is reachable (sys.modules), but starting the process is not
+        "import sys\nsys.modules['subprocess'].run(['true'])",
+    ],
+)
+async def test_standard_refuses_processes_by_any_route(harness: Harness, code: str) -> None:
+    r = await harness.run(code)
+    assert r["success"] is False
+    assert r["error_type"] == "PolicyError", r
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "open('/etc/passwd').read()",
+        "import pathlib\npathlib.Path('/etc/hostname').read_text()",
+        "import io\nio.open('/etc/passwd').read()",
+        "import os\nos.open('/etc/passwd', os.O_RDONLY)",
+        "import os\nos.listdir('/root')",
+        "open('/tmp/kernelexec-escape.txt', 'w')",
+        "import os\nos.symlink('/etc/passwd', 'link')\nopen('link').read()",
+        "import shutil\nshutil.copyfile('/etc/passwd', 'copy')",
+    ],
+)
+async def test_standard_refuses_files_outside_the_session(harness: Harness, code: str) -> None:
+    r = await harness.run(code)
+    assert r["success"] is False
+    assert r["error_type"] == "PolicyError", r
+    assert not Path("/tmp/kernelexec-escape.txt").exists()
+
+
+async def test_standard_reads_and_writes_inside_the_session(harness: Harness) -> None:
+    r = await harness.run(
+        "import tempfile, pathlib\n"
+        "pathlib.Path('data.csv').write_text('a,b\\n1,2\\n')\n"
+        "import pandas as pd\n"
+        "with tempfile.NamedTemporaryFile('w', suffix='.txt', delete=False) as fh:\n"
+        "    fh.write('tmp')\n"
+        "result = int(pd.read_csv('data.csv')['b'][0])"
+    )
+    assert r["success"], r["error"]
+    assert r["result"] == 2
+
+
+async def test_standard_refuses_network(harness: Harness) -> None:
+    r = await harness.run("import urllib.request\nurllib.request.urlopen('http://127.0.0.1:9', timeout=1)")
+    assert r["success"] is False
+    assert "network access" in r["error"] or r["error_type"] == "URLError"
+
+
+async def test_guard_survives_rebinding_builtins(harness: Harness) -> None:
+    s = await harness.new_session()
+    r = await harness.run("import builtins\nbuiltins.__import__ = __import__\nimport subprocess", session=s)
+    assert r["error_type"] == "ImportError"
+    r = await harness.run("import sys\nsys.modules['gc'].get_objects()", session=s)
+    assert r["error_type"] == "PolicyError"
+
+
+# --- trusted ----------------------------------------------------------------------------------
+
+async def test_trusted_has_no_guards(trusted: Harness) -> None:
+    r = await trusted.run("import subprocess\nresult = subprocess.run(['echo', 'hi'], capture_output=True, text=True).stdout")
+    assert r["result"] == "hi\n"
+    r = await trusted.run("result = open('/etc/hostname').read() != ''")
+    assert r["result"] is True
+
+
+async def test_server_secrets_do_not_reach_the_kernel(trusted: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    os.environ["KERNELEXEC_TEST_SECRET"] = "hunter2"
+    try:
+        s = await trusted.new_session()
+        r = await trusted.run("import os\nresult = {k: v for k, v in os.environ.items() if 'hunter2' in v}", session=s)
+        assert r["result"] == {}
+        r = await trusted.run("import os\nresult = 'KERNELEXEC_POLICY' in os.environ", session=s)
+        assert r["result"] is False
+    finally:
+        del os.environ["KERNELEXEC_TEST_SECRET"]
