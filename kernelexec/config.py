@@ -71,6 +71,18 @@ class Settings(BaseSettings):
         default_factory=lambda: ["PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ"],
         description="Environment variables passed to kernels; everything else is scrubbed.",
     )
+    sandbox: Literal["auto", "off"] = Field(
+        "auto", description="OS layers around each kernel: auto (every layer this machine supports) or off."
+    )
+    allow_degraded: bool = Field(
+        False, description="Start strict/standard even when neither Landlock nor bubblewrap is available (loud warning)."
+    )
+    network: bool | None = Field(None, description="Let kernels use the network (default: only in the trusted profile).")
+    memory_mb: int = Field(2048, ge=0, description="Memory per kernel in MiB (RLIMIT_DATA gives MemoryError; a cgroup, where available, kills at +512). 0 = no limit.")
+    max_open_files: int = Field(1024, ge=64, description="Open files per kernel (RLIMIT_NOFILE).")
+    max_file_mb: int = Field(256, ge=1, description="Largest file a kernel may write, in MiB (RLIMIT_FSIZE).")
+    max_processes: int = Field(256, ge=0, description="Processes+threads per kernel (cgroup pids.max, or RLIMIT_NPROC when not root). 0 = no limit.")
+    cpu_seconds: int = Field(0, ge=0, description="CPU seconds over a kernel's whole life (RLIMIT_CPU); 0 = no limit.")
     transport: Transport = Field("stdio", description="MCP transport.")
     host: str = Field("127.0.0.1", description="HTTP bind address.")
     port: int = Field(8765, ge=0, le=65535, description="HTTP port.")

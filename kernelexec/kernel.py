@@ -19,7 +19,7 @@ import anyio
 from jupyter_client.manager import AsyncKernelManager
 
 from .errors import KernelStartError
-from .launch import LaunchSpec
+from .launch import LaunchSpec, kernel_manager
 from .models import Execution
 
 logger = logging.getLogger(__name__)
@@ -123,8 +123,7 @@ class Kernel:
         """Start the kernel and wait until it answers and its policy is installed."""
         dirs = self.spec.dirs
         self._log = open(dirs.log, "ab")  # noqa: SIM115 - lives as long as the kernel
-        km = AsyncKernelManager(transport="ipc", connection_file=str(dirs.connection_file))
-        km.ip = str(dirs.ipc_prefix)
+        km = kernel_manager(self.spec)
         self.km = km
         try:
             with anyio.fail_after(self.startup_timeout):

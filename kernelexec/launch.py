@@ -10,11 +10,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from jupyter_client.manager import AsyncKernelManager
+
+from .provisioner import KERNEL_NAME, KernelexecSpecManager
+from .sandbox import SandboxPlan
 
 STARTUP_FILE = "kernel_init.py"
 
@@ -92,6 +96,7 @@ class LaunchSpec:
     dirs: SessionDirs
     cwd: Path
     policy: dict[str, Any]
+    plan: SandboxPlan = field(default_factory=lambda: SandboxPlan(layers=["env"]))
     env_pass: list[str] = field(default_factory=list)
 
     def environment(self) -> dict[str, str]:
@@ -129,6 +134,17 @@ class LaunchSpec:
         }
 
 
-def kernel_python() -> str:
-    """The interpreter kernels run with: the server's own, so the same packages are importable."""
-    return sys.executable
+def kernel_manager(spec: LaunchSpec) -> AsyncKernelManager:
+    """A kernel manager whose kernels launch through our provisioner, inside ``spec.plan``.
+
+    Used for live sessions and restarts (kernel.py) and for notebook replay, so the same layers
+    and startup code apply everywhere. Start it with ``start_kernel(**spec.start_kwargs(log))``.
+    """
+    km = AsyncKernelManager(
+        transport="ipc",
+        connection_file=str(spec.dirs.connection_file),
+        kernel_spec_manager=KernelexecSpecManager(spec.plan),
+        kernel_name=KERNEL_NAME,
+    )
+    km.ip = str(spec.dirs.ipc_prefix)
+    return km

@@ -29,6 +29,7 @@ from .models import Execution
 from .policy import kernel_policy
 from .recording import Recorder
 from .render import Rendered, Renderer
+from .sandbox import plan_for
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +80,10 @@ class Session:
             stream_cap=s.kernel_stream_cap,
             disk_cap=s.kernel_disk_cap,
         )
-        return LaunchSpec(dirs=self.dirs, cwd=self.default_cwd, policy=policy, env_pass=s.env_pass)
+        rw = [] if self.profile == "strict" else [p for p in s.work_roots if p.is_dir()]
+        plan = plan_for(s, self.profile, session_dir=self.dirs.root, rw=rw, ro=[p for p in s.read_dirs if p.is_dir()],
+                        cwd=self.default_cwd, key=self.handle)
+        return LaunchSpec(dirs=self.dirs, cwd=self.default_cwd, policy=policy, plan=plan, env_pass=s.env_pass)
 
     async def ensure_kernel(self) -> Kernel:
         if self.kernel is None:

@@ -1,0 +1,73 @@
+"""The jupyter_client seam: a kernel provisioner that launches kernels inside their sandbox plan.
+
+Registered as the ``kernelexec-sandbox`` entry point (group ``jupyter_client.kernel_provisioners``)
+and named in the kernel spec that ``KernelexecSpecManager`` serves, so anything that starts a
+kernel through jupyter_client — live sessions, restarts, nbclient replay — gets the same layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from typing import Any
+
+from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+from jupyter_client.provisioning import LocalProvisioner
+from traitlets import Dict
+
+from .sandbox import SandboxPlan, _startup_file
+
+KERNEL_NAME = "kernelexec"
+PROVISIONER_NAME = "kernelexec-sandbox"
+
+
+class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
+    """LocalProvisioner plus the sandbox: wraps the kernel command and manages the session's cgroups."""
+
+    plan = Dict(config=True, help="A SandboxPlan as a dict (see kernelexec.sandbox)")
+
+    @property
+    def sandbox(self) -> SandboxPlan:
+        return SandboxPlan(**self.plan)
+
+    async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        kwargs = await super().pre_launch(**kwargs)
+        sandbox = self.sandbox
+        sandbox.create_cgroups()
+        env = dict(kwargs.get("env") or {})
+        env["KERNELEXEC_SANDBOX"] = json.dumps(sandbox.wrapper)
+        env["KERNELEXEC_KERNEL"] = json.dumps(sandbox.kernel_options)
+        kwargs["env"] = env
+        kwargs["cmd"] = sandbox.wrap(kwargs["cmd"])
+        return kwargs
+
+    async def cleanup(self, restart: bool = False) -> None:
+        await super().cleanup(restart=restart)
+        if not restart:
+            self.sandbox.remove_cgroups()
+
+
+class KernelexecSpecManager(KernelSpecManager):
+    """Serves the one kernel spec a session uses: our entry point, our provisioner, this plan."""
+
+    def __init__(self, plan: SandboxPlan, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._plan = plan
+
+    def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
+        return KernelSpec(
+            argv=[sys.executable, _startup_file("kernel_main.py"), "-f", "{connection_file}"],
+            display_name="Python 3 (kernelexec)",
+            language="python",
+            interrupt_mode="signal",
+            metadata={
+                "kernel_provisioner": {
+                    "provisioner_name": PROVISIONER_NAME,
+                    "config": {"plan": dataclasses.asdict(self._plan)},
+                }
+            },
+        )
+
+    def find_kernel_specs(self) -> dict[str, str]:
+        return {KERNEL_NAME: ""}

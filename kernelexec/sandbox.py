@@ -1,0 +1,254 @@
+"""The OS layers around each kernel: what this machine supports, and the plan for one session.
+
+``probe()`` finds what the machine offers (Landlock ABI, seccomp, bubblewrap, network namespaces,
+cgroups, root). ``plan_for()`` turns a profile and a session into a ``SandboxPlan``: the command
+prefix (the SIGINT shim and bubblewrap), the JSON the pre-exec wrapper (``startup/sandbox_exec.py``)
+applies before exec'ing the kernel, and the names of the layers in force. The provisioner
+(provisioner.py) applies the plan to every launch: live sessions, restarts and replay alike.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .config import Profile, Settings
+
+logger = logging.getLogger(__name__)
+
+STARTUP_DIR = Path(__file__).resolve().parent.parent / "startup"
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+@dataclass(frozen=True)
+class Features:
+    """What this machine can do for kernel isolation."""
+
+    root: bool
+    landlock_abi: int
+    seccomp: bool
+    bwrap: str | None
+    netns: bool
+    cgroup: str | None  # "v1", "v2" or None
+
+    def as_rows(self) -> list[tuple[str, str]]:
+        return [
+            ("running as root", "yes" if self.root else "no"),
+            ("Landlock", f"ABI {self.landlock_abi}" if self.landlock_abi else "not available"),
+            ("seccomp (libseccomp)", "yes" if self.seccomp else "not available"),
+            ("bubblewrap (mount/pid namespaces)", self.bwrap or "not installed or not usable"),
+            ("network namespace", "yes" if self.netns else "not available"),
+            ("cgroups (memory, pids)", self.cgroup or "not writable"),
+        ]
+
+
+def _startup_file(name: str) -> str:
+    from importlib import resources
+
+    return str(resources.files("kernelexec.startup").joinpath(name))
+
+
+@functools.lru_cache(maxsize=1)
+def probe() -> Features:
+    """Probe once per process; each check is a real attempt, not a guess from versions."""
+    root = os.geteuid() == 0
+    check = subprocess.run(
+        [sys.executable, "-S", "-c",
+         "import sys; sys.path.insert(0, sys.argv[1]); import sandbox_exec as s; print(s.landlock_abi())", str(Path(_startup_file("sandbox_exec.py")).parent)],
+        capture_output=True, text=True, timeout=30,
+    )
+    abi = int(check.stdout.strip() or 0) if check.returncode == 0 else 0
+    try:
+        import ctypes
+
+        ctypes.CDLL("libseccomp.so.2")
+        seccomp = True
+    except OSError:
+        seccomp = False
+    bwrap = shutil.which("bwrap")
+    if bwrap:
+        args = [bwrap, "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid", "--proc", "/proc", "--dev", "/dev"]
+        if not root:
+            args.append("--unshare-user")
+        if subprocess.run([*args, "true"], capture_output=True, timeout=30).returncode != 0:
+            bwrap = None
+    netns = root and shutil.which("unshare") is not None and subprocess.run(
+        ["unshare", "-n", "true"], capture_output=True, timeout=30
+    ).returncode == 0
+    return Features(root=root, landlock_abi=abi, seccomp=seccomp, bwrap=bwrap, netns=netns or bool(bwrap), cgroup=_cgroup_kind(root))
+
+
+def _cgroup_kind(root: bool) -> str | None:
+    if (CGROUP_ROOT / "cgroup.controllers").exists():
+        return "v2" if os.access(CGROUP_ROOT, os.W_OK) else None
+    if root and os.access(CGROUP_ROOT / "memory", os.W_OK) and os.access(CGROUP_ROOT / "pids", os.W_OK):
+        return "v1"
+    return None
+
+
+def system_read_paths() -> list[str]:
+    """Read-only for every kernel: the interpreter, its libraries, and the few system files they read."""
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sysconfig.get_paths()["stdlib"], str(STARTUP_DIR),
+             str(Path(_startup_file("kernel_init.py")).parent)}
+    paths.update(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))
+    paths.update(
+        ["/usr", "/lib", "/lib64", "/bin", "/etc/ld.so.cache", "/etc/localtime", "/etc/fonts", "/etc/mime.types",
+         "/etc/matplotlibrc", "/sys/devices/system/cpu", "/dev/null", "/dev/zero", "/dev/urandom", "/dev/random",
+         "/proc/cpuinfo", "/proc/meminfo", "/proc/self"]
+    )
+    return sorted(p for p in paths if p and os.path.exists(p))
+
+
+NETWORK_READ_PATHS = ["/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/ssl", "/etc/ca-certificates",
+                      "/usr/share/ca-certificates", "/etc/gai.conf", "/etc/services", "/etc/protocols"]
+
+
+@dataclass
+class SandboxPlan:
+    """Everything needed to launch one session's kernel inside its layers."""
+
+    layers: list[str]
+    prefix: list[str] = field(default_factory=list)  # shim + bwrap, before the wrapper
+    wrapper: dict[str, Any] = field(default_factory=dict)  # KERNELEXEC_SANDBOX for sandbox_exec.py
+    kernel_options: dict[str, Any] = field(default_factory=dict)  # KERNELEXEC_KERNEL for kernel_main.py
+    cgroup_dirs: list[str] = field(default_factory=list)
+    cgroup_limits: dict[str, str] = field(default_factory=dict)
+    degraded: list[str] = field(default_factory=list)
+
+    def wrap(self, kernel_cmd: list[str]) -> list[str]:
+        """``sh`` shim (joins the cgroups, ignores SIGINT so an interrupt reaches only the kernel),
+        then bubblewrap if planned, then the pre-exec wrapper, then the kernel."""
+        joins = "".join(f"echo $$ > {shlex.quote(str(Path(d) / 'cgroup.procs'))} && " for d in self.cgroup_dirs)
+        shim = ["/bin/sh", "-c", f'{joins}trap "" INT && exec "$@"', "sh"]
+        return [*shim, *self.prefix, sys.executable, "-S", _startup_file("sandbox_exec.py"), "--", *kernel_cmd]
+
+    def create_cgroups(self) -> None:
+        for d in self.cgroup_dirs:
+            path = Path(d)
+            if (CGROUP_ROOT / "cgroup.controllers").exists():  # v2: let the children use memory and pids
+                for parent in (CGROUP_ROOT, path.parent):
+                    parent.mkdir(exist_ok=True)
+                    try:
+                        (parent / "cgroup.subtree_control").write_text("+memory +pids")
+                    except OSError:
+                        logger.warning("cannot enable memory/pids controllers under %s", parent)
+            path.mkdir(parents=True, exist_ok=True)
+            for name, value in self.cgroup_limits.items():
+                target = path / name
+                if target.exists():
+                    target.write_text(value)
+
+    def remove_cgroups(self) -> None:
+        for d in self.cgroup_dirs:
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass  # still has processes (a restart in progress) or already gone
+
+
+def network_allowed(settings: Settings, profile: Profile) -> bool:
+    return settings.network if settings.network is not None else profile == "trusted"
+
+
+def plan_for(settings: Settings, profile: Profile, *, session_dir: Path, rw: list[Path], ro: list[Path], cwd: Path, key: str) -> SandboxPlan:
+    """The layers for one session's kernel under ``profile`` on this machine."""
+    if settings.sandbox == "off":
+        return SandboxPlan(layers=["env", "guard"] if profile != "trusted" else ["env"], degraded=["sandbox disabled (--sandbox off)"])
+    f = probe()
+    guarded = profile != "trusted"
+    network = network_allowed(settings, profile)
+    layers = ["env", "rlimits"]
+    plan = SandboxPlan(layers=layers)
+    mb = 1024 * 1024
+    rlimits = {"nofile": settings.max_open_files, "fsize": settings.max_file_mb * mb, "core": 0}
+    if settings.memory_mb:
+        rlimits["data"] = settings.memory_mb * mb
+    if settings.cpu_seconds:
+        rlimits["cpu"] = int(settings.cpu_seconds)
+    if not f.root and settings.max_processes:
+        rlimits["nproc"] = settings.max_processes
+    plan.wrapper["rlimits"] = rlimits
+    if f.root:
+        plan.wrapper["drop_caps"] = True
+        layers.append("no-capabilities")
+    read_paths = system_read_paths() + [str(p) for p in ro] + (NETWORK_READ_PATHS if network else [])
+    write_paths = [str(session_dir), *map(str, rw)]
+    if f.landlock_abi:
+        plan.wrapper["landlock"] = {"abi": f.landlock_abi, "ro": read_paths, "rw": write_paths, "deny_tcp": not network}
+        layers.append(f"landlock-abi{f.landlock_abi}")
+    else:
+        plan.degraded.append("Landlock not available: no kernel-enforced file access limits outside bubblewrap")
+    if f.seccomp:
+        plan.wrapper["seccomp"] = {"deny_fork": guarded, "sockets": "all" if network else "unix+tcp"}
+        layers.append("seccomp")
+    else:
+        plan.degraded.append("seccomp not available: process creation and raw sockets are stopped only by the in-kernel guard")
+    if not network:
+        plan.kernel_options["no_iopub_pipe"] = True
+    if f.bwrap:
+        plan.prefix = [f.bwrap, *_bwrap_args(f, read_paths, write_paths, cwd, network), "--"]
+        layers.append("bubblewrap")
+        if not network:
+            layers.append("netns")
+    else:
+        plan.degraded.append("bubblewrap not available: other kernels' sockets and host paths stay visible (Landlock ABI < 8 cannot hide unix sockets)")
+        if not network and f.netns:
+            plan.wrapper["netns"] = True
+            layers.append("netns")
+    if f.cgroup and (settings.memory_mb or settings.max_processes):
+        plan.cgroup_dirs, plan.cgroup_limits = _cgroups(f.cgroup, key, settings)
+        layers.append(f"cgroup-{f.cgroup}")
+    if guarded:
+        # ctypes stays importable for libraries (pandas needs it); the guard refuses its calls and
+        # the import by user code, and the OS layers hold if a cell reaches it anyway
+        plan.kernel_options["block_modules"] = ["_xxsubinterpreters", "debugpy"]
+        layers.append("guard")
+    return plan
+
+
+def _bwrap_args(f: Features, read_paths: list[str], write_paths: list[str], cwd: Path, network: bool) -> list[str]:
+    args = ["--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--cap-drop", "ALL"]
+    if not network:
+        args.append("--unshare-net")
+    if not f.root:
+        args.append("--unshare-user")
+    for p in read_paths:
+        if p.startswith(("/proc", "/dev")):
+            continue
+        args += ["--ro-bind", p, p]
+    for p in write_paths:
+        if os.path.isdir(p):
+            args += ["--bind", p, p]
+    args += ["--chdir", str(cwd)]
+    return args
+
+
+def _cgroups(kind: str, key: str, settings: Settings) -> tuple[list[str], dict[str, str]]:
+    mb = 1024 * 1024
+    limits: dict[str, str] = {}
+    # the rlimit gives a friendly MemoryError first; the cgroup is the hard cap (OOM kill, reported)
+    hard = (settings.memory_mb + 512) * mb if settings.memory_mb else 0
+    if kind == "v2":
+        if hard:
+            limits["memory.max"] = str(hard)
+        if settings.max_processes:
+            limits["pids.max"] = str(settings.max_processes)
+        return [str(CGROUP_ROOT / "kernelexec" / key)], limits
+    dirs = []
+    if hard:
+        dirs.append(str(CGROUP_ROOT / "memory" / "kernelexec" / key))
+        limits["memory.limit_in_bytes"] = str(hard)
+    if settings.max_processes:
+        dirs.append(str(CGROUP_ROOT / "pids" / "kernelexec" / key))
+        limits["pids.max"] = str(settings.max_processes)
+    return dirs, limits

@@ -1,0 +1,37 @@
+"""Kernel entry point used instead of ``ipykernel_launcher`` (stdlib + ipykernel only).
+
+Before ipykernel is imported it blocks native-code modules the profile refuses (``ctypes`` would
+otherwise be loaded by the kernel's own imports and left for user code to reach), and, under a
+socket filter, keeps ipykernel's IOPub pipe from binding TCP (libzmq aborts if ``socket()`` fails).
+Options come from ``KERNELEXEC_KERNEL`` (JSON), removed before user code runs.
+"""
+
+import json
+import os
+import sys
+
+
+def main() -> None:
+    options = json.loads(os.environ.pop("KERNELEXEC_KERNEL", "{}"))
+    for name in options.get("block_modules", ()):
+        sys.modules[name] = None  # type: ignore[assignment]  # `import ctypes` now raises ImportError
+    if os.getppid() == 1:
+        # in a PID namespace our parent is its init: ipykernel's parent poller would exit at once;
+        # bubblewrap's --die-with-parent ties our lifetime to the server instead
+        os.environ.pop("JPY_PARENT_PID", None)
+    if options.get("no_iopub_pipe"):
+        from ipykernel import iostream
+
+        original = iostream.IOPubThread.__init__
+
+        def no_pipe(self, socket, pipe=False, session=False):  # noqa: ARG001
+            original(self, socket, pipe=False, session=session)
+
+        iostream.IOPubThread.__init__ = no_pipe
+    from ipykernel.kernelapp import launch_new_instance
+
+    launch_new_instance()
+
+
+if __name__ == "__main__":
+    main()
