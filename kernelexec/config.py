@@ -74,6 +74,9 @@ class Settings(BaseSettings):
     sandbox: Literal["auto", "off"] = Field(
         "auto", description="OS layers around each kernel: auto (every layer this machine supports) or off."
     )
+    disable_layers: list[Literal["landlock", "seccomp", "bubblewrap", "netns", "cgroup"]] = Field(
+        default_factory=list, description="OS layers not to use even when this machine supports them."
+    )
     allow_degraded: bool = Field(
         False, description="Start strict/standard even when neither Landlock nor bubblewrap is available (loud warning)."
     )
@@ -88,7 +91,7 @@ class Settings(BaseSettings):
     port: int = Field(8765, ge=0, le=65535, description="HTTP port.")
     config: Path | None = Field(None, description="A TOML file with any of these settings.")
 
-    @field_validator("allow_imports", "env_pass", "work_roots", "read_dirs", mode="before")
+    @field_validator("allow_imports", "env_pass", "work_roots", "read_dirs", "disable_layers", mode="before")
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
         if isinstance(value, str):

@@ -3,8 +3,9 @@
     KernelexecError
     ├── SessionError          unknown, closed or over-limit session handles
     ├── InvalidRequest        bad tool input (oversized code, NUL bytes, timeout out of range, bad paths)
-    └── KernelError           the kernel could not be started or kept alive
-        └── KernelStartError
+    ├── KernelError           the kernel could not be started or kept alive
+    │   └── KernelStartError
+    └── SandboxUnavailable    the profile's OS boundary cannot be built on this machine
 
 User code raising is not an error of ours: it is a normal result (``Execution.error``).
 The MCP layer turns these into tool errors the model can act on.
@@ -47,3 +48,7 @@ class KernelStartError(KernelError):
 
     def __reduce__(self):  # keep picklable with the extra attribute
         return (type(self), (self.args[0].split("\nkernel log:")[0], self.log_tail))
+
+
+class SandboxUnavailable(KernelexecError):
+    """strict/standard asked for, but neither Landlock nor bubblewrap works here."""

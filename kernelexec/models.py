@@ -69,6 +69,7 @@ class ExecuteResult(BaseModel):
     restart_reason: str | None = Field(None, description="Why the kernel was restarted, when it was")
     notebook: str | None = Field(None, description="Path of this session's notebook record")
     profile: str = Field(description="Policy profile in force")
+    layers: list[str] = Field(default_factory=list, description="Isolation layers around this kernel (env, rlimits, landlock, seccomp, bubblewrap, netns, cgroup, guard)")
 
 
 class RunPythonResult(BaseModel):
@@ -91,6 +92,15 @@ class VariablesResult(BaseModel):
     variables: list[Variable]
 
 
+class ReplayedCell(BaseModel):
+    """One recorded cell run again to rebuild a session's state (restore, revival)."""
+
+    cell: int = Field(description="Position of the cell in the session's notebook (1-based)")
+    first_line: str = Field(description="First line of its code")
+    ok: bool = Field(description="It ran without raising this time too")
+    error: str | None = Field(None, description="What went wrong this time, when it did")
+
+
 class SessionInfo(BaseModel):
     session: str
     status: str = Field(description="What happened: created, restarted, closed")
@@ -98,3 +108,4 @@ class SessionInfo(BaseModel):
     working_dir: str
     notebook: str | None = None
     detail: str | None = None
+    replayed: list[ReplayedCell] = Field(default_factory=list, description="Cells run again to rebuild state (restart_session with replay)")

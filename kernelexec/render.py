@@ -88,7 +88,7 @@ class Renderer:
         path.write_bytes(data)
         return path, session_file_uri(self.session, name)
 
-    def render(self, ex: Execution, *, notebook: str | None) -> Rendered:
+    def render(self, ex: Execution, *, notebook: str | None, layers: list[str] | None = None) -> Rendered:
         self._seq += 1
         stem = f"cell{ex.execution_count if ex.execution_count is not None else 'x'}-{self._seq}"
         fields: dict[str, Any] = {}
@@ -171,6 +171,7 @@ class Renderer:
             restart_reason=restart_note,
             notebook=notebook,
             profile=self.profile,
+            layers=layers or [],
             **fields,
         )
         return Rendered(structured, [TextContent(type="text", text=summary_text(structured)), *blocks])
@@ -216,7 +217,7 @@ def summary_text(r: ExecuteResult) -> str:
         return _TAG.sub(lambda m: m.group(0).replace("<", "&lt;"), text)
 
     status = "ok" if r.success else ("error" if r.ending == "completed" else r.ending)
-    parts = [f"[{status}] session={r.session} cell={r.execution_count} {r.duration_ms:.0f} ms profile={r.profile}"]
+    parts = [f"[{status}] session={r.session} cell={r.execution_count} {r.duration_ms:.0f} ms profile={r.profile} layers={'+'.join(r.layers) or 'none'}"]
     if r.restart_reason:
         parts.append(f"NOTE: {r.restart_reason}")
     if r.result is not None:

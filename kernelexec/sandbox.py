@@ -9,6 +9,7 @@ applies before exec'ing the kernel, and the names of the layers in force. The pr
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import Profile, Settings
+from .errors import SandboxUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +87,20 @@ def probe() -> Features:
         ["unshare", "-n", "true"], capture_output=True, timeout=30
     ).returncode == 0
     return Features(root=root, landlock_abi=abi, seccomp=seccomp, bwrap=bwrap, netns=netns or bool(bwrap), cgroup=_cgroup_kind(root))
+
+
+def available(settings: Settings) -> Features:
+    """What this machine supports, less the layers the configuration turns off."""
+    f = probe()
+    off = set(settings.disable_layers)
+    return dataclasses.replace(
+        f,
+        landlock_abi=0 if "landlock" in off else f.landlock_abi,
+        seccomp=f.seccomp and "seccomp" not in off,
+        bwrap=None if "bubblewrap" in off else f.bwrap,
+        netns=f.netns and "netns" not in off and ("bubblewrap" not in off or f.root),
+        cgroup=None if "cgroup" in off else f.cgroup,
+    )
 
 
 def _cgroup_kind(root: bool) -> str | None:
@@ -163,7 +179,7 @@ def plan_for(settings: Settings, profile: Profile, *, session_dir: Path, rw: lis
     """The layers for one session's kernel under ``profile`` on this machine."""
     if settings.sandbox == "off":
         return SandboxPlan(layers=["env", "guard"] if profile != "trusted" else ["env"], degraded=["sandbox disabled (--sandbox off)"])
-    f = probe()
+    f = available(settings)
     guarded = profile != "trusted"
     network = network_allowed(settings, profile)
     layers = ["env", "rlimits"]
@@ -252,3 +268,42 @@ def _cgroups(kind: str, key: str, settings: Settings) -> tuple[list[str], dict[s
         dirs.append(str(CGROUP_ROOT / "pids" / "kernelexec" / key))
         limits["pids.max"] = str(settings.max_processes)
     return dirs, limits
+
+
+def preflight(settings: Settings) -> list[str]:
+    """Check at server start that the profile's boundary exists here; return warnings to log.
+
+    strict and standard refuse to start when neither Landlock nor bubblewrap works, unless
+    ``--allow-degraded`` is given: an in-kernel guard alone would be theatre.
+    """
+    profile = settings.effective_profile
+    if settings.sandbox == "off":
+        return ["the OS sandbox is off (--sandbox off): only the in-kernel guard applies, which is not a boundary"]
+    f = available(settings)
+    if profile != "trusted" and not (f.landlock_abi or f.bwrap):
+        message = (f"the {profile} profile needs Landlock or bubblewrap to confine kernels, and this machine has neither "
+                   "(see `kernelexec doctor`)")
+        if not settings.allow_degraded:
+            raise SandboxUnavailable(message + "; install bubblewrap, or pass --allow-degraded to run with the in-kernel guard only")
+        return [f"DEGRADED: {message}; running anyway because of --allow-degraded"]
+    plan = plan_for(settings, profile, session_dir=settings.sessions_dir, rw=[], ro=[], cwd=settings.sessions_dir, key="preflight")
+    return [f"degraded: {d}" for d in plan.degraded]
+
+
+def report(settings: Settings) -> str:
+    """``kernelexec doctor``: what this machine supports and what each profile will use."""
+    f = probe()
+    lines = ["kernelexec doctor", "", "machine:"]
+    lines += [f"  {name:<36} {value}" for name, value in f.as_rows()]
+    lines += ["", "layers per profile (as configured):"]
+    for profile in ("strict", "standard", "trusted"):
+        plan = plan_for(settings, profile, session_dir=settings.sessions_dir, rw=[], ro=[], cwd=settings.sessions_dir, key="doctor")  # type: ignore[arg-type]
+        marker = " (selected)" if profile == settings.effective_profile else ""
+        lines.append(f"  {profile:<9}{marker:<11} {' + '.join(plan.layers)}")
+        lines += [f"  {'':<20} missing: {d}" for d in plan.degraded]
+    try:
+        warnings = preflight(settings)
+        lines += ["", "status: ok" if not warnings else "status: " + "; ".join(warnings)]
+    except SandboxUnavailable as exc:
+        lines += ["", f"status: REFUSED: {exc}"]
+    return "\n".join(lines)
