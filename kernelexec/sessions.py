@@ -126,13 +126,14 @@ class Session:
                 if ex.ending in ("restarted", "kernel_died"):
                     self.cwd = self.default_cwd
                 self.record(ex)
-                return self.renderer.render(ex, notebook=str(self.dirs.notebook))
+                return self.renderer.render(ex, notebook=str(self.dirs.notebook), layers=kernel.spec.plan.layers)
             finally:
                 self.busy = False
                 self.last_used = time.monotonic()
 
     def record(self, ex: Execution) -> None:
-        self.recorder.append(ex, {"session": self.handle, "profile": self.profile, "cwd": str(self.cwd)})
+        layers = self.kernel.spec.plan.layers if self.kernel is not None else []
+        self.recorder.append(ex, {"session": self.handle, "profile": self.profile, "cwd": str(self.cwd), "layers": layers})
 
     async def restart(self) -> None:
         async with self.lock:
