@@ -16,6 +16,7 @@ import anyio
 
 from . import __version__
 from .config import Settings, load_settings
+from .errors import KernelexecError
 
 # Settings that belong to one command only.
 _SERVE_ONLY = {"transport", "host", "port"}
@@ -38,6 +39,8 @@ def _add_settings_flags(parser: argparse.ArgumentParser, skip: set[str] = frozen
         kwargs: dict[str, Any] = {"dest": name, "default": None, "help": help_text}
         if choices and all(isinstance(c, str) for c in choices):
             kwargs["choices"] = list(choices)
+        if field.annotation in (bool, bool | None):
+            kwargs["action"] = argparse.BooleanOptionalAction
         group.add_argument(flag, **kwargs)
 
 
@@ -69,6 +72,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     config = sub.add_parser("config", help="print the effective configuration as JSON")
     _add_settings_flags(config)
+
+    doctor = sub.add_parser("doctor", help="show which isolation layers this machine supports and each profile uses")
+    _add_settings_flags(doctor)
+
+    replay = sub.add_parser("replay", help="run a recorded notebook again in a fresh kernel under its profile; compare outputs (exit 1 if any differ)")
+    replay.add_argument("notebook", help="a notebook, or a session directory (rebuilt from its journal when needed)")
+    replay.add_argument("--output", "-o", default=None, help="write the replayed notebook here")
+    _add_settings_flags(replay, skip=_SERVE_ONLY)  # --profile: default the one the notebook was recorded under
+
+    lab = sub.add_parser("lab", help="JupyterLab (or Jupyter Server) on 127.0.0.1 with the live session kernels attached")
+    lab.add_argument("--port", dest="lab_port", type=int, default=None, help="port (default: the first free one from 8888)")
+    lab.add_argument("--no-browser", dest="open_browser", action="store_false", help="do not open a browser")
+    _add_settings_flags(lab, skip=_SERVE_ONLY)
+
+    from . import hook as _hook  # stdlib only
+
+    hook = sub.add_parser("hook", help="Claude Code hook for the plugin's opt-in code-only mode (reads the event JSON on stdin)")
+    _hook.add_arguments(hook)
     return parser
 
 
@@ -78,21 +99,52 @@ def main(argv: list[str] | None = None) -> None:
     if args.command is None:
         parser.print_help()
         sys.exit(2)
+    if args.command == "hook":  # before settings: a bad KERNELEXEC_* variable must not stop the hook
+        from .hook import run as run_hook
+
+        sys.exit(run_hook(args))
     settings = _settings(args)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="kernelexec %(levelname)s %(name)s: %(message)s")
     if args.command == "config":
         print(json.dumps(settings.model_dump(mode="json"), indent=2))
-    elif args.command == "serve":
+        return
+    if args.command == "lab":
+        try:
+            from .lab import lab_command
+        except ImportError as exc:
+            sys.exit(f"kernelexec lab needs Jupyter Server ({exc}): pip install 'kernelexec[lab]'")
+        sys.exit(lab_command(settings, port=args.lab_port, open_browser=args.open_browser))
+    from .sandbox import preflight, report
+
+    if args.command == "doctor":
+        print(report(settings))
+        return
+    try:
+        for warning in preflight(settings):
+            logging.getLogger("kernelexec").warning(warning)
+    except KernelexecError as exc:
+        sys.exit(f"kernelexec: {exc}")
+    if args.command == "serve":
         anyio.run(_serve, settings)
     elif args.command == "exec":
         code = sys.stdin.read() if args.code == "-" else args.code
         sys.exit(anyio.run(_exec, settings, code, args.call_timeout, args.call_working_dir))
+    elif args.command == "replay":
+        from .replay import replay_command
+
+        sys.exit(anyio.run(lambda: replay_command(settings, args.notebook, output=args.output, profile=args.profile)))
 
 
 async def _serve(settings: Settings) -> None:
     from .server import build_server
     from .sessions import SessionManager
 
+    from .sandbox import plan_for
+
+    layers = plan_for(settings, settings.effective_profile, session_dir=settings.sessions_dir, rw=[], ro=[],
+                      cwd=settings.sessions_dir, key="serve").layers
+    print(f"kernelexec {__version__}: profile {settings.effective_profile}, layers {' + '.join(layers)} "
+          "(kernelexec doctor for details)", file=sys.stderr)
     sessions = SessionManager(settings)
     async with sessions.running():
         server = build_server(settings, sessions)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import queue
 import re
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from typing import IO, Any
@@ -187,8 +188,25 @@ class Kernel:
             await self.start()
         await self._drain()
 
+    async def interrupt(self) -> None:
+        if self.km is not None:
+            await self.km.interrupt_kernel()
+
     async def is_alive(self) -> bool:
         return self.km is not None and await self.km.is_alive()
+
+    def exit_status(self) -> str:
+        """How the kernel process ended, for answers: "exit code 3" or "signal SIGKILL (exit code 137)"."""
+        code = self.exit_code()
+        if code is None:
+            return "exit code unknown"
+        number = -code if code < 0 else code - 128 if code > 128 else 0
+        if number:
+            try:
+                return f"signal {signal.Signals(number).name} (exit code {code})"
+            except ValueError:
+                pass
+        return f"exit code {code}"
 
     def exit_code(self) -> int | None:
         process = getattr(self.km.provisioner, "process", None) if self.km else None
@@ -291,10 +309,10 @@ class Kernel:
         return "restarted"
 
     async def _after_death(self, ex: Execution) -> None:
-        code = self.exit_code()
+        status = self.exit_status()
         ex.ending = "kernel_died"
         ex.restart_reason = (
-            f"the kernel died (exit code {code}) while running this code; it was restarted and its variables are lost"
+            f"the kernel died ({status}) while running this code; it was restarted and its variables are lost"
         )
         await self.restart()
 

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 Ending = Literal["completed", "interrupted", "restarted", "kernel_died"]
+RunEnding = Literal["completed", "interrupted", "restarted", "kernel_died", "running"]
 
 
 @dataclass
@@ -65,7 +66,8 @@ class ExecuteResult(BaseModel):
     stdout_file: str | None = Field(None, description="Full stdout when it was cut")
     stderr_file: str | None = Field(None, description="Full stderr when it was cut")
     timed_out: bool = Field(False, description="The call hit its timeout")
-    ending: Ending = Field("completed", description="completed, interrupted (SIGINT stopped it), restarted (the kernel was restarted; state lost) or kernel_died")
+    ending: RunEnding = Field("completed", description="completed, interrupted (SIGINT stopped it), restarted (the kernel was restarted; state lost), kernel_died, or running (a background run still going)")
+    run_id: str | None = Field(None, description="Background run id (execute_code with background=true); poll it with get_run")
     restart_reason: str | None = Field(None, description="Why the kernel was restarted, when it was")
     notebook: str | None = Field(None, description="Path of this session's notebook record")
     profile: str = Field(description="Policy profile in force")

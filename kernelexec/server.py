@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
-from mcp_types import CallToolResult, ToolAnnotations
+from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
 from . import __version__
@@ -22,6 +22,7 @@ from .errors import InvalidRequest, KernelexecError
 from .models import ExecuteResult, RunPythonResult, SessionInfo, Variable, VariablesResult
 from .policy import describe
 from .render import TEXT_EXTENSIONS
+from .runs import Run
 from .sessions import Session, SessionManager
 
 INSTRUCTIONS = """\
@@ -93,7 +94,7 @@ def build_server(settings: Settings, sessions: SessionManager) -> MCPServer:
     async def resolve(ctx: Context, handle: str | None) -> Session:
         owner = owner_of(ctx)
         if handle:
-            return sessions.get(handle, owner=owner)
+            return await sessions.lookup(handle, owner=owner)  # revives a session a restarted server left
         headers = ctx.headers if ctx is not None else None
         if headers is None:  # stdio, in-memory: one client per process
             return await sessions.default(working_dir=settings.working_dir)
@@ -104,9 +105,9 @@ def build_server(settings: Settings, sessions: SessionManager) -> MCPServer:
         return await sessions.create(owner=owner, working_dir=settings.working_dir)
 
     async def run(ctx: Context, code: str, session: str | None, timeout: float | None, working_dir: str | None):
-        _check_code(settings, code)
-        seconds = _timeout(settings, timeout)
         try:
+            _check_code(settings, code)
+            seconds = _timeout(settings, timeout)
             target = await resolve(ctx, session)
             return await target.run(code, timeout=seconds, working_dir=working_dir, on_output=_Progress(ctx))
         except KernelexecError as exc:
@@ -120,9 +121,66 @@ def build_server(settings: Settings, sessions: SessionManager) -> MCPServer:
         ] = None,
         session: SessionArg = None,
         timeout: Annotated[float | None, Field(description=f"Seconds before the code is interrupted (default {settings.default_timeout:g}, max {settings.max_timeout:g})")] = None,
+        background: Annotated[bool, Field(description="Start the code and return a run_id at once; get the answer with get_run")] = False,
     ) -> Annotated[CallToolResult, ExecuteResult]:
         """Run Python code in a persistent Jupyter kernel and return its result, output, rich outputs and errors."""
+        if background:
+            return await start_background(ctx, code, session, timeout, working_dir)
         rendered = await run(ctx, code, session, timeout, working_dir)
+        return _answer(rendered)
+
+    async def start_background(ctx: Context, code: str, session: str | None, timeout: float | None, working_dir: str | None) -> CallToolResult:
+        try:
+            _check_code(settings, code)
+            seconds = _timeout(settings, timeout if timeout is not None else settings.max_timeout)
+            target = await resolve(ctx, session)
+            target.resolve_working_dir(working_dir)
+            started = sessions.runs.start(target, code, timeout=seconds, working_dir=working_dir)
+        except KernelexecError as exc:
+            raise ToolError(str(exc)) from exc
+        return _running(started, f"started in the background (timeout {seconds:g} s)")
+
+    def _running(started: Run, what: str) -> CallToolResult:
+        s = started.session
+        structured = ExecuteResult(
+            success=True, session=s.handle, ending="running", run_id=started.id, stdout=started.tail,
+            duration_ms=started.elapsed_ms, notebook=str(s.dirs.notebook), profile=s.profile,
+        )
+        text = (f"[running] run_id={started.id} session={s.handle}: {what}; {started.elapsed_ms / 1000:.1f} s so far, "
+                f"{started.output_chars:,} characters of output. Call get_run(run_id) for the answer, interrupt(session) to stop it.")
+        if started.tail:
+            text += f"\n<kernelexec-stdout>\n{started.tail[-1000:]}\n</kernelexec-stdout>"
+        return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured.model_dump(mode="json"))
+
+    async def get_run(
+        ctx: Context,
+        run_id: Annotated[str, Field(description="The run_id execute_code(background=true) returned")],
+        wait_s: Annotated[float, Field(ge=0, le=600, description="Seconds to wait for it to finish (0 = just look)")] = 30,
+    ) -> Annotated[CallToolResult, ExecuteResult]:
+        """Get a background run's answer, waiting up to wait_s; while it runs, its output so far."""
+        try:
+            found = sessions.runs.get(run_id, owner=owner_of(ctx))
+        except KernelexecError as exc:
+            raise ToolError(str(exc)) from exc
+        if not await sessions.runs.wait(found, wait_s):
+            return _running(found, "still running")
+        if found.failure is not None:
+            raise ToolError(f"run {run_id} failed: {found.failure}")
+        assert found.rendered is not None
+        answer = _answer(found.rendered)
+        answer.structured_content = {**answer.structured_content, "run_id": found.id}
+        return answer
+
+    async def interrupt(ctx: Context, session: SessionArg = None) -> SessionInfo:
+        """Interrupt (SIGINT) the code running in a session, e.g. a background run; its answer says it was interrupted."""
+        try:
+            target = await resolve(ctx, session)
+            sent = await target.interrupt()
+        except KernelexecError as exc:
+            raise ToolError(str(exc)) from exc
+        return _info(target, "interrupt sent" if sent else "nothing was running")
+
+    def _answer(rendered: Any) -> CallToolResult:
         return CallToolResult(
             content=rendered.content,
             structured_content=rendered.structured.model_dump(mode="json"),
@@ -168,14 +226,24 @@ def build_server(settings: Settings, sessions: SessionManager) -> MCPServer:
             raise ToolError(str(exc)) from exc
         return _info(created, "created")
 
-    async def restart_session(ctx: Context, session: SessionArg = None) -> SessionInfo:
-        """Restart the session's kernel: all variables are lost; the notebook record stays."""
+    async def restart_session(
+        ctx: Context,
+        session: SessionArg = None,
+        replay: Annotated[bool, Field(description="Rebuild state: run the session's successful cells since its last plain restart again "
+                                      "(their side effects happen again too); the answer lists them")] = False,
+    ) -> SessionInfo:
+        """Restart the session's kernel: all variables are lost (unless replay rebuilds them); the notebook record stays."""
         try:
             target = await resolve(ctx, session)
-            await target.restart()
+            replayed = await target.restart(replay=replay)
         except KernelexecError as exc:
             raise ToolError(str(exc)) from exc
-        return _info(target, "restarted")
+        info = _info(target, "restarted")
+        if replay:
+            from .replay import describe_replayed
+
+            info.replayed, info.detail = replayed, describe_replayed(replayed)
+        return info
 
     async def close_session(
         ctx: Context, session: Annotated[str, Field(description="Handle of the session to close")]
@@ -199,6 +267,8 @@ def build_server(settings: Settings, sessions: SessionManager) -> MCPServer:
         "new_session": (new_session, acting, "New session"),
         "restart_session": (restart_session, ToolAnnotations(destructive_hint=True, open_world_hint=False), "Restart session"),
         "close_session": (close_session, ToolAnnotations(destructive_hint=True, open_world_hint=False), "Close session"),
+        "get_run": (get_run, reading, "Get a background run"),
+        "interrupt": (interrupt, acting, "Interrupt running code"),
     }
     exposed = {
         "plugin": ["execute_code"],
@@ -227,14 +297,74 @@ def build_server(settings: Settings, sessions: SessionManager) -> MCPServer:
         return data
 
     @mcp.resource("kernelexec://sessions/{session}/notebook.ipynb", name="session-notebook", mime_type="application/x-ipynb+json", description="The session's notebook record")
-    def read_notebook(session: str) -> str:
+    async def read_notebook(session: str) -> str:
         try:
-            s = sessions.get(session)
+            s = await sessions.lookup(session)  # a session from before a server restart too (no kernel started)
         except KernelexecError as exc:
             raise ResourceNotFoundError(str(exc)) from exc
         path = s.recorder.write_notebook()
         if path is None:
             raise ResourceError("notebook not written yet")
         return path.read_text()
+
+    # resources/list: besides the two templates, the concrete resources of the caller's live sessions
+    # (each notebook, and each file in outputs/, newest first). MCPServer lists only static resources
+    # and its list handler sees no request, so a middleware appends them to the SDK's own answer (its
+    # wire envelope untouched). Whose sessions: stdio and in-memory serve one client, so all of them;
+    # a legacy HTTP client, the session of its Mcp-Session-Id; a stateless HTTP client cannot be told
+    # apart from the others, so none (listing would hand it other clients' handles).
+    from mimetypes import guess_type
+    from urllib.parse import quote
+
+    from mcp_types import Resource
+
+    from .render import EXTENSIONS
+
+    max_listed_files = 200  # per session
+
+    def visible_sessions(request: Any) -> list[Session]:
+        headers = getattr(request, "headers", None)
+        if headers is None:
+            return [s for s in sessions.sessions.values() if not s.closed]
+        handle = sessions.aliases.get(headers.get("mcp-session-id") or "")
+        live = sessions.sessions.get(handle) if handle else None
+        return [live] if live is not None and not live.closed else []
+
+    def session_resources(s: Session) -> list[Resource]:
+        found = [
+            Resource(
+                uri=f"kernelexec://sessions/{s.handle}/notebook.ipynb", name="notebook.ipynb",
+                title=f"Notebook of session {s.handle}", description="Every call of this session, as a notebook",
+                mime_type="application/x-ipynb+json",
+            )
+        ]
+        try:
+            files = [(p, p.stat()) for p in s.dirs.outputs.iterdir() if p.is_file() and not p.name.startswith(".")]
+        except OSError:
+            files = []
+        files.sort(key=lambda item: item[1].st_mtime, reverse=True)
+        for path, st in files[:max_listed_files]:
+            mime = next((m for m, ext in EXTENSIONS.items() if ext == path.suffix.lstrip(".")), None)
+            found.append(
+                Resource(
+                    uri=f"kernelexec://sessions/{s.handle}/files/{quote(path.name, safe='')}", name=path.name,
+                    title=f"{path.name} (session {s.handle})", description="A file this session produced",
+                    mime_type=mime or guess_type(path.name)[0] or "application/octet-stream", size=st.st_size,
+                )
+            )
+        return found
+
+    async def list_session_resources(ctx: Any, call_next: Any) -> Any:
+        result = await call_next(ctx)
+        if ctx.method != "resources/list" or not isinstance(result, dict):
+            return result
+        extra = [
+            r.model_dump(by_alias=True, mode="json", exclude_none=True)
+            for s in visible_sessions(ctx.request)
+            for r in session_resources(s)
+        ]
+        return {**result, "resources": [*result.get("resources", []), *extra]}
+
+    mcp.middleware.append(list_session_resources)
 
     return mcp

@@ -25,10 +25,13 @@ from .config import Settings
 from .errors import InvalidRequest, SessionError
 from .kernel import Kernel, OnOutput
 from .launch import LaunchSpec, SessionDirs
-from .models import Execution
+from . import connections
+from .models import Execution, ReplayedCell
 from .policy import kernel_policy
-from .recording import Recorder
+from .recording import Recorder, mark_closed, read_session_meta, rebuild_stale
 from .render import Rendered, Renderer
+from .replay import describe_replayed, restore
+from .runs import RunRegistry
 from .sandbox import plan_for
 
 logger = logging.getLogger(__name__)
@@ -38,6 +41,20 @@ _HANDLE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0
 
 def valid_handle(handle: str) -> bool:
     return 8 <= len(handle) <= 64 and set(handle) <= _HANDLE_CHARS
+
+
+def _claim(root: Path, handle: str) -> int:
+    """Lock a session directory for this process (the OS drops the lock when the process dies, even
+    by SIGKILL), so two servers sharing a state dir never run one session at once."""
+    fd = os.open(root / ".lock", os.O_RDWR | os.O_CREAT, 0o600)  # not inherited by kernels
+    try:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise SessionError(f"session {handle!r} is in use by another kernelexec server") from None
+    return fd
 
 
 class Session:
@@ -57,6 +74,7 @@ class Session:
         self.last_used = time.monotonic()
         self.closed = False
         self.busy = False
+        self.notice: str | None = None  # what happened to the kernel between calls, told in the next answer
         self.renderer = Renderer(
             handle, self.dirs.outputs, result_chars=settings.result_chars,
             stream_chars=settings.stream_chars, profile=self.profile,
@@ -66,6 +84,8 @@ class Session:
         meta_file = self.dirs.root / "session.json"
         if not meta_file.exists():
             meta_file.write_text(json.dumps({**meta, "owner": owner, "working_dir": str(self.default_cwd)}))
+        self._lock_fd: int | None = _claim(self.dirs.root, handle)
+        self.revive = False  # set by SessionManager.lookup: refill the next kernel from the journal
 
     def launch_spec(self) -> LaunchSpec:
         s = self.settings
@@ -91,6 +111,12 @@ class Session:
             await kernel.start()
             self.kernel = kernel
             self.cwd = self.default_cwd
+            connections.publish(self.settings.state_dir, self.handle, self.dirs.connection_file)
+            if self.revive:
+                self.revive = False
+                replayed = await restore(self)
+                self.notice = f"session revived after a server restart in a new kernel; {describe_replayed(replayed)}"
+                self.recorder.mark("revive", self.notice, replayed=[r.model_dump() for r in replayed])
         return self.kernel
 
     def resolve_working_dir(self, working_dir: str | None) -> Path | None:
@@ -118,6 +144,7 @@ class Session:
                 raise SessionError.unknown(self.handle)
             self.busy = True
             try:
+                await self.check_alive()
                 kernel = await self.ensure_kernel()
                 if cwd is not None and cwd != self.cwd:
                     await kernel.evaluate(f"_kernelexec_chdir({str(cwd)!r})")
@@ -125,30 +152,67 @@ class Session:
                 ex = await kernel.execute(code, timeout=timeout, grace=self.settings.interrupt_grace, on_output=on_output)
                 if ex.ending in ("restarted", "kernel_died"):
                     self.cwd = self.default_cwd
-                self.record(ex)
+                if self.notice is not None:
+                    ex.restart_reason = ex.restart_reason or self.notice
+                    self.notice = None
+                self.record(ex, timeout)
                 return self.renderer.render(ex, notebook=str(self.dirs.notebook), layers=kernel.spec.plan.layers)
             finally:
                 self.busy = False
                 self.last_used = time.monotonic()
 
-    def record(self, ex: Execution) -> None:
-        layers = self.kernel.spec.plan.layers if self.kernel is not None else []
-        self.recorder.append(ex, {"session": self.handle, "profile": self.profile, "cwd": str(self.cwd), "layers": layers})
+    async def check_alive(self) -> None:
+        """Restart a kernel that died between calls (SIGKILL from outside, the OOM killer) and say so."""
+        kernel = self.kernel
+        if kernel is not None and not await kernel.is_alive():
+            status = kernel.exit_status()
+            await kernel.restart()
+            self.cwd = self.default_cwd
+            self.notice = (f"before this call: the kernel had died ({status}) and was restarted; "
+                           "variables from earlier calls are lost")
 
-    async def restart(self) -> None:
+    async def interrupt(self) -> bool:
+        """SIGINT to the running cell, without waiting for the session lock. False if nothing runs."""
+        if self.kernel is None or not self.busy:
+            return False
+        await self.kernel.interrupt()
+        return True
+
+    def record(self, ex: Execution, timeout: float | None = None) -> None:
+        layers = self.kernel.spec.plan.layers if self.kernel is not None else []
+        self.recorder.append(ex, {"session": self.handle, "profile": self.profile, "cwd": str(self.cwd), "layers": layers, "timeout": timeout})
+
+    async def restart(self, *, replay: bool = False) -> list[ReplayedCell]:
+        """A fresh kernel; with ``replay``, refilled by running the journal's successful cells since the
+        last plain restart again (``replay.restorable``). Returns what was replayed."""
         async with self.lock:
+            self.revive = False  # this restart replaces a pending revival
             if self.kernel is None:
                 await self.ensure_kernel()
             else:
                 await self.kernel.restart()
             self.cwd = self.default_cwd
+            if not replay:
+                self.recorder.mark("restart", "kernel restarted by restart_session; variables cleared")
+                return []
+            replayed = await restore(self)
+            self.recorder.mark("restore", f"kernel restarted by restart_session; {describe_replayed(replayed)}",
+                               replayed=[r.model_dump() for r in replayed])
+            return replayed
 
     async def stop_kernel(self) -> None:
         """Shut the kernel down (idle reaping, close); the directory and notebook stay."""
         kernel, self.kernel = self.kernel, None
         if kernel is not None:
+            connections.withdraw(self.settings.state_dir, self.handle)
             await kernel.shutdown()
         await anyio.to_thread.run_sync(self.recorder.flush)
+
+    def release(self) -> None:
+        """Give up the session directory's lock (the session is closed or was a throwaway)."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
 
 class SessionManager:
@@ -161,12 +225,19 @@ class SessionManager:
         self.default_handle: str | None = None
         self._create_lock = anyio.Lock()
         self._tg: Any = None
+        self.runs = RunRegistry()
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[SessionManager]:
         self.settings.sessions_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # nbformat is imported here, once, on the event loop thread before any worker thread uses it:
+        # imported lazily from a worker thread and the loop at once, it fails with a circular import
+        import nbformat.v4  # noqa: F401
+
+        await anyio.to_thread.run_sync(rebuild_stale, self.settings.sessions_dir)  # a killed server's last cells
         async with anyio.create_task_group() as tg:
             self._tg = tg
+            self.runs.attach(tg)
             tg.start_soon(self._housekeeping)
             try:
                 yield self
@@ -204,6 +275,27 @@ class SessionManager:
             raise SessionError.unknown(handle)
         return session
 
+    async def lookup(self, handle: str, *, owner: str | None = None) -> Session:
+        """``get``, or revive a session this process does not hold whose directory survives (the server
+        was restarted): its first use starts a kernel refilled from its journal (``Session.ensure_kernel``).
+        Closed sessions, other owners' and those another live server holds stay unknown."""
+        try:
+            return self.get(handle, owner=owner)
+        except SessionError:
+            known = isinstance(handle, str) and valid_handle(handle) and handle not in self.sessions
+            meta = read_session_meta(self.settings.sessions_dir / handle) if known else None
+            if meta is None or meta.get("closed") or meta.get("owner") != owner:
+                raise
+        async with self._create_lock:
+            if handle not in self.sessions:
+                if self.live_count() >= self.settings.max_sessions:
+                    raise SessionError.limit(self.settings.max_sessions)
+                working_dir = Path(meta.get("working_dir") or self.settings.sessions_dir / handle / "work")
+                session = Session(handle, self.settings, owner=owner, working_dir=working_dir if working_dir.is_dir() else None)
+                session.revive = True
+                self.sessions[handle] = session
+        return self.get(handle, owner=owner)
+
     async def default(self, *, working_dir: Path | None = None) -> Session:
         """The process's single default session (stdio and in-memory clients that pass no handle)."""
         async with self._create_lock:
@@ -228,6 +320,8 @@ class SessionManager:
         async with session.lock:
             session.closed = True
             await session.stop_kernel()
+            mark_closed(session.dirs.root)
+            session.release()
         self.sessions.pop(handle, None)
         if self.default_handle == handle:
             self.default_handle = None
@@ -244,7 +338,10 @@ class SessionManager:
         for session in idle:
             if timeout and now - session.last_used > timeout:
                 logger.info("stopping idle session %s", session.handle)
-                await session.stop_kernel()
+                async with session.lock:
+                    await session.stop_kernel()
+                    session.notice = (f"before this call: the session was idle for more than {timeout:g} s, so its kernel "
+                                      "was shut down (--idle-timeout); this call runs in a fresh kernel and earlier variables are lost")
 
     async def _housekeeping(self) -> None:
         while True:
@@ -255,7 +352,20 @@ class SessionManager:
                         await anyio.to_thread.run_sync(session.recorder.flush)
                     except Exception:
                         logger.exception("writing notebook of %s", session.handle)
+            await self._restart_dead()
             await self._reap()
+
+    async def _restart_dead(self) -> None:
+        """Notice kernels that died while idle (killed from outside, OOM) and restart them at once."""
+        for session in list(self.sessions.values()):
+            if session.kernel is None or session.busy or session.lock.locked():
+                continue
+            if not await session.kernel.is_alive():
+                async with session.lock:
+                    try:
+                        await session.check_alive()
+                    except Exception:
+                        logger.exception("restarting the dead kernel of %s", session.handle)
 
     def remove_dir(self, session: Session) -> None:
         shutil.rmtree(session.dirs.root, ignore_errors=True)

@@ -177,21 +177,30 @@ class Runtime:
         stream.write = write
 
     def _to_file(self, name: str, state: dict[str, Any], text: str) -> None:
-        if state["fh"] is None:
-            path = os.path.join(self.spill_dir, f"{name}-{self._cell}.txt")
-            with self.bypass():
-                os.makedirs(self.spill_dir, exist_ok=True)
-                state["fh"] = open(path, "w", encoding="utf-8", errors="replace")  # noqa: SIM115
-            state["file"] = path
-            state["written"] = 0
-            for chunk in state["head"]:
-                state["fh"].write(chunk)
-                state["written"] += len(chunk)
-            state["head"] = []
+        """Keep what the cap cut in a file; a full disk or the file-size limit ends the copy, never the cell."""
+        try:
+            if state["fh"] is None and not state.get("disk_error"):
+                path = os.path.join(self.spill_dir, f"{name}-{self._cell}.txt")
+                state["file"] = path
+                state["written"] = 0
+                with self.bypass():
+                    os.makedirs(self.spill_dir, exist_ok=True)
+                    state["fh"] = open(path, "w", encoding="utf-8", errors="replace")  # noqa: SIM115
+                head, state["head"] = state["head"], []
+                for chunk in head:
+                    self._write_capped(state, chunk)
+            self._write_capped(state, text)
+        except OSError as exc:
+            state["disk_error"] = str(exc)
+            state["written"] = state.get("written", 0)
+            state["fh"] = None  # stop copying for the rest of this cell
+
+    def _write_capped(self, state: dict[str, Any], text: str) -> None:
         room = self.disk_cap - state["written"]
-        if room > 0:
+        if room > 0 and state["fh"]:
             with self.bypass():
                 state["fh"].write(text[:room])
+                state["fh"].flush()
             state["written"] += min(room, len(text))
 
     def _finish_streams(self) -> None:
@@ -199,13 +208,19 @@ class Runtime:
             streams = dict(self._streams)
         for name, state in streams.items():
             fh = state.get("fh")
-            if fh is None:
+            if not state.get("file"):
                 continue
-            fh.close()
+            if fh:
+                try:
+                    fh.close()
+                except OSError:
+                    pass
             state["fh"] = False
             note = (
                 f"\n[kernelexec: {name} cut after {state['sent']:,} of {state['total']:,} characters; "
-                f"{state['written']:,} kept in {state['file']}]\n"
+                f"{state['written']:,} kept in {state['file']}"
+                + (f" (copy stopped: {state['disk_error']})" if state.get("disk_error") else "")
+                + "]\n"
             )
             stream = getattr(sys, name, None)
             if stream is not None:

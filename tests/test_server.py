@@ -158,7 +158,7 @@ async def test_kernel_death_is_reported_and_next_call_works(harness: Harness) ->
     s = await harness.new_session()
     r = await harness.run("import os\nos._exit(3)", session=s, timeout=30)
     assert r["ending"] == "kernel_died" and r["timed_out"] is False
-    assert "exit code 3" in r["restart_reason"]
+    assert "exit code 3" in r["restart_reason"], r
     assert (await harness.run("1 + 1", session=s))["result"] == 2
 
 
@@ -202,9 +202,10 @@ async def test_every_answer_names_its_session_and_notebook(harness: Harness) -> 
 
 async def test_tools_have_schemas_and_annotations(harness: Harness) -> None:
     tools = {t.name: t for t in (await harness.client.list_tools()).tools}
-    assert set(tools) == {"execute_code", "run_python", "list_variables", "new_session", "restart_session", "close_session"}
+    assert set(tools) == {"execute_code", "run_python", "list_variables", "new_session", "restart_session",
+                          "close_session", "get_run", "interrupt"}
     execute = tools["execute_code"]
-    assert set(execute.input_schema["properties"]) == {"code", "working_dir", "session", "timeout"}
+    assert {"code", "working_dir", "session", "timeout", "background"} <= set(execute.input_schema["properties"])
     assert "success" in execute.output_schema["properties"]
     assert execute.annotations.read_only_hint is False
     assert tools["list_variables"].annotations.read_only_hint is True

@@ -1,0 +1,424 @@
+"""kernelexec benchmarks: one command, one table.
+
+    python -m benchmarks [--quick] [--json FILE]      (or: python benchmarks/run.py ...)
+
+Each row names the baseline it is compared with; ``ratio`` is the row's median over the baseline's.
+Sections (each starts and stops its own kernels, so they do not compete for the CPU):
+
+1. cold start     raw ``AsyncKernelManager.start_kernel`` + ``wait_for_ready``  vs  the ``new_session`` tool
+                  (kernel started, startup code run, policy checked), in memory. Also each kernel's idle RSS/PSS.
+2. round trip     ``x=1``: raw jupyter_client reply+idle (plain kernel, ipc, no history)  vs
+                  ``Kernel.execute`` / ``Session.run`` (no MCP) and ``execute_code`` in memory, over stdio
+                  (a ``kernelexec serve`` child) and over streamable HTTP (a session handle, one kernel).
+3. CPU-bound      a pure-Python loop and a numpy loop: ``execute_code`` vs ``python -c``, timed inside the
+                  code (perf_counter) and end to end (``python -c`` pays interpreter start and imports).
+4. memory         idle kernel RSS/PSS vs a plain ipykernel; with numpy+matplotlib; server process RSS.
+5. mixed load     4 sessions x 50 calls in parallel in memory vs the same 200 cells serially in one session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):  # ``python benchmarks/run.py``: make ``benchmarks`` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import anyio
+from mcp import Client
+
+from benchmarks.common import (
+    call,
+    clean_env,
+    http_server,
+    in_memory,
+    kernel_pids,
+    log,
+    make_settings,
+    pss_mb,
+    raw_execute,
+    raw_kernel,
+    rss_mb,
+    tree_rss_mb,
+    session_kernel_pid,
+    session_root_pid,
+    short_tmp,
+    stdio_params,
+    stdio_server_pid,
+)
+from benchmarks.stats import Measurement, table, to_json
+
+MS = "ms"
+
+LOOP_CODE = """\
+import time
+_t0 = time.perf_counter()
+_s = 0
+for _i in range(4_000_000):
+    _s += _i * _i
+_dt = time.perf_counter() - _t0
+print(repr(_dt))
+"""
+
+NUMPY_CODE = """\
+import time
+import numpy as np
+_a = np.arange(2_000_000, dtype=np.float64)
+_s = float((_a * _a).sum())  # untimed: first touch of the temporaries' pages
+_t0 = time.perf_counter()
+for _k in range(60):
+    _s = float((_a * _a).sum())
+_dt = time.perf_counter() - _t0
+print(repr(_dt))
+"""
+
+PLOT_CODE = """\
+import numpy as np
+import matplotlib.pyplot as plt
+fig, ax = plt.subplots()
+ax.plot(np.arange(100) ** 2)
+plt.show()
+"""
+
+MIX = [
+    "x = 1",
+    "sum(i * i for i in range(10_000))",
+    "print('hello ' * 10)",
+    "d = {i: str(i) for i in range(1000)}\nlen(d)",
+    "import math\nresult = math.factorial(200) % 1000",
+]
+
+
+@dataclass
+class Plan:
+    cold: int          # kernels started per cold-start series
+    calls: int         # x=1 round trips per transport
+    warmup: int
+    cpu: int           # repetitions of each CPU-bound cell
+    sessions: int      # mixed load: parallel sessions ...
+    per_session: int   # ... times calls each
+
+    @classmethod
+    def make(cls, quick: bool) -> Plan:
+        if quick:
+            return cls(cold=3, calls=30, warmup=5, cpu=2, sessions=2, per_session=10)
+        return cls(cold=10, calls=300, warmup=20, cpu=5, sessions=4, per_session=50)
+
+
+def ms(seconds: float) -> float:
+    return seconds * 1000
+
+
+# --- 1. cold start ---------------------------------------------------------------------------------
+async def bench_cold_start(plan: Plan, base: Path, out: list[Measurement]) -> None:
+    log(f"[1/5] cold start: {plan.cold} raw kernels, {plan.cold} new_session calls")
+    raw_start, raw_rss, raw_pss = [], [], []
+    for i in range(plan.cold + 1):  # the first one warms the page cache and is not counted
+        t0 = time.perf_counter()
+        async with raw_kernel(base) as (km, kc):
+            elapsed = time.perf_counter() - t0
+            await raw_execute(kc, "x = 1")
+            await anyio.sleep(0.3)
+            if i:
+                raw_start.append(ms(elapsed))
+                pid = km.provisioner.process.pid
+                raw_rss.append(rss_mb(pid))
+                raw_pss.append(pss_mb(pid))
+    out.append(Measurement("cold: raw start_kernel+wait_for_ready", MS, raw_start))
+
+    starts, rss, pss, tree = [], [], [], []
+    async with in_memory(make_settings(base)) as (client, sessions):
+        for i in range(plan.cold + 1):
+            t0 = time.perf_counter()
+            info = await call(client, "new_session")
+            elapsed = time.perf_counter() - t0
+            handle = info["session"]
+            await call(client, "execute_code", code="x = 1", session=handle)
+            await anyio.sleep(0.3)
+            if i:
+                starts.append(ms(elapsed))
+                pid = session_kernel_pid(sessions, handle)
+                rss.append(rss_mb(pid))
+                pss.append(pss_mb(pid))
+                tree.append(tree_rss_mb(session_root_pid(sessions, handle)))
+            await call(client, "close_session", session=handle)
+    out.append(Measurement("cold: new_session (in-memory MCP)", MS, starts, baseline="cold: raw start_kernel+wait_for_ready",
+                           note="kernel started, startup code run, policy verified"))
+    out.append(Measurement("mem: raw ipykernel idle RSS", "MB", raw_rss))
+    out.append(Measurement("mem: session kernel idle RSS", "MB", rss, baseline="mem: raw ipykernel idle RSS"))
+    out.append(Measurement("mem: session kernel + sandbox wrappers RSS", "MB", tree, baseline="mem: raw ipykernel idle RSS",
+                           note="the provisioner's process and everything below it"))
+    out.append(Measurement("mem: raw ipykernel idle PSS", "MB", raw_pss))
+    out.append(Measurement("mem: session kernel idle PSS", "MB", pss, baseline="mem: raw ipykernel idle PSS"))
+
+
+# --- 2. round trips --------------------------------------------------------------------------------
+FLOOR = "x=1: raw jupyter_client (reply+idle)"
+
+
+async def bench_raw_floor(plan: Plan, base: Path, out: list[Measurement]) -> None:
+    log(f"[2/5] round trip x=1: raw floor ({plan.calls} calls)")
+    samples = []
+    async with raw_kernel(base) as (_km, kc):
+        for _ in range(plan.warmup):
+            await raw_execute(kc, "x=1")
+        for _ in range(plan.calls):
+            t0 = time.perf_counter()
+            reply = await raw_execute(kc, "x=1")
+            samples.append(ms(time.perf_counter() - t0))
+            assert reply["status"] == "ok", reply
+    out.append(Measurement(FLOOR, MS, samples, note="plain ipykernel, ipc, --HistoryManager.enabled=False"))
+
+
+async def bench_in_memory(plan: Plan, base: Path, out: list[Measurement]) -> None:
+    """MCP in memory, Session.run and Kernel.execute, interleaved on one kernel so drift hits all three alike."""
+    log(f"[2/5] round trip x=1: in memory, Session.run, Kernel.execute ({plan.calls} calls each, interleaved)")
+    mcp_s, run_s, kern_s = [], [], []
+    async with in_memory(make_settings(base)) as (client, sessions):
+        handle = (await call(client, "execute_code", code="x = 1"))["session"]
+        session = sessions.sessions[handle]
+        kernel = session.kernel
+        for _ in range(plan.warmup):
+            await call(client, "execute_code", code="x=1")
+        for _ in range(plan.calls):
+            t0 = time.perf_counter()
+            r = await call(client, "execute_code", code="x=1")
+            t1 = time.perf_counter()
+            await session.run("x=1", timeout=60)
+            t2 = time.perf_counter()
+            ex = await kernel.execute("x=1", timeout=60, grace=3)
+            t3 = time.perf_counter()
+            assert r["success"] and ex.success
+            mcp_s.append(ms(t1 - t0))
+            run_s.append(ms(t2 - t1))
+            kern_s.append(ms(t3 - t2))
+    out.append(Measurement("x=1: Kernel.execute (no MCP, no record)", MS, kern_s, baseline=FLOOR,
+                           note="kernelexec kernel: startup hooks, result report"))
+    out.append(Measurement("x=1: Session.run (no MCP)", MS, run_s, baseline=FLOOR, note="+ render + journal fsync"))
+    out.append(Measurement("x=1: execute_code in-memory MCP", MS, mcp_s, baseline=FLOOR))
+
+
+async def bench_stdio(plan: Plan, base: Path, out: list[Measurement]) -> None:
+    log(f"[2/5] round trip x=1: stdio ({plan.calls} calls)")
+    state = base / "stdio"
+    samples = []
+    async with Client(stdio_params(state)) as client:
+        for _ in range(plan.warmup):
+            await call(client, "execute_code", code="x=1")
+        for _ in range(plan.calls):
+            t0 = time.perf_counter()
+            r = await call(client, "execute_code", code="x=1")
+            samples.append(ms(time.perf_counter() - t0))
+            assert r["success"], r
+        pid = stdio_server_pid(state)
+        if pid is not None:
+            out_rss = rss_mb(pid)
+            kernels = kernel_pids(pid)
+            out.append(Measurement("mem: stdio server process RSS", "MB", [out_rss] if out_rss else [],
+                                   note=f"after {plan.calls + plan.warmup} calls, {len(kernels)} kernel"))
+    out.append(Measurement("x=1: execute_code stdio", MS, samples, baseline=FLOOR))
+
+
+async def bench_http(plan: Plan, base: Path, out: list[Measurement]) -> None:
+    log(f"[2/5] round trip x=1: streamable HTTP ({plan.calls} calls, one session handle)")
+    samples = []
+    async with http_server(base / "http") as (url, proc):
+        async with Client(url) as client:
+            handle = (await call(client, "new_session"))["session"]
+            for _ in range(plan.warmup):
+                await call(client, "execute_code", code="x=1", session=handle)
+            for _ in range(plan.calls):
+                t0 = time.perf_counter()
+                r = await call(client, "execute_code", code="x=1", session=handle)
+                samples.append(ms(time.perf_counter() - t0))
+                assert r["success"] and r["session"] == handle, r
+            server_rss = rss_mb(proc.pid)
+            nk = len(kernel_pids(proc.pid))
+    out.append(Measurement("x=1: execute_code streamable HTTP", MS, samples, baseline=FLOOR))
+    if server_rss:
+        out.append(Measurement("mem: HTTP server process RSS", "MB", [server_rss], note=f"{nk} kernel"))
+
+
+# --- 3. CPU-bound ---------------------------------------------------------------------------------------
+async def bench_cpu(plan: Plan, base: Path, out: list[Measurement]) -> None:
+    log(f"[3/5] CPU-bound cells: loop and numpy, {plan.cpu} runs each, execute_code vs python -c")
+    env = clean_env()
+    async with in_memory(make_settings(base)) as (client, sessions), raw_kernel(base) as (_km, kc):
+        handle = (await call(client, "new_session"))["session"]
+        for label, code in (("loop", LOOP_CODE), ("numpy", NUMPY_CODE)):
+            await call(client, "execute_code", code=code, session=handle)  # warm-up (imports numpy once)
+            await raw_execute(kc, code, timeout=120)
+            k_in, k_e2e, p_in, p_e2e, r_in = [], [], [], [], []
+            for _ in range(plan.cpu):
+                reply = await raw_execute(kc, code, timeout=120, user_expressions={"dt": "_dt"})
+                r_in.append(ms(float(reply["user_expressions"]["dt"]["data"]["text/plain"])))
+                t0 = time.perf_counter()
+                r = await call(client, "execute_code", code=code, session=handle, timeout=120)
+                k_e2e.append(ms(time.perf_counter() - t0))
+                assert r["success"], r
+                k_in.append(ms(float(r["stdout"].strip())))
+                t0 = time.perf_counter()
+                proc = await anyio.run_process([sys.executable, "-c", code], env=env, check=True)
+                p_e2e.append(ms(time.perf_counter() - t0))
+                p_in.append(ms(float(proc.stdout.decode().strip())))
+            py_in, py_e2e = f"cpu {label}: python -c (inside)", f"cpu {label}: python -c (end-to-end)"
+            out.append(Measurement(py_in, MS, p_in))
+            out.append(Measurement(f"cpu {label}: plain ipykernel (inside)", MS, r_in, baseline=py_in))
+            out.append(Measurement(f"cpu {label}: execute_code (inside)", MS, k_in, baseline=py_in))
+            out.append(Measurement(py_e2e, MS, p_e2e, note="includes interpreter start" + (" + numpy import" if label == "numpy" else "")))
+            out.append(Measurement(f"cpu {label}: execute_code (end-to-end)", MS, k_e2e, baseline=py_e2e))
+
+
+# --- 4. memory with the data stack -------------------------------------------------------------------
+async def bench_memory(plan: Plan, base: Path, out: list[Measurement]) -> None:
+    n = max(2, plan.sessions)
+    log(f"[4/5] memory: {n} sessions with numpy+matplotlib and a figure")
+    rss, pss = [], []
+    async with in_memory(make_settings(base)) as (client, sessions):
+        handles = [(await call(client, "new_session"))["session"] for _ in range(n)]
+        for h in handles:
+            r = await call(client, "execute_code", code=PLOT_CODE, session=h)
+            assert r["success"], r
+        await anyio.sleep(0.5)
+        for h in handles:
+            pid = session_kernel_pid(sessions, h)
+            rss.append(rss_mb(pid))
+            pss.append(pss_mb(pid))
+        self_rss = rss_mb()
+    out.append(Measurement("mem: session kernel RSS after numpy+matplotlib plot", "MB", rss, baseline="mem: raw ipykernel idle RSS"))
+    out.append(Measurement("mem: session kernel PSS after numpy+matplotlib plot", "MB", pss, baseline="mem: raw ipykernel idle PSS"))
+    out.append(Measurement("mem: benchmark process RSS (in-memory server+client)", "MB", [self_rss],
+                           note=f"with {n} sessions; includes the client and everything run so far"))
+
+
+# --- 5. mixed load ---------------------------------------------------------------------------------------
+async def bench_mixed(plan: Plan, base: Path, out: list[Measurement]) -> None:
+    total = plan.sessions * plan.per_session
+    log(f"[5/5] mixed load: {plan.sessions} sessions x {plan.per_session} calls in parallel vs {total} serial")
+    async with in_memory(make_settings(base, max_sessions=max(16, plan.sessions + 2))) as (client, _sessions):
+        async def worker(handle: str, count: int, offset: int, lat: list[float]) -> None:
+            for i in range(count):
+                code = MIX[(i + offset) % len(MIX)]
+                t0 = time.perf_counter()
+                r = await call(client, "execute_code", code=code, session=handle)
+                lat.append(ms(time.perf_counter() - t0))
+                assert r["success"], r
+
+        serial_handle = (await call(client, "new_session"))["session"]
+        await worker(serial_handle, plan.warmup, 0, [])
+        serial: list[float] = []
+        t0 = time.perf_counter()
+        await worker(serial_handle, total, 0, serial)
+        serial_tput = total / (time.perf_counter() - t0)
+        await call(client, "close_session", session=serial_handle)
+
+        handles = [(await call(client, "new_session"))["session"] for _ in range(plan.sessions)]
+        for h in handles:
+            await worker(h, 5, 0, [])
+        parallel: list[float] = []
+        t0 = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for k, h in enumerate(handles):
+                tg.start_soon(worker, h, plan.per_session, k, parallel)
+        par_tput = total / (time.perf_counter() - t0)
+
+    s_name = f"mixed: 1 session x {total} serial, latency"
+    st_name = f"mixed: 1 session x {total} serial, throughput"
+    out.append(Measurement(s_name, MS, serial))
+    out.append(Measurement(f"mixed: {plan.sessions} sessions x {plan.per_session} parallel, latency", MS, parallel, baseline=s_name))
+    out.append(Measurement(st_name, "calls/s", [serial_tput]))
+    out.append(Measurement(f"mixed: {plan.sessions} sessions x {plan.per_session} parallel, throughput", "calls/s", [par_tput],
+                           baseline=st_name, note=f"{os.cpu_count()} CPUs"))
+
+
+ORDER = [
+    "cold:", "x=1:", "cpu loop", "cpu numpy", "mem:", "mixed:",
+]
+
+
+def ordered(rows: list[Measurement]) -> list[Measurement]:
+    def key(r: Measurement) -> int:
+        return next((i for i, p in enumerate(ORDER) if r.name.startswith(p)), len(ORDER))
+    return sorted(rows, key=key)  # stable: keeps each section's own order
+
+
+async def run_all(plan: Plan) -> list[Measurement]:
+    out: list[Measurement] = []
+    with short_tmp() as base:
+        for section in (bench_cold_start, bench_raw_floor, bench_in_memory, bench_stdio, bench_http, bench_cpu,
+                        bench_memory, bench_mixed):
+            t0 = time.perf_counter()
+            await section(plan, base, out)
+            log(f"      done in {time.perf_counter() - t0:.1f} s")
+    return ordered(out)
+
+
+def environment() -> dict[str, str]:
+    from importlib.metadata import version
+
+    def v(name: str) -> str:
+        try:
+            return version(name)
+        except Exception:
+            return "?"
+
+    import kernelexec
+    from kernelexec.config import load_settings
+
+    src = Path(kernelexec.__file__).resolve().parent.parent
+    try:
+        rev = subprocess.run(["git", "-C", str(src), "describe", "--always", "--dirty"], capture_output=True,
+                             text=True, timeout=10).stdout.strip() or "not a git checkout"
+    except OSError:
+        rev = "?"
+    return {
+        "kernelexec": f"{src} ({rev})",
+        "sandbox": str(getattr(load_settings(), "sandbox", "none (no such setting)")),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": str(os.cpu_count()),
+        "mcp": v("mcp"),
+        "jupyter_client": v("jupyter_client"),
+        "ipykernel": v("ipykernel"),
+        "pyzmq": v("pyzmq"),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small n: a smoke run of every section (~30 s)")
+    parser.add_argument("--json", metavar="FILE", help="also write the results (summaries and raw samples) to FILE")
+    args = parser.parse_args(argv)
+    plan = Plan.make(args.quick)
+    for name in ("httpx", "httpx2"):  # MCPServer() sets the root logger to INFO: no line per HTTP request
+        logging.getLogger(name).setLevel(logging.WARNING)
+    env = environment()
+    env["loadavg at start"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    log("kernelexec benchmarks" + (" (quick)" if args.quick else "") + ": " + ", ".join(f"{k} {v}" for k, v in env.items()))
+    t0 = time.perf_counter()
+    rows = anyio.run(run_all, plan, backend="asyncio")
+    wall = time.perf_counter() - t0
+    env["loadavg at end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(table(rows))
+    notes = [f"  {r.name}: {r.note}" for r in rows if r.note]
+    if notes:
+        print("\nnotes:\n" + "\n".join(notes))
+    print(f"\nratio = median / baseline median. kernelexec {env['kernelexec']}; {env['cpus']} CPUs, python {env['python']}, mcp {env['mcp']}, "
+          f"jupyter_client {env['jupyter_client']}, ipykernel {env['ipykernel']}; sandbox {env['sandbox']}; "
+          f"load average {env['loadavg at start']} at start, {env['loadavg at end']} at end; total {wall:.0f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"environment": env, "quick": args.quick, "wall_s": wall,
+                                               "results": to_json(rows)}, indent=2))
+        log(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""Where other processes find the live session kernels: ``<state dir>/connections/<handle>.json``.
+
+Each entry is a relative symlink to the session's own ``kernel.json``, made when its kernel starts
+and removed when it stops. ``kernelexec lab`` (a separate process) points Jupyter Server's
+``external_connection_dir`` at this directory. A server killed with SIGKILL leaves its entries
+behind; ``prune`` (run by ``kernelexec lab``) drops those whose kernel no longer answers. Stdlib only: the server imports this.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+def connections_dir(state_dir: Path) -> Path:
+    return state_dir / "connections"
+
+
+def publish(state_dir: Path, handle: str, connection_file: Path) -> None:
+    """Expose a session's running kernel. Called by the session after its kernel started."""
+    directory = connections_dir(state_dir)
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = directory / f".{handle}.tmp"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(os.path.relpath(connection_file, directory))
+        os.replace(tmp, directory / f"{handle}.json")
+    except OSError:  # inspection is a convenience: never fail a session over it
+        logger.exception("could not publish the connection file of %s", handle)
+
+
+def withdraw(state_dir: Path, handle: str) -> None:
+    """Stop exposing a session's kernel. Called when the session's kernel is shut down."""
+    try:
+        (connections_dir(state_dir) / f"{handle}.json").unlink(missing_ok=True)
+    except OSError:
+        logger.exception("could not withdraw the connection file of %s", handle)
+
+
+def kernel_answers(connection_file: Path, timeout: float = 0.5) -> bool:
+    """True when something listens on the kernel's heartbeat endpoint (ipc or tcp)."""
+    try:
+        info = json.loads(connection_file.read_text())
+        port = int(info["hb_port"])
+        if info.get("transport", "tcp") == "ipc":
+            address: object = f"{info['ip']}-{port}"
+            family = socket.AF_UNIX
+        else:
+            address, family = (info.get("ip") or "127.0.0.1", port), socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            s.connect(address)
+        return True
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def prune(directory: Path, strikes: dict[str, int], limit: int = 3) -> list[str]:
+    """Remove entries whose kernel failed ``limit`` checks in a row; return their handles.
+
+    Called periodically: one failed check is not enough, since a kernel being restarted by its
+    server is briefly unreachable. A dangling link (the kernel's own files are gone) goes at once.
+    """
+    removed = []
+    try:
+        entries = [p for p in directory.iterdir() if p.suffix == ".json"]
+    except OSError:
+        return removed
+    for entry in entries:
+        if kernel_answers(entry):
+            strikes.pop(entry.stem, None)
+            continue
+        strikes[entry.stem] = strikes.get(entry.stem, 0) + 1
+        if not entry.exists() or strikes[entry.stem] >= limit:
+            entry.unlink(missing_ok=True)
+            strikes.pop(entry.stem, None)
+            removed.append(entry.stem)
+    return removed
+
+
+def live(directory: Path) -> dict[str, Path]:
+    """Handle → connection file of every published kernel (not checked for liveness)."""
+    try:
+        return {p.stem: p for p in sorted(directory.iterdir()) if p.suffix == ".json" and p.is_file()}
+    except OSError:
+        return {}

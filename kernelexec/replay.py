@@ -1,0 +1,456 @@
+"""Run recorded cells again: ``kernelexec replay`` of a notebook, and restoring a session's state.
+
+Replay re-executes a notebook with ``nbclient.NotebookClient`` in a fresh kernel started exactly as
+a live session's is (a throwaway ``Session`` gives the launch spec: startup code, policy, OS layers),
+under the profile the notebook was recorded with. Each code cell gets its recorded timeout; at the
+timeout the kernel is interrupted, and killed and restarted if that does not stop it, as live.
+Marker cells (``restart_session``, restores, revivals) are redone where they were recorded. Outputs
+are compared after normalising what legitimately changes between runs (memory addresses, uuids,
+timings, dates, the session's own directory, execution counts, tracebacks, image bytes).
+
+Restore (``restart_session(replay=True)``, and reviving a session after a server restart) runs the
+session's successful cells since its last plain restart through the live ``Kernel.execute``.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import logging
+import re
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+
+from .models import ReplayedCell
+from .recording import Recorder, cell_event, read_session_meta
+
+if TYPE_CHECKING:
+    from nbformat import NotebookNode
+
+    from .config import Profile, Settings
+    from .kernel import Kernel
+    from .models import Execution
+    from .sessions import Session
+
+logger = logging.getLogger(__name__)
+
+Status = Literal["same", "different", "new"]
+
+
+# --- which cells rebuild a session's state ---------------------------------------------------------
+def first_line(source: str, limit: int = 80) -> str:
+    line = next((ln for ln in source.splitlines() if ln.strip()), "")
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _meta(cell: dict[str, Any]) -> dict[str, Any]:
+    return (cell.get("metadata") or {}).get("kernelexec") or {}
+
+
+def restorable(cells: Iterable[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
+    """(1-based position, cell) of each successful code cell since the last plain restart.
+
+    A plain ``restart_session`` is the user asking for a clean kernel, so state before it stays gone.
+    A forced restart (timeout, kernel death), a restore or a revival does not reset the list: that
+    state was lost, not dropped.
+    """
+    chosen: list[tuple[int, dict[str, Any]]] = []
+    for number, cell in enumerate(cells, 1):
+        if cell_event(cell) == "restart":
+            chosen = []
+        elif cell.get("cell_type") == "code" and _meta(cell).get("success"):
+            chosen.append((number, cell))
+    return chosen
+
+
+def _failure(ex: Execution) -> str | None:
+    if ex.error is not None:
+        evalue = str(ex.error.get("evalue", "")).strip().splitlines()
+        return f"{ex.error.get('ename')}: {evalue[0]}" if evalue else str(ex.error.get("ename"))
+    if ex.ending != "completed":
+        return ex.restart_reason or ex.ending
+    return None
+
+
+async def rerun(
+    kernel: Kernel,
+    cells: list[dict[str, Any]],
+    *,
+    default_timeout: float,
+    grace: float,
+    session: Session | None = None,
+) -> list[ReplayedCell]:
+    """Run ``restorable(cells)`` again in ``kernel``, each with its recorded timeout and (for a
+    session) in its recorded working directory. Outputs are dropped; what ran is returned."""
+    done: list[ReplayedCell] = []
+    for number, cell in restorable(cells):
+        meta = _meta(cell)
+        source = "".join(cell.get("source", ""))
+        if session is not None and meta.get("cwd"):
+            cwd = Path(meta["cwd"])
+            if cwd != session.cwd and cwd.is_dir():
+                await kernel.evaluate(f"_kernelexec_chdir({str(cwd)!r})")
+                session.cwd = cwd
+        ex = await kernel.execute(source, timeout=float(meta.get("timeout") or default_timeout), grace=grace)
+        if session is not None and ex.ending in ("restarted", "kernel_died"):
+            session.cwd = session.default_cwd
+        done.append(ReplayedCell(cell=number, first_line=first_line(source), ok=ex.success, error=_failure(ex)))
+    return done
+
+
+async def restore(session: Session) -> list[ReplayedCell]:
+    """Rebuild a session's state in its (fresh) kernel from its journal. Caller holds the session lock."""
+    assert session.kernel is not None
+    return await rerun(
+        session.kernel,
+        session.recorder.cells(),
+        default_timeout=session.settings.default_timeout,
+        grace=session.settings.interrupt_grace,
+        session=session,
+    )
+
+
+def describe_replayed(replayed: list[ReplayedCell]) -> str:
+    """One sentence for answers and notebook markers: which cells ran again, which failed."""
+    if not replayed:
+        return "no cells to replay"
+    numbers = ", ".join(str(r.cell) for r in replayed)
+    text = f"replayed {len(replayed)} cell{'s' if len(replayed) != 1 else ''} ({numbers})"
+    failed = [r for r in replayed if not r.ok]
+    if failed:
+        text += "; failed this time: " + "; ".join(f"cell {r.cell}: {r.error}" for r in failed)
+    return text
+
+
+# --- comparing outputs -------------------------------------------------------------------------
+_TIME_UNIT = r"(?:ns|µs|us|ms|s|sec|seconds|min)"
+_NORMALISE: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"0x[0-9a-fA-F]{4,}"), "0x…"),
+    (re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"), "<uuid>"),
+    (re.compile(r"\b\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?"), "<datetime>"),
+    (re.compile(rf"[\d.]+\s?{_TIME_UNIT} ± [\d.]+\s?{_TIME_UNIT} per loop \([^)]*\)"), "<timeit>"),
+    (re.compile(rf"\b(Wall time|CPU times: user|sys|total): [\d.]+\s?{_TIME_UNIT}"), r"\1: <time>"),
+    (re.compile(rf"\b\d+\.\d+\s?{_TIME_UNIT}\b"), "<time>"),
+]
+
+
+def normalise(text: str, roots: Iterable[str] = ()) -> str:
+    """Text with run-to-run noise replaced: session directories, addresses, uuids, dates, timings."""
+    for root in roots:
+        text = text.replace(root, "<session>")
+    for pattern, replacement in _NORMALISE:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, list):
+        return "".join(map(str, value))
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+def _png_size(value: Any) -> str:
+    try:
+        head = base64.b64decode(_text(value)[:44])
+        return f"{int.from_bytes(head[16:20], 'big')}x{int.from_bytes(head[20:24], 'big')}"
+    except (ValueError, IndexError):
+        return "?"
+
+
+def comparable(outputs: list[dict[str, Any]], roots: Iterable[str] = ()) -> dict[str, Any]:
+    """What of a cell's outputs must match on replay.
+
+    Streams are compared as each stream's whole text (nbclient and the live collector split and
+    order stream chunks differently); rich outputs in order, images by kind and pixel size (their
+    bytes carry dates and random ids); errors by name and message, not traceback. The error
+    kernelexec adds for a timed-out or killed cell is left out: endings are compared on their own.
+    """
+    roots = list(roots)
+    streams: dict[str, str] = {"stdout": "", "stderr": ""}
+    rich: list[str] = []
+    errors: list[str] = []
+    for out in outputs:
+        kind = out.get("output_type")
+        if kind == "stream":
+            name = out.get("name", "stdout")
+            streams[name] = streams.get(name, "") + _text(out.get("text", ""))
+        elif kind == "error":
+            if out.get("ename") != "KernelexecError":
+                errors.append(normalise(f"{out.get('ename')}: {out.get('evalue', '')}", roots))
+        elif kind in ("display_data", "execute_result"):
+            parts = []
+            for mime, value in sorted((out.get("data") or {}).items()):
+                if mime == "image/png":
+                    parts.append(f"image/png {_png_size(value)}")
+                elif mime.startswith("image/"):
+                    parts.append(mime)
+                else:
+                    parts.append(f"{mime}: {normalise(_text(value), roots)}")
+            rich.append(f"{kind} " + " | ".join(parts))
+    return {
+        "stdout": normalise(streams.pop("stdout"), roots),
+        "stderr": normalise(streams.pop("stderr"), roots),
+        **{k: normalise(v, roots) for k, v in streams.items()},
+        "outputs": rich,
+        "errors": errors,
+    }
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def differences(recorded: dict[str, Any], replayed: dict[str, Any]) -> list[str]:
+    """Human-readable lines naming each part of two ``comparable`` results that differ."""
+    lines = []
+    for key in sorted(set(recorded) | set(replayed)):
+        a, b = recorded.get(key, ""), replayed.get(key, "")
+        if a == b:
+            continue
+        if isinstance(a, list) and isinstance(b, list):
+            if len(a) != len(b):
+                lines.append(f"{key}: {len(a)} recorded, {len(b)} replayed")
+            for i, (x, y) in enumerate(zip(a, b, strict=False), 1):
+                if x != y:
+                    lines.append(f"{key} #{i}: recorded {_short(x)}")
+                    lines.append(f"{' ' * len(key)} #{i}: replayed {_short(y)}")
+                    break
+        else:
+            lines.append(f"{key}: recorded {_short(a)}")
+            lines.append(f"{' ' * len(key)}  replayed {_short(b)}")
+    return lines
+
+
+# --- replaying a notebook ----------------------------------------------------------------------
+@dataclass
+class CellReport:
+    """How one code cell fared on replay."""
+
+    number: int  # 1-based position in the notebook
+    first_line: str
+    status: Status
+    recorded_ending: str = "completed"
+    replayed_ending: str = "completed"
+    details: list[str] = field(default_factory=list)
+
+
+def _session_roots(nb: NotebookNode) -> list[str]:
+    """The recorded session's directory, as it appears in paths in its outputs."""
+    handle = (nb.metadata.get("kernelexec") or {}).get("session")
+    roots = set()
+    for cell in nb.cells:
+        cwd = _meta(cell).get("cwd") or ""
+        marker = f"/sessions/{handle}" if handle else None
+        if marker and marker in cwd:
+            roots.add(cwd[: cwd.index(marker) + len(marker)])
+    return sorted(roots, key=len, reverse=True)
+
+
+class _Replayer:
+    """One replay: a throwaway session's kernel driven by nbclient, one cell at a time."""
+
+    def __init__(self, nb: NotebookNode, settings: Settings, kernel: Kernel, roots: list[str]) -> None:
+        from nbclient import NotebookClient
+
+        self.nb = nb
+        self.settings = settings
+        self.kernel = kernel
+        self.roots = roots
+        # timeouts are ours (per cell, with escalation), so nbclient waits without its own
+        self.client = NotebookClient(nb, km=kernel.km, timeout=None, allow_errors=False,
+                                     startup_timeout=int(settings.startup_timeout), record_timing=True)
+
+    async def run(self, on_cell: Callable[[CellReport], None] | None) -> list[CellReport]:
+        reports: list[CellReport] = []
+        async with self.client.async_setup_kernel():
+            try:
+                for index, cell in enumerate(self.nb.cells):
+                    event = cell_event(cell)
+                    if event is not None:
+                        await self._redo(event, index)
+                    if cell.cell_type != "code" or not cell.source.strip():
+                        continue
+                    report = await self._cell(index, cell)
+                    reports.append(report)
+                    if on_cell is not None:
+                        on_cell(report)
+            finally:
+                if self.client.kc is not None:
+                    self.client.kc.stop_channels()
+                    self.client.kc = None
+        return reports
+
+    async def _redo(self, event: str, index: int) -> None:
+        """A marker: the live kernel was restarted here (and, for a restore or revival, refilled)."""
+        await self._restart()
+        if event in ("restore", "revive"):
+            await rerun(self.kernel, self.nb.cells[:index], default_timeout=self.settings.default_timeout,
+                        grace=self.settings.interrupt_grace)
+
+    async def _restart(self) -> None:
+        await self.kernel.restart()
+        if self.client.km is not self.kernel.km:  # the restart fell back to a new kernel manager
+            self.client.km = self.kernel.km
+            if self.client.kc is not None:
+                self.client.kc.stop_channels()
+            await self.client.async_start_new_kernel_client()
+
+    async def _execute(self, index: int, cell: NotebookNode, timeout: float) -> str:
+        """Run one cell through nbclient; return how it ended (completed, interrupted, restarted, kernel_died)."""
+        from nbclient.exceptions import CellExecutionError, DeadKernelError
+
+        state = {"ending": "completed"}
+        km = self.kernel.km
+
+        async def watchdog() -> None:
+            await anyio.sleep(timeout)
+            state["ending"] = "interrupted"
+            await km.interrupt_kernel()
+            await anyio.sleep(self.settings.interrupt_grace)
+            state["ending"] = "restarted"
+            await km.signal_kernel(signal.SIGKILL)  # nbclient notices the death within a second
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watchdog)
+            try:
+                await self.client.async_execute_cell(cell, index)
+            except CellExecutionError:
+                pass  # the error is in the cell's outputs, where the comparison sees it
+            except DeadKernelError:
+                if state["ending"] != "restarted":
+                    state["ending"] = "kernel_died"
+            finally:
+                tg.cancel_scope.cancel()
+        if state["ending"] in ("restarted", "kernel_died"):
+            await self._restart()
+        return state["ending"]
+
+    async def _cell(self, index: int, cell: NotebookNode) -> CellReport:
+        meta = _meta(cell)
+        recorded_outputs = copy.deepcopy(list(cell.get("outputs", [])))
+        never_ran = cell.get("execution_count") is None and not recorded_outputs and not meta
+        recorded_ending = meta.get("ending", "completed")
+        timeout = float(meta.get("timeout") or self.settings.default_timeout)
+        ending = await self._execute(index, cell, timeout)
+        cell.metadata.setdefault("kernelexec", {})["replay_ending"] = ending
+        report = CellReport(index + 1, first_line(cell.source), "same", recorded_ending, ending)
+        if never_ran:
+            report.status = "new"
+        elif recorded_ending != ending:
+            report.status = "different"
+            report.details.append(f"ending: recorded {recorded_ending}, replayed {ending}")
+        elif ending == "completed":
+            report.details = differences(comparable(recorded_outputs, self.roots), comparable(cell.outputs, self.roots))
+            report.status = "different" if report.details else "same"
+        # a cell cut short both times: its partial output depends on timing, so only endings count
+        return report
+
+
+async def replay_notebook(
+    nb: NotebookNode,
+    settings: Settings,
+    *,
+    profile: Profile,
+    on_cell: Callable[[CellReport], None] | None = None,
+) -> list[CellReport]:
+    """Execute ``nb`` (in place) in a fresh kernel launched as a live session's, under ``profile``."""
+    from .sessions import Session  # sessions imports this module
+
+    base = Path(tempfile.mkdtemp(prefix="kxr"))
+    session = None
+    try:
+        scratch = settings.model_copy(update={"state_dir": base, "profile": profile, "idle_timeout": 0})
+        session = Session(f"replay-{secrets.token_urlsafe(6)}", scratch)
+        kernel = await session.ensure_kernel()
+        roots = [*_session_roots(nb), str(session.dirs.root)]
+        return await _Replayer(nb, scratch, kernel, roots).run(on_cell)
+    finally:
+        with anyio.CancelScope(shield=True):
+            if session is not None:
+                await session.stop_kernel()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# --- the command -------------------------------------------------------------------------------
+def load_notebook(path: Path) -> tuple[NotebookNode, Path, str | None]:
+    """Read a notebook; a session directory or its journal works too.
+
+    When the notebook sits in a session directory whose journal is newer (the server was killed
+    before writing it), it is rebuilt from the journal first. Returns (notebook, path, note).
+    """
+    import nbformat
+
+    if path.is_dir():
+        path = path / "notebook.ipynb"
+    if path.name == "journal.jsonl":
+        path = path.with_name("notebook.ipynb")
+    note = None
+    session_dir = path.parent
+    meta = read_session_meta(session_dir)
+    journal = session_dir / "journal.jsonl"
+    if meta is not None and journal.exists():
+        recorder = Recorder(journal, path, {k: meta[k] for k in ("session", "profile", "created") if k in meta})
+        if recorder.dirty:
+            recorder.write_notebook()
+            note = "rebuilt from its journal"
+    return nbformat.read(path, as_version=4), path, note
+
+
+def _line(report: CellReport) -> str:
+    label = {"same": "same", "different": "DIFFERENT", "new": "new"}[report.status]
+    extra = ""
+    if report.recorded_ending != "completed" or report.replayed_ending != "completed":
+        extra = f"   [{report.recorded_ending} live, {report.replayed_ending} on replay]"
+    lines = [f"cell {report.number:<4} {label:<9} {report.first_line}{extra}"]
+    lines += [f"           {d}" for d in report.details]
+    return "\n".join(lines)
+
+
+async def replay_command(settings: Settings, notebook: str, *, output: str | None, profile: Profile | None) -> int:
+    """``kernelexec replay``: 0 when every cell matches, 1 when one differs, 2 when replay cannot run."""
+    import nbformat
+
+    from .errors import KernelexecError
+
+    try:
+        nb, path, note = load_notebook(Path(notebook))
+    except (OSError, ValueError) as exc:
+        print(f"kernelexec replay: cannot read {notebook}: {exc}", file=sys.stderr)
+        return 2
+    recorded_profile = (nb.metadata.get("kernelexec") or {}).get("profile")
+    chosen: Profile = profile or recorded_profile or settings.effective_profile
+    code_cells = sum(1 for c in nb.cells if c.cell_type == "code")
+    print(f"replaying {path} ({code_cells} code cells, profile {chosen}{'; ' + note if note else ''})", flush=True)
+    if recorded_profile and recorded_profile != chosen:
+        print(f"note: recorded under profile {recorded_profile}", flush=True)
+    try:
+        reports = await replay_notebook(nb, settings, profile=chosen, on_cell=lambda r: print(_line(r), flush=True))
+    except KernelexecError as exc:
+        print(f"kernelexec replay: {exc}", file=sys.stderr)
+        return 2
+    different = [r.number for r in reports if r.status == "different"]
+    counts = {s: sum(1 for r in reports if r.status == s) for s in ("same", "different", "new")}
+    summary = f"{len(reports)} cells: {counts['same']} same, {counts['different']} different"
+    if counts["new"]:
+        summary += f", {counts['new']} not run before"
+    if different:
+        summary += " (cell " + ", ".join(map(str, different)) + ")"
+    print(summary, flush=True)
+    if output:
+        nb.metadata.setdefault("kernelexec", {})["replay"] = {"profile": chosen, "different": different}
+        nbformat.write(nb, output)
+        print(f"wrote {output}", flush=True)
+    return 1 if different else 0

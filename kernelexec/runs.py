@@ -1,0 +1,92 @@
+"""Background runs: work longer than a client will wait for one tool call.
+
+``execute_code(background=True)`` starts the cell as a task in the session manager's task group
+and returns a run id at once; ``get_run(run_id, wait_s)`` waits up to ``wait_s`` for it and returns
+the finished answer, or the output so far. A run holds its session's lock like any call, so calls
+to that session queue behind it; ``interrupt(session)`` stops it without waiting for the lock.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from .errors import InvalidRequest, KernelexecError
+
+if TYPE_CHECKING:
+    from .render import Rendered
+    from .sessions import Session
+
+KEEP_FINISHED = 200  # finished runs remembered for get_run
+
+
+@dataclass
+class Run:
+    id: str
+    session: Session
+    started: float = field(default_factory=time.monotonic)
+    done: anyio.Event = field(default_factory=anyio.Event)
+    rendered: Rendered | None = None
+    failure: str | None = None
+    output_chars: int = 0
+    tail: str = ""
+
+    async def on_output(self, name: str, text: str) -> None:
+        self.output_chars += len(text)
+        self.tail = (self.tail + text)[-2000:]
+
+    @property
+    def elapsed_ms(self) -> float:
+        return round((time.monotonic() - self.started) * 1000, 3)
+
+
+class RunRegistry:
+    """All background runs of one server process."""
+
+    def __init__(self) -> None:
+        self._runs: OrderedDict[str, Run] = OrderedDict()
+        self._tg: Any = None
+
+    def attach(self, task_group: Any) -> None:
+        self._tg = task_group
+
+    def start(self, session: Session, code: str, *, timeout: float, working_dir: str | None) -> Run:
+        if self._tg is None:
+            raise KernelexecError("background runs need a running session manager")
+        run = Run(id="run-" + secrets.token_urlsafe(9), session=session)
+        self._runs[run.id] = run
+        self._prune()
+
+        async def body() -> None:
+            try:
+                run.rendered = await session.run(code, timeout=timeout, working_dir=working_dir, on_output=run.on_output)
+            except KernelexecError as exc:
+                run.failure = str(exc)
+            except Exception as exc:  # never lose a run silently: the failure is its answer
+                run.failure = f"{type(exc).__name__}: {exc}"
+            finally:
+                run.done.set()
+
+        self._tg.start_soon(body)
+        return run
+
+    def get(self, run_id: str, *, owner: str | None) -> Run:
+        run = self._runs.get(run_id) if isinstance(run_id, str) else None
+        if run is None or (run.session.owner is not None and run.session.owner != owner):
+            raise InvalidRequest(f"unknown run {str(run_id)[:80]!r} (finished runs are kept for the last {KEEP_FINISHED} runs)")
+        return run
+
+    async def wait(self, run: Run, wait_s: float) -> bool:
+        with anyio.move_on_after(wait_s):
+            await run.done.wait()
+        return run.done.is_set()
+
+    def _prune(self) -> None:
+        finished = [k for k, r in self._runs.items() if r.done.is_set()]
+        for key in finished[: max(0, len(finished) - KEEP_FINISHED)]:
+            del self._runs[key]

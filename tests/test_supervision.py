@@ -1,0 +1,283 @@
+"""Surviving anything user code does: escalation, floods, limits, deaths, long runs, bad input.
+
+Every test goes through a real MCP client to real kernels and ends with a follow-up call in the
+same session that works.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from .conftest import Harness, make_settings, start_harness
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+async def h(short_tmp: Path) -> AsyncIterator[Harness]:
+    settings = make_settings(
+        short_tmp, interrupt_grace=1, kernel_disk_cap=5_000_000, memory_mb=1024, max_file_mb=8, max_processes=64
+    )
+    harness, cm = await start_harness(settings)
+    yield harness
+    await harness.client.__aexit__(None, None, None)
+    await cm.__aexit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+async def trusted(short_tmp: Path) -> AsyncIterator[Harness]:
+    harness, cm = await start_harness(make_settings(short_tmp, profile="trusted", interrupt_grace=1))
+    yield harness
+    await harness.client.__aexit__(None, None, None)
+    await cm.__aexit__(None, None, None)
+
+
+async def follow_up_works(h: Harness, session: str) -> None:
+    """The session still works; then it is closed so the shared server stays under its session limit."""
+    r = await h.run("follow_up = 40 + 2\nfollow_up", session=session, timeout=30)
+    assert r["success"] and r["result"] == 42, r
+    await h.call("close_session", session=session)
+
+
+def kernel_pid(h: Harness, session: str) -> int:
+    return h.sessions.sessions[session].kernel.km.provisioner.process.pid
+
+
+# --- interrupt escalation --------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("code", "endings"),
+    [
+        ("while True:\n    pass", {"interrupted"}),
+        ("import time\ntime.sleep(600)", {"interrupted"}),
+        ("import threading\nthreading.Event().wait()", {"interrupted"}),
+        ("sum(range(10**14))", {"restarted"}),  # a C loop that never checks signals
+        ("import time\nwhile True:\n    try:\n        time.sleep(10)\n    except KeyboardInterrupt:\n        pass", {"restarted", "interrupted"}),
+    ],
+    ids=["python-loop", "sleep", "blocking-wait", "c-loop", "swallows-interrupt"],
+)
+async def test_stuck_code_is_stopped_and_the_answer_says_how(h: Harness, code: str, endings: set[str]) -> None:
+    s = await h.new_session()
+    r = await h.run(code, session=s, timeout=1)
+    assert r["timed_out"] is True
+    assert r["ending"] in endings, r
+    assert r["success"] is False and r["error"].startswith(("TimeoutError", "KeyboardInterrupt"))
+    if r["ending"] == "restarted":
+        assert "restarted" in r["restart_reason"]
+    await follow_up_works(h, s)
+
+
+async def test_code_that_ignores_sigint_is_restarted(trusted: Harness) -> None:
+    s = await trusted.new_session()
+    r = await trusted.run("import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass", session=s, timeout=1)
+    assert r["ending"] == "restarted"
+    await follow_up_works(trusted, s)
+
+
+async def test_a_cancelled_call_interrupts_the_kernel(h: Harness) -> None:
+    s = await h.new_session()
+    await h.run("marker = 'kept'", session=s)
+    with anyio.move_on_after(1.5):
+        await h.client.call_tool("execute_code", {"code": "import time\ntime.sleep(120)", "session": s})
+    # were the kernel still sleeping, this call would queue behind it and time out
+    r = await h.run("marker", session=s, timeout=20)
+    assert r["result"] == "kept", r
+
+
+# --- output floods -----------------------------------------------------------------------------
+
+async def test_a_100_mb_print_keeps_the_head_states_the_cut_and_keeps_the_rest_on_disk(h: Harness) -> None:
+    s = await h.new_session()
+    r = await h.run("print('HEAD' + 'x' * 100_000_000)", session=s)
+    assert r["success"]
+    assert r["stdout"].startswith("HEAD")
+    assert "cut after 1,000,000 of 100,000,005 characters" in r["stdout"]
+    kept = Path(r["stdout_file"])
+    assert kept.read_text()[:4] == "HEAD" and kept.stat().st_size == 5_000_000
+    await follow_up_works(h, s)
+
+
+async def test_raw_fd_writes_and_non_utf8_bytes_come_out_readable(h: Harness) -> None:
+    s = await h.new_session()
+    r = await h.run("import os, sys\nsys.stdout.flush()\nos.write(1, b'raw \\xff\\xfe bytes\\n')\nos.write(2, b'to fd 2\\n')\nimport time; time.sleep(0.3)", session=s)
+    assert "raw \ufffd\ufffd bytes" in r["stdout"]
+    assert "to fd 2" in r["stderr"]
+    await follow_up_works(h, s)
+
+
+async def test_progress_bars_and_ansi_colours_are_cleaned_for_the_model(h: Harness) -> None:
+    s = await h.new_session()
+    r = await h.run("for i in range(5):\n    print(f'\\r{i * 25}%', end='')\nprint()\nprint('\\x1b[31mred\\x1b[0m')", session=s)
+    assert r["stdout"] == "100%\nred\n"
+    await follow_up_works(h, s)
+
+
+# --- resource limits ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("code", "error_type"),
+    [
+        ("x = bytearray(8 * 1024**3)", "MemoryError"),
+        ("hog = []\nwhile True:\n    hog.append(bytearray(50 * 1024 * 1024))", "MemoryError"),
+        ("files = [open(f'f{i}', 'w') for i in range(5000)]", "OSError"),
+        ("open('big.bin', 'wb').write(b'x' * (10 * 1024 * 1024))", "OSError"),
+        ("import threading, time\nthreads = []\nfor i in range(5000):\n    t = threading.Thread(target=time.sleep, args=(1,))\n    t.start()\n    threads.append(t)", "RuntimeError"),
+    ],
+    ids=["memory-one-block", "memory-growing", "open-files", "file-size", "threads"],
+)
+async def test_resource_bombs_fail_inside_the_kernel_which_lives_on(h: Harness, code: str, error_type: str) -> None:
+    s = await h.new_session()
+    r = await h.run(code, session=s, timeout=60)
+    assert r["ending"] == "completed", r
+    assert r["error_type"] == error_type, r
+    await h.run("hog = files = threads = x = None", session=s)
+    await follow_up_works(h, s)
+
+
+# --- kernel death ----------------------------------------------------------------------------------
+
+async def test_a_segfault_is_reported_and_the_next_call_works(trusted: Harness) -> None:
+    s = await trusted.new_session()
+    r = await trusted.run("import ctypes\nctypes.string_at(0)", session=s)
+    assert r["ending"] == "kernel_died"
+    assert "SIGSEGV" in r["restart_reason"]
+    await follow_up_works(trusted, s)
+
+
+async def test_a_kernel_killed_from_outside_while_idle_is_restarted_and_reported(h: Harness) -> None:
+    s = await h.new_session()
+    await h.run("state = 1", session=s)
+    os.kill(kernel_pid(h, s), signal.SIGKILL)
+    r = await h.run("1 + 1", session=s, timeout=30)
+    assert r["result"] == 2
+    assert "kernel had died" in r["restart_reason"] and "lost" in r["restart_reason"]
+    await follow_up_works(h, s)
+
+
+async def test_a_kernel_killed_during_a_background_run_is_reported(h: Harness) -> None:
+    s = await h.new_session()
+    started = await h.run("import time\ntime.sleep(60)", session=s, background=True)
+    assert started["ending"] == "running"
+    await anyio.sleep(0.5)
+    os.kill(kernel_pid(h, s), signal.SIGKILL)
+    done = await h.call("get_run", run_id=started["run_id"], wait_s=30)
+    assert done.structured_content["ending"] == "kernel_died"
+    await follow_up_works(h, s)
+
+
+# --- long runs ---------------------------------------------------------------------------------------
+
+async def test_progress_notifications_carry_the_output_tail(h: Harness) -> None:
+    s = await h.new_session()
+    seen: list[str] = []
+
+    async def progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append(message or "")
+
+    code = "import time\nfor i in range(6):\n    print('step', i, flush=True)\n    time.sleep(0.3)"
+    result = await h.client.call_tool("execute_code", {"code": code, "session": s}, progress_callback=progress)
+    assert result.structured_content["success"]
+    assert seen and any("step" in m for m in seen)
+    await follow_up_works(h, s)
+
+
+async def test_background_run_returns_at_once_and_get_run_gives_the_answer(h: Harness) -> None:
+    s = await h.new_session()
+    started = await h.run("import time\nprint('working')\ntime.sleep(1)\nresult = 'done'", session=s, background=True)
+    assert started["ending"] == "running" and started["run_id"]
+    early = await h.call("get_run", run_id=started["run_id"], wait_s=0)
+    assert early.structured_content["ending"] in ("running", "completed")
+    final = await h.call("get_run", run_id=started["run_id"], wait_s=60)
+    assert final.structured_content["result"] == "done"
+    assert final.structured_content["stdout"] == "working\n"
+    await follow_up_works(h, s)
+
+
+async def test_interrupt_stops_a_background_run(h: Harness) -> None:
+    s = await h.new_session()
+    started = await h.run("while True:\n    pass", session=s, background=True)
+    await anyio.sleep(0.5)
+    info = await h.call("interrupt", session=s)
+    assert info.structured_content["status"] == "interrupt sent"
+    final = await h.call("get_run", run_id=started["run_id"], wait_s=30)
+    assert final.structured_content["error_type"] == "KeyboardInterrupt"
+    await follow_up_works(h, s)
+
+
+async def test_unknown_run_is_a_clear_error(h: Harness) -> None:
+    r = await h.call("get_run", run_id="run-nope", wait_s=0)
+    assert r.is_error and "unknown run" in r.content[0].text
+
+
+# --- session limits ------------------------------------------------------------------------------------
+
+async def test_session_limit_is_a_clear_error(short_tmp: Path) -> None:
+    harness, cm = await start_harness(make_settings(short_tmp, max_sessions=2))
+    try:
+        a = await harness.new_session()
+        await harness.new_session()
+        refused = await harness.call("new_session")
+        assert refused.is_error and "session limit reached (2" in refused.content[0].text
+        await harness.call("close_session", session=a)
+        c = await harness.new_session()
+        await follow_up_works(harness, c)
+    finally:
+        await harness.client.__aexit__(None, None, None)
+        await cm.__aexit__(None, None, None)
+
+
+async def test_idle_kernels_are_shut_down_and_the_next_call_says_so(short_tmp: Path) -> None:
+    harness, cm = await start_harness(make_settings(short_tmp, idle_timeout=1))
+    try:
+        s = await harness.new_session()
+        await harness.run("x = 1", session=s)
+        with anyio.fail_after(30):
+            while harness.sessions.sessions[s].kernel is not None:
+                await anyio.sleep(0.2)
+        r = await harness.run("'x' in dir()", session=s)
+        assert r["result"] is False
+        assert "idle" in r["restart_reason"]
+        await follow_up_works(harness, s)
+    finally:
+        await harness.client.__aexit__(None, None, None)
+        await cm.__aexit__(None, None, None)
+
+
+# --- bad input ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"code": "x" * (10 * 1024 * 1024)}, "the limit is"),
+        ({"code": "print(1)\x00"}, "NUL"),
+        ({"code": 123}, "code"),
+        ({"code": "1", "timeout": "soon"}, "timeout"),
+        ({"code": "1", "timeout": 0}, "timeout must be > 0"),
+        ({"code": "1", "timeout": -5}, "timeout must be > 0"),
+        ({"code": "1", "timeout": 1e9}, "at most"),
+        ({"code": "1", "session": "nope-nope-nope"}, "unknown session"),
+        ({"code": "1", "session": "../../etc"}, "unknown session"),
+        ({"code": "1", "working_dir": "/etc"}, "outside the allowed roots"),
+        ({"code": "1", "working_dir": "/no/such/dir"}, "does not exist"),
+        ({}, "code"),
+    ],
+    ids=["10MB", "nul", "code-int", "timeout-str", "timeout-0", "timeout-neg", "timeout-huge", "unknown-session",
+         "path-session", "workdir-outside", "workdir-missing", "no-code"],
+)
+async def test_bad_input_is_a_clear_tool_error(h: Harness, arguments: dict, message: str) -> None:
+    s = await h.new_session()
+    if "session" not in arguments:
+        arguments = {**arguments, "session": s}
+    result = await h.client.call_tool("execute_code", arguments)
+    assert result.is_error
+    text = result.content[0].text
+    assert message in text, text
+    assert "Traceback" not in text
+    await follow_up_works(h, s)
