@@ -86,6 +86,10 @@ class Settings(BaseSettings):
     max_file_mb: int = Field(256, ge=1, description="Largest file a kernel may write, in MiB (RLIMIT_FSIZE).")
     max_processes: int = Field(256, ge=0, description="Processes+threads per kernel (cgroup pids.max, or RLIMIT_NPROC when not root). 0 = no limit.")
     cpu_seconds: int = Field(0, ge=0, description="CPU seconds over a kernel's whole life (RLIMIT_CPU); 0 = no limit.")
+    kernel_gateway: str | None = Field(
+        None, description="Run kernels on a Jupyter Kernel Gateway / Jupyter Server at this URL instead of locally."
+    )
+    kernel_gateway_token: str | None = Field(None, description="Auth token for --kernel-gateway.")
     transport: Transport = Field("stdio", description="MCP transport.")
     host: str = Field("127.0.0.1", description="HTTP bind address.")
     port: int = Field(8765, ge=0, le=65535, description="HTTP port.")

@@ -124,11 +124,11 @@ class Kernel:
         """Start the kernel and wait until it answers and its policy is installed."""
         dirs = self.spec.dirs
         self._log = open(dirs.log, "ab")  # noqa: SIM115 - lives as long as the kernel
-        km = kernel_manager(self.spec)
+        km = self.create_manager()
         self.km = km
         try:
             with anyio.fail_after(self.startup_timeout):
-                await km.start_kernel(**self.spec.start_kwargs(self._log))
+                await km.start_kernel(**self.start_kwargs())
                 self.kc = km.client()
                 self.kc.start_channels()
                 await self._wait_ready()
@@ -142,6 +142,17 @@ class Kernel:
                 raise KernelStartError(f"kernel failed to start: {exc!r}", tail) from exc
             raise
 
+    # Seams for other kernel backends (a remote gateway): how the manager is made and started, and
+    # how the startup code gets into the kernel. Locally, the provisioner and exec_files do it all.
+    def create_manager(self) -> AsyncKernelManager:
+        return kernel_manager(self.spec)
+
+    def start_kwargs(self) -> dict[str, Any]:
+        return self.spec.start_kwargs(self._log)
+
+    async def install_startup(self) -> None:
+        """Locally a no-op: ipykernel ran ``startup/kernel_init.py`` (exec_files) before answering."""
+
     async def _wait_ready(self) -> None:
         """Wait for the kernel to answer, then check that the startup code installed the policy."""
         while True:
@@ -152,6 +163,7 @@ class Kernel:
                 if not await self.km.is_alive():
                     raise KernelStartError("kernel exited during startup", self.log_tail()) from exc
                 raise
+        await self.install_startup()
         report = await self.evaluate("_kernelexec_policy()", timeout=self.startup_timeout)
         if not (isinstance(report, dict) and report.get("active")):
             raise KernelStartError(f"kernel started without its policy: {report!r}", self.log_tail())

@@ -57,6 +57,15 @@ def _claim(root: Path, handle: str) -> int:
     return fd
 
 
+def kernel_class(settings: Settings) -> type[Kernel]:
+    """Local kernels, or kernels on a remote gateway (imported only when configured)."""
+    if settings.kernel_gateway:
+        from .gateway import GatewayKernel
+
+        return GatewayKernel
+    return Kernel
+
+
 class Session:
     """One client's kernel, directory, renderer and notebook record."""
 
@@ -107,7 +116,7 @@ class Session:
 
     async def ensure_kernel(self) -> Kernel:
         if self.kernel is None:
-            kernel = Kernel(self.launch_spec(), startup_timeout=self.settings.startup_timeout)
+            kernel = kernel_class(self.settings)(self.launch_spec(), startup_timeout=self.settings.startup_timeout)
             await kernel.start()
             self.kernel = kernel
             self.cwd = self.default_cwd
