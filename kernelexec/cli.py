@@ -124,6 +124,16 @@ def main(argv: list[str] | None = None) -> None:
             logging.getLogger("kernelexec").warning(warning)
     except KernelexecError as exc:
         sys.exit(f"kernelexec: {exc}")
+    if args.command == "serve" and settings.transport == "http":
+        from .auth import LOOPBACK, load_tokens
+
+        try:
+            tokens = load_tokens(settings)
+        except KernelexecError as exc:
+            sys.exit(f"kernelexec: {exc}")
+        if settings.host not in LOOPBACK and not tokens:
+            sys.exit(f"kernelexec: refusing to listen on {settings.host} without authentication; "
+                     "set --auth-token / KERNELEXEC_AUTH_TOKEN or --auth-token-file, or bind 127.0.0.1")
     if args.command == "serve":
         anyio.run(_serve, settings)
     elif args.command == "exec":
@@ -152,7 +162,14 @@ async def _serve(settings: Settings) -> None:
             await server.run_stdio_async()
         else:
             print(f"kernelexec: MCP over streamable HTTP at http://{settings.host}:{settings.port}/mcp", file=sys.stderr)
-            await server.run_streamable_http_async(host=settings.host, port=settings.port)
+            security = None
+            if settings.host not in ("127.0.0.1", "localhost", "::1"):
+                # DNS-rebinding protection stays on beyond loopback: only this host name is accepted
+                from mcp.server.transport_security import TransportSecuritySettings
+
+                security = TransportSecuritySettings(allowed_hosts=[f"{settings.host}:*"],
+                                                     allowed_origins=[f"http://{settings.host}:*", f"https://{settings.host}:*"])
+            await server.run_streamable_http_async(host=settings.host, port=settings.port, transport_security=security)
 
 
 async def _exec(settings: Settings, code: str, timeout: float | None, working_dir: str | None) -> int:

@@ -11,7 +11,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 Profile = Literal["strict", "standard", "trusted"]
@@ -90,6 +90,10 @@ class Settings(BaseSettings):
         None, description="Run kernels on a Jupyter Kernel Gateway / Jupyter Server at this URL instead of locally."
     )
     kernel_gateway_token: str | None = Field(None, description="Auth token for --kernel-gateway.")
+    auth_token: SecretStr | None = Field(None, description="Bearer token HTTP clients must send (at least 16 characters).")
+    auth_token_file: Path | None = Field(None, description="File of bearer tokens, one per line; each is its own principal.")
+    max_sessions_per_token: int = Field(8, ge=1, description="Most live sessions one HTTP token may hold.")
+    pool_size: int = Field(1, ge=0, description="Kernels kept started (inside their sandbox) for new sessions; 0 = no pool.")
     transport: Transport = Field("stdio", description="MCP transport.")
     host: str = Field("127.0.0.1", description="HTTP bind address.")
     port: int = Field(8765, ge=0, le=65535, description="HTTP port.")

@@ -17,6 +17,7 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
 from . import __version__
+from .auth import StaticTokenVerifier, auth_settings, current_principal, load_tokens
 from .config import Settings
 from .errors import InvalidRequest, KernelexecError
 from .models import ExecuteResult, RunPythonResult, SessionInfo, Variable, VariablesResult
@@ -81,15 +82,17 @@ class _Progress:
 def build_server(settings: Settings, sessions: SessionManager) -> MCPServer:
     """Create the MCP server. ``sessions`` must be running (``SessionManager.running()``) while it serves."""
     profile = settings.effective_profile
+    tokens = load_tokens(settings) if settings.transport == "http" else []
     mcp = MCPServer(
         "kernelexec",
         version=__version__,
         instructions=INSTRUCTIONS.format(profile=profile, what=describe(profile)),
+        token_verifier=StaticTokenVerifier(tokens) if tokens else None,
+        auth=auth_settings(settings) if tokens else None,
     )
 
     def owner_of(ctx: Context) -> str | None:
-        principal = getattr(ctx.request_context, "principal", None) if ctx is not None else None
-        return None if principal is None else str(principal)
+        return current_principal()
 
     async def resolve(ctx: Context, handle: str | None) -> Session:
         owner = owner_of(ctx)

@@ -270,6 +270,11 @@ class SessionManager:
         async with self._create_lock:
             if self.live_count() >= self.settings.max_sessions:
                 raise SessionError.limit(self.settings.max_sessions)
+            if owner is not None:
+                held = sum(1 for s in self.sessions.values() if s.owner == owner and not s.closed and s.kernel is not None)
+                if held >= self.settings.max_sessions_per_token:
+                    raise SessionError(f"this token already holds {held} live sessions (--max-sessions-per-token); "
+                                       "close one with close_session")
             handle = secrets.token_urlsafe(12)
             session = Session(handle, self.settings, owner=owner, working_dir=working_dir)
             self.sessions[handle] = session

@@ -1,0 +1,96 @@
+"""Bearer-token authentication over streamable HTTP: refused without/with a wrong token, handles
+bound to the token that created them, per-token limits, no unauthenticated listening beyond loopback."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from .conftest import clean_env, free_port, kernelexec_cmd, wait_for_port
+
+pytestmark = pytest.mark.anyio
+
+ALICE = "alice-token-0123456789abcdef"
+BOB = "bob-token-0123456789abcdef00"
+
+
+@pytest.fixture(scope="module")
+def server(short_tmp: Path) -> Iterator[str]:
+    tokens = short_tmp / "tokens"
+    tokens.write_text(f"# one per line\n{ALICE}\n{BOB}\n")
+    port = free_port()
+    proc = subprocess.Popen(
+        kernelexec_cmd("serve", "--transport", "http", "--port", str(port), "--state-dir", str(short_tmp / "auth"),
+                       "--auth-token-file", str(tokens), "--max-sessions-per-token", "2"),
+        env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_port(port, proc)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def client(url: str, token: str | None) -> Client:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return Client(streamable_http_client(url, http_client=httpx2.AsyncClient(headers=headers, timeout=60)))
+
+
+def test_requests_without_or_with_a_wrong_token_get_401(server: str) -> None:
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    assert httpx2.post(server, json=body, headers=headers).status_code == 401
+    wrong = {**headers, "Authorization": "Bearer not-the-right-token-at-all"}
+    assert httpx2.post(server, json=body, headers=wrong).status_code == 401
+
+
+async def test_a_handle_from_another_token_is_unknown(server: str) -> None:
+    async with client(server, ALICE) as alice, client(server, BOB) as bob:
+        mine = await alice.call_tool("new_session", {})
+        handle = mine.structured_content["session"]
+        await alice.call_tool("execute_code", {"code": "secret = 'alice'", "session": handle})
+        stolen = await bob.call_tool("execute_code", {"code": "secret", "session": handle})
+        assert stolen.is_error and "unknown session" in stolen.content[0].text
+        closed = await bob.call_tool("close_session", {"session": handle})
+        assert closed.is_error
+        still = await alice.call_tool("execute_code", {"code": "secret", "session": handle})
+        assert still.structured_content["result"] == "alice"
+        await alice.call_tool("close_session", {"session": handle})
+
+
+async def test_sessions_per_token_are_limited(server: str) -> None:
+    async with client(server, BOB) as bob:
+        handles = [(await bob.call_tool("new_session", {})).structured_content["session"] for _ in range(2)]
+        refused = await bob.call_tool("new_session", {})
+        assert refused.is_error and "max-sessions-per-token" in refused.content[0].text
+        for h in handles:
+            await bob.call_tool("close_session", {"session": h})
+        again = await bob.call_tool("new_session", {})
+        assert not again.is_error
+
+
+def test_no_unauthenticated_listening_beyond_loopback(short_tmp: Path) -> None:
+    proc = subprocess.run(
+        kernelexec_cmd("serve", "--transport", "http", "--host", "0.0.0.0", "--port", str(free_port()),
+                       "--state-dir", str(short_tmp / "open")),
+        env=clean_env(), capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode != 0 and "refusing to listen on 0.0.0.0 without authentication" in proc.stderr
+
+
+def test_short_tokens_are_refused(short_tmp: Path) -> None:
+    proc = subprocess.run(
+        kernelexec_cmd("serve", "--transport", "http", "--port", str(free_port()), "--state-dir", str(short_tmp / "s")),
+        env=clean_env(KERNELEXEC_AUTH_TOKEN="short"), capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode != 0 and "at least 16 characters" in proc.stderr
