@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -148,7 +147,7 @@ def test_http_tools_call_execute_code_in_each_protocol_era(inspector: str, inspe
     assert structured["session"]
 
 
-def test_the_inspector_runs_on_this_interpreter_independent_node(inspector: str, inspector_home: Path) -> None:
-    """The pinned version is the one installed (its engines field asks for a newer node than some CI images have)."""
+def test_the_pinned_inspector_version_is_the_one_installed(inspector: str, inspector_home: Path) -> None:
+    """Its package.json asks for node >= 22.19; its CLI works on this machine's node 20, which these tests prove."""
     proc = subprocess.run([inspector, "--cli", "--version"], capture_output=True, text=True, timeout=60, env=clean_env(HOME=str(inspector_home)))
-    assert INSPECTOR_VERSION in proc.stdout + proc.stderr, (proc.stdout, proc.stderr, sys.version)
+    assert INSPECTOR_VERSION in proc.stdout + proc.stderr, (proc.stdout, proc.stderr)
