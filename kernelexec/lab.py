@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_server.services.kernels.kernelmanager import ServerKernelManager
-from tornado import web
 
 from . import connections
 from .config import Settings
@@ -44,7 +43,7 @@ class AttachedKernelManager(ServerKernelManager):
         if self.owns_kernel:
             await super().restart_kernel(now=now, newports=newports, **kw)
             return
-        raise web.HTTPError(409, "this kernel belongs to a kernelexec session: restart it with the restart_session tool")
+        raise RuntimeError("this kernel belongs to a kernelexec session: restart it with the restart_session tool")
 
 
 def _free_port(start: int = 8888, tries: int = 50) -> int:

@@ -273,8 +273,21 @@ class _Replayer:
         self.client = NotebookClient(nb, km=kernel.km, timeout=None, allow_errors=False,
                                      startup_timeout=int(settings.startup_timeout), record_timing=True)
 
+    async def _connect(self) -> None:
+        """Give nbclient its own client. ``km.client()`` would share the manager's wire session, whose
+        id is the zmq identity of the shell socket: the newer client then takes the older one's replies."""
+        from jupyter_client.session import Session as WireSession
+
+        km = self.kernel.km
+        kc = km.client(session=WireSession(key=km.session.key, signature_scheme=km.session.signature_scheme))
+        kc.start_channels()
+        await kc.wait_for_ready(timeout=self.settings.startup_timeout)
+        kc.allow_stdin = False
+        self.client.km, self.client.kc = km, kc
+
     async def run(self, on_cell: Callable[[CellReport], None] | None) -> list[CellReport]:
         reports: list[CellReport] = []
+        await self._connect()
         async with self.client.async_setup_kernel():
             try:
                 for index, cell in enumerate(self.nb.cells):
@@ -303,10 +316,9 @@ class _Replayer:
     async def _restart(self) -> None:
         await self.kernel.restart()
         if self.client.km is not self.kernel.km:  # the restart fell back to a new kernel manager
-            self.client.km = self.kernel.km
             if self.client.kc is not None:
                 self.client.kc.stop_channels()
-            await self.client.async_start_new_kernel_client()
+            await self._connect()
 
     async def _execute(self, index: int, cell: NotebookNode, timeout: float) -> str:
         """Run one cell through nbclient; return how it ended (completed, interrupted, restarted, kernel_died)."""
