@@ -38,9 +38,15 @@ def short_tmp(prefix: str = "kxb") -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def has_setting(name: str) -> bool:
+    """Whether this kernelexec has a setting (the benchmarks run against older and newer trees)."""
+    return name in Settings.model_fields
+
+
 def make_settings(base: Path, **overrides: Any) -> Settings:
+    """Settings with a fresh state dir; overrides naming a setting this kernelexec lacks are dropped."""
     state = Path(tempfile.mkdtemp(prefix="s", dir=base))
-    return load_settings(state_dir=state, **overrides)
+    return load_settings(state_dir=state, **{k: v for k, v in overrides.items() if has_setting(k)})
 
 
 def clean_env(**extra: str) -> dict[str, str]:

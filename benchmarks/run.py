@@ -1,12 +1,13 @@
 """kernelexec benchmarks: one command, one table.
 
-    python -m benchmarks [--quick] [--json FILE]      (or: python benchmarks/run.py ...)
+    python -m benchmarks [--quick] [--json FILE] [--only SECTION]   (or: python benchmarks/run.py ...)
 
 Each row names the baseline it is compared with; ``ratio`` is the row's median over the baseline's.
 Sections (each starts and stops its own kernels, so they do not compete for the CPU):
 
 1. cold start     raw ``AsyncKernelManager.start_kernel`` + ``wait_for_ready``  vs  the ``new_session`` tool
-                  (kernel started, startup code run, policy checked), in memory. Also each kernel's idle RSS/PSS.
+                  (kernel started, startup code run, policy checked; no warm pool), alternating, in memory;
+                  and ``new_session`` served from the warm pool when the server has one. Each kernel's idle RSS/PSS.
 2. round trip     ``x=1``: raw jupyter_client reply+idle (plain kernel, ipc, no history)  vs
                   ``Kernel.execute`` / ``Session.run`` (no MCP) and ``execute_code`` in memory, over stdio
                   (a ``kernelexec serve`` child) and over streamable HTTP (a session handle, one kernel).
@@ -38,6 +39,7 @@ from mcp import Client
 from benchmarks.common import (
     call,
     clean_env,
+    has_setting,
     http_server,
     in_memory,
     kernel_pids,
@@ -119,24 +121,23 @@ def ms(seconds: float) -> float:
 
 # --- 1. cold start ---------------------------------------------------------------------------------
 async def bench_cold_start(plan: Plan, base: Path, out: list[Measurement]) -> None:
-    log(f"[1/5] cold start: {plan.cold} raw kernels, {plan.cold} new_session calls")
+    """Raw starts and new_session calls alternate, so load from elsewhere on the machine hits both alike."""
+    log(f"[1/5] cold start: {plan.cold} raw kernels and {plan.cold} new_session calls, alternating")
     raw_start, raw_rss, raw_pss = [], [], []
-    for i in range(plan.cold + 1):  # the first one warms the page cache and is not counted
-        t0 = time.perf_counter()
-        async with raw_kernel(base) as (km, kc):
-            elapsed = time.perf_counter() - t0
-            await raw_execute(kc, "x = 1")
-            await anyio.sleep(0.3)
-            if i:
-                raw_start.append(ms(elapsed))
-                pid = km.provisioner.process.pid
-                raw_rss.append(rss_mb(pid))
-                raw_pss.append(pss_mb(pid))
-    out.append(Measurement("cold: raw start_kernel+wait_for_ready", MS, raw_start))
-
     starts, rss, pss, tree = [], [], [], []
-    async with in_memory(make_settings(base)) as (client, sessions):
-        for i in range(plan.cold + 1):
+    async with in_memory(make_settings(base, pool_size=0)) as (client, sessions):
+        for i in range(plan.cold + 1):  # the first round warms the page cache and is not counted
+            t0 = time.perf_counter()
+            async with raw_kernel(base) as (km, kc):
+                elapsed = time.perf_counter() - t0
+                await raw_execute(kc, "x = 1")
+                await anyio.sleep(0.3)
+                if i:
+                    raw_start.append(ms(elapsed))
+                    pid = km.provisioner.process.pid
+                    raw_rss.append(rss_mb(pid))
+                    raw_pss.append(pss_mb(pid))
+
             t0 = time.perf_counter()
             info = await call(client, "new_session")
             elapsed = time.perf_counter() - t0
@@ -150,14 +151,37 @@ async def bench_cold_start(plan: Plan, base: Path, out: list[Measurement]) -> No
                 pss.append(pss_mb(pid))
                 tree.append(tree_rss_mb(session_root_pid(sessions, handle)))
             await call(client, "close_session", session=handle)
+    out.append(Measurement("cold: raw start_kernel+wait_for_ready", MS, raw_start, note="plain ipykernel, ipc, no sandbox"))
     out.append(Measurement("cold: new_session (in-memory MCP)", MS, starts, baseline="cold: raw start_kernel+wait_for_ready",
-                           note="kernel started, startup code run, policy verified"))
+                           note="kernel started, startup code run, policy verified" + (" (pool_size=0)" if has_setting("pool_size") else "")))
+    if has_setting("pool_size"):
+        out.append(await warm_new_session(plan, base))
     out.append(Measurement("mem: raw ipykernel idle RSS", "MB", raw_rss))
     out.append(Measurement("mem: session kernel idle RSS", "MB", rss, baseline="mem: raw ipykernel idle RSS"))
     out.append(Measurement("mem: session kernel + sandbox wrappers RSS", "MB", tree, baseline="mem: raw ipykernel idle RSS",
                            note="the provisioner's process and everything below it"))
     out.append(Measurement("mem: raw ipykernel idle PSS", "MB", raw_pss))
     out.append(Measurement("mem: session kernel idle PSS", "MB", pss, baseline="mem: raw ipykernel idle PSS"))
+
+
+async def warm_new_session(plan: Plan, base: Path) -> Measurement:
+    """``new_session`` when the server keeps a started kernel ready (``--pool-size 1``), the pool refilled between calls."""
+    log(f"[1/5] cold start: {plan.cold} new_session calls served from the warm pool")
+    samples = []
+    async with in_memory(make_settings(base, pool_size=1)) as (client, sessions):
+        for i in range(plan.cold + 1):
+            with anyio.fail_after(60):
+                while not getattr(sessions, "pool", None):
+                    await anyio.sleep(0.05)
+            await anyio.sleep(0.2)
+            t0 = time.perf_counter()
+            info = await call(client, "new_session")
+            elapsed = time.perf_counter() - t0
+            if i:
+                samples.append(ms(elapsed))
+            await call(client, "close_session", session=info["session"])
+    return Measurement("cold: new_session from the warm pool (pool_size=1)", MS, samples,
+                       baseline="cold: raw start_kernel+wait_for_ready", note="the pool refilled before each call")
 
 
 # --- 2. round trips --------------------------------------------------------------------------------
@@ -350,11 +374,20 @@ def ordered(rows: list[Measurement]) -> list[Measurement]:
     return sorted(rows, key=key)  # stable: keeps each section's own order
 
 
-async def run_all(plan: Plan) -> list[Measurement]:
+SECTIONS = {
+    "cold": [bench_cold_start],
+    "roundtrip": [bench_raw_floor, bench_in_memory, bench_stdio, bench_http],
+    "cpu": [bench_cpu],
+    "memory": [bench_memory],
+    "mixed": [bench_mixed],
+}
+
+
+async def run_all(plan: Plan, only: list[str] | None = None) -> list[Measurement]:
     out: list[Measurement] = []
+    chosen = [fn for name, fns in SECTIONS.items() if not only or name in only for fn in fns]
     with short_tmp() as base:
-        for section in (bench_cold_start, bench_raw_floor, bench_in_memory, bench_stdio, bench_http, bench_cpu,
-                        bench_memory, bench_mixed):
+        for section in chosen:
             t0 = time.perf_counter()
             await section(plan, base, out)
             log(f"      done in {time.perf_counter() - t0:.1f} s")
@@ -396,6 +429,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small n: a smoke run of every section (~30 s)")
     parser.add_argument("--json", metavar="FILE", help="also write the results (summaries and raw samples) to FILE")
+    parser.add_argument("--only", action="append", choices=list(SECTIONS), metavar="SECTION",
+                        help=f"run only this section (repeatable): {', '.join(SECTIONS)}")
     args = parser.parse_args(argv)
     plan = Plan.make(args.quick)
     for name in ("httpx", "httpx2"):  # MCPServer() sets the root logger to INFO: no line per HTTP request
@@ -404,7 +439,7 @@ def main(argv: list[str] | None = None) -> None:
     env["loadavg at start"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     log("kernelexec benchmarks" + (" (quick)" if args.quick else "") + ": " + ", ".join(f"{k} {v}" for k, v in env.items()))
     t0 = time.perf_counter()
-    rows = anyio.run(run_all, plan, backend="asyncio")
+    rows = anyio.run(run_all, plan, args.only, backend="asyncio")
     wall = time.perf_counter() - t0
     env["loadavg at end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(table(rows))
@@ -416,7 +451,7 @@ def main(argv: list[str] | None = None) -> None:
           f"load average {env['loadavg at start']} at start, {env['loadavg at end']} at end; total {wall:.0f} s")
     if args.json:
         Path(args.json).write_text(json.dumps({"environment": env, "quick": args.quick, "wall_s": wall,
-                                               "results": to_json(rows)}, indent=2))
+                                               "sections": args.only or list(SECTIONS), "results": to_json(rows)}, indent=2))
         log(f"wrote {args.json}")
 
 

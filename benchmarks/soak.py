@@ -42,6 +42,7 @@ import anyio
 from mcp import Client
 
 from benchmarks.common import (
+    call,
     children,
     cpu_seconds,
     fd_count,
@@ -280,8 +281,8 @@ async def soak(transport: str, args: argparse.Namespace, base: Path) -> dict[str
     async with opener(base, args.sessions) as servers:
         std, tru = servers["standard"], servers["trusted"]
         for _ in range(args.sessions):
-            std.handles.append((await std.client.call_tool("new_session", {})).structured_content["session"])
-        tru.handles.append((await tru.client.call_tool("new_session", {})).structured_content["session"])
+            std.handles.append((await call(std.client, "new_session"))["session"])
+        tru.handles.append((await call(tru.client, "new_session"))["session"])
 
         # warm-up: every session runs every kind once (deaths only where they belong)
         log(f"[{transport}] warm-up: {len(WEIGHTS)} kinds in {args.sessions + 1} sessions")
