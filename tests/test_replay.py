@@ -1,0 +1,186 @@
+"""Replay (``kernelexec replay``), restore (``restart_session(replay=True)``) and revival after a server restart."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from kernelexec.replay import comparable, normalise, restorable
+
+from .conftest import Harness, clean_env, kernelexec_cmd, make_settings, start_harness
+
+pytestmark = pytest.mark.anyio
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def replay(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(kernelexec_cmd("replay", *map(str, args)), capture_output=True, text=True, timeout=240, env=clean_env())
+
+
+# --- pure parts --------------------------------------------------------------------------------
+def test_normalise_hides_addresses_uuids_timings_dates_and_the_session_directory() -> None:
+    text = ("<Foo at 0x7f3a2b1c9d80> id=123e4567-e89b-12d3-a456-426614174000 "
+            "Wall time: 1.52 ms; 3.1 µs ± 20.5 ns per loop (mean ± std. dev. of 7 runs, 100,000 loops each) "
+            "took 0.25 s at 2026-11-29T16:34:54.826 in /tmp/x/sessions/abc/work; 3 apples")
+    assert normalise(text, ["/tmp/x/sessions/abc"]) == (
+        "<Foo at 0x…> id=<uuid> Wall time: <time>; <timeit> took <time> at <datetime> in <session>/work; 3 apples")
+
+
+def test_comparable_joins_streams_keeps_errors_short_and_images_by_kind() -> None:
+    outputs = [
+        {"output_type": "stream", "name": "stdout", "text": "a"},
+        {"output_type": "display_data", "data": {"image/png": "iVBOR...", "text/plain": "<Figure at 0x1234abcd>"}},
+        {"output_type": "stream", "name": "stdout", "text": "b"},
+        {"output_type": "error", "ename": "KeyboardInterrupt", "evalue": "", "traceback": ["...Cell In[7]..."]},
+        {"output_type": "error", "ename": "KernelexecError", "evalue": "timed out", "traceback": []},
+    ]
+    assert comparable(outputs) == {
+        "stdout": "ab", "stderr": "", "errors": ["KeyboardInterrupt: "],
+        "outputs": ["display_data image/png | text/plain: <Figure at 0x…>"],
+    }
+
+
+def test_restorable_takes_successful_cells_since_the_last_plain_restart() -> None:
+    def code(source: str, success: bool) -> dict:
+        return {"cell_type": "code", "source": source, "metadata": {"kernelexec": {"success": success}}}
+
+    def marker(event: str) -> dict:
+        return {"cell_type": "markdown", "source": "", "metadata": {"kernelexec": {"event": event}}}
+
+    cells = [code("a", True), marker("restart"), code("b", True), code("c", False), marker("restore"),
+             code("d", True), marker("revive"), code("e", True)]
+    assert [(n, c["source"]) for n, c in restorable(cells)] == [(3, "b"), (6, "d"), (8, "e")]
+
+
+# --- restore -----------------------------------------------------------------------------------
+def kill_kernel(harness: Harness, handle: str) -> None:
+    os.kill(harness.sessions.sessions[handle].kernel.km.provisioner.process.pid, signal.SIGKILL)
+
+
+async def test_restore_after_a_kernel_kill_brings_variables_back_and_lists_what_ran(harness: Harness) -> None:
+    s = await harness.new_session()
+    await harness.run("a = 1", session=s)
+    await harness.run("b = a + 1\nprint('side effect')", session=s)
+    await harness.run("raise ValueError('not replayed')", session=s)
+    await harness.run("c = b * 10", session=s)
+    kill_kernel(harness, s)
+    info = (await harness.call("restart_session", session=s, replay=True)).structured_content
+    assert [(r["cell"], r["first_line"], r["ok"]) for r in info["replayed"]] == [
+        (1, "a = 1", True), (2, "b = a + 1", True), (4, "c = b * 10", True)]
+    assert info["detail"] == "replayed 3 cells (1, 2, 4)"
+    assert (await harness.run("a, b, c", session=s))["result"] == [1, 2, 20]
+
+
+async def test_restore_starts_after_a_plain_restart_and_reports_cells_that_fail_now(harness: Harness) -> None:
+    s = await harness.new_session()
+    await harness.run("gone = 'cleared by the plain restart'", session=s)
+    await harness.call("restart_session", session=s)
+    work = Path((await harness.run("import os\nos.getcwd()", session=s))["result"])
+    (work / "data.txt").write_text("42")
+    await harness.run("data = open('data.txt').read()", session=s)
+    await harness.run("kept = 'yes'", session=s)
+    (work / "data.txt").unlink()
+    info = (await harness.call("restart_session", session=s, replay=True)).structured_content
+    assert [r["first_line"] for r in info["replayed"]] == ["import os", "data = open('data.txt').read()", "kept = 'yes'"]
+    failed = [r for r in info["replayed"] if not r["ok"]]
+    assert len(failed) == 1 and failed[0]["error"].startswith("FileNotFoundError")
+    assert "failed this time: cell 4: FileNotFoundError" in info["detail"]
+    r = await harness.run("kept, 'gone' in dir(), 'data' in dir()", session=s)
+    assert r["result"] == ["yes", False, False]
+
+
+async def test_a_handle_outlives_its_server_and_a_closed_one_does_not(short_tmp: Path) -> None:
+    settings = make_settings(short_tmp, pool_size=0)
+    first, cm = await start_harness(settings)
+    try:
+        kept = await first.new_session()
+        await first.run("x = 5", session=kept)
+        await first.run("y = x + 1", session=kept)
+        closed = await first.new_session()
+        await first.call("close_session", session=closed)
+    finally:
+        await first.client.__aexit__(None, None, None)
+        await cm.__aexit__(None, None, None)
+    second, cm = await start_harness(settings)
+    try:
+        notebook = await second.client.read_resource(f"kernelexec://sessions/{kept}/notebook.ipynb")
+        assert len(nbformat.reads(notebook.contents[0].text, as_version=4).cells) == 2
+        r = await second.run("x * y", session=kept)
+        assert r["result"] == 30 and r["session"] == kept
+        assert r["restart_reason"] == "session revived after a server restart in a new kernel; replayed 2 cells (1, 2)"
+        assert (await second.run("x", session=kept))["restart_reason"] is None  # said once
+        gone = await second.call("execute_code", code="1", session=closed)
+        assert gone.is_error and "unknown session" in gone.content[0].text
+    finally:
+        await second.client.__aexit__(None, None, None)
+        await cm.__aexit__(None, None, None)
+
+
+# --- kernelexec replay -------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+async def recorded(harness: Harness, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A session with a print of an address, an error, a plot, a timeout, a restart and a restore."""
+    s = await harness.new_session()
+    await harness.run("class Box:\n    pass\n\nbox = Box()\nprint('made', box)", session=s)
+    await harness.run("words = ['kernel', 'exec']\nlen(words)", session=s)
+    await harness.run("words[5]", session=s)
+    await harness.run("import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([3, 1, 2])\nfig", session=s)
+    await harness.run("import time\ntime.sleep(30)", session=s, timeout=1)
+    await harness.call("restart_session", session=s)
+    await harness.run("base = 7", session=s)
+    await harness.call("restart_session", session=s, replay=True)
+    r = await harness.run("import sys\nprint(base * 6, file=sys.stderr)\n{'base': base}", session=s)
+    return Path(r["notebook"]).parent
+
+
+@pytest.mark.slow
+async def test_replay_reproduces_a_recorded_session(recorded: Path, tmp_path: Path) -> None:
+    session = tmp_path / "session"
+    shutil.copytree(recorded, session, ignore=shutil.ignore_patterns("k-*", "kernel.json", ".lock"))
+    (session / "notebook.ipynb").unlink(missing_ok=True)  # as a killed server may leave it: rebuilt from the journal
+    out = tmp_path / "replayed.ipynb"
+    proc = replay(session, "--output", out)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "rebuilt from its journal" in proc.stdout
+    assert "7 cells: 7 same, 0 different" in proc.stdout
+    assert "[interrupted live, interrupted on replay]" in proc.stdout
+    nb = nbformat.read(out, as_version=4)
+    nbformat.validate(nb)
+    last = nb.cells[-1]
+    assert last.outputs[0].text == "42\n" and last.outputs[1].data["text/plain"] == "{'base': 7}"
+
+
+@pytest.mark.slow
+async def test_replay_detects_a_changed_output_and_names_the_cell(recorded: Path, tmp_path: Path) -> None:
+    (recorded / "notebook.ipynb").unlink(missing_ok=True)
+    nb = nbformat.read(replay_source(recorded), as_version=4)
+    nb.cells[1].outputs[0].data["text/plain"] = "3"  # len(words) was 2
+    edited = tmp_path / "edited.ipynb"
+    nbformat.write(nb, edited)
+    proc = replay(edited)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "cell 2    DIFFERENT words = ['kernel', 'exec']" in proc.stdout
+    assert "outputs #1: recorded 'execute_result text/plain: 3'" in proc.stdout
+    assert "#1: replayed 'execute_result text/plain: 2'" in proc.stdout
+    assert proc.stdout.rstrip().endswith("7 cells: 6 same, 1 different (cell 2)")
+
+
+def replay_source(session: Path) -> Path:
+    from kernelexec.replay import load_notebook
+
+    return load_notebook(session)[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["quickstart.ipynb", "recorded-session.ipynb"])
+def test_the_shipped_notebooks_replay_cleanly(name: str) -> None:
+    proc = replay(NOTEBOOKS / name)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert " 0 different" in proc.stdout
