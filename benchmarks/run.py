@@ -247,7 +247,7 @@ async def bench_stdio(plan: Plan, base: Path, out: list[Measurement]) -> None:
             out_rss = rss_mb(pid)
             kernels = kernel_pids(pid)
             out.append(Measurement("mem: stdio server process RSS", "MB", [out_rss] if out_rss else [],
-                                   note=f"after {plan.calls + plan.warmup} calls, {len(kernels)} kernel"))
+                                   note=f"after {plan.calls + plan.warmup} calls, {len(kernels)} kernel process(es) incl. the warm pool"))
     out.append(Measurement("x=1: execute_code stdio", MS, samples, baseline=FLOOR))
 
 
@@ -268,7 +268,7 @@ async def bench_http(plan: Plan, base: Path, out: list[Measurement]) -> None:
             nk = len(kernel_pids(proc.pid))
     out.append(Measurement("x=1: execute_code streamable HTTP", MS, samples, baseline=FLOOR))
     if server_rss:
-        out.append(Measurement("mem: HTTP server process RSS", "MB", [server_rss], note=f"{nk} kernel"))
+        out.append(Measurement("mem: HTTP server process RSS", "MB", [server_rss], note=f"{nk} kernel process(es) incl. the warm pool"))
 
 
 # --- 3. CPU-bound ---------------------------------------------------------------------------------------
