@@ -12,8 +12,6 @@ import logging
 import sys
 from typing import Any
 
-import anyio
-
 from . import __version__
 from .config import Settings, load_settings
 from .errors import KernelexecError
@@ -94,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    args_in = sys.argv[1:] if argv is None else argv
+    if args_in[:1] == ["hook"]:  # the hook runs on every tool call: no settings, no heavy imports
+        from . import hook
+
+        hook_parser = argparse.ArgumentParser(prog="kernelexec hook")
+        hook.add_arguments(hook_parser)
+        sys.exit(hook.run(hook_parser.parse_args(args_in[1:])))
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -134,6 +139,8 @@ def main(argv: list[str] | None = None) -> None:
         if settings.host not in LOOPBACK and not tokens:
             sys.exit(f"kernelexec: refusing to listen on {settings.host} without authentication; "
                      "set --auth-token / KERNELEXEC_AUTH_TOKEN or --auth-token-file, or bind 127.0.0.1")
+    import anyio
+
     if args.command == "serve":
         anyio.run(_serve, settings)
     elif args.command == "exec":

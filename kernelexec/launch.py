@@ -17,8 +17,9 @@ from typing import Any
 
 from jupyter_client.manager import AsyncKernelManager
 
+from .errors import InvalidRequest
 from .provisioner import KERNEL_NAME, KernelexecSpecManager
-from .sandbox import SandboxPlan
+from .sandbox import SandboxPlan, kernel_writable
 
 STARTUP_FILE = "kernel_init.py"
 
@@ -62,12 +63,21 @@ class SessionDirs:
         return self.root / "outputs"
 
     @property
+    def spill(self) -> Path:
+        """Where the kernel itself writes what its caps cut (long results, stream floods)."""
+        return self.root / "spill"
+
+    @property
+    def ipc(self) -> Path:
+        return self.root / "ipc"
+
+    @property
     def connection_file(self) -> Path:
         return self.root / "kernel.json"
 
     @property
     def ipc_prefix(self) -> Path:
-        return self.root / "k"
+        return self.ipc / "k"
 
     @property
     def log(self) -> Path:
@@ -82,11 +92,14 @@ class SessionDirs:
         return self.root / "journal.jsonl"
 
     def create(self) -> None:
-        for d in (self.root, self.work, self.home, self.tmp, self.outputs):
+        for d in (self.root, self.outputs, *kernel_writable(self.root)):
             d.mkdir(mode=0o700, parents=True, exist_ok=True)
         # unix socket paths are limited to 107 bytes; "-<port>" is appended to the prefix
         if len(str(self.ipc_prefix)) > 90:
-            raise ValueError(f"session directory path too long for unix sockets: {self.root}")
+            raise InvalidRequest(
+                f"the session directory {self.root} is too long for unix socket paths (107 bytes at most); "
+                "use a shorter --state-dir"
+            )
 
 
 @dataclass

@@ -52,7 +52,11 @@ class ExecuteResult(BaseModel):
     """The structured answer of execute_code (the old plugin's fields, extended)."""
 
     success: bool = Field(description="True when the code ran to the end without raising")
-    result: Any = Field(None, description="Value of `result` if the code bound it, else of the last expression: JSON when possible, else its repr")
+    result: Any = Field(
+        None,
+        description="Value of `result` if the code bound it, else of the last expression: JSON when possible, else its repr",
+        json_schema_extra={"type": ["string", "number", "integer", "boolean", "object", "array", "null"]},
+    )
     stdout: str = Field("", description="Standard output (cut head+tail when long; see stdout_file)")
     stderr: str = Field("", description="Standard error (cut head+tail when long; see stderr_file)")
     result_file: str | None = Field(None, description="File with the whole result when it was too long to return")
@@ -77,7 +81,10 @@ class ExecuteResult(BaseModel):
 class RunPythonResult(BaseModel):
     """The old safe executor's answer."""
 
-    result: Any = Field(None, description="Value of `result` or of the last expression")
+    result: Any = Field(
+        None, description="Value of `result` or of the last expression",
+        json_schema_extra={"type": ["string", "number", "integer", "boolean", "object", "array", "null"]},
+    )
     logs: str = Field("", description="Everything printed (stdout then stderr)")
 
 

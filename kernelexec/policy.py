@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import Profile
+from .sandbox import kernel_writable
 
 # The old safe executor's list, plus the four its description promised.
 STRICT_IMPORTS = frozenset(
@@ -103,8 +104,8 @@ def kernel_policy(
         "importlib, sqlite3) and the data stack: numpy, pandas, scipy, matplotlib, seaborn, sympy, PIL, sklearn, "
         "statsmodels, networkx, IPython.display",
         "file_io": "roots",
-        "write_roots": [str(session_dir), *map(str, work_roots)],
-        "read_roots": [*map(str, read_dirs), *python_roots],
+        "write_roots": [*map(str, kernel_writable(session_dir)), *map(str, work_roots)],
+        "read_roots": [str(session_dir), *map(str, read_dirs), *python_roots],
     }
 
 

@@ -33,6 +33,19 @@ def _iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+JOURNAL_STREAM_CHARS = 100_000  # per stream output; the whole text is in the answer's stdout_file/stderr_file
+
+
+def _bounded(output: dict[str, Any]) -> dict[str, Any]:
+    """A stream output cut head+tail for the record: floods stay on disk once (their spill file), not in every notebook write."""
+    text = output.get("text")
+    if output.get("output_type") == "stream" and isinstance(text, str) and len(text) > JOURNAL_STREAM_CHARS:
+        head, tail = text[: JOURNAL_STREAM_CHARS // 2], text[-JOURNAL_STREAM_CHARS // 2 :]
+        cut = len(text) - len(head) - len(tail)
+        output["text"] = f"{head}\n[... {cut:,} characters cut in the record; the answer's {output.get('name')}_file has them ...]\n{tail}"
+    return output
+
+
 def cell_record(ex: Execution, meta: dict[str, Any]) -> dict[str, Any]:
     """The journal line for one call: an nbformat v4 code cell as plain JSON.
 
@@ -40,7 +53,7 @@ def cell_record(ex: Execution, meta: dict[str, Any]) -> dict[str, Any]:
     the ``layers`` in force. The timings are the call's own (``duration_ms``) and its wall-clock end.
     """
     finished = time.time()
-    outputs = [dict(o) for o in ex.outputs]
+    outputs = [_bounded(dict(o)) for o in ex.outputs]
     if ex.ending != "completed" and not any(o.get("output_type") == "error" for o in outputs):
         reason = ex.restart_reason or ("timed out" if ex.timed_out else ex.ending)
         outputs.append({"output_type": "error", "ename": "KernelexecError", "evalue": reason, "traceback": [reason]})

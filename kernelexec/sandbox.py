@@ -28,6 +28,14 @@ from .errors import SandboxUnavailable
 logger = logging.getLogger(__name__)
 
 STARTUP_DIR = Path(__file__).resolve().parent.parent / "startup"
+# The only parts of a session directory its kernel may write. Everything else there (journal,
+# notebook, session.json, kernel.json, rendered outputs/) is the server's, written with the server's
+# privileges: a kernel able to plant a symlink there could make the server write anywhere.
+KERNEL_SUBDIRS = ("work", "home", "tmp", "spill", "ipc")
+
+
+def kernel_writable(session_dir: Path) -> list[Path]:
+    return [session_dir / sub for sub in KERNEL_SUBDIRS]
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -124,6 +132,18 @@ def system_read_paths() -> list[str]:
     return sorted(p for p in paths if p and os.path.exists(p))
 
 
+def interpreter_files() -> list[str]:
+    """What execve() of the kernel's Python needs to execute: the binary and the ELF loader."""
+    import glob
+
+    found = {sys.executable, os.path.realpath(sys.executable)}
+    for pattern in ("/lib64/ld-linux*.so*", "/lib/ld-linux*.so*", "/lib/*-linux-gnu/ld-linux*.so*",
+                    "/usr/lib64/ld-linux*.so*", "/usr/lib/*-linux-gnu/ld-linux*.so*", "/lib/ld-musl*.so*"):
+        for path in glob.glob(pattern):
+            found.update({path, os.path.realpath(path)})
+    return sorted(found)
+
+
 NETWORK_READ_PATHS = ["/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/ssl", "/etc/ca-certificates",
                       "/usr/share/ca-certificates", "/etc/gai.conf", "/etc/services", "/etc/protocols"]
 
@@ -196,15 +216,18 @@ def plan_for(settings: Settings, profile: Profile, *, session_dir: Path, rw: lis
     if f.root:
         plan.wrapper["drop_caps"] = True
         layers.append("no-capabilities")
-    read_paths = system_read_paths() + [str(p) for p in ro] + (NETWORK_READ_PATHS if network else [])
-    write_paths = [str(session_dir), *map(str, rw)]
+    read_paths = system_read_paths() + [str(session_dir), *map(str, ro)] + (NETWORK_READ_PATHS if network else [])
+    write_paths = [*map(str, kernel_writable(session_dir)), *map(str, rw)]
     if f.landlock_abi:
         plan.wrapper["landlock"] = {"abi": f.landlock_abi, "ro": read_paths, "rw": write_paths, "deny_tcp": not network}
+        if guarded:  # no subprocesses: the interpreter is the only file the kernel may execute
+            plan.wrapper["landlock"]["exec"] = interpreter_files()
         layers.append(f"landlock-abi{f.landlock_abi}")
     else:
         plan.degraded.append("Landlock not available: no kernel-enforced file access limits outside bubblewrap")
     if f.seccomp:
         plan.wrapper["seccomp"] = {"deny_fork": guarded, "sockets": "all" if network else "unix+tcp"}
+        plan.kernel_options["deny_exec"] = guarded
         layers.append("seccomp")
     else:
         plan.degraded.append("seccomp not available: process creation and raw sockets are stopped only by the in-kernel guard")
@@ -234,6 +257,9 @@ def plan_for(settings: Settings, profile: Profile, *, session_dir: Path, rw: lis
 def _bwrap_args(f: Features, read_paths: list[str], write_paths: list[str], cwd: Path, network: bool) -> list[str]:
     args = ["--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--cap-drop", "ALL"]
+    if f.root:
+        # keep only CAP_SETPCAP, so the pre-exec wrapper can empty the bounding set and then drop it too
+        args += ["--cap-add", "CAP_SETPCAP"]
     if not network:
         args.append("--unshare-net")
     if not f.root:

@@ -283,7 +283,7 @@ def build_server(settings: Settings, sessions: SessionManager) -> MCPServer:
 
     def session_file(session: str, name: str) -> Path:
         try:
-            s = sessions.get(session)
+            s = sessions.get(session, owner=current_principal())
         except KernelexecError as exc:
             raise ResourceNotFoundError(str(exc)) from exc
         path = (s.dirs.outputs / name).resolve()
@@ -302,7 +302,7 @@ def build_server(settings: Settings, sessions: SessionManager) -> MCPServer:
     @mcp.resource("kernelexec://sessions/{session}/notebook.ipynb", name="session-notebook", mime_type="application/x-ipynb+json", description="The session's notebook record")
     async def read_notebook(session: str) -> str:
         try:
-            s = await sessions.lookup(session)  # a session from before a server restart too (no kernel started)
+            s = await sessions.lookup(session, owner=current_principal())  # also one from before a server restart
         except KernelexecError as exc:
             raise ResourceNotFoundError(str(exc)) from exc
         path = s.recorder.write_notebook()

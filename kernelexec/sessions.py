@@ -36,6 +36,7 @@ from .sandbox import plan_for
 
 logger = logging.getLogger(__name__)
 
+NOTEBOOK_DEBOUNCE = 1.0  # seconds a session must be quiet before its notebook file is rewritten
 _HANDLE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
 
 
@@ -62,7 +63,7 @@ def kernel_class(settings: Settings) -> type[Kernel]:
     if settings.kernel_gateway:
         from .gateway import GatewayKernel
 
-        return GatewayKernel
+        return GatewayKernel.for_settings(settings)  # bound to the gateway's URL and token
     return Kernel
 
 
@@ -95,13 +96,14 @@ class Session:
             meta_file.write_text(json.dumps({**meta, "owner": owner, "working_dir": str(self.default_cwd)}))
         self._lock_fd: int | None = _claim(self.dirs.root, handle)
         self.revive = False  # set by SessionManager.lookup: refill the next kernel from the journal
+        self.pooled = False  # a pool's spare: its kernel is not published for `kernelexec lab` until adopted
 
     def launch_spec(self) -> LaunchSpec:
         s = self.settings
         policy = kernel_policy(
             self.profile,
             session_dir=self.dirs.root,
-            spill_dir=self.dirs.outputs,
+            spill_dir=self.dirs.spill,
             work_roots=s.work_roots,
             read_dirs=s.read_dirs,
             allow_imports=s.allow_imports,
@@ -120,7 +122,8 @@ class Session:
             await kernel.start()
             self.kernel = kernel
             self.cwd = self.default_cwd
-            connections.publish(self.settings.state_dir, self.handle, self.dirs.connection_file)
+            if not self.pooled:
+                connections.publish(self.settings.state_dir, self.handle, self.dirs.connection_file)
             if self.revive:
                 self.revive = False
                 replayed = await restore(self)
@@ -217,6 +220,19 @@ class Session:
             await kernel.shutdown()
         await anyio.to_thread.run_sync(self.recorder.flush)
 
+    def adopt(self, owner: str | None) -> None:
+        """A pooled session is handed to its first caller: bind it to the caller's principal."""
+        self.owner = owner
+        self.last_used = time.monotonic()
+        self.pooled = False
+        if self.kernel is not None:
+            connections.publish(self.settings.state_dir, self.handle, self.dirs.connection_file)
+        meta_file = self.dirs.root / "session.json"
+        meta = json.loads(meta_file.read_text())
+        tmp = meta_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({**meta, "owner": owner, "created": time.time()}))
+        os.replace(tmp, meta_file)
+
     def release(self) -> None:
         """Give up the session directory's lock (the session is closed or was a throwaway)."""
         if self._lock_fd is not None:
@@ -235,6 +251,8 @@ class SessionManager:
         self._create_lock = anyio.Lock()
         self._tg: Any = None
         self.runs = RunRegistry()
+        self.pool: list[Session] = []  # sessions minted ahead with their kernel started, owner unset
+        self._pool_changed = anyio.Event()
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[SessionManager]:
@@ -248,6 +266,7 @@ class SessionManager:
             self._tg = tg
             self.runs.attach(tg)
             tg.start_soon(self._housekeeping)
+            tg.start_soon(self._fill_pool)
             try:
                 yield self
             finally:
@@ -256,11 +275,17 @@ class SessionManager:
                     await self.aclose()
 
     async def aclose(self) -> None:
+        pooled, self.pool = self.pool, []
+        for session in pooled:  # never handed out: nothing to keep
+            await session.stop_kernel()
+            session.release()
+            self.remove_dir(session)
         for session in list(self.sessions.values()):
             try:
                 await session.stop_kernel()
             except Exception:
                 logger.exception("closing session %s", session.handle)
+            session.release()  # a later server (or manager) may revive it
 
     def live_count(self) -> int:
         return sum(1 for s in self.sessions.values() if s.kernel is not None or s.busy)
@@ -275,10 +300,32 @@ class SessionManager:
                 if held >= self.settings.max_sessions_per_token:
                     raise SessionError(f"this token already holds {held} live sessions (--max-sessions-per-token); "
                                        "close one with close_session")
-            handle = secrets.token_urlsafe(12)
-            session = Session(handle, self.settings, owner=owner, working_dir=working_dir)
-            self.sessions[handle] = session
+            if self.pool and working_dir == self.settings.working_dir:
+                session = self.pool.pop(0)  # popped under the lock: one kernel never goes to two sessions
+                self._pool_changed.set()
+                session.adopt(owner)
+            else:
+                session = Session(secrets.token_urlsafe(12), self.settings, owner=owner, working_dir=working_dir)
+            self.sessions[session.handle] = session
             return session
+
+    async def _fill_pool(self) -> None:
+        """Keep ``pool_size`` sessions with started kernels (inside their sandbox) ready for ``create``."""
+        while True:
+            while len(self.pool) < self.settings.pool_size:
+                session = Session(secrets.token_urlsafe(12), self.settings, working_dir=self.settings.working_dir)
+                session.pooled = True
+                try:
+                    await session.ensure_kernel()
+                except Exception:
+                    logger.exception("starting a pooled kernel failed; retrying in 5 s")
+                    session.release()
+                    self.remove_dir(session)
+                    await anyio.sleep(5)
+                    continue
+                self.pool.append(session)
+            await self._pool_changed.wait()
+            self._pool_changed = anyio.Event()
 
     def get(self, handle: str, *, owner: str | None = None) -> Session:
         """Look a handle up; a session from another owner is reported exactly like an unknown one."""
@@ -360,8 +407,11 @@ class SessionManager:
     async def _housekeeping(self) -> None:
         while True:
             await anyio.sleep(0.5)
+            now = time.monotonic()
             for session in list(self.sessions.values()):
-                if session.recorder.dirty:
+                # materialising is O(notebook): do it once a session pauses, not between busy calls
+                # (the journal is the durable record; reads of the notebook resource write it at once)
+                if session.recorder.dirty and not session.busy and now - session.last_used >= NOTEBOOK_DEBOUNCE:
                     try:
                         await anyio.to_thread.run_sync(session.recorder.flush)
                     except Exception:

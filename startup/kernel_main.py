@@ -19,6 +19,16 @@ def main() -> None:
         # in a PID namespace our parent is its init: ipykernel's parent poller would exit at once;
         # bubblewrap's --die-with-parent ties our lifetime to the server instead
         os.environ.pop("JPY_PARENT_PID", None)
+    if options.get("deny_exec"):
+        # The pre-exec wrapper needed one execve to start us; from here on nothing may replace the
+        # kernel with another program (still single-threaded, so the filter covers every thread).
+        import importlib.util
+
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_exec.py")
+        spec = importlib.util.spec_from_file_location("_kernelexec_sandbox_exec", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module.deny_exec()
     if options.get("no_iopub_pipe"):
         from ipykernel import iostream
 

@@ -86,6 +86,11 @@ class Runtime:
             value, kind = outcome.result, "expression"
         self.last = {"kind": "none"} if value is _MISSING else self._encode(value, kind)
         self._finish_streams()
+        # IPython tees every stdout/stderr write into history_manager.outputs and never prunes it
+        # (history disabled or not): a long session would pin everything it ever printed
+        outputs = getattr(getattr(self.shell, "history_manager", None), "outputs", None)
+        if hasattr(outputs, "clear"):
+            outputs.clear()
 
     def _encode(self, value: Any, kind: str) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": kind, "type": type(value).__qualname__}

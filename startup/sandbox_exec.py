@@ -141,7 +141,15 @@ def apply_landlock(rules: dict[str, list[str]], abi: int) -> None:
         attr.scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL
         size = 24
     ruleset = check(libc.syscall(_SYS["landlock_create_ruleset"], ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0)), "landlock_create_ruleset")
-    for access, paths in ((read, rules.get("ro", [])), (read | write, rules.get("rw", []))):
+    # Executing files is a separate right: where "exec" is given, only those files (the interpreter)
+    # may be executed, so a cell cannot execve() a shell even though the box would still hold it.
+    exec_only = rules.get("exec")
+    if exec_only is not None:
+        read &= ~FS_EXECUTE
+    grants = [(read, rules.get("ro", [])), (read | write, rules.get("rw", []))]
+    if exec_only is not None:
+        grants.append((FS_EXECUTE | FS_READ_FILE, exec_only))
+    for access, paths in grants:
         for path in paths:
             try:
                 fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
@@ -177,7 +185,12 @@ class _ArgCmp(ctypes.Structure):
     _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("datum_a", ctypes.c_uint64), ("datum_b", ctypes.c_uint64)]
 
 
-def apply_seccomp(deny_fork: bool, sockets: str) -> None:
+def deny_exec() -> None:
+    """A second filter, installed by the kernel's entry point once it is running: no more execve."""
+    apply_seccomp(False, "all", only=["execve", "execveat"])
+
+
+def apply_seccomp(deny_fork: bool, sockets: str, only: list[str] | None = None) -> None:
     """Deny privileged syscalls; optionally process creation; ``sockets``: "all" | "unix+tcp" | "unix"."""
     lib = ctypes.CDLL("libseccomp.so.2", use_errno=True)
     lib.seccomp_init.restype = ctypes.c_void_p
@@ -196,9 +209,12 @@ def apply_seccomp(deny_fork: bool, sockets: str) -> None:
         if rc < 0:
             fail(f"seccomp rule for {name}: {os.strerror(-rc)}")
 
-    for name in PRIVILEGED:
+    for name in (only if only is not None else PRIVILEGED):
         deny(name)
-    deny("prlimit64", errno.EPERM, (2, SCMP_CMP_NE, 0, 0))  # reading limits is fine, setting is not
+    if only is not None:
+        deny_fork, sockets = False, "all"
+    if only is None:
+        deny("prlimit64", errno.EPERM, (2, SCMP_CMP_NE, 0, 0))  # reading limits is fine, setting is not
     if deny_fork:
         deny("fork")
         deny("vfork")
