@@ -81,7 +81,10 @@ def lab_command(settings: Settings, *, port: int | None, open_browser: bool) -> 
     directory = connections.connections_dir(settings.state_dir)
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     settings.sessions_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    has_lab = importlib.util.find_spec("jupyterlab") is not None
+    try:
+        has_lab = importlib.util.find_spec("jupyterlab") is not None
+    except (ImportError, ValueError):  # a broken or blocked install
+        has_lab = False
     port = port or _free_port()
     token = os.environ.get("JUPYTER_TOKEN") or secrets.token_hex(24)
     argv = [

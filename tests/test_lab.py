@@ -90,7 +90,8 @@ async def lab(session: tuple[Harness, str], short_tmp: Path) -> AsyncIterator[tu
 
 
 async def execute(ws: WebSocketClientConnection, code: str) -> list[dict[str, Any]]:
-    """Run code over Jupyter Server's kernel websocket; return this request's messages up to its reply."""
+    """Run code over Jupyter Server's kernel websocket; return this request's messages, up to both its
+    reply (shell) and its idle status (iopub): the two channels are not ordered with each other."""
     msg_id = uuid.uuid4().hex
     header = {"msg_id": msg_id, "msg_type": "execute_request", "username": "test", "session": uuid.uuid4().hex,
               "version": "5.3", "date": ""}
@@ -98,7 +99,8 @@ async def execute(ws: WebSocketClientConnection, code: str) -> list[dict[str, An
                "stop_on_error": True}
     await ws.write_message(json.dumps({"header": header, "parent_header": {}, "metadata": {}, "content": content,
                                        "channel": "shell"}))
-    messages = []
+    messages: list[dict[str, Any]] = []
+    replied = idle = False
     with anyio.fail_after(30):
         while True:
             raw = await ws.read_message()
@@ -107,7 +109,9 @@ async def execute(ws: WebSocketClientConnection, code: str) -> list[dict[str, An
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
                 continue
             messages.append(msg)
-            if msg["msg_type"] == "execute_reply":
+            replied = replied or msg["msg_type"] == "execute_reply"
+            idle = idle or (msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle")
+            if replied and idle:
                 return messages
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from kernelexec.replay import comparable, normalise, restorable
+from kernelexec.replay import comparable, differences, normalise, restorable
 
 from .conftest import Harness, clean_env, kernelexec_cmd, make_settings, start_harness
 
@@ -45,6 +45,12 @@ def test_comparable_joins_streams_keeps_errors_short_and_images_by_kind() -> Non
         "stdout": "ab", "stderr": "", "errors": ["KeyboardInterrupt: "],
         "outputs": ["display_data image/png | text/plain: <Figure at 0x…>"],
     }
+
+
+def test_a_flood_cut_in_the_record_matches_on_its_head_and_tail() -> None:
+    recorded = {"stdout": "head\n[... 5,000 characters cut in the record; the answer's stdout_file has them ...]\ntail"}
+    assert differences(recorded, {"stdout": "head" + "x" * 5000 + "tail"}) == []
+    assert differences(recorded, {"stdout": "head" + "x" * 5000 + "tall"}) != []
 
 
 def test_restorable_takes_successful_cells_since_the_last_plain_restart() -> None:
@@ -184,3 +190,23 @@ def test_the_shipped_notebooks_replay_cleanly(name: str) -> None:
     proc = replay(NOTEBOOKS / name)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert " 0 different" in proc.stdout
+
+
+async def test_replay_runs_under_the_recorded_profile_unless_told_otherwise(
+    tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kernelexec.replay import replay_command
+
+    nb = nbformat.v4.new_notebook(metadata={"kernelexec": {"profile": "strict"}})
+    nb.cells.append(nbformat.v4.new_code_cell("import os", metadata={"tags": ["raises-exception"]}))
+    fresh, ran = tmp_path / "fresh.ipynb", tmp_path / "ran.ipynb"
+    nbformat.write(nb, fresh)
+    settings = make_settings(short_tmp)
+    assert await replay_command(settings, str(fresh), output=str(ran), profile=None) == 0
+    assert "1 cells: 0 same, 0 different, 1 not run before" in capsys.readouterr().out
+    assert "not allowed in the 'strict' profile" in nbformat.read(ran, as_version=4).cells[0].outputs[0].evalue
+    assert await replay_command(settings, str(ran), output=None, profile=None) == 0
+    assert "profile strict" in capsys.readouterr().out
+    assert await replay_command(settings, str(ran), output=None, profile="trusted") == 1
+    out = capsys.readouterr().out
+    assert "note: recorded under profile strict" in out and "cell 1    DIFFERENT import os" in out
