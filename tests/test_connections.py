@@ -1,0 +1,45 @@
+"""Published connection files: what ``kernelexec lab`` reads, and how entries of dead kernels go away."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+from kernelexec import connections
+
+
+def connection_file(session: Path) -> Path:
+    session.mkdir(parents=True)
+    path = session / "kernel.json"
+    path.write_text(json.dumps({"transport": "ipc", "ip": str(session / "k"), "hb_port": 5, "key": "x", "kernel_name": "kernelexec"}))
+    return path
+
+
+def test_publish_links_the_session_kernel_file_and_withdraw_removes_it(tmp_path: Path) -> None:
+    target = connection_file(tmp_path / "sessions" / "handle-1")
+    connections.publish(tmp_path, "handle-1", target)
+    entry = connections.connections_dir(tmp_path) / "handle-1.json"
+    assert entry.is_symlink() and entry.resolve() == target.resolve()
+    assert connections.live(connections.connections_dir(tmp_path)) == {"handle-1": entry}
+    connections.withdraw(tmp_path, "handle-1")
+    assert not entry.exists() and target.exists()
+
+
+def test_prune_drops_a_dead_kernel_after_repeated_checks_and_keeps_a_live_one(tmp_path: Path) -> None:
+    live = connection_file(tmp_path / "s" / "live")
+    dead = connection_file(tmp_path / "s" / "dead")
+    gone = connection_file(tmp_path / "s" / "gone")
+    for handle, path in (("live", live), ("dead", dead), ("gone", gone)):
+        connections.publish(tmp_path, handle, path)
+    gone.unlink()  # its server shut the kernel down: the link dangles
+    directory = connections.connections_dir(tmp_path)
+    strikes: dict[str, int] = {}
+    with socket.socket(socket.AF_UNIX) as heartbeat:
+        heartbeat.bind(str(tmp_path / "s" / "live" / "k-5"))
+        heartbeat.listen()
+        assert connections.kernel_answers(live) and not connections.kernel_answers(dead)
+        assert connections.prune(directory, strikes) == ["gone"]
+        assert connections.prune(directory, strikes) == []  # a restarting kernel is briefly unreachable
+        assert connections.prune(directory, strikes) == ["dead"]
+    assert sorted(connections.live(directory)) == ["live"]
