@@ -381,13 +381,15 @@ async def replay_notebook(
     profile: Profile,
     on_cell: Callable[[CellReport], None] | None = None,
 ) -> list[CellReport]:
-    """Execute ``nb`` (in place) in a fresh kernel launched as a live session's, under ``profile``."""
+    """Execute ``nb`` (in place) in a fresh kernel launched as a live session's, under ``profile``.
+
+    Always a local kernel: nbclient drives it through its kernel manager (``--kernel-gateway`` is ignored)."""
     from .sessions import Session  # sessions imports this module
 
     base = Path(tempfile.mkdtemp(prefix="kxr"))
     session = None
     try:
-        scratch = settings.model_copy(update={"state_dir": base, "profile": profile, "idle_timeout": 0})
+        scratch = settings.model_copy(update={"state_dir": base, "profile": profile, "kernel_gateway": None})
         session = Session(f"replay-{secrets.token_urlsafe(6)}", scratch)
         kernel = await session.ensure_kernel()
         roots = [*_session_roots(nb), str(session.dirs.root)]
@@ -396,6 +398,7 @@ async def replay_notebook(
         with anyio.CancelScope(shield=True):
             if session is not None:
                 await session.stop_kernel()
+                session.release()
         shutil.rmtree(base, ignore_errors=True)
 
 
