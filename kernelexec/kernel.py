@@ -49,10 +49,12 @@ class _Collector:
         self.clear_before_next = False
         self.display_index: dict[str, list[int]] = {}
         self.idle = False
+        self.began = False
 
     def handle(self, msg: dict[str, Any]) -> None:
         kind = msg["msg_type"]
         content = msg["content"]
+        self.began = True  # the kernel took the request: anything from it under our msg_id
         if kind == "status":
             self.idle = content.get("execution_state") == "idle"
             return
@@ -248,16 +250,19 @@ class Kernel:
         """Run ``code`` as one cell. Never raises for the user's errors; those are in ``Execution.error``."""
         ex = Execution(code=code)
         started = time.monotonic()
-        msg_id = self.kc.execute(
-            code,
-            store_history=True,
-            allow_stdin=False,
-            stop_on_error=False,
-            user_expressions={"report": "_kernelexec_report()"},
-        )
+        msg_id = self._send(code)
         collector = _Collector(ex)
         try:
             state = await self._collect(msg_id, collector, started + timeout, on_output)
+            if state == "dead" and not collector.began:
+                # It died before taking this request (killed between calls, noticed only now): the code
+                # never ran, so run it in the fresh kernel rather than report a death it did not cause.
+                status = self.exit_status()
+                await self.restart()
+                ex.restart_reason = (f"before this code ran, the kernel had died ({status}); it was restarted, "
+                                     "so variables from earlier calls are lost")
+                msg_id = self._send(code)
+                state = await self._collect(msg_id, collector, started + timeout, on_output)
             if state == "timeout":
                 ex.timed_out = True
                 state = await self._escalate(msg_id, collector, grace, ex, "timed out after %.3g s" % timeout)
@@ -274,6 +279,15 @@ class Kernel:
         finally:
             ex.duration_ms = round((time.monotonic() - started) * 1000, 3)
         return ex
+
+    def _send(self, code: str) -> str:
+        return self.kc.execute(
+            code,
+            store_history=True,
+            allow_stdin=False,
+            stop_on_error=False,
+            user_expressions={"report": "_kernelexec_report()"},
+        )
 
     async def _collect(
         self, msg_id: str, collector: _Collector, deadline: float, on_output: OnOutput | None

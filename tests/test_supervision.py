@@ -157,7 +157,8 @@ async def test_a_kernel_killed_from_outside_while_idle_is_restarted_and_reported
     os.kill(kernel_pid(h, s), signal.SIGKILL)
     r = await h.run("1 + 1", session=s, timeout=30)
     assert r["result"] == 2
-    assert "kernel had died" in r["restart_reason"] and "lost" in r["restart_reason"]
+    # noticed by the background check, by the liveness check before the call, or as the call starts
+    assert "had died" in r["restart_reason"] and "lost" in r["restart_reason"], r
     await follow_up_works(h, s)
 
 
@@ -280,4 +281,17 @@ async def test_bad_input_is_a_clear_tool_error(h: Harness, arguments: dict, mess
     text = result.content[0].text
     assert message in text, text
     assert "Traceback" not in text
+    await follow_up_works(h, s)
+
+
+async def test_code_sent_to_a_kernel_that_already_died_runs_in_the_restarted_one(h: Harness) -> None:
+    """The race the liveness checks cannot close: the kernel dies just before a request is sent."""
+    s = await h.new_session()
+    await h.run("doomed = 1", session=s)
+    kernel = h.sessions.sessions[s].kernel
+    os.kill(kernel_pid(h, s), signal.SIGKILL)
+    ex = await kernel.execute("result = 6 * 7", timeout=30, grace=1)  # straight to the kernel: no check first
+    assert ex.ending == "completed" and ex.error is None
+    assert ex.result["text"] == "42"
+    assert "before this code ran, the kernel had died (signal SIGKILL" in ex.restart_reason
     await follow_up_works(h, s)
