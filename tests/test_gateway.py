@@ -1,0 +1,383 @@
+"""Kernels on a remote engine (``--kernel-gateway``): a real Jupyter Server and a real Jupyter Kernel
+Gateway, each started here on 127.0.0.1 with a token, driven through the in-memory MCP harness.
+
+The "remote" engine runs on this machine, so the tests can also look at its processes and files;
+nothing in kernelexec relies on that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from kernelexec.config import load_settings
+from kernelexec.errors import KernelStartError
+from kernelexec.gateway import GatewayKernel, remote_policy, startup_code
+from kernelexec.launch import LaunchSpec, SessionDirs
+from kernelexec.policy import kernel_policy
+
+from .conftest import Harness, clean_env, free_port, make_settings, start_harness, wait_for_port
+
+pytestmark = pytest.mark.anyio
+
+
+@dataclass
+class Gateway:
+    kind: str
+    url: str
+    token: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def api(self, path: str, method: str = "GET") -> Any:
+        request = urllib.request.Request(self.url + path, method=method,
+                                         headers={"Authorization": f"token {self.token}"})
+        with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - 127.0.0.1 only
+            body = response.read()
+        return json.loads(body) if body else None
+
+    def kernel_ids(self) -> set[str]:
+        return {k["id"] for k in self.api("/api/kernels")}
+
+
+def _start_gateway(kind: str, base: Path) -> Gateway:
+    port, token = free_port(), secrets.token_hex(16)
+    root = Path(tempfile.mkdtemp(prefix=kind[:2], dir=base))
+    env = clean_env(JUPYTER_RUNTIME_DIR=str(root / "runtime"), JUPYTER_CONFIG_DIR=str(root / "config"))
+    if kind == "jupyter_server":
+        cmd = [sys.executable, "-m", "jupyter_server", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+               f"--IdentityProvider.token={token}", "--ServerApp.ip=127.0.0.1", "--no-browser", "--allow-root",
+               f"--ServerApp.root_dir={root}"]
+    else:
+        cmd = [sys.executable, "-m", "kernel_gateway", "--KernelGatewayApp.ip=127.0.0.1",
+               f"--KernelGatewayApp.port={port}", "--KernelGatewayApp.port_retries=0",
+               f"--KernelGatewayApp.auth_token={token}", "--JupyterWebsocketPersonality.list_kernels=True"]
+    log = root / "server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    gateway = Gateway(kind, f"http://127.0.0.1:{port}", token, proc, log)
+    try:
+        wait_for_port(port, proc, timeout=120)
+        deadline = time.monotonic() + 60
+        while True:  # listening is not serving yet
+            try:
+                gateway.api("/api/kernelspecs")
+                return gateway
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.2)
+    except BaseException:
+        _stop_gateway(gateway)
+        raise RuntimeError(f"{kind} did not start:\n{log.read_text(errors='replace')[-3000:]}") from None
+
+
+def _stop_gateway(gateway: Gateway) -> None:
+    gateway.proc.send_signal(signal.SIGTERM)  # both servers shut their kernels down on SIGTERM
+    try:
+        gateway.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        gateway.proc.kill()
+        gateway.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def jupyter_server(short_tmp: Path) -> Iterator[Gateway]:
+    gateway = _start_gateway("jupyter_server", short_tmp)
+    yield gateway
+    _stop_gateway(gateway)
+
+
+@pytest.fixture(scope="module")
+def kernel_gateway(short_tmp: Path) -> Iterator[Gateway]:
+    gateway = _start_gateway("kernel_gateway", short_tmp)
+    yield gateway
+    _stop_gateway(gateway)
+
+
+@pytest.fixture(scope="module", params=["jupyter_server", "kernel_gateway"])
+def gw(request: pytest.FixtureRequest) -> Gateway:
+    return request.getfixturevalue(request.param)
+
+
+@asynccontextmanager
+async def serving(base: Path, **overrides: Any) -> AsyncIterator[Harness]:
+    h, cm = await start_harness(make_settings(base, **overrides))
+    try:
+        yield h
+    finally:
+        await h.client.__aexit__(None, None, None)
+        await cm.__aexit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+async def remote(gw: Gateway, short_tmp: Path) -> AsyncIterator[Harness]:
+    """A kernelexec server (standard profile) whose kernels run on ``gw``."""
+    async with serving(short_tmp, kernel_gateway=gw.url, kernel_gateway_token=gw.token) as h:
+        yield h
+
+
+def kernel_of(h: Harness, session: str) -> GatewayKernel:
+    kernel = h.sessions.sessions[session].kernel
+    assert isinstance(kernel, GatewayKernel)
+    return kernel
+
+
+def parent_pid(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("PPid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no PPid for {pid}")
+
+
+# --- through the gateway ---------------------------------------------------------------------------
+async def test_kernel_runs_in_the_gateway_and_keeps_state(remote: Harness, gw: Gateway, short_tmp: Path) -> None:
+    s = await remote.new_session()
+    first = await remote.run("x = 1", session=s)
+    second = await remote.run("x + 1", session=s)
+    assert second["result"] == 2 and second["success"] is True
+    assert second["execution_count"] == first["execution_count"] + 1
+    assert second["layers"] == ["remote-gateway", "guard"]
+    kernel = kernel_of(remote, s)
+    assert kernel.km.kernel_id in gw.kernel_ids()  # the gateway lists it
+    pid = (await remote.run("import os\nos.getpid()", session=s))["result"]
+    assert parent_pid(pid) == gw.proc.pid  # started by the gateway process, not by this one
+    async with serving(short_tmp) as local_server:  # a local kernel, for contrast
+        local = (await local_server.run("import os\nos.getpid()"))["result"]
+    assert local != pid and parent_pid(local) != gw.proc.pid
+    assert "started remote kernel" in kernel.log_tail()
+
+
+async def test_result_rules_hold_remotely(remote: Harness) -> None:
+    s = await remote.new_session()
+    assert (await remote.run("result = {'a': [1, 2]}\n'ignored'", session=s))["result"] == {"a": [1, 2]}
+    assert (await remote.run("3 * 7", session=s))["result"] == 21
+    assert (await remote.run("result = {1, 2}", session=s))["result"] == "{1, 2}"
+    r = await remote.run("print('x')", session=s)
+    assert r["result"] is None and r["stdout"] == "x\n"
+
+
+async def test_errors_and_streams_come_back(remote: Harness) -> None:
+    s = await remote.new_session()
+    r = await remote.run("import sys\nprint('out')\nprint('err', file=sys.stderr)", session=s)
+    assert r["stdout"] == "out\n" and r["stderr"] == "err\n"
+    r = await remote.run("def f():\n    return 1/0\nf()", session=s)
+    assert r["success"] is False
+    assert r["error"] == "ZeroDivisionError: division by zero" and r["error_type"] == "ZeroDivisionError"
+    assert any("return 1/0" in line for line in r["traceback"])
+    assert not any("\x1b[" in line for line in r["traceback"])
+
+
+async def test_plots_come_back_and_are_kept_on_the_server(remote: Harness) -> None:
+    """Rich outputs travel over the WebSocket; the answer's files are the server's own."""
+    s = await remote.new_session()
+    r = await remote.run("import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([1, 3, 2])\nfig", session=s)
+    assert r["success"] is True, r
+    assert sorted(o["mime_type"] for o in r["outputs"]) == ["image/png", "image/svg+xml"]
+    for out in r["outputs"]:
+        path = Path(out["path"])
+        assert path.is_relative_to(remote.settings.sessions_dir) and path.stat().st_size == out["size"]
+
+
+async def test_list_variables_uses_the_remote_builtins(remote: Harness) -> None:
+    s = await remote.new_session()
+    await remote.run("items = [1, 2, 3]\nname = 'n'", session=s)
+    result = await remote.call("list_variables", session=s)
+    found = {v["name"]: v for v in result.structured_content["variables"]}
+    assert set(found) == {"items", "name"}
+    assert found["items"]["length"] == 3 and found["items"]["type"] == "list"
+
+
+async def test_the_guard_is_installed_in_the_remote_kernel(remote: Harness) -> None:
+    s = await remote.new_session()
+    r = await remote.run("import subprocess", session=s)
+    assert r["error_type"] == "ImportError" and "not allowed in the 'standard' profile" in r["error"]
+    # the session directory is the remote kernel's own, in its temp dir; writes elsewhere are refused
+    r = await remote.run("import os, tempfile\nopen('notes.txt', 'w').write('hi')\n[os.getcwd(), tempfile.gettempdir()]", session=s)
+    cwd, tmp = r["result"]
+    assert cwd == os.path.join(os.path.dirname(tmp), "work") and os.path.basename(tmp) == "tmp"
+    assert os.path.basename(os.path.dirname(cwd)) == f"kernelexec-{s}"
+    assert not cwd.startswith(str(remote.settings.sessions_dir))
+    outside = os.path.join(os.path.dirname(os.path.dirname(tmp)), "elsewhere.txt")  # next to the session dir
+    r = await remote.run(f"open({outside!r}, 'w')", session=s)
+    assert r["error_type"] == "PolicyError" and "may write only under" in r["error"]
+
+
+@pytest.mark.slow
+async def test_timeout_interrupts_through_the_gateway(remote: Harness) -> None:
+    s = await remote.new_session()
+    await remote.run("before = 1", session=s)
+    r = await remote.run("import time\ntime.sleep(60)", session=s, timeout=1)
+    assert r["timed_out"] is True and r["ending"] == "interrupted"  # POST /interrupt reached it: no restart
+    assert r["error_type"] == "KeyboardInterrupt"
+    assert (await remote.run("before + 1", session=s))["result"] == 2
+    assert "interrupted remote kernel" in kernel_of(remote, s).log_tail()
+
+
+@pytest.mark.slow
+async def test_a_cell_that_ignores_the_interrupt_gets_a_restart(gw: Gateway, short_tmp: Path) -> None:
+    async with serving(short_tmp, kernel_gateway=gw.url, kernel_gateway_token=gw.token, profile="trusted",
+                       interrupt_grace=1) as h:
+        s = await h.new_session()
+        r = await h.run("import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)",
+                        session=s, timeout=1)
+        assert r["timed_out"] is True and r["ending"] == "restarted", r
+        assert r["layers"] == ["remote-gateway"]  # trusted: no guard
+        assert (await h.run("1 + 1", session=s))["result"] == 2
+
+
+async def test_restart_session_restarts_the_remote_kernel_with_its_guard(remote: Harness, gw: Gateway) -> None:
+    s = await remote.new_session()
+    await remote.run("gone = 1", session=s)
+    kernel_id = kernel_of(remote, s).km.kernel_id
+    info = await remote.call("restart_session", session=s)
+    assert info.structured_content["status"] == "restarted"
+    assert (await remote.run("gone", session=s))["error_type"] == "NameError"
+    assert kernel_of(remote, s).km.kernel_id == kernel_id in gw.kernel_ids()  # restarted in place, over REST
+    assert (await remote.run("import subprocess", session=s))["error_type"] == "ImportError"
+
+
+@pytest.mark.slow
+async def test_a_kernel_that_dies_is_restarted_with_the_startup_code(remote: Harness) -> None:
+    s = await remote.new_session()
+    r = await remote.run("import os\nos._exit(3)", session=s, timeout=60)
+    # the gateway restarts a dead kernel by itself, without our startup code; kernelexec notices and
+    # restarts it again through _wait_ready, so the guard is back
+    assert r["ending"] == "kernel_died", r
+    assert "gateway" in r["restart_reason"]
+    assert (await remote.run("1 + 1", session=s))["result"] == 2
+    assert (await remote.run("import subprocess", session=s))["error_type"] == "ImportError"
+
+
+async def test_restart_session_with_replay_refills_the_remote_kernel(remote: Harness) -> None:
+    s = await remote.new_session()
+    await remote.run("kept = 41", session=s)
+    info = await remote.call("restart_session", session=s, replay=True)
+    assert info.structured_content["status"] == "restarted"
+    assert (await remote.run("kept + 1", session=s))["result"] == 42
+
+
+async def test_a_kernel_deleted_on_the_gateway_is_replaced(remote: Harness, gw: Gateway) -> None:
+    """Culled or deleted behind our back: the REST restart fails (404), so a new kernel is started."""
+    s = await remote.new_session()
+    await remote.run("lost = 1", session=s)
+    old_id = kernel_of(remote, s).km.kernel_id
+    gw.api(f"/api/kernels/{old_id}", method="DELETE")
+    r = await remote.run("lost", session=s)
+    # noticed before the call (a notice in the answer) or while running it (ending kernel_died)
+    assert r["ending"] == "kernel_died" or r["error_type"] == "NameError", r
+    assert "died" in r["restart_reason"] and "gateway" in r["restart_reason"]
+    assert (await remote.run("lost", session=s))["error_type"] == "NameError"
+    new_id = kernel_of(remote, s).km.kernel_id
+    assert new_id != old_id and new_id in gw.kernel_ids() and old_id not in gw.kernel_ids()
+    assert (await remote.run("import subprocess", session=s))["error_type"] == "ImportError"
+
+
+@pytest.mark.slow
+async def test_startup_code_failing_remotely_fails_closed(gw: Gateway, short_tmp: Path) -> None:
+    """kernel_init's fail-closed exit happens remotely too: no kernel is handed out without its policy."""
+    settings = make_settings(short_tmp, kernel_gateway=gw.url, kernel_gateway_token=gw.token)
+    dirs = SessionDirs(settings.sessions_dir / "failclosed1")
+    dirs.create()
+    spec = LaunchSpec(dirs=dirs, cwd=dirs.work, policy={"spill_dir": str(dirs.outputs)})  # no profile: kernel_init exits 70
+    kernel = GatewayKernel.for_settings(settings)(spec, startup_timeout=60)
+    before = gw.kernel_ids()
+    with pytest.raises(KernelStartError, match="startup code"):
+        await kernel.start()
+    assert gw.kernel_ids() == before  # the half-started kernel was deleted
+
+
+async def test_close_session_deletes_the_remote_kernel(remote: Harness, gw: Gateway) -> None:
+    s = await remote.new_session()
+    await remote.run("1", session=s)
+    kernel_id = kernel_of(remote, s).km.kernel_id
+    assert kernel_id in gw.kernel_ids()
+    closed = await remote.call("close_session", session=s)
+    assert closed.structured_content["status"] == "closed"
+    assert kernel_id not in gw.kernel_ids()
+
+
+async def test_spilled_files_live_on_the_remote_machine(gw: Gateway, short_tmp: Path) -> None:
+    async with serving(short_tmp, kernel_gateway=gw.url, kernel_gateway_token=gw.token, kernel_stream_cap=1000) as h:
+        r = await h.run("print('y' * 5000)")
+        path = r["stdout_file"]
+        assert f"/kernelexec-{r['session']}/spill/" in path  # the remote kernel's path
+        assert not path.startswith(str(h.settings.sessions_dir))
+        assert Path(path).read_text().startswith("y" * 5000)  # readable here only because the "remote" is local
+
+
+async def test_a_wrong_token_is_a_clear_error(gw: Gateway, short_tmp: Path) -> None:
+    async with serving(short_tmp, kernel_gateway=gw.url, kernel_gateway_token="wrong") as h:
+        result = await h.call("execute_code", code="1")
+        assert result.is_error
+        assert "--kernel-gateway-token" in result.content[0].text
+
+
+async def test_an_unreachable_gateway_is_a_clear_error(short_tmp: Path) -> None:
+    async with serving(short_tmp, kernel_gateway=f"http://127.0.0.1:{free_port()}", kernel_gateway_token="t") as h:
+        result = await h.call("execute_code", code="1")
+        assert result.is_error
+        assert "is the gateway running" in result.content[0].text
+
+
+@pytest.mark.slow
+async def test_two_gateways_in_one_process(jupyter_server: Gateway, kernel_gateway: Gateway, short_tmp: Path) -> None:
+    """Each kernel uses its own gateway's URL and token: nothing goes through GatewayClient.instance()."""
+    async with serving(short_tmp, kernel_gateway=jupyter_server.url, kernel_gateway_token=jupyter_server.token) as a, \
+            serving(short_tmp, kernel_gateway=kernel_gateway.url, kernel_gateway_token=kernel_gateway.token) as b:
+        answers: dict[str, Any] = {}
+
+        async def run(name: str, h: Harness) -> None:
+            session = await h.new_session()
+            answers[name] = (h, session, await h.run(f"where = {name!r}\nwhere", session=session))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run, "a", a)
+            tg.start_soon(run, "b", b)
+        for name, gateway, other in (("a", jupyter_server, kernel_gateway), ("b", kernel_gateway, jupyter_server)):
+            h, session, answer = answers[name]
+            assert answer["result"] == name
+            kernel_id = kernel_of(h, session).km.kernel_id
+            assert kernel_id in gateway.kernel_ids() and kernel_id not in other.kernel_ids()
+
+
+# --- no gateway needed -----------------------------------------------------------------------------
+def test_the_remote_policy_carries_no_server_paths(tmp_path: Path) -> None:
+    common = dict(session_dir=tmp_path / "session", spill_dir=tmp_path / "session" / "outputs",
+                  work_roots=[tmp_path / "work"], read_dirs=[tmp_path / "data"], allow_imports=[],
+                  result_cap=10, stream_cap=10, disk_cap=10)
+    standard = remote_policy(kernel_policy("standard", **common))
+    assert str(tmp_path) not in json.dumps(standard) and sys.prefix not in json.dumps(standard)
+    assert standard["write_roots"] == ["<session>"] and standard["read_roots"] == ["<python>"]
+    assert "spill_dir" not in standard
+    assert remote_policy(kernel_policy("strict", **common))["write_roots"] == []
+    assert "read_roots" not in remote_policy(kernel_policy("trusted", **common))
+    code = startup_code(kernel_policy("standard", **common), "handle123")
+    compile(code, "<startup>", "exec")
+    assert "def install(policy" in code and "class Runtime" in code and "_kernelexec_boot()" in code
+
+
+def test_layers_name_the_gateway(tmp_path: Path) -> None:
+    settings = load_settings(state_dir=tmp_path, kernel_gateway="http://127.0.0.1:1", kernel_gateway_token="t")
+    bound = GatewayKernel.for_settings(settings)
+    assert bound is GatewayKernel.for_settings(settings) and issubclass(bound, GatewayKernel)
+    for profile, layers in (("standard", ["remote-gateway", "guard"]), ("trusted", ["remote-gateway"])):
+        spec = LaunchSpec(dirs=SessionDirs(tmp_path / profile), cwd=tmp_path, policy={"profile": profile})
+        kernel = bound(spec)
+        assert (kernel.url, kernel.token) == ("http://127.0.0.1:1", "t")
+        assert spec.plan.layers == layers
