@@ -58,7 +58,11 @@ class Gateway:
 def _start_gateway(kind: str, base: Path) -> Gateway:
     port, token = free_port(), secrets.token_hex(16)
     root = Path(tempfile.mkdtemp(prefix=kind[:2], dir=base))
-    env = clean_env(JUPYTER_RUNTIME_DIR=str(root / "runtime"), JUPYTER_CONFIG_DIR=str(root / "config"))
+    (root / "tmp").mkdir()
+    # TMPDIR: the remote kernels' session directories land here and go with the test's temp dir
+    # (the Kernel Gateway passes its kernels only PATH and the variables it is told to)
+    env = clean_env(JUPYTER_RUNTIME_DIR=str(root / "runtime"), JUPYTER_CONFIG_DIR=str(root / "config"),
+                    TMPDIR=str(root / "tmp"), KG_ENV_PROCESS_WHITELIST="TMPDIR")
     if kind == "jupyter_server":
         cmd = [sys.executable, "-m", "jupyter_server", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
                f"--IdentityProvider.token={token}", "--ServerApp.ip=127.0.0.1", "--no-browser", "--allow-root",
@@ -213,6 +217,7 @@ async def test_the_guard_is_installed_in_the_remote_kernel(remote: Harness) -> N
     assert cwd == os.path.join(os.path.dirname(tmp), "work") and os.path.basename(tmp) == "tmp"
     assert os.path.basename(os.path.dirname(cwd)) == f"kernelexec-{s}"
     assert not cwd.startswith(str(remote.settings.sessions_dir))
+    assert Path(cwd, "notes.txt").read_text() == "hi"  # visible here only because the "remote" is local
     outside = os.path.join(os.path.dirname(os.path.dirname(tmp)), "elsewhere.txt")  # next to the session dir
     r = await remote.run(f"open({outside!r}, 'w')", session=s)
     assert r["error_type"] == "PolicyError" and "may write only under" in r["error"]
