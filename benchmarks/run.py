@@ -15,6 +15,11 @@ Sections (each starts and stops its own kernels, so they do not compete for the 
                   code (perf_counter) and end to end (``python -c`` pays interpreter start and imports).
 4. memory         idle kernel RSS/PSS vs a plain ipykernel; with numpy+matplotlib; server process RSS.
 5. mixed load     4 sessions x 50 calls in parallel in memory vs the same 200 cells serially in one session.
+6. layers         cold ``new_session`` with sandbox off, then adding the OS layers one at a time, and from the
+                  warm pool (benchmarks/layers.py; ``python -m benchmarks.layers`` alone).
+7. baselines      one pure-Python loop in ``python -c``, ``execute_code`` and smolagents' ``LocalPythonExecutor``
+                  (benchmarks/baselines.py; smolagents from ``pip install 'kernelexec[bench]'``).
+The load test (20 HTTP clients with bearer tokens, leak checks) is ``python -m benchmarks.load``.
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ from benchmarks.common import (
     stdio_params,
     stdio_server_pid,
 )
+from benchmarks.baselines import bench_smolagents
+from benchmarks.layers import bench_layers_section
 from benchmarks.stats import Measurement, table, to_json
 
 MS = "ms"
@@ -364,7 +371,7 @@ async def bench_mixed(plan: Plan, base: Path, out: list[Measurement]) -> None:
 
 
 ORDER = [
-    "cold:", "x=1:", "cpu loop", "cpu numpy", "mem:", "mixed:",
+    "cold:", "layers:", "x=1:", "cpu loop", "cpu numpy", "cpu vs smolagents", "mem:", "layers mem:", "mixed:",
 ]
 
 
@@ -380,6 +387,8 @@ SECTIONS = {
     "cpu": [bench_cpu],
     "memory": [bench_memory],
     "mixed": [bench_mixed],
+    "layers": [bench_layers_section],
+    "baselines": [bench_smolagents],
 }
 
 
