@@ -19,7 +19,7 @@ from jupyter_client.manager import AsyncKernelManager
 
 from .errors import InvalidRequest
 from .provisioner import KERNEL_NAME, KernelexecSpecManager
-from .sandbox import SandboxPlan, kernel_writable
+from .sandbox import IPC_SUBDIR, IPYTHON_SUBDIR, SandboxPlan, kernel_writable
 
 STARTUP_FILE = "kernel_init.py"
 
@@ -69,7 +69,16 @@ class SessionDirs:
 
     @property
     def ipc(self) -> Path:
-        return self.root / "ipc"
+        return self.root / IPC_SUBDIR
+
+    @property
+    def ipython(self) -> Path:
+        return self.root / IPYTHON_SUBDIR
+
+    def ipython_profile_dirs(self) -> list[Path]:
+        """Made by the server so IPython needs to write nothing there (the kernel cannot)."""
+        profile = self.ipython / "profile_default"
+        return [profile / d for d in ("startup", "security", "log", "pid")]
 
     @property
     def connection_file(self) -> Path:
@@ -92,7 +101,7 @@ class SessionDirs:
         return self.root / "journal.jsonl"
 
     def create(self) -> None:
-        for d in (self.root, self.outputs, *kernel_writable(self.root)):
+        for d in (self.root, self.outputs, self.ipc, *kernel_writable(self.root), *self.ipython_profile_dirs()):
             d.mkdir(mode=0o700, parents=True, exist_ok=True)
         # unix socket paths are limited to 107 bytes; "-<port>" is appended to the prefix
         if len(str(self.ipc_prefix)) > 90:
@@ -122,7 +131,7 @@ class LaunchSpec:
         env.update(
             HOME=str(self.dirs.home),
             TMPDIR=str(self.dirs.tmp),
-            IPYTHONDIR=str(self.dirs.home / ".ipython"),
+            IPYTHONDIR=str(self.dirs.ipython),
             MPLCONFIGDIR=str(self.dirs.home / ".matplotlib"),
             MPLBACKEND="module://matplotlib_inline.backend_inline",
             PYTHONDONTWRITEBYTECODE="1",

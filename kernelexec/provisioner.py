@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import stat
 import sys
+from pathlib import Path
 from typing import Any
 
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
@@ -32,6 +34,8 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
         return SandboxPlan(**self.plan)
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        if self.parent is not None and getattr(self.parent, "transport", None) == "ipc":
+            _clear_ipc_dir(Path(self.parent.ip).parent)
         kwargs = await super().pre_launch(**kwargs)
         sandbox = self.sandbox
         sandbox.create_cgroups()
@@ -46,6 +50,22 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
         await super().cleanup(restart=restart)
         if not restart:
             self.sandbox.remove_cgroups()
+
+
+def _clear_ipc_dir(ipc_dir: Path) -> None:
+    """Remove anything in the socket directory that is not a socket (a planted symlink would send the
+    server's reconnecting zmq client to a host socket) and stale sockets of a previous kernel."""
+    try:
+        entries = list(ipc_dir.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            mode = entry.lstat().st_mode
+            if stat.S_ISSOCK(mode) or stat.S_ISLNK(mode) or stat.S_ISREG(mode) or stat.S_ISFIFO(mode):
+                entry.unlink()
+        except OSError:
+            pass
 
 
 class KernelexecSpecManager(KernelSpecManager):

@@ -31,7 +31,17 @@ STARTUP_DIR = Path(__file__).resolve().parent.parent / "startup"
 # The only parts of a session directory its kernel may write. Everything else there (journal,
 # notebook, session.json, kernel.json, rendered outputs/) is the server's, written with the server's
 # privileges: a kernel able to plant a symlink there could make the server write anywhere.
-KERNEL_SUBDIRS = ("work", "home", "tmp", "spill", "ipc")
+# ipc/ holds the kernel's sockets: the kernel may only create sockets there (no symlinks, no
+# removals), or it could point the server's reconnecting zmq client at any host socket.
+KERNEL_SUBDIRS = ("work", "home", "tmp", "spill")
+IPC_SUBDIR = "ipc"
+# IPYTHONDIR is server-made and read-only to the kernel: IPython runs profile startup files before
+# our exec_files, so a writable one would let a cell disarm the next restarted kernel.
+IPYTHON_SUBDIR = "ipython"
+
+
+# Never loaded in guarded kernels (sub-interpreters escape audit hooks; the debugger is not needed).
+GUARD_BLOCKED_MODULES = ["_xxsubinterpreters", "debugpy"]
 
 
 def kernel_writable(session_dir: Path) -> list[Path]:
@@ -198,7 +208,11 @@ def network_allowed(settings: Settings, profile: Profile) -> bool:
 def plan_for(settings: Settings, profile: Profile, *, session_dir: Path, rw: list[Path], ro: list[Path], cwd: Path, key: str) -> SandboxPlan:
     """The layers for one session's kernel under ``profile`` on this machine."""
     if settings.sandbox == "off":
-        return SandboxPlan(layers=["env", "guard"] if profile != "trusted" else ["env"], degraded=["sandbox disabled (--sandbox off)"])
+        plan = SandboxPlan(layers=["env"], degraded=["sandbox disabled (--sandbox off)"])
+        if profile != "trusted":
+            plan.kernel_options["block_modules"] = GUARD_BLOCKED_MODULES
+            plan.layers.append("guard")
+        return plan
     f = available(settings)
     guarded = profile != "trusted"
     network = network_allowed(settings, profile)
@@ -218,8 +232,10 @@ def plan_for(settings: Settings, profile: Profile, *, session_dir: Path, rw: lis
         layers.append("no-capabilities")
     read_paths = system_read_paths() + [str(session_dir), *map(str, ro)] + (NETWORK_READ_PATHS if network else [])
     write_paths = [*map(str, kernel_writable(session_dir)), *map(str, rw)]
+    ipc_dir = str(session_dir / IPC_SUBDIR)
     if f.landlock_abi:
-        plan.wrapper["landlock"] = {"abi": f.landlock_abi, "ro": read_paths, "rw": write_paths, "deny_tcp": not network}
+        plan.wrapper["landlock"] = {"abi": f.landlock_abi, "ro": read_paths, "rw": write_paths, "sock": [ipc_dir],
+                                    "deny_tcp": not network}
         if guarded:  # no subprocesses: the interpreter is the only file the kernel may execute
             plan.wrapper["landlock"]["exec"] = interpreter_files()
         layers.append(f"landlock-abi{f.landlock_abi}")
@@ -234,7 +250,7 @@ def plan_for(settings: Settings, profile: Profile, *, session_dir: Path, rw: lis
     if not network:
         plan.kernel_options["no_iopub_pipe"] = True
     if f.bwrap:
-        plan.prefix = [f.bwrap, *_bwrap_args(f, read_paths, write_paths, cwd, network), "--"]
+        plan.prefix = [f.bwrap, *_bwrap_args(f, read_paths, [*write_paths, ipc_dir], cwd, network), "--"]
         layers.append("bubblewrap")
         if not network:
             layers.append("netns")
@@ -249,7 +265,7 @@ def plan_for(settings: Settings, profile: Profile, *, session_dir: Path, rw: lis
     if guarded:
         # ctypes stays importable for libraries (pandas needs it); the guard refuses its calls and
         # the import by user code, and the OS layers hold if a cell reaches it anyway
-        plan.kernel_options["block_modules"] = ["_xxsubinterpreters", "debugpy"]
+        plan.kernel_options["block_modules"] = GUARD_BLOCKED_MODULES
         layers.append("guard")
     return plan
 

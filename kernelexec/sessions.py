@@ -167,7 +167,8 @@ class Session:
                 if self.notice is not None:
                     ex.restart_reason = ex.restart_reason or self.notice
                     self.notice = None
-                self.record(ex, timeout)
+                # the journal line is fsynced before the answer goes out, off the event loop
+                await anyio.to_thread.run_sync(self.record, ex, timeout)
                 return self.renderer.render(ex, notebook=str(self.dirs.notebook), layers=kernel.spec.plan.layers)
             finally:
                 self.busy = False

@@ -162,6 +162,8 @@ def install(policy: dict[str, Any]) -> Callable[[], Any]:
             check_path(args[0], False)
         elif event in _WRITE_EVENTS:
             check_path(args[0], True)
+        elif event == "sqlite3.connect":  # sqlite opens files in C, with no "open" event
+            check_path(args[0], True)
         elif event in _TWO_PATH_EVENTS:
             check_path(args[0], event != "os.symlink" and event != "shutil.copyfile")
             check_path(args[1], True)

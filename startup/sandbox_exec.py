@@ -146,7 +146,8 @@ def apply_landlock(rules: dict[str, list[str]], abi: int) -> None:
     exec_only = rules.get("exec")
     if exec_only is not None:
         read &= ~FS_EXECUTE
-    grants = [(read, rules.get("ro", [])), (read | write, rules.get("rw", []))]
+    grants = [(read, rules.get("ro", [])), (read | write, rules.get("rw", [])),
+              (FS_READ_FILE | FS_READ_DIR | FS_MAKE_SOCK, rules.get("sock", []))]
     if exec_only is not None:
         grants.append((FS_EXECUTE | FS_READ_FILE, exec_only))
     for access, paths in grants:
@@ -170,6 +171,7 @@ SCMP_ACT_ALLOW = 0x7FFF0000
 SCMP_CMP_NE, SCMP_CMP_LT, SCMP_CMP_LE, SCMP_CMP_EQ, SCMP_CMP_GE, SCMP_CMP_GT, SCMP_CMP_MASKED_EQ = 1, 2, 3, 4, 5, 6, 7
 CLONE_THREAD = 0x00010000
 AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
+MSG_FASTOPEN, IPPROTO_TCP, TCP_FASTOPEN_CONNECT = 0x20000000, 6, 30
 PRIVILEGED = [
     "setrlimit", "ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2", "pivot_root", "chroot",
     "unshare", "setns", "bpf", "perf_event_open", "init_module", "finit_module", "delete_module", "kexec_load",
@@ -234,6 +236,13 @@ def apply_seccomp(deny_fork: bool, sockets: str, only: list[str] | None = None) 
             else:
                 deny("socket", errno.EACCES, (0, SCMP_CMP_EQ, family, 0))
         deny("socketpair", errno.EACCES, (0, SCMP_CMP_NE, AF_UNIX, 0))
+        # No outgoing connections at all: the kernel only binds (the server connects to it). This also
+        # covers what Landlock cannot: pathname unix sockets (host daemons, other kernels) and TCP Fast
+        # Open, which connects from sendto()/sendmsg() or after TCP_FASTOPEN_CONNECT.
+        deny("connect", errno.EACCES)
+        deny("sendto", errno.EACCES, (3, SCMP_CMP_MASKED_EQ, MSG_FASTOPEN, MSG_FASTOPEN))
+        deny("sendmsg", errno.EACCES, (2, SCMP_CMP_MASKED_EQ, MSG_FASTOPEN, MSG_FASTOPEN))
+        deny("setsockopt", errno.EACCES, (1, SCMP_CMP_EQ, IPPROTO_TCP, 0), (2, SCMP_CMP_EQ, TCP_FASTOPEN_CONNECT, 0))
     rc = lib.seccomp_load(ctx)
     if rc < 0:
         fail(f"seccomp_load: {os.strerror(-rc)}")

@@ -288,9 +288,11 @@ async def test_code_sent_to_a_kernel_that_already_died_runs_in_the_restarted_one
     """The race the liveness checks cannot close: the kernel dies just before a request is sent."""
     s = await h.new_session()
     await h.run("doomed = 1", session=s)
-    kernel = h.sessions.sessions[s].kernel
-    os.kill(kernel_pid(h, s), signal.SIGKILL)
-    ex = await kernel.execute("result = 6 * 7", timeout=30, grace=1)  # straight to the kernel: no check first
+    session = h.sessions.sessions[s]
+    kernel = session.kernel
+    async with session.lock:  # as Session.run holds it; the background liveness check waits for it
+        os.kill(kernel_pid(h, s), signal.SIGKILL)
+        ex = await kernel.execute("result = 6 * 7", timeout=30, grace=1)  # straight to the kernel: no check first
     assert ex.ending == "completed" and ex.error is None
     assert ex.result["text"] == "42"
     assert "before this code ran, the kernel had died (signal SIGKILL" in ex.restart_reason
