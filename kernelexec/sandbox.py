@@ -319,6 +319,9 @@ def preflight(settings: Settings) -> list[str]:
     ``--allow-degraded`` is given: an in-kernel guard alone would be theatre.
     """
     profile = settings.effective_profile
+    if settings.kernel_gateway:
+        return [f"kernels run on the gateway {settings.kernel_gateway}: its machine provides the isolation; "
+                "only the in-kernel guard is ours there"]
     if settings.sandbox == "off":
         return ["the OS sandbox is off (--sandbox off): only the in-kernel guard applies, which is not a boundary"]
     f = available(settings)

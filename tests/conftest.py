@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -113,3 +114,27 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELEXEC_")}
     env.update(extra)
     return env
+
+
+def stop(proc: subprocess.Popen[bytes], grace: float = 10) -> None:
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(grace)
+
+
+@contextmanager
+def http_server(state_dir: Path, *args: str) -> Iterator[str]:
+    """``kernelexec serve --transport http`` as a real process on a free loopback port; yields its /mcp URL."""
+    port = free_port()
+    proc = subprocess.Popen(
+        kernelexec_cmd("serve", "--transport", "http", "--port", str(port), "--state-dir", str(state_dir), *args),
+        env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_port(port, proc)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        stop(proc)

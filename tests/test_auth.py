@@ -12,7 +12,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from .conftest import clean_env, free_port, kernelexec_cmd, wait_for_port
+from .conftest import clean_env, free_port, http_server, kernelexec_cmd
 
 pytestmark = pytest.mark.anyio
 
@@ -24,21 +24,8 @@ BOB = "bob-token-0123456789abcdef00"
 def server(short_tmp: Path) -> Iterator[str]:
     tokens = short_tmp / "tokens"
     tokens.write_text(f"# one per line\n{ALICE}\n{BOB}\n")
-    port = free_port()
-    proc = subprocess.Popen(
-        kernelexec_cmd("serve", "--transport", "http", "--port", str(port), "--state-dir", str(short_tmp / "auth"),
-                       "--auth-token-file", str(tokens), "--max-sessions-per-token", "2"),
-        env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_for_port(port, proc)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with http_server(short_tmp / "auth", "--auth-token-file", str(tokens), "--max-sessions-per-token", "2") as url:
+        yield url
 
 
 def client(url: str, token: str | None) -> Client:

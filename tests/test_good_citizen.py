@@ -8,14 +8,13 @@ but only to the client they belong to.
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from mcp import Client
 
-from .conftest import Harness, clean_env, free_port, kernelexec_cmd, make_settings, start_harness, wait_for_port
+from .conftest import Harness, http_server as serve_http, make_settings, start_harness
 
 pytestmark = pytest.mark.anyio
 
@@ -98,21 +97,8 @@ async def test_a_closed_session_is_no_longer_listed(fresh: Harness) -> None:
 
 @pytest.fixture(scope="module")
 def http_server(short_tmp: Path) -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        kernelexec_cmd("serve", "--transport", "http", "--port", str(port), "--state-dir", str(short_tmp / "citizen")),
-        env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_for_port(port, proc)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+    with serve_http(short_tmp / "citizen") as url:
+        yield url
 
 
 async def test_over_http_a_client_lists_only_its_own_sessions_resources(http_server: str) -> None:

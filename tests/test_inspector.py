@@ -22,7 +22,7 @@ from jsonschema import Draft202012Validator
 
 from kernelexec.hook import KERNELEXEC_TOOLS
 
-from .conftest import clean_env, free_port, kernelexec_cmd, wait_for_port
+from .conftest import clean_env, http_server, kernelexec_cmd
 
 REPO = Path(__file__).resolve().parent.parent
 INSPECTOR_VERSION = "2.12.0"  # keep in step with .ci/run
@@ -108,21 +108,8 @@ def test_stdio_tools_call_execute_code(inspector: str, inspector_home: Path, sho
 
 @pytest.fixture(scope="module")
 def http_url(short_tmp: Path) -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        kernelexec_cmd("serve", "--transport", "http", "--host", "127.0.0.1", "--port", str(port), "--state-dir", str(short_tmp / "insp-http")),
-        env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_for_port(port, proc)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+    with http_server(short_tmp / "insp-http") as url:
+        yield url
 
 
 def test_http_tools_list_passes_the_inspectors_strict_check(inspector: str, inspector_home: Path, http_url: str) -> None:

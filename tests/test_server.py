@@ -6,6 +6,7 @@ import base64
 import json
 from pathlib import Path
 
+import anyio
 import pytest
 
 from .conftest import Harness
@@ -211,3 +212,33 @@ async def test_tools_have_schemas_and_annotations(harness: Harness) -> None:
     assert tools["list_variables"].annotations.read_only_hint is True
     for tool in tools.values():
         assert tool.description
+
+
+async def test_calls_to_one_session_run_one_at_a_time_in_arrival_order(harness: Harness) -> None:
+    s = await harness.new_session()
+    await harness.run("order = []", session=s)
+    results: list[int] = []
+
+    async def call(i: int) -> None:
+        r = await harness.run(f"import time\ntime.sleep(0.05)\norder.append({i})\nlen(order)", session=s)
+        results.append(r["result"])
+
+    async with anyio.create_task_group() as tg:
+        for i in range(6):
+            tg.start_soon(call, i)
+            await anyio.sleep(0.01)  # arrival order 0..5
+    assert (await harness.run("order", session=s))["result"] == list(range(6))
+    assert sorted(results) == list(range(1, 7))  # never two cells at once: each saw its own length
+
+
+async def test_different_sessions_run_in_parallel(harness: Harness) -> None:
+    a = await harness.new_session()
+    b = await harness.new_session()
+    started = await harness.run("import time\nwhile True:\n    time.sleep(0.05)", session=a, background=True)
+    # b answers while a is still busy: were sessions serialised, b would wait behind a forever
+    assert (await harness.run("7", session=b))["result"] == 7
+    still = await harness.call("get_run", run_id=started["run_id"], wait_s=0)
+    assert still.structured_content["ending"] == "running"
+    await harness.call("interrupt", session=a)
+    done = await harness.call("get_run", run_id=started["run_id"], wait_s=30)
+    assert done.structured_content["error_type"] == "KeyboardInterrupt"

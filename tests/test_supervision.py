@@ -297,3 +297,22 @@ async def test_code_sent_to_a_kernel_that_already_died_runs_in_the_restarted_one
     assert ex.result["text"] == "42"
     assert "before this code ran, the kernel had died (signal SIGKILL" in ex.restart_reason
     await follow_up_works(h, s)
+
+
+async def test_the_oom_killer_past_the_cgroup_cap_is_reported_and_the_next_call_works(short_tmp: Path) -> None:
+    """Shared anonymous memory escapes RLIMIT_DATA; the cgroup's hard cap (memory_mb + 512 MiB) does not."""
+    from kernelexec.sandbox import probe
+
+    if probe().cgroup is None:
+        pytest.fail("needs a writable cgroup hierarchy (run as root, as CI does)")
+    harness, cm = await start_harness(make_settings(short_tmp, profile="trusted", memory_mb=256, pool_size=0))
+    try:
+        s = await harness.new_session()
+        code = "import mmap\nm = mmap.mmap(-1, 1536 * 1024 * 1024)\nfor i in range(0, len(m), 4096):\n    m[i] = 1"
+        r = await harness.run(code, session=s, timeout=60)
+        assert r["ending"] == "kernel_died", r
+        assert "SIGKILL" in r["restart_reason"]
+        await follow_up_works(harness, s)
+    finally:
+        await harness.client.__aexit__(None, None, None)
+        await cm.__aexit__(None, None, None)

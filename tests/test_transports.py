@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from mcp import Client, StdioServerParameters
 
-from .conftest import clean_env, free_port, kernelexec_cmd, wait_for_port
+from .conftest import clean_env, http_server as serve_http, kernelexec_cmd
 
 pytestmark = pytest.mark.anyio
 
@@ -56,20 +55,8 @@ async def test_stdio_safe_executor_preset_exposes_only_run_python_under_strict(s
 
 @pytest.fixture(scope="module")
 def http_server(short_tmp: Path) -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen(
-        kernelexec_cmd("serve", "--transport", "http", "--port", str(port), "--state-dir", str(short_tmp / "http")),
-        env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
-    try:
-        wait_for_port(port, proc)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with serve_http(short_tmp / "http") as url:
+        yield url
 
 
 async def test_http_two_modern_clients_never_see_each_others_variables(http_server: str) -> None:
