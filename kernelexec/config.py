@@ -77,6 +77,10 @@ class Settings(BaseSettings):
     disable_layers: list[Literal["landlock", "seccomp", "bubblewrap", "netns", "cgroup"]] = Field(
         default_factory=list, description="OS layers not to use even when this machine supports them."
     )
+    kernel_uids: bool = Field(
+        True, description="When the server runs as root with bubblewrap, run each kernel under its own unprivileged uid "
+        "(not when --work-roots must stay writable; then capabilities are dropped instead).",
+    )
     allow_degraded: bool = Field(
         False, description="Start strict/standard even when neither Landlock nor bubblewrap is available (loud warning)."
     )

@@ -38,6 +38,7 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
             _clear_ipc_dir(Path(self.parent.ip).parent)
         kwargs = await super().pre_launch(**kwargs)
         sandbox = self.sandbox
+        sandbox.hand_over(Path(self.parent.connection_file) if self.parent is not None else Path("/nonexistent"))
         sandbox.create_cgroups()
         env = dict(kwargs.get("env") or {})
         env["KERNELEXEC_SANDBOX"] = json.dumps(sandbox.wrapper)

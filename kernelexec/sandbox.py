@@ -15,6 +15,7 @@ import logging
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -42,6 +43,33 @@ IPYTHON_SUBDIR = "ipython"
 
 # Never loaded in guarded kernels (sub-interpreters escape audit hooks; the debugger is not needed).
 GUARD_BLOCKED_MODULES = ["_xxsubinterpreters", "debugpy"]
+
+
+KERNEL_UID_BASE = 1_000_000_000  # far above ordinary users and the usual subuid ranges
+
+
+def kernel_uid(key: str) -> int:
+    """A stable unprivileged uid per session (derived from its handle)."""
+    import hashlib
+
+    return KERNEL_UID_BASE + int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 100_000_000
+
+
+@functools.lru_cache(maxsize=1)
+def interpreter_world_readable() -> bool:
+    """Can another uid run our interpreter? Bind mounts keep their own modes (a 0700 venv stays 0700)."""
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(_startup_file("kernel_init.py")).parent)}
+    paths.update(p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and os.path.isdir(p))
+    paths.update(interpreter_files())
+    for p in paths:
+        try:
+            mode = os.stat(p).st_mode
+        except OSError:
+            continue
+        need = 0o005 if stat.S_ISDIR(mode) else 0o004
+        if mode & need != need:
+            return False
+    return True
 
 
 def kernel_writable(session_dir: Path) -> list[Path]:
@@ -166,6 +194,9 @@ class SandboxPlan:
     prefix: list[str] = field(default_factory=list)  # shim + bwrap, before the wrapper
     wrapper: dict[str, Any] = field(default_factory=dict)  # KERNELEXEC_SANDBOX for sandbox_exec.py
     kernel_options: dict[str, Any] = field(default_factory=dict)  # KERNELEXEC_KERNEL for kernel_main.py
+    uid: int | None = None  # the kernel's own unprivileged uid (root servers with bubblewrap)
+    owned: list[str] = field(default_factory=list)  # directories handed to that uid before launch
+    traversable: list[str] = field(default_factory=list)  # server-owned directories it must be able to enter
     cgroup_dirs: list[str] = field(default_factory=list)
     cgroup_limits: dict[str, str] = field(default_factory=dict)
     degraded: list[str] = field(default_factory=list)
@@ -176,6 +207,21 @@ class SandboxPlan:
         joins = "".join(f"echo $$ > {shlex.quote(str(Path(d) / 'cgroup.procs'))} && " for d in self.cgroup_dirs)
         shim = ["/bin/sh", "-c", f'{joins}trap "" INT && exec "$@"', "sh"]
         return [*shim, *self.prefix, sys.executable, "-S", _startup_file("sandbox_exec.py"), "--", *kernel_cmd]
+
+    def hand_over(self, connection_file: Path) -> None:
+        """Give the kernel's uid its writable directories and its connection file (called as root)."""
+        if self.uid is None:
+            return
+        for d in self.traversable:
+            os.chmod(d, 0o711 if d == self.traversable[0] else 0o755)
+        for top in self.owned:
+            for root, dirs, files in os.walk(top):
+                for name in (root, *(os.path.join(root, n) for n in dirs + files)):
+                    os.lchown(name, self.uid, self.uid)
+            # enterable by the launcher (root without CAP_DAC_OVERRIDE) on its way to the kernel's uid
+            os.chmod(top, 0o711)
+        if connection_file.exists():
+            os.chown(connection_file, self.uid, self.uid)
 
     def create_cgroups(self) -> None:
         for d in self.cgroup_dirs:
@@ -227,6 +273,18 @@ def plan_for(settings: Settings, profile: Profile, *, session_dir: Path, rw: lis
     if not f.root and settings.max_processes:
         rlimits["nproc"] = settings.max_processes
     plan.wrapper["rlimits"] = rlimits
+    if f.root and f.bwrap and not rw and settings.kernel_uids and interpreter_world_readable():
+        # its own uid: root-specific powers gone for good, DAC between sessions, RLIMIT_NPROC enforced.
+        # Only with bubblewrap (the interpreter may live under a 0700 /root that the mount namespace
+        # re-exposes) and only when no shared --work-roots must stay writable.
+        plan.uid = kernel_uid(key)
+        plan.wrapper["uid"] = plan.uid
+        plan.owned = [str(session_dir / IPC_SUBDIR), *map(str, kernel_writable(session_dir))]
+        ipython = session_dir / IPYTHON_SUBDIR
+        plan.traversable = [str(session_dir), str(ipython), *(str(p) for p in ipython.rglob("*") if p.is_dir())]
+        if settings.max_processes:
+            rlimits["nproc"] = settings.max_processes
+        layers.append(f"uid-{plan.uid}")
     if f.root:
         plan.wrapper["drop_caps"] = True
         layers.append("no-capabilities")
@@ -250,7 +308,7 @@ def plan_for(settings: Settings, profile: Profile, *, session_dir: Path, rw: lis
     if not network:
         plan.kernel_options["no_iopub_pipe"] = True
     if f.bwrap:
-        plan.prefix = [f.bwrap, *_bwrap_args(f, read_paths, [*write_paths, ipc_dir], cwd, network), "--"]
+        plan.prefix = [f.bwrap, *_bwrap_args(f, read_paths, [*write_paths, ipc_dir], cwd, network, plan.uid), "--"]
         layers.append("bubblewrap")
         if not network:
             layers.append("netns")
@@ -270,16 +328,26 @@ def plan_for(settings: Settings, profile: Profile, *, session_dir: Path, rw: lis
     return plan
 
 
-def _bwrap_args(f: Features, read_paths: list[str], write_paths: list[str], cwd: Path, network: bool) -> list[str]:
+def _bwrap_args(f: Features, read_paths: list[str], write_paths: list[str], cwd: Path, network: bool,
+                uid: int | None = None) -> list[str]:
     args = ["--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--cap-drop", "ALL"]
     if f.root:
-        # keep only CAP_SETPCAP, so the pre-exec wrapper can empty the bounding set and then drop it too
+        # keep only CAP_SETPCAP (and SETUID/SETGID to become the kernel's uid), so the pre-exec wrapper
+        # can empty the bounding set and then lose them too
         args += ["--cap-add", "CAP_SETPCAP"]
+        if uid is not None:
+            args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     if not network:
         args.append("--unshare-net")
     if not f.root:
         args.append("--unshare-user")
+    # bwrap makes the parents of bind targets 0700; the kernel's own uid must be able to walk them
+    # (e.g. /root for an interpreter under /root/.pyenv)
+    targets = [p for p in [*read_paths, *write_paths] if not p.startswith(("/proc", "/dev"))]
+    parents = sorted({str(a) for p in targets for a in Path(p).parents if str(a) != "/"}, key=lambda d: d.count("/"))
+    for d in parents:
+        args += ["--perms", "0755", "--dir", d]
     for p in read_paths:
         if p.startswith(("/proc", "/dev")):
             continue

@@ -75,6 +75,21 @@ class _CapData(ctypes.Structure):
 
 def drop_capabilities() -> None:
     """Empty the bounding set and the effective/permitted/inheritable sets (root stays uid 0, powerless)."""
+    drop_bounding_set()
+    header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
+    data = (_CapData * 2)()
+    check(libc.capset(ctypes.byref(header), data), "capset")
+
+
+def become(uid: int) -> None:
+    """Switch to the session's own unprivileged uid/gid (no supplementary groups); root's
+    capabilities go with it. Needs CAP_SETUID/CAP_SETGID, which bubblewrap keeps for this."""
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+
+
+def drop_bounding_set() -> None:
     for cap in range(64):
         if libc.prctl(PR_CAPBSET_READ, cap, 0, 0, 0) != 1:
             continue  # not in the bounding set (or no such capability): bubblewrap may have dropped it already
@@ -82,9 +97,6 @@ def drop_capabilities() -> None:
             if ctypes.get_errno() == errno.EPERM:
                 break  # no CAP_SETPCAP (bubblewrap dropped it): the empty sets below plus no-new-privs suffice
             fail(f"dropping capability {cap}: {os.strerror(ctypes.get_errno())}")
-    header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
-    data = (_CapData * 2)()
-    check(libc.capset(ctypes.byref(header), data), "capset")
 
 
 def no_new_privs() -> None:
@@ -266,6 +278,9 @@ def main() -> None:
             new_network_namespace()
         if plan.get("rlimits"):
             set_rlimits(plan["rlimits"])
+        if plan.get("uid") is not None:
+            drop_bounding_set()
+            become(int(plan["uid"]))
         if plan.get("drop_caps"):
             drop_capabilities()
         no_new_privs()

@@ -5,6 +5,7 @@ test_redteam.py."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -151,3 +152,20 @@ def test_doctor_prints_machine_layers_and_profiles() -> None:
     assert proc.returncode == 0, proc.stderr
     for word in ("Landlock", "seccomp", "bubblewrap", "strict", "standard", "trusted", "status:"):
         assert word in proc.stdout
+
+
+async def test_as_root_each_kernel_runs_under_its_own_unprivileged_uid(boxed: Harness) -> None:
+    from kernelexec.sandbox import interpreter_world_readable
+
+    f = probe()
+    a, b = await boxed.new_session(), await boxed.new_session()
+    ra = await boxed.run("import os\nopen('mine.txt', 'w').close()\nresult = [os.getuid(), os.stat('mine.txt').st_uid]", session=a)
+    rb = await boxed.run("import os\nresult = os.getuid()", session=b)
+    if f.root and f.bwrap and interpreter_world_readable():
+        uid_a, owner = ra["result"]
+        assert uid_a != 0 and owner == uid_a and rb["result"] not in (0, uid_a)
+        assert f"uid-{uid_a}" in ra["layers"]
+        # and its files belong to it, not to root: another session's uid cannot open them
+        assert (Path(ra["notebook"]).parent / "work" / "mine.txt").stat().st_uid == uid_a
+    else:  # the fallback is stated, not silent
+        assert ra["result"][0] == os.getuid() and not any(x.startswith("uid-") for x in ra["layers"])

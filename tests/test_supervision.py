@@ -45,6 +45,24 @@ async def follow_up_works(h: Harness, session: str) -> None:
     await h.call("close_session", session=session)
 
 
+async def gone(marker: str) -> None:
+    """Wait (bounded) until no process has ``marker`` on its command line."""
+    with anyio.fail_after(30):
+        while True:
+            alive = False
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                        if marker.encode() in fh.read():
+                            alive = True
+                            break
+                except OSError:
+                    continue
+            if not alive:
+                return
+            await anyio.sleep(0.05)
+
+
 def kernel_pid(h: Harness, session: str) -> int:
     return h.sessions.sessions[session].kernel.km.provisioner.process.pid
 
@@ -292,8 +310,9 @@ async def test_code_sent_to_a_kernel_that_already_died_runs_in_the_restarted_one
     kernel = session.kernel
     async with session.lock:  # as Session.run holds it; the background liveness check waits for it
         os.kill(kernel_pid(h, s), signal.SIGKILL)
+        await gone(str(session.dirs.connection_file))  # the kernel inside the sandbox too, not just its wrapper
         ex = await kernel.execute("result = 6 * 7", timeout=30, grace=1)  # straight to the kernel: no check first
-    assert ex.ending == "completed" and ex.error is None
+    assert ex.ending == "completed" and ex.error is None, (ex.ending, ex.restart_reason, ex.error)
     assert ex.result["text"] == "42"
     assert "before this code ran, the kernel had died (signal SIGKILL" in ex.restart_reason
     await follow_up_works(h, s)
