@@ -27,6 +27,7 @@ def _add_settings_flags(parser: argparse.ArgumentParser, skip: set[str] = frozen
         if name in skip:
             continue
         flag = "--" + name.replace("_", "-")
+        aliases = {"read_dirs": ["--read-dir"], "work_roots": ["--work-root"]}.get(name, [])
         default = getattr(defaults, name, None) if field.default_factory is None else field.default_factory()  # type: ignore[call-arg]
         if isinstance(default, list):
             shown = ",".join(map(str, default)) or "none"
@@ -39,7 +40,7 @@ def _add_settings_flags(parser: argparse.ArgumentParser, skip: set[str] = frozen
             kwargs["choices"] = list(choices)
         if field.annotation in (bool, bool | None):
             kwargs["action"] = argparse.BooleanOptionalAction
-        group.add_argument(flag, **kwargs)
+        group.add_argument(flag, *aliases, **kwargs)
 
 
 def _settings(args: argparse.Namespace) -> Settings:

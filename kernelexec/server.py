@@ -7,6 +7,8 @@ dead kernel) are ``ToolError``; protocol faults stay ``MCPError``.
 
 
 import json
+import os
+import stat
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -40,6 +42,9 @@ SessionArg = Annotated[
     Field(description="Session handle from an earlier answer; omit to use this connection's default session"),
 ]
 CodeArg = Annotated[str, Field(description="Python code to run (IPython syntax: magics and top-level await work)")]
+
+
+MAX_WORK_FILE = 10 * 1024 * 1024  # largest working-directory file served as a resource
 
 
 def _timeout(settings: Settings, timeout: float | None) -> float:
@@ -291,6 +296,34 @@ def build_server(settings: Settings, sessions: SessionManager) -> MCPServer:
             raise ResourceNotFoundError(f"no file {name!r} in session {session}")
         return path
 
+    def read_work_file(session: str, name: str) -> bytes:
+        """A file the session's code wrote in its working directory. The kernel owns that directory, so
+        the server opens it without following links and only as a plain file (no planted symlinks)."""
+        try:
+            s = sessions.get(session, owner=current_principal())
+        except KernelexecError as exc:
+            raise ResourceNotFoundError(str(exc)) from exc
+        if "/" in name or name in ("", ".", ".."):
+            raise ResourceNotFoundError(f"no file {name!r} in the working directory of session {session}")
+        try:
+            fd = os.open(s.dirs.work / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as exc:
+            raise ResourceNotFoundError(f"no file {name!r} in the working directory of session {session}") from exc
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise ResourceNotFoundError(f"{name!r} is not a regular file")
+            if st.st_size > MAX_WORK_FILE:
+                raise ResourceError(f"{name!r} is {st.st_size:,} bytes; resources serve at most {MAX_WORK_FILE:,}")
+            return fh.read(MAX_WORK_FILE)
+
+    @mcp.resource("kernelexec://sessions/{session}/work/{name}", name="session-work-file", description="A file the session's code wrote in its working directory")
+    def read_session_work_file(session: str, name: str) -> str | bytes:
+        data = read_work_file(session, name)
+        if name.rsplit(".", 1)[-1] in TEXT_EXTENSIONS | {"csv", "py", "md", "log", "tsv"}:
+            return data.decode(errors="replace")
+        return data
+
     @mcp.resource("kernelexec://sessions/{session}/files/{name}", name="session-file", description="A file a session produced (plots, spilled output)")
     def read_session_file(session: str, name: str) -> str | bytes:
         path = session_file(session, name)
@@ -353,6 +386,20 @@ def build_server(settings: Settings, sessions: SessionManager) -> MCPServer:
                     uri=f"kernelexec://sessions/{s.handle}/files/{quote(path.name, safe='')}", name=path.name,
                     title=f"{path.name} (session {s.handle})", description="A file this session produced",
                     mime_type=mime or guess_type(path.name)[0] or "application/octet-stream", size=st.st_size,
+                )
+            )
+        try:
+            work = [(p, p.lstat()) for p in s.dirs.work.iterdir() if not p.name.startswith(".")]
+        except OSError:
+            work = []
+        work = sorted((w for w in work if stat.S_ISREG(w[1].st_mode)), key=lambda item: item[1].st_mtime, reverse=True)
+        for path, st in work[:max_listed_files]:
+            found.append(
+                Resource(
+                    uri=f"kernelexec://sessions/{s.handle}/work/{quote(path.name, safe='')}", name=path.name,
+                    title=f"{path.name} (working directory of session {s.handle})",
+                    description="A file the session's code wrote", size=st.st_size,
+                    mime_type=guess_type(path.name)[0] or "application/octet-stream",
                 )
             )
         return found

@@ -111,3 +111,20 @@ async def test_over_http_a_client_lists_only_its_own_sessions_resources(http_ser
         assert not any(b in uri or m in uri for uri in alices)
         # a stateless (2026-07-28) client cannot be told apart from others, so it is shown no handles
         assert (await modern.list_resources()).resources == []
+
+
+async def test_files_the_code_writes_are_listed_and_readable_but_planted_links_are_not(harness: Harness) -> None:
+    s = await harness.new_session()
+    await harness.run("open('report.csv', 'w').write('a,b\\n1,2\\n')", session=s)
+    uris = [str(r.uri) for r in (await harness.client.list_resources()).resources]
+    uri = f"kernelexec://sessions/{s}/work/report.csv"
+    assert uri in uris
+    assert (await harness.client.read_resource(uri)).contents[0].text == "a,b\n1,2\n"
+    # a symlink the kernel plants must not make the server (root) read what it points at
+    work = harness.sessions.sessions[s].dirs.work
+    (work / "leak.txt").symlink_to("/etc/hostname")
+    assert f"kernelexec://sessions/{s}/work/leak.txt" not in [str(r.uri) for r in (await harness.client.list_resources()).resources]
+    from mcp.shared.exceptions import MCPError
+
+    with pytest.raises(MCPError):
+        await harness.client.read_resource(f"kernelexec://sessions/{s}/work/leak.txt")
