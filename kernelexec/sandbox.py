@@ -28,7 +28,6 @@ from .errors import SandboxUnavailable
 
 logger = logging.getLogger(__name__)
 
-STARTUP_DIR = Path(__file__).resolve().parent.parent / "startup"
 # The only parts of a session directory its kernel may write. Everything else there (journal,
 # notebook, session.json, kernel.json, rendered outputs/) is the server's, written with the server's
 # privileges: a kernel able to plant a symlink there could make the server write anywhere.
@@ -159,7 +158,7 @@ def _cgroup_kind(root: bool) -> str | None:
 
 def system_read_paths() -> list[str]:
     """Read-only for every kernel: the interpreter, its libraries, and the few system files they read."""
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sysconfig.get_paths()["stdlib"], str(STARTUP_DIR),
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sysconfig.get_paths()["stdlib"],
              str(Path(_startup_file("kernel_init.py")).parent)}
     paths.update(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))
     paths.update(
