@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -77,15 +77,22 @@ async def start_harness(settings: Settings):
     return Harness(client, sessions, settings), cm
 
 
-@pytest.fixture(scope="module")
-async def harness(short_tmp: Path) -> AsyncIterator[Harness]:
-    """The default server (standard profile, all tools), shared by a module."""
-    h, cm = await start_harness(make_settings(short_tmp))
+@asynccontextmanager
+async def serving(settings: Settings) -> AsyncIterator[Harness]:
+    """A server with these settings and an in-memory client, torn down on exit."""
+    h, cm = await start_harness(settings)
     try:
         yield h
     finally:
         await h.client.__aexit__(None, None, None)
         await cm.__aexit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+async def harness(short_tmp: Path) -> AsyncIterator[Harness]:
+    """The default server (standard profile, all tools), shared by a module."""
+    async with serving(make_settings(short_tmp)) as h:
+        yield h
 
 
 def free_port() -> int:

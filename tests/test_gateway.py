@@ -31,7 +31,7 @@ from kernelexec.gateway import GatewayKernel, remote_policy, startup_code
 from kernelexec.launch import LaunchSpec, SessionDirs
 from kernelexec.policy import kernel_policy
 
-from .conftest import Harness, clean_env, free_port, make_settings, start_harness, wait_for_port
+from .conftest import Harness, clean_env, free_port, make_settings, serving as harness_for, wait_for_port
 
 pytestmark = pytest.mark.anyio
 
@@ -121,12 +121,8 @@ def gw(request: pytest.FixtureRequest) -> Gateway:
 
 @asynccontextmanager
 async def serving(base: Path, **overrides: Any) -> AsyncIterator[Harness]:
-    h, cm = await start_harness(make_settings(base, **overrides))
-    try:
+    async with harness_for(make_settings(base, **overrides)) as h:
         yield h
-    finally:
-        await h.client.__aexit__(None, None, None)
-        await cm.__aexit__(None, None, None)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from mcp import Client
 
-from .conftest import Harness, http_server as serve_http, make_settings, start_harness
+from .conftest import Harness, http_server as serve_http, make_settings, serving
 
 pytestmark = pytest.mark.anyio
 
@@ -30,12 +30,8 @@ DESCRIPTION_BUDGET = 300
 @pytest.fixture(scope="module")
 async def fresh(short_tmp: Path) -> AsyncIterator[Harness]:
     """Its own server, so the resource listing starts empty."""
-    h, cm = await start_harness(make_settings(short_tmp))
-    try:
+    async with serving(make_settings(short_tmp)) as h:
         yield h
-    finally:
-        await h.client.__aexit__(None, None, None)
-        await cm.__aexit__(None, None, None)
 
 
 async def test_instructions_are_short_and_say_the_essentials(fresh: Harness) -> None:

@@ -12,25 +12,21 @@ import pytest
 
 from kernelexec.policy import STRICT_IMPORTS, kernel_policy
 
-from .conftest import Harness, make_settings, start_harness
+from .conftest import Harness, make_settings, serving
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture(scope="module")
 async def strict(short_tmp: Path) -> AsyncIterator[Harness]:
-    h, cm = await start_harness(make_settings(short_tmp, profile="strict"))
-    yield h
-    await h.client.__aexit__(None, None, None)
-    await cm.__aexit__(None, None, None)
+    async with serving(make_settings(short_tmp, profile="strict")) as h:
+        yield h
 
 
 @pytest.fixture(scope="module")
 async def trusted(short_tmp: Path) -> AsyncIterator[Harness]:
-    h, cm = await start_harness(make_settings(short_tmp, profile="trusted"))
-    yield h
-    await h.client.__aexit__(None, None, None)
-    await cm.__aexit__(None, None, None)
+    async with serving(make_settings(short_tmp, profile="trusted")) as h:
+        yield h
 
 
 def test_strict_allows_exactly_the_safe_executor_list_plus_four() -> None:

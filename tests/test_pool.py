@@ -8,17 +8,15 @@ from pathlib import Path
 import anyio
 import pytest
 
-from .conftest import Harness, make_settings, start_harness
+from .conftest import Harness, make_settings, serving
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture(scope="module")
 async def pooled(short_tmp: Path) -> AsyncIterator[Harness]:
-    h, cm = await start_harness(make_settings(short_tmp, pool_size=2))
-    yield h
-    await h.client.__aexit__(None, None, None)
-    await cm.__aexit__(None, None, None)
+    async with serving(make_settings(short_tmp, pool_size=2)) as h:
+        yield h
 
 
 async def pool_full(h: Harness, size: int) -> list[str]:

@@ -16,7 +16,7 @@ from kernelexec.config import load_settings
 from kernelexec.errors import SandboxUnavailable
 from kernelexec.sandbox import plan_for, preflight, probe
 
-from .conftest import Harness, clean_env, kernelexec_cmd, make_settings, start_harness
+from .conftest import Harness, clean_env, kernelexec_cmd, make_settings, serving
 
 pytestmark = pytest.mark.anyio
 
@@ -38,10 +38,8 @@ def data_dir(short_tmp: Path) -> Path:
 
 @pytest.fixture(scope="module")
 async def boxed(short_tmp: Path, data_dir: Path) -> AsyncIterator[Harness]:
-    h, cm = await start_harness(make_settings(short_tmp, read_dirs=[data_dir]))
-    yield h
-    await h.client.__aexit__(None, None, None)
-    await cm.__aexit__(None, None, None)
+    async with serving(make_settings(short_tmp, read_dirs=[data_dir])) as h:
+        yield h
 
 
 async def test_every_answer_states_the_layers_in_force(boxed: Harness) -> None:
@@ -102,12 +100,8 @@ async def test_the_kernel_runs_without_capabilities_and_with_no_new_privs(boxed:
     # the guard refuses /proc reads in standard; ask the trusted way instead below if it does
     if not r["success"]:
         settings = make_settings(boxed.settings.state_dir.parent, profile="trusted")
-        h, cm = await start_harness(settings)
-        try:
+        async with serving(settings) as h:
             r = await h.run("result = open('/proc/self/status').read()")
-        finally:
-            await h.client.__aexit__(None, None, None)
-            await cm.__aexit__(None, None, None)
     status = dict(line.split(":\t", 1) for line in r["result"].splitlines() if ":\t" in line)
     assert status["CapEff"].strip() == "0000000000000000"
     assert status["NoNewPrivs"].strip() == "1"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Harness, make_settings, start_harness
+from .conftest import Harness, make_settings, serving
 
 pytestmark = pytest.mark.anyio
 
@@ -24,12 +24,8 @@ PRIMES_TO_100 = [2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59,
 
 @pytest.fixture(scope="module")
 async def safe(short_tmp: Path) -> AsyncIterator[Harness]:
-    h, cm = await start_harness(make_settings(short_tmp, preset="safe-executor"))
-    try:
+    async with serving(make_settings(short_tmp, preset="safe-executor")) as h:
         yield h
-    finally:
-        await h.client.__aexit__(None, None, None)
-        await cm.__aexit__(None, None, None)
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +36,8 @@ def project_dir(short_tmp: Path) -> Path:
 
 @pytest.fixture(scope="module")
 async def plugin(short_tmp: Path, project_dir: Path) -> AsyncIterator[Harness]:
-    h, cm = await start_harness(make_settings(short_tmp, preset="plugin", working_dir=project_dir))
-    try:
+    async with serving(make_settings(short_tmp, preset="plugin", working_dir=project_dir)) as h:
         yield h
-    finally:
-        await h.client.__aexit__(None, None, None)
-        await cm.__aexit__(None, None, None)
 
 
 async def run_python(h: Harness, code: str) -> dict:

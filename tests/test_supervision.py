@@ -14,7 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from .conftest import Harness, make_settings, start_harness
+from .conftest import Harness, make_settings, serving
 
 pytestmark = pytest.mark.anyio
 
@@ -24,18 +24,14 @@ async def h(short_tmp: Path) -> AsyncIterator[Harness]:
     settings = make_settings(
         short_tmp, interrupt_grace=1, kernel_disk_cap=5_000_000, memory_mb=1024, max_file_mb=8, max_processes=64
     )
-    harness, cm = await start_harness(settings)
-    yield harness
-    await harness.client.__aexit__(None, None, None)
-    await cm.__aexit__(None, None, None)
+    async with serving(settings) as harness:
+        yield harness
 
 
 @pytest.fixture(scope="module")
 async def trusted(short_tmp: Path) -> AsyncIterator[Harness]:
-    harness, cm = await start_harness(make_settings(short_tmp, profile="trusted", interrupt_grace=1))
-    yield harness
-    await harness.client.__aexit__(None, None, None)
-    await cm.__aexit__(None, None, None)
+    async with serving(make_settings(short_tmp, profile="trusted", interrupt_grace=1)) as harness:
+        yield harness
 
 
 async def follow_up_works(h: Harness, session: str) -> None:
@@ -238,8 +234,7 @@ async def test_unknown_run_is_a_clear_error(h: Harness) -> None:
 # --- session limits ------------------------------------------------------------------------------------
 
 async def test_session_limit_is_a_clear_error(short_tmp: Path) -> None:
-    harness, cm = await start_harness(make_settings(short_tmp, max_sessions=2))
-    try:
+    async with serving(make_settings(short_tmp, max_sessions=2)) as harness:
         a = await harness.new_session()
         await harness.new_session()
         refused = await harness.call("new_session")
@@ -247,14 +242,10 @@ async def test_session_limit_is_a_clear_error(short_tmp: Path) -> None:
         await harness.call("close_session", session=a)
         c = await harness.new_session()
         await follow_up_works(harness, c)
-    finally:
-        await harness.client.__aexit__(None, None, None)
-        await cm.__aexit__(None, None, None)
 
 
 async def test_idle_kernels_are_shut_down_and_the_next_call_says_so(short_tmp: Path) -> None:
-    harness, cm = await start_harness(make_settings(short_tmp, idle_timeout=1))
-    try:
+    async with serving(make_settings(short_tmp, idle_timeout=1)) as harness:
         s = await harness.new_session()
         await harness.run("x = 1", session=s)
         with anyio.fail_after(30):
@@ -264,9 +255,6 @@ async def test_idle_kernels_are_shut_down_and_the_next_call_says_so(short_tmp: P
         assert r["result"] is False
         assert "idle" in r["restart_reason"]
         await follow_up_works(harness, s)
-    finally:
-        await harness.client.__aexit__(None, None, None)
-        await cm.__aexit__(None, None, None)
 
 
 # --- bad input ---------------------------------------------------------------------------------------
@@ -324,14 +312,10 @@ async def test_the_oom_killer_past_the_cgroup_cap_is_reported_and_the_next_call_
 
     if probe().cgroup is None:
         pytest.fail("needs a writable cgroup hierarchy (run as root, as CI does)")
-    harness, cm = await start_harness(make_settings(short_tmp, profile="trusted", memory_mb=256, pool_size=0))
-    try:
+    async with serving(make_settings(short_tmp, profile="trusted", memory_mb=256, pool_size=0)) as harness:
         s = await harness.new_session()
         code = "import mmap\nm = mmap.mmap(-1, 1536 * 1024 * 1024)\nfor i in range(0, len(m), 4096):\n    m[i] = 1"
         r = await harness.run(code, session=s, timeout=60)
         assert r["ending"] == "kernel_died", r
         assert "SIGKILL" in r["restart_reason"]
         await follow_up_works(harness, s)
-    finally:
-        await harness.client.__aexit__(None, None, None)
-        await cm.__aexit__(None, None, None)
