@@ -157,11 +157,11 @@ async def _serve(settings: Settings) -> None:
     from .server import build_server
     from .sessions import SessionManager
 
-    from .sandbox import plan_for
+    from .sandbox import describe_layers, plan_for
 
     layers = plan_for(settings, settings.effective_profile, session_dir=settings.sessions_dir, rw=[], ro=[],
                       cwd=settings.sessions_dir, key="serve").layers
-    print(f"kernelexec {__version__}: profile {settings.effective_profile}, layers {' + '.join(layers)} "
+    print(f"kernelexec {__version__}: profile {settings.effective_profile}, layers {describe_layers(layers)} "
           "(kernelexec doctor for details)", file=sys.stderr)
     sessions = SessionManager(settings)
     async with sessions.running():

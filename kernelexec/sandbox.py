@@ -411,7 +411,7 @@ def report(settings: Settings) -> str:
     for profile in ("strict", "standard", "trusted"):
         plan = plan_for(settings, profile, session_dir=settings.sessions_dir, rw=[], ro=[], cwd=settings.sessions_dir, key="doctor")  # type: ignore[arg-type]
         marker = " (selected)" if profile == settings.effective_profile else ""
-        lines.append(f"  {profile:<9}{marker:<11} {' + '.join(plan.layers)}")
+        lines.append(f"  {profile:<9}{marker:<11} {describe_layers(plan.layers)}")
         lines += [f"  {'':<20} missing: {d}" for d in plan.degraded]
     try:
         warnings = preflight(settings)
@@ -419,3 +419,8 @@ def report(settings: Settings) -> str:
     except SandboxUnavailable as exc:
         lines += ["", f"status: REFUSED: {exc}"]
     return "\n".join(lines)
+
+
+def describe_layers(layers: list[str]) -> str:
+    """Layers as one line for people; the per-session uid becomes "own uid"."""
+    return " + ".join("own uid" if layer.startswith("uid-") else layer for layer in layers)
