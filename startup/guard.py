@@ -18,7 +18,7 @@ import builtins
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 # Audit events whose first argument is a path read or written.
