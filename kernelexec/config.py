@@ -94,6 +94,10 @@ class Settings(BaseSettings):
         None, description="Run kernels on a Jupyter Kernel Gateway / Jupyter Server at this URL instead of locally."
     )
     kernel_gateway_token: str | None = Field(None, description="Auth token for --kernel-gateway.")
+    kernel_spec: str | None = Field(
+        None, description="Run kernels from this installed Jupyter kernelspec, launched by the provisioner it names "
+        "(gateway-provisioners: Kubernetes, Docker, YARN, SSH hosts) instead of locally in kernelexec's sandbox.",
+    )
     auth_token: SecretStr | None = Field(None, description="Bearer token HTTP clients must send (at least 16 characters).")
     auth_token_file: Path | None = Field(None, description="File of bearer tokens, one per line; each is its own principal.")
     max_sessions_per_token: int = Field(8, ge=1, description="Most live sessions one HTTP token may hold.")
@@ -133,6 +137,8 @@ class Settings(BaseSettings):
                 self.profile = "trusted"
             if self.working_dir is None:
                 self.working_dir = Path.cwd()
+        if self.kernel_gateway and self.kernel_spec:
+            raise ValueError("--kernel-gateway and --kernel-spec both say where kernels run; give one")
         if self.working_dir is not None:
             self.working_dir = self.working_dir.expanduser().resolve()
             if self.working_dir not in self.work_roots:

@@ -383,13 +383,14 @@ async def replay_notebook(
 ) -> list[CellReport]:
     """Execute ``nb`` (in place) in a fresh kernel launched as a live session's, under ``profile``.
 
-    Always a local kernel: nbclient drives it through its kernel manager (``--kernel-gateway`` is ignored)."""
+    Always a local kernel: nbclient drives it through its kernel manager (``--kernel-gateway`` and ``--kernel-spec`` are ignored)."""
     from .sessions import Session  # sessions imports this module
 
     base = Path(tempfile.mkdtemp(prefix="kxr"))
     session = None
     try:
-        scratch = settings.model_copy(update={"state_dir": base, "profile": profile, "kernel_gateway": None})
+        scratch = settings.model_copy(update={"state_dir": base, "profile": profile, "kernel_gateway": None,
+                                                  "kernel_spec": None})
         session = Session(f"replay-{secrets.token_urlsafe(6)}", scratch)
         kernel = await session.ensure_kernel()
         roots = [*_session_roots(nb), str(session.dirs.root)]

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import Profile, Settings
-from .errors import SandboxUnavailable
+from .errors import KernelexecError, SandboxUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -386,6 +386,12 @@ def preflight(settings: Settings) -> list[str]:
     ``--allow-degraded`` is given: an in-kernel guard alone would be theatre.
     """
     profile = settings.effective_profile
+    if settings.kernel_spec:
+        from .provisioned import provisioner_of
+
+        provisioner = provisioner_of(settings.kernel_spec)  # raises KernelSpecError with what to do
+        return [f"kernels are launched by {provisioner} (kernelspec {settings.kernel_spec}): the engine it launches "
+                "on provides the isolation; only the in-kernel guard is ours there"]
     if settings.kernel_gateway:
         return [f"kernels run on the gateway {settings.kernel_gateway}: its machine provides the isolation; "
                 "only the in-kernel guard is ours there"]
@@ -416,7 +422,7 @@ def report(settings: Settings) -> str:
     try:
         warnings = preflight(settings)
         lines += ["", "status: ok" if not warnings else "status: " + "; ".join(warnings)]
-    except SandboxUnavailable as exc:
+    except KernelexecError as exc:
         lines += ["", f"status: REFUSED: {exc}"]
     return "\n".join(lines)
 

@@ -59,7 +59,12 @@ def _claim(root: Path, handle: str) -> int:
 
 
 def kernel_class(settings: Settings) -> type[Kernel]:
-    """Local kernels, or kernels on a remote gateway (imported only when configured)."""
+    """Local kernels, kernels on a remote gateway, or kernels a kernelspec's provisioner launches
+    (the last two imported only when configured)."""
+    if settings.kernel_spec:
+        from .provisioned import ProvisionedKernel
+
+        return ProvisionedKernel.for_settings(settings)
     if settings.kernel_gateway:
         from .gateway import GatewayKernel
 
