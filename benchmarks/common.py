@@ -44,7 +44,10 @@ def has_setting(name: str) -> bool:
 
 
 def make_settings(base: Path, **overrides: Any) -> Settings:
-    """Settings with a fresh state dir; overrides naming a setting this kernelexec lacks are dropped."""
+    """Settings with a fresh state dir; overrides naming a setting this kernelexec lacks are dropped.
+    Warm spares are off unless asked for: a spare started in the background would blur the rows that
+    do not measure restarts (``bench_restart`` measures them)."""
+    overrides.setdefault("restart_spares", 0)
     state = Path(tempfile.mkdtemp(prefix="s", dir=base))
     return load_settings(state_dir=state, **{k: v for k, v in overrides.items() if has_setting(k)})
 

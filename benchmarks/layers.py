@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     notes = [f"  {r.name}: {r.note}" for r in rows if r.note]
     print("\nnotes:\n" + "\n".join(notes))
     f = probe()
-    print(f"\nratio = median / sandbox-off median. machine: " + "; ".join(f"{k} {v}" for k, v in f.as_rows())
+    print("\nratio = median / sandbox-off median. machine: " + "; ".join(f"{k} {v}" for k, v in f.as_rows())
           + f"; {os.cpu_count()} CPUs; load average {load0[0]:.2f} at start, {os.getloadavg()[0]:.2f} at end; total {wall:.0f} s")
     if args.json:
         Path(args.json).write_text(json.dumps({"rounds": rounds, "wall_s": wall, "results": to_json(rows)}, indent=2))

@@ -163,6 +163,8 @@ async def bench_cold_start(plan: Plan, base: Path, out: list[Measurement]) -> No
                            note="kernel started, startup code run, policy verified" + (" (pool_size=0)" if has_setting("pool_size") else "")))
     if has_setting("pool_size"):
         out.append(await warm_new_session(plan, base))
+    if has_setting("restart_spares"):
+        out.extend(await bench_restart(plan, base))
     out.append(Measurement("mem: raw ipykernel idle RSS", "MB", raw_rss))
     out.append(Measurement("mem: session kernel idle RSS", "MB", rss, baseline="mem: raw ipykernel idle RSS"))
     out.append(Measurement("mem: session kernel + sandbox wrappers RSS", "MB", tree, baseline="mem: raw ipykernel idle RSS",
@@ -189,6 +191,38 @@ async def warm_new_session(plan: Plan, base: Path) -> Measurement:
             await call(client, "close_session", session=info["session"])
     return Measurement("cold: new_session from the warm pool (pool_size=1)", MS, samples,
                        baseline="cold: raw start_kernel+wait_for_ready", note="the pool refilled before each call")
+
+
+COLD_RESTART = "cold: restart_session, cold (restart_spares=0)"
+
+
+async def bench_restart(plan: Plan, base: Path) -> list[Measurement]:
+    """``restart_session`` with and without a warm spare, alternating; the spare is ready before each timed call."""
+    log(f"[1/5] cold start: {plan.cold} restart_session calls each, cold and from a warm spare")
+    cold, spared = [], []
+    async with in_memory(make_settings(base, pool_size=0, restart_spares=0)) as (c_client, _), \
+            in_memory(make_settings(base, pool_size=0, restart_spares=1)) as (s_client, s_sessions):
+        c_handle = (await call(c_client, "new_session"))["session"]
+        s_handle = (await call(s_client, "new_session"))["session"]
+        await call(c_client, "execute_code", code="x = 1", session=c_handle)
+        await call(s_client, "execute_code", code="x = 1", session=s_handle)
+        for i in range(plan.cold + 1):
+            t0 = time.perf_counter()
+            await call(c_client, "restart_session", session=c_handle)
+            if i:
+                cold.append(ms(time.perf_counter() - t0))
+            kernel = s_sessions.sessions[s_handle].kernel
+            with anyio.fail_after(120):
+                while kernel.spare is None:
+                    await anyio.sleep(0.05)
+            await anyio.sleep(0.2)
+            t0 = time.perf_counter()
+            await call(s_client, "restart_session", session=s_handle)
+            if i:
+                spared.append(ms(time.perf_counter() - t0))
+    return [Measurement(COLD_RESTART, MS, cold, note="kill, start a kernel in the sandbox, startup code, policy check"),
+            Measurement("cold: restart_session from a warm spare (restart_spares=1)", MS, spared, baseline=COLD_RESTART,
+                        note="the spare was started ahead in the session's own sandbox")]
 
 
 # --- 2. round trips --------------------------------------------------------------------------------

@@ -187,7 +187,7 @@ async def _exec(settings: Settings, code: str, timeout: float | None, working_di
     from .server import build_server
     from .sessions import SessionManager
 
-    settings = settings.model_copy(update={"pool_size": 0})  # one call: a pooled spare would be wasted work
+    settings = settings.model_copy(update={"pool_size": 0, "restart_spares": 0})  # one call: a pooled or spare kernel would be wasted work
     sessions = SessionManager(settings)
     async with sessions.running():
         server = build_server(settings, sessions)

@@ -102,6 +102,10 @@ class Settings(BaseSettings):
     auth_token_file: Path | None = Field(None, description="File of bearer tokens, one per line; each is its own principal.")
     max_sessions_per_token: int = Field(8, ge=1, description="Most live sessions one HTTP token may hold.")
     pool_size: int = Field(1, ge=0, description="Kernels kept started (inside their sandbox) for new sessions; 0 = no pool.")
+    restart_spares: int = Field(
+        1, ge=0, description="Sessions (the most recently used) that keep a warm spare kernel, started inside their own "
+        "sandbox, for their next restart (restart_session, timeout, death); 0 = none.",
+    )
     transport: Transport = Field("stdio", description="MCP transport.")
     host: str = Field("127.0.0.1", description="HTTP bind address.")
     port: int = Field(8765, ge=0, le=65535, description="HTTP port.")

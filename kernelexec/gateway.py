@@ -455,6 +455,7 @@ class GatewayKernel(Kernel):
     url: str = ""
     token: str | None = None
     kernel_name: str = DEFAULT_KERNEL_NAME
+    spares = False  # the gateway restarts its kernel in place
 
     @classmethod
     def for_settings(cls, settings: Settings) -> type[GatewayKernel]:

@@ -14,13 +14,14 @@ import re
 import signal
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import IO, Any
 
 import anyio
 from jupyter_client.manager import AsyncKernelManager
 
 from .errors import KernelStartError
-from .launch import LaunchSpec, kernel_manager
+from .launch import SLOTS, LaunchSpec, kernel_manager
 from .models import Execution
 
 logger = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class _Collector:
     def handle(self, msg: dict[str, Any]) -> None:
         kind = msg["msg_type"]
         content = msg["content"]
-        self.began = True  # the kernel took the request: anything from it under our msg_id
+        self.began = True  # the kernel reported taking the request
         if kind == "status":
             self.idle = content.get("execution_state") == "idle"
             return
@@ -113,13 +114,22 @@ class _Collector:
 class Kernel:
     """A running kernel for one session. Not safe for concurrent ``execute`` calls: the session serialises them."""
 
-    def __init__(self, spec: LaunchSpec, *, startup_timeout: float = 60.0) -> None:
+    # Local kernels can keep a warm spare for their next restart (see ``prepare_spare``). Remote
+    # backends restart their own way and say False.
+    spares = True
+
+    def __init__(self, spec: LaunchSpec, *, startup_timeout: float = 60.0, slot: str = SLOTS[0]) -> None:
         self.spec = spec
         self.startup_timeout = startup_timeout
+        self.slot = slot
         self.km: AsyncKernelManager | None = None
         self.kc: Any = None
         self._log: IO[bytes] | None = None
         self.restarts = 0
+        self.spare: Kernel | None = None  # started ahead in this session's sandbox; the next restart takes it
+        self.spare_takeovers = 0
+        self._spare_starting: anyio.Event | None = None  # set when a spare being started is done (or failed)
+        self._spare_scope: anyio.CancelScope | None = None
 
     # --- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -147,7 +157,11 @@ class Kernel:
     # Seams for other kernel backends (a remote gateway): how the manager is made and started, and
     # how the startup code gets into the kernel. Locally, the provisioner and exec_files do it all.
     def create_manager(self) -> AsyncKernelManager:
-        return kernel_manager(self.spec)
+        return kernel_manager(self.spec, self.slot)
+
+    @property
+    def connection_file(self) -> Path:
+        return self.spec.dirs.connection_file_for(self.slot)
 
     def start_kwargs(self) -> dict[str, Any]:
         return self.spec.start_kwargs(self._log)
@@ -171,7 +185,14 @@ class Kernel:
             raise KernelStartError(f"kernel started without its policy: {report!r}", self.log_tail())
 
     async def shutdown(self) -> None:
-        """Stop the kernel and release its sockets and files. Safe to call more than once."""
+        """Stop the kernel (and its spare) and release their sockets and files. Safe to call more than once."""
+        if self._spare_scope is not None:
+            self._spare_scope.cancel()  # a spare still starting is stopped by its own start()
+            if self._spare_starting is not None:
+                await self._spare_starting.wait()
+        spare, self.spare = self.spare, None
+        if spare is not None:
+            await spare.shutdown()
         if self.kc is not None:
             self.kc.stop_channels()
             self.kc = None
@@ -189,9 +210,12 @@ class Kernel:
             self._log = None
 
     async def restart(self) -> None:
-        """Kill the kernel (and its process group) and start a fresh one; the startup code runs again."""
+        """Kill the kernel (and its process group) and start a fresh one; the startup code runs again.
+        A warm spare, if one is ready or being started, takes over instead of a cold start."""
         assert self.km is not None
         self.restarts += 1
+        if await self._take_spare():
+            return
         try:
             await self.km.restart_kernel(now=True)
             await self._wait_ready()
@@ -201,6 +225,67 @@ class Kernel:
             await self.shutdown()
             await self.start()
         await self._drain()
+
+    # --- warm spares -----------------------------------------------------------------------------
+    # A kernel's sandbox is bound to its session at exec (its uid, bind mounts, Landlock rules and
+    # cgroup), so a generic pooled kernel cannot become a restarted session's kernel. The spare is
+    # started ahead inside the same session's sandbox, in the session's other slot (own connection
+    # file and sockets), with its startup code run and its policy checked, and sits idle until the
+    # next restart swaps it in: a restart then costs a SIGKILL instead of a kernel start.
+    async def prepare_spare(self) -> bool:
+        """Start this kernel's spare (no-op if there is one or one is starting). True if one is ready."""
+        if not self.spares or self.km is None or self.spare is not None or self._spare_starting is not None:
+            return self.spare is not None
+        done = self._spare_starting = anyio.Event()
+        spare = type(self)(self.spec, startup_timeout=self.startup_timeout,
+                           slot=SLOTS[(SLOTS.index(self.slot) + 1) % len(SLOTS)])
+        try:
+            with anyio.CancelScope() as self._spare_scope:
+                await spare.start()
+        except Exception:
+            logger.exception("starting a warm spare kernel failed")
+            return False
+        finally:
+            self._spare_scope = self._spare_starting = None
+            done.set()
+        if spare.km is None:  # cancelled by shutdown(): start() has already cleaned up
+            return False
+        if self.km is None or self.spare is not None or spare.slot == self.slot:  # shut down or swapped meanwhile
+            with anyio.CancelScope(shield=True):
+                await spare.shutdown()
+            return False
+        self.spare = spare
+        return True
+
+    async def drop_spare(self) -> None:
+        spare, self.spare = self.spare, None
+        if spare is not None:
+            await spare.shutdown()
+
+    async def _take_spare(self) -> bool:
+        """Swap the spare in (waiting for one still starting) and kill the old kernel. False: no usable spare."""
+        if self._spare_starting is not None:
+            with anyio.move_on_after(self.startup_timeout):
+                await self._spare_starting.wait()
+        spare, self.spare = self.spare, None
+        if spare is None:
+            return False
+        if not await spare.is_alive():
+            await spare.shutdown()
+            return False
+        old_km, old_kc, old_log = self.km, self.kc, self._log
+        self.km, self.kc, self._log, self.slot = spare.km, spare.kc, spare._log, spare.slot
+        spare.km = spare.kc = spare._log = None
+        self.spare_takeovers += 1
+        old_kc.stop_channels()
+        try:
+            await old_km.shutdown_kernel(now=True)
+        except Exception:
+            logger.exception("stopping the replaced kernel failed")
+        finally:
+            await old_km._async_cleanup_resources()
+            old_log.close()
+        return True
 
     async def interrupt(self) -> None:
         if self.km is not None:
@@ -250,24 +335,23 @@ class Kernel:
         """Run ``code`` as one cell. Never raises for the user's errors; those are in ``Execution.error``."""
         ex = Execution(code=code)
         started = time.monotonic()
+        if not await self.is_alive():
+            # It died before this request (killed between calls, noticed only now): the code has not
+            # run, so run it in a fresh kernel rather than report a death it did not cause. Once sent,
+            # a request is never sent again: a kernel that dies without a word may have run part of it.
+            status = self.exit_status()
+            await self.restart()
+            ex.restart_reason = (f"before this code ran, the kernel had died ({status}); it was restarted, "
+                                 "so variables from earlier calls are lost")
         msg_id = self._send(code)
         collector = _Collector(ex)
         try:
             state = await self._collect(msg_id, collector, started + timeout, on_output)
-            if state == "dead" and not collector.began:
-                # It died before taking this request (killed between calls, noticed only now): the code
-                # never ran, so run it in the fresh kernel rather than report a death it did not cause.
-                status = self.exit_status()
-                await self.restart()
-                ex.restart_reason = (f"before this code ran, the kernel had died ({status}); it was restarted, "
-                                     "so variables from earlier calls are lost")
-                msg_id = self._send(code)
-                state = await self._collect(msg_id, collector, started + timeout, on_output)
             if state == "timeout":
                 ex.timed_out = True
                 state = await self._escalate(msg_id, collector, grace, ex, "timed out after %.3g s" % timeout)
             if state == "dead":
-                await self._after_death(ex)
+                await self._after_death(ex, silent=not collector.began)
             elif state == "idle":
                 await self._finish(msg_id, ex, deadline=time.monotonic() + max(grace, 5.0))
         except anyio.get_cancelled_exc_class():
@@ -334,12 +418,16 @@ class Kernel:
         await self.restart()
         return "restarted"
 
-    async def _after_death(self, ex: Execution) -> None:
+    async def _after_death(self, ex: Execution, *, silent: bool = False) -> None:
         status = self.exit_status()
         ex.ending = "kernel_died"
-        ex.restart_reason = (
-            f"the kernel died ({status}) while running this code; it was restarted and its variables are lost"
-        )
+        if silent:  # it may have died just before the request reached it, or run it and died at once
+            ex.restart_reason = (f"the kernel died ({status}) before it reported running this code, which may have "
+                                 "run in part or not at all (it is not run again); it was restarted and its variables are lost")
+        else:
+            ex.restart_reason = (
+                f"the kernel died ({status}) while running this code; it was restarted and its variables are lost"
+            )
         await self.restart()
 
     async def _finish(self, msg_id: str, ex: Execution, deadline: float) -> None:

@@ -22,6 +22,7 @@ from .provisioner import KERNEL_NAME, KernelexecSpecManager
 from .sandbox import IPC_SUBDIR, IPYTHON_SUBDIR, SandboxPlan, kernel_writable
 
 STARTUP_FILE = "kernel_init.py"
+SLOTS = ("k", "s")  # a session's kernel slots: "k" first, "s" for a warm spare while "k" is live, and so on
 
 
 def startup_script() -> Path:
@@ -82,11 +83,18 @@ class SessionDirs:
 
     @property
     def connection_file(self) -> Path:
-        return self.root / "kernel.json"
+        return self.connection_file_for(SLOTS[0])
 
     @property
     def ipc_prefix(self) -> Path:
-        return self.ipc / "k"
+        return self.ipc_prefix_for(SLOTS[0])
+
+    def connection_file_for(self, slot: str) -> Path:
+        """A session runs at most two kernels at once (the live one and its warm spare), each in a slot."""
+        return self.root / ("kernel.json" if slot == SLOTS[0] else f"kernel-{slot}.json")
+
+    def ipc_prefix_for(self, slot: str) -> Path:
+        return self.ipc / slot
 
     @property
     def log(self) -> Path:
@@ -156,17 +164,18 @@ class LaunchSpec:
         }
 
 
-def kernel_manager(spec: LaunchSpec) -> AsyncKernelManager:
+def kernel_manager(spec: LaunchSpec, slot: str = SLOTS[0]) -> AsyncKernelManager:
     """A kernel manager whose kernels launch through our provisioner, inside ``spec.plan``.
 
-    Used for live sessions and restarts (kernel.py) and for notebook replay, so the same layers
-    and startup code apply everywhere. Start it with ``start_kernel(**spec.start_kwargs(log))``.
+    Used for live sessions, restarts and warm spares (kernel.py) and for notebook replay, so the
+    same layers and startup code apply everywhere. ``slot`` names its connection file and sockets.
+    Start it with ``start_kernel(**spec.start_kwargs(log))``.
     """
     km = AsyncKernelManager(
         transport="ipc",
-        connection_file=str(spec.dirs.connection_file),
+        connection_file=str(spec.dirs.connection_file_for(slot)),
         kernel_spec_manager=KernelexecSpecManager(spec.plan),
         kernel_name=KERNEL_NAME,
     )
-    km.ip = str(spec.dirs.ipc_prefix)
+    km.ip = str(spec.dirs.ipc_prefix_for(slot))
     return km

@@ -95,6 +95,7 @@ class ProvisionedKernel(Kernel):
     """A session's kernel from ``--kernel-spec``, launched by the provisioner the kernelspec names."""
 
     spec_name: str = ""
+    spares = False  # each restart is already a new kernel from the provisioner
 
     @classmethod
     def for_settings(cls, settings: Settings) -> type[ProvisionedKernel]:

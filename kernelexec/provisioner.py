@@ -35,7 +35,7 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         if self.parent is not None and getattr(self.parent, "transport", None) == "ipc":
-            _clear_ipc_dir(Path(self.parent.ip).parent)
+            _clear_ipc_dir(Path(self.parent.ip))
         kwargs = await super().pre_launch(**kwargs)
         sandbox = self.sandbox
         sandbox.hand_over(Path(self.parent.connection_file) if self.parent is not None else Path("/nonexistent"))
@@ -53,9 +53,11 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
             self.sandbox.remove_cgroups()
 
 
-def _clear_ipc_dir(ipc_dir: Path) -> None:
+def _clear_ipc_dir(prefix: Path) -> None:
     """Remove anything in the socket directory that is not a socket (a planted symlink would send the
-    server's reconnecting zmq client to a host socket) and stale sockets of a previous kernel."""
+    server's reconnecting zmq client to a host socket) and stale sockets of this slot's previous
+    kernel (``<prefix>-N``). Sockets of the session's other slot belong to a kernel that may be live."""
+    ipc_dir, mine = prefix.parent, prefix.name + "-"
     try:
         entries = list(ipc_dir.iterdir())
     except OSError:
@@ -63,6 +65,8 @@ def _clear_ipc_dir(ipc_dir: Path) -> None:
     for entry in entries:
         try:
             mode = entry.lstat().st_mode
+            if stat.S_ISSOCK(mode) and not entry.name.startswith(mine):
+                continue
             if stat.S_ISSOCK(mode) or stat.S_ISLNK(mode) or stat.S_ISREG(mode) or stat.S_ISFIFO(mode):
                 entry.unlink()
         except OSError:

@@ -37,6 +37,7 @@ from .sandbox import plan_for
 logger = logging.getLogger(__name__)
 
 NOTEBOOK_DEBOUNCE = 1.0  # seconds a session must be quiet before its notebook file is rewritten
+SPARE_AFTER_QUIET = 1.0  # seconds a session must be quiet before a warm spare is started for it
 _HANDLE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
 
 
@@ -101,7 +102,8 @@ class Session:
             meta_file.write_text(json.dumps({**meta, "owner": owner, "working_dir": str(self.default_cwd)}))
         self._lock_fd: int | None = _claim(self.dirs.root, handle)
         self.revive = False  # set by SessionManager.lookup: refill the next kernel from the journal
-        self.pooled = False  # a pool's spare: its kernel is not published for `kernelexec lab` until adopted
+        self.pooled = False  # in the pool: its kernel is not published for `kernelexec lab` until adopted
+        self._published: Path | None = None
 
     def launch_spec(self) -> LaunchSpec:
         s = self.settings
@@ -127,14 +129,20 @@ class Session:
             await kernel.start()
             self.kernel = kernel
             self.cwd = self.default_cwd
-            if not self.pooled:
-                connections.publish(self.settings.state_dir, self.handle, self.dirs.connection_file)
+            self.publish()
             if self.revive:
                 self.revive = False
                 replayed = await restore(self)
                 self.notice = f"session revived after a server restart in a new kernel; {describe_replayed(replayed)}"
                 self.recorder.mark("revive", self.notice, replayed=[r.model_dump() for r in replayed])
         return self.kernel
+
+    def publish(self) -> None:
+        """Expose the kernel's connection file for ``kernelexec lab`` (again when a spare took over)."""
+        kernel = self.kernel
+        if kernel is not None and not self.pooled and kernel.connection_file != self._published:
+            connections.publish(self.settings.state_dir, self.handle, kernel.connection_file)
+            self._published = kernel.connection_file
 
     def resolve_working_dir(self, working_dir: str | None) -> Path | None:
         """Check a call's working_dir: it must exist and lie in the session dir or a configured root."""
@@ -167,8 +175,9 @@ class Session:
                     await kernel.evaluate(f"_kernelexec_chdir({str(cwd)!r})")
                     self.cwd = cwd
                 ex = await kernel.execute(code, timeout=timeout, grace=self.settings.interrupt_grace, on_output=on_output)
-                if ex.ending in ("restarted", "kernel_died"):
+                if ex.ending in ("restarted", "kernel_died") or ex.restart_reason:
                     self.cwd = self.default_cwd
+                    self.publish()
                 if self.notice is not None:
                     ex.restart_reason = ex.restart_reason or self.notice
                     self.notice = None
@@ -186,6 +195,7 @@ class Session:
             status = kernel.exit_status()
             await kernel.restart()
             self.cwd = self.default_cwd
+            self.publish()
             self.notice = (f"before this call: the kernel had died ({status}) and was restarted; "
                            "variables from earlier calls are lost")
 
@@ -210,6 +220,7 @@ class Session:
             else:
                 await self.kernel.restart()
             self.cwd = self.default_cwd
+            self.publish()
             if not replay:
                 self.recorder.mark("restart", "kernel restarted by restart_session; variables cleared")
                 return []
@@ -223,6 +234,7 @@ class Session:
         kernel, self.kernel = self.kernel, None
         if kernel is not None:
             connections.withdraw(self.settings.state_dir, self.handle)
+            self._published = None
             await kernel.shutdown()
         await anyio.to_thread.run_sync(self.recorder.flush)
 
@@ -231,8 +243,7 @@ class Session:
         self.owner = owner
         self.last_used = time.monotonic()
         self.pooled = False
-        if self.kernel is not None:
-            connections.publish(self.settings.state_dir, self.handle, self.dirs.connection_file)
+        self.publish()
         meta_file = self.dirs.root / "session.json"
         meta = json.loads(meta_file.read_text())
         tmp = meta_file.with_suffix(".tmp")
@@ -258,6 +269,7 @@ class SessionManager:
         self._tg: Any = None
         self.runs = RunRegistry()
         self.pool: list[Session] = []  # sessions minted ahead with their kernel started, owner unset
+        self._spare_task_running = False
         self._pool_changed = anyio.Event()
 
     @asynccontextmanager
@@ -424,6 +436,32 @@ class SessionManager:
                         logger.exception("writing notebook of %s", session.handle)
             await self._restart_dead()
             await self._reap()
+            self._keep_spares()
+
+    def _keep_spares(self) -> None:
+        """Up to ``restart_spares`` sessions hold a warm spare kernel for their next restart
+        (``Kernel.prepare_spare``). A spare is kept until its session's kernel stops (close, idle
+        reaping) or a restart uses it; a free place goes to the most recently used session that has
+        been quiet for a second. One spare starts at a time, so spares neither churn under many
+        clients nor compete with each other, and a busy session never starts one."""
+        if self._spare_task_running or not self.settings.restart_spares:
+            return
+        live = [s for s in self.sessions.values() if s.kernel is not None and not s.closed]
+        if sum(1 for s in live if s.kernel.spare is not None) >= self.settings.restart_spares:
+            return
+        now = time.monotonic()
+        quiet = [s for s in live if s.kernel.spares and s.kernel.spare is None and not s.busy
+                 and not s.lock.locked() and now - s.last_used >= SPARE_AFTER_QUIET]
+        if quiet:
+            self._spare_task_running = True
+            self._tg.start_soon(self._prepare_spare, max(quiet, key=lambda s: s.last_used).kernel)
+
+    async def _prepare_spare(self, kernel: Kernel) -> None:
+        try:
+            if not await kernel.prepare_spare():
+                await anyio.sleep(5)  # a failing start is not retried in a tight loop
+        finally:
+            self._spare_task_running = False
 
     async def _restart_dead(self) -> None:
         """Notice kernels that died while idle (killed from outside, OOM) and restart them at once."""

@@ -1,12 +1,17 @@
-"""The warm pool: new sessions get an already started, sandboxed kernel; it refills; no sharing."""
+"""The warm pool: new sessions get an already started, sandboxed kernel; it refills; no sharing.
+And warm spares: restarts take a kernel started ahead inside the session's own sandbox."""
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
 import pytest
+
+from kernelexec.kernel import Kernel
 
 from .conftest import Harness, make_settings, serving
 
@@ -71,3 +76,114 @@ async def test_the_default_session_comes_from_the_pool(pooled: Harness) -> None:
     ready = await pool_full(pooled, 2)
     r = await pooled.run("1")
     assert r["session"] in ready and r["session"] == pooled.sessions.default_handle
+
+
+# --- warm spares for restarts ---------------------------------------------------------------------
+# A kernel's sandbox is bound to its session (uid, mounts, Landlock, cgroup), so restarts draw from
+# spares started ahead inside the session's own sandbox rather than from the new-session pool.
+@pytest.fixture(scope="module")
+async def spared(short_tmp: Path) -> AsyncIterator[Harness]:
+    async with serving(make_settings(short_tmp, pool_size=0, restart_spares=1)) as h:
+        yield h
+
+
+async def spare_ready(h: Harness, handle: str) -> Kernel:
+    kernel = h.sessions.sessions[handle].kernel
+    with anyio.fail_after(60):
+        while kernel.spare is None:
+            await anyio.sleep(0.1)
+    return kernel.spare
+
+
+def pid_of(kernel: Kernel) -> int:
+    return kernel.km.provisioner.process.pid
+
+
+async def exited(pid: int) -> None:
+    with anyio.fail_after(30):
+        while os.path.exists(f"/proc/{pid}") and "State:\tZ" not in Path(f"/proc/{pid}/status").read_text():
+            await anyio.sleep(0.05)
+
+
+async def test_a_restart_takes_the_warm_spare(spared: Harness) -> None:
+    s = await spared.new_session()
+    before = await spared.run("x = 1\nimport os\nopen('kept.txt', 'w').write('kept')\n[os.getuid(), os.getcwd()]", session=s)
+    spare = await spare_ready(spared, s)
+    kernel = spared.sessions.sessions[s].kernel
+    assert spare.slot != kernel.slot and spare.connection_file != kernel.connection_file
+    assert (await spared.run("x + 1", session=s))["result"] == 2  # starting the spare left the live kernel's sockets alone
+    old_pid, spare_pid, takeovers = pid_of(kernel), pid_of(spare), kernel.spare_takeovers
+    info = await spared.call("restart_session", session=s)
+    assert info.structured_content["status"] == "restarted"
+    assert kernel.spare_takeovers == takeovers + 1 and pid_of(kernel) == spare_pid
+    await exited(old_pid)
+    after = await spared.run("import os\nresult = [os.getuid(), os.getcwd(), open('kept.txt').read()]", session=s)
+    assert after["result"] == [*before["result"], "kept"]  # same sandbox: its uid, its directory, its files
+    assert after["layers"] == before["layers"]
+    assert (await spared.run("x", session=s))["error_type"] == "NameError"
+    assert (await spared.run("import subprocess", session=s))["error_type"] == "ImportError"  # startup code ran
+    await spare_ready(spared, s)  # and another spare is made ready for the next restart
+    await spared.call("close_session", session=s)  # frees the module server's one spare place
+
+
+async def test_a_dead_kernel_is_replaced_by_the_spare(spared: Harness) -> None:
+    s = await spared.new_session()
+    await spared.run("y = 1", session=s)
+    spare = await spare_ready(spared, s)
+    kernel = spared.sessions.sessions[s].kernel
+    spare_pid = pid_of(spare)
+    r = await spared.run("import os\nos._exit(3)", session=s, timeout=60)
+    assert r["ending"] == "kernel_died" and "exit code 3" in r["restart_reason"], r
+    assert pid_of(kernel) == spare_pid
+    assert (await spared.run("y", session=s))["error_type"] == "NameError"
+    assert (await spared.run("2 + 2", session=s))["result"] == 4
+    await spared.call("close_session", session=s)
+
+
+async def test_a_dead_spare_is_not_used(spared: Harness) -> None:
+    s = await spared.new_session()
+    await spared.run("z = 1", session=s)
+    spare = await spare_ready(spared, s)
+    dead = pid_of(spare)
+    os.kill(dead, signal.SIGKILL)
+    await exited(dead)
+    info = await spared.call("restart_session", session=s)
+    assert info.structured_content["status"] == "restarted"
+    kernel = spared.sessions.sessions[s].kernel
+    assert pid_of(kernel) != dead and await kernel.is_alive()
+    assert (await spared.run("z", session=s))["error_type"] == "NameError"
+    assert (await spared.run("1 + 1", session=s))["result"] == 2
+    await spared.call("close_session", session=s)
+
+
+async def test_spares_are_limited_and_stop_with_their_session(short_tmp: Path) -> None:
+    async with serving(make_settings(short_tmp, pool_size=0, restart_spares=1)) as h:
+        a, b = await h.new_session(), await h.new_session()
+        await h.run("1", session=a)
+        await h.run("1", session=b)
+
+        def holders() -> list[str]:
+            return [k for k, s in h.sessions.sessions.items() if s.kernel is not None and s.kernel.spare is not None]
+
+        with anyio.fail_after(60):
+            while not holders():
+                await anyio.sleep(0.1)
+        await anyio.sleep(2.5)  # several housekeeping rounds: still one spare in all
+        assert len(holders()) == 1
+        holder = holders()[0]
+        other = b if holder == a else a
+        spare_pid = pid_of(h.sessions.sessions[holder].kernel.spare)
+        await h.call("close_session", session=holder)
+        await exited(spare_pid)  # the spare stops with its session
+        await spare_ready(h, other)  # and the place is free again
+
+
+async def test_no_spares_when_switched_off(short_tmp: Path) -> None:
+    async with serving(make_settings(short_tmp, pool_size=0, restart_spares=0)) as h:
+        s = await h.new_session()
+        await h.run("1", session=s)
+        await anyio.sleep(2.5)  # several housekeeping rounds
+        assert h.sessions.sessions[s].kernel.spare is None
+        info = await h.call("restart_session", session=s)
+        assert info.structured_content["status"] == "restarted"
+        assert h.sessions.sessions[s].kernel.spare_takeovers == 0

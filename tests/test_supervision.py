@@ -41,6 +41,18 @@ async def follow_up_works(h: Harness, session: str) -> None:
     await h.call("close_session", session=session)
 
 
+def pids_with(marker: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if marker.encode() in fh.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
 async def gone(marker: str) -> None:
     """Wait (bounded) until no process has ``marker`` on its command line."""
     with anyio.fail_after(30):
@@ -168,7 +180,11 @@ async def test_a_segfault_is_reported_and_the_next_call_works(trusted: Harness) 
 async def test_a_kernel_killed_from_outside_while_idle_is_restarted_and_reported(h: Harness) -> None:
     s = await h.new_session()
     await h.run("state = 1", session=s)
+    doomed = pids_with(str(h.sessions.sessions[s].kernel.connection_file))  # the kernel inside its sandbox and its wrappers
     os.kill(kernel_pid(h, s), signal.SIGKILL)
+    with anyio.fail_after(30):  # dead before the call, not during it
+        while any(os.path.exists(f"/proc/{pid}") for pid in doomed):
+            await anyio.sleep(0.05)
     r = await h.run("1 + 1", session=s, timeout=30)
     assert r["result"] == 2
     # noticed by the background check, by the liveness check before the call, or as the call starts
@@ -298,11 +314,22 @@ async def test_code_sent_to_a_kernel_that_already_died_runs_in_the_restarted_one
     kernel = session.kernel
     async with session.lock:  # as Session.run holds it; the background liveness check waits for it
         os.kill(kernel_pid(h, s), signal.SIGKILL)
-        await gone(str(session.dirs.connection_file))  # the kernel inside the sandbox too, not just its wrapper
+        await gone(str(kernel.connection_file))  # the kernel inside the sandbox too, not just its wrapper
         ex = await kernel.execute("result = 6 * 7", timeout=30, grace=1)  # straight to the kernel: no check first
     assert ex.ending == "completed" and ex.error is None, (ex.ending, ex.restart_reason, ex.error)
     assert ex.result["text"] == "42"
     assert "before this code ran, the kernel had died (signal SIGKILL" in ex.restart_reason
+    await follow_up_works(h, s)
+
+
+async def test_code_that_kills_its_kernel_is_never_run_twice(h: Harness) -> None:
+    """The kernel may die before it says anything about the request: the code ran (in part) all the same."""
+    s = await h.new_session()
+    for _ in range(3):
+        r = await h.run("import os\nopen('once.txt', 'a').write('x')\nos._exit(3)", session=s, timeout=60)
+        assert r["ending"] == "kernel_died" and "exit code 3" in r["restart_reason"], r
+        assert (await h.run("open('once.txt').read()", session=s))["result"] == "x"
+        await h.run("import os\nos.remove('once.txt')", session=s)
     await follow_up_works(h, s)
 
 
