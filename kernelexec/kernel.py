@@ -270,7 +270,12 @@ class Kernel:
         spare, self.spare = self.spare, None
         if spare is None:
             return False
-        if not await spare.is_alive():
+        try:  # alive, and its policy still installed (its startup code ran when it started)
+            report = await spare.evaluate("_kernelexec_policy()", timeout=5) if await spare.is_alive() else None
+        except Exception:
+            report = None
+        if not (isinstance(report, dict) and report.get("active")):
+            logger.warning("the warm spare is dead or lost its policy (%r); starting a fresh kernel", report)
             await spare.shutdown()
             return False
         old_km, old_kc, old_log = self.km, self.kc, self._log

@@ -9,6 +9,7 @@ applies before exec'ing the kernel, and the names of the layers in force. The pr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -214,9 +215,14 @@ class SandboxPlan:
         for d in self.traversable:
             os.chmod(d, 0o711 if d == self.traversable[0] else 0o755)
         for top in self.owned:
-            for root, dirs, files in os.walk(top):
-                for name in (root, *(os.path.join(root, n) for n in dirs + files)):
-                    os.lchown(name, self.uid, self.uid)
+            os.lchown(top, self.uid, self.uid)  # in the session root, which the kernel cannot change
+            # The session's live kernel may be running while its warm spare is launched, and may swap a
+            # directory for a symlink mid-walk: fwalk opens each directory relative to its parent's fd
+            # without following symlinks, and chown(follow_symlinks=False) never follows one either.
+            for _root, dirs, files, root_fd in os.fwalk(top, follow_symlinks=False):
+                for name in dirs + files:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.chown(name, self.uid, self.uid, dir_fd=root_fd, follow_symlinks=False)
             # enterable by the launcher (root without CAP_DAC_OVERRIDE) on its way to the kernel's uid
             os.chmod(top, 0o711)
         if connection_file.exists():

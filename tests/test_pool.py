@@ -187,3 +187,37 @@ async def test_no_spares_when_switched_off(short_tmp: Path) -> None:
         info = await h.call("restart_session", session=s)
         assert info.structured_content["status"] == "restarted"
         assert h.sessions.sessions[s].kernel.spare_takeovers == 0
+
+
+async def test_a_spare_launch_never_chowns_outside_the_session(short_tmp: Path, tmp_path: Path) -> None:
+    """The spare is launched (its directories handed to the session's uid, as root) while the live kernel
+    runs: code there swapping a directory for a symlink to a host directory must not get that chowned."""
+    victim = tmp_path / "victim"
+    (victim / "sub").mkdir(parents=True)
+    (victim / "file").write_text("host")
+    (victim / "sub" / "deep").write_text("host")
+    swapper = f"""
+import os, threading
+def swap():
+    while True:
+        for name in ('d', 'e'):
+            try:
+                os.makedirs(name + '/x/y'); open(name + '/x/y/f', 'w').close()
+                os.remove(name + '/x/y/f'); os.removedirs(name + '/x/y')
+                os.symlink({str(victim)!r}, name); os.remove(name)
+            except OSError:
+                pass
+threading.Thread(target=swap, daemon=True).start()
+"""
+    async with serving(make_settings(short_tmp, pool_size=0, restart_spares=1, profile="trusted")) as h:
+        s = await h.new_session()
+        for _ in range(3):
+            r = await h.run(swapper, session=s)
+            assert r["success"], r
+            await spare_ready(h, s)  # launched while the swapping thread ran
+            await h.call("restart_session", session=s)
+        assert h.sessions.sessions[s].kernel.spare_takeovers == 3
+        if os.geteuid() == 0:
+            assert any(layer.startswith("uid-") for layer in r["layers"]), r["layers"]  # CI: the hand-over runs
+        for path in (victim, victim / "file", victim / "sub", victim / "sub" / "deep"):
+            assert path.lstat().st_uid == os.geteuid(), path
