@@ -21,23 +21,41 @@ def connections_dir(state_dir: Path) -> Path:
     return state_dir / "connections"
 
 
+def entry_name(handle: str, connection_file: Path) -> str:
+    """``<handle>.json`` for a session's first kernel slot (``kernel.json``), ``<handle>.<slot>.json`` for
+    the other (``kernel-<slot>.json``, a warm spare that took over). Jupyter Server keeps an external
+    kernel's connection info per entry *name*, so a kernel with new ports and key needs a new name."""
+    stem = connection_file.stem
+    return f"{handle}.json" if stem == "kernel" else f"{handle}.{stem.removeprefix('kernel-')}.json"
+
+
 def publish(state_dir: Path, handle: str, connection_file: Path) -> None:
-    """Expose a session's running kernel. Called by the session after its kernel started."""
+    """Expose a session's running kernel (and no other of its kernels). Called when a kernel of the
+    session starts or takes over."""
     directory = connections_dir(state_dir)
+    name = entry_name(handle, connection_file)
     try:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = directory / f".{handle}.tmp"
         tmp.unlink(missing_ok=True)
         tmp.symlink_to(os.path.relpath(connection_file, directory))
-        os.replace(tmp, directory / f"{handle}.json")
+        os.replace(tmp, directory / name)
+        for old in _entries(directory, handle):
+            if old.name != name:
+                old.unlink(missing_ok=True)
     except OSError:  # inspection is a convenience: never fail a session over it
         logger.exception("could not publish the connection file of %s", handle)
+
+
+def _entries(directory: Path, handle: str) -> list[Path]:
+    return [directory / f"{handle}.json", *directory.glob(f"{handle}.*.json")]
 
 
 def withdraw(state_dir: Path, handle: str) -> None:
     """Stop exposing a session's kernel. Called when the session's kernel is shut down."""
     try:
-        (connections_dir(state_dir) / f"{handle}.json").unlink(missing_ok=True)
+        for entry in _entries(connections_dir(state_dir), handle):
+            entry.unlink(missing_ok=True)
     except OSError:
         logger.exception("could not withdraw the connection file of %s", handle)
 
@@ -86,6 +104,6 @@ def prune(directory: Path, strikes: dict[str, int], limit: int = 3) -> list[str]
 def live(directory: Path) -> dict[str, Path]:
     """Handle → connection file of every published kernel (not checked for liveness)."""
     try:
-        return {p.stem: p for p in sorted(directory.iterdir()) if p.suffix == ".json" and p.is_file()}
+        return {p.stem.split(".")[0]: p for p in sorted(directory.iterdir()) if p.suffix == ".json" and p.is_file()}
     except OSError:
         return {}

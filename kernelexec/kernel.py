@@ -8,10 +8,12 @@ Callers hold the session lock: at most one request is ever in flight per kernel.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import re
 import signal
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -117,6 +119,7 @@ class Kernel:
     # Local kernels can keep a warm spare for their next restart (see ``prepare_spare``). Remote
     # backends restart their own way and say False.
     spares = True
+    liveness_every = _POLL  # seconds between liveness checks while a request runs
 
     def __init__(self, spec: LaunchSpec, *, startup_timeout: float = 60.0, slot: str = SLOTS[0]) -> None:
         self.spec = spec
@@ -265,31 +268,38 @@ class Kernel:
     async def _take_spare(self) -> bool:
         """Swap the spare in (waiting for one still starting) and kill the old kernel. False: no usable spare."""
         if self._spare_starting is not None:
-            with anyio.move_on_after(self.startup_timeout):
+            with anyio.move_on_after(min(self.startup_timeout, 30)):
                 await self._spare_starting.wait()
-        spare, self.spare = self.spare, None
-        if spare is None:
+        if self.spare is None:
             return False
-        try:  # alive, and its policy still installed (its startup code ran when it started)
-            report = await spare.evaluate("_kernelexec_policy()", timeout=5) if await spare.is_alive() else None
-        except Exception:
-            report = None
-        if not (isinstance(report, dict) and report.get("active")):
-            logger.warning("the warm spare is dead or lost its policy (%r); starting a fresh kernel", report)
-            await spare.shutdown()
-            return False
-        old_km, old_kc, old_log = self.km, self.kc, self._log
-        self.km, self.kc, self._log, self.slot = spare.km, spare.kc, spare._log, spare.slot
-        spare.km = spare.kc = spare._log = None
-        self.spare_takeovers += 1
-        old_kc.stop_channels()
-        try:
-            await old_km.shutdown_kernel(now=True)
-        except Exception:
-            logger.exception("stopping the replaced kernel failed")
-        finally:
-            await old_km._async_cleanup_resources()
-            old_log.close()
+        with anyio.CancelScope(shield=True):  # bounded; never leaves a detached spare or a half-swapped kernel
+            spare, self.spare = self.spare, None
+            try:  # alive, and its policy still installed (its startup code ran when it started)
+                report = await spare.evaluate("_kernelexec_policy()", timeout=5) if await spare.is_alive() else None
+            except Exception:
+                report = None
+            if not (isinstance(report, dict) and report.get("active")):
+                logger.warning("the warm spare is dead or lost its policy (%r); starting a fresh kernel", report)
+                await spare.shutdown()
+                return False
+            old_km, old_kc, old_log = self.km, self.kc, self._log
+            self.km, self.kc, self._log, self.slot = spare.km, spare.kc, spare._log, spare.slot
+            spare.km = spare.kc = spare._log = None
+            self.spare_takeovers += 1
+            old_kc.stop_channels()
+            try:
+                # SIGKILL and reap it here: jupyter_client's own wait polls every 0.1 s
+                await old_km.provisioner.kill()
+                process = getattr(old_km.provisioner, "process", None)
+                if process is not None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        await anyio.to_thread.run_sync(process.wait, 5.0)
+                await old_km.shutdown_kernel(now=True)
+            except Exception:
+                logger.exception("stopping the replaced kernel failed")
+            finally:
+                await old_km._async_cleanup_resources()
+                old_log.close()
         return True
 
     async def interrupt(self) -> None:
@@ -382,13 +392,13 @@ class Kernel:
         self, msg_id: str, collector: _Collector, deadline: float, on_output: OnOutput | None
     ) -> str:
         """Read IOPub until the request's idle status: returns ``idle``, ``timeout`` or ``dead``."""
-        next_check = time.monotonic() + _POLL
+        next_check = time.monotonic() + self.liveness_every
         while True:
             now = time.monotonic()
             if now >= next_check:
                 if not await self.km.is_alive():
                     return "dead"
-                next_check = now + _POLL
+                next_check = now + self.liveness_every
             remaining = deadline - now
             if remaining <= 0:
                 return "timeout"

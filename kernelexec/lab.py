@@ -70,7 +70,7 @@ async def _watch(app: Any, directory: Path) -> None:
         for kernel_id, path in list(km.kernel_id_to_connection_file.items()):
             if kernel_id not in shown:
                 shown.add(kernel_id)
-                print(f"attached session {Path(path).stem} as kernel {kernel_id}", flush=True)
+                print(f"attached session {Path(path).stem.split('.')[0]} as kernel {kernel_id}", flush=True)
         await asyncio.sleep(1.0)
 
 

@@ -16,11 +16,13 @@ What differs from a local kernel, and why:
 * **restart = a new kernel.** Remote launchers report connection info for a kernel id once; a
   restart through jupyter_client reuses the id and can reconnect to the old kernel. A new manager
   gets a new id, a new pod/process and fresh connection info.
-* **shutdown bounded and non-blocking.** jupyter_client's shutdown waits on the provisioner
+* **shutdown bounded.** jupyter_client's shutdown waits on the provisioner
   (``RemoteProvisionerBase.wait`` blocks the event loop on ``Popen.wait`` for a local launch, and
   a graceful kernel exit took ~29 s), and ``now=True`` leaves the launcher's listener process
   behind. Here: SIGTERM through the provisioner, a short wait, its ``kill`` (SIGKILL, pod delete),
-  then ``shutdown_requested`` so the launcher's listener exits, all under one deadline.
+  then ``shutdown_requested`` so the launcher's listener exits, under one deadline, and a local
+  launch reaped in a thread. (Container provisioners call their Kubernetes/Docker clients
+  synchronously; a deadline cannot cut such a call short, so liveness is polled once a second.)
 * **deaths seen at once** when the launch is local: the launcher's listener answers polls for a
   few seconds after its kernel died, so the process itself is asked first.
 """
@@ -44,7 +46,7 @@ from jupyter_client.manager import AsyncKernelManager
 from .config import Settings
 from .errors import KernelexecError, KernelStartError
 from .kernel import Kernel
-from .launch import LaunchSpec
+from .launch import SLOTS, LaunchSpec
 from .remote_startup import install_remote_startup
 from .sandbox import SandboxPlan
 
@@ -79,16 +81,41 @@ def provisioner_of(name: str) -> str:
     return provisioner
 
 
+_DEAD_AFTER = 3  # consecutive "not alive" answers from a remote provisioner before a kernel is called dead
+
+
 class ProvisionedManager(AsyncKernelManager):
-    """jupyter_client's manager, asking a locally launched kernel's process before the provisioner."""
+    """jupyter_client's manager, made robust for remote provisioners.
+
+    * **liveness:** a locally launched kernel's process is authoritative. Otherwise the provisioner is
+      asked, and gateway-provisioners' poll is a TCP connect to the launcher's listener with a 10 ms
+      timeout (``GP_SOCKET_TIMEOUT``): on a busy machine one timeout reads as a death, so a kernel is
+      called dead only after ``_DEAD_AFTER`` answers in a row.
+    * **interrupts** are ``interrupt_request`` messages on the control channel (ipykernel then sends
+      itself SIGINT), not signals relayed by that same listener.
+    """
+
+    _not_alive = 0
 
     async def _async_is_alive(self) -> bool:
         process = getattr(self.provisioner, "local_proc", None)
-        if process is not None and process.poll() is not None:
-            return False
-        return await super()._async_is_alive()
+        if process is not None:
+            return self.has_kernel and process.poll() is None
+        if await super()._async_is_alive():
+            self._not_alive = 0
+            return True
+        self._not_alive += 1
+        return self._not_alive < _DEAD_AFTER and self.has_kernel
 
     is_alive = _async_is_alive
+
+    async def _async_interrupt_kernel(self) -> None:
+        if not self.has_kernel:
+            return
+        self._connect_control_socket()
+        self.session.send(self._control_socket, self.session.msg("interrupt_request", content={}))
+
+    interrupt_kernel = _async_interrupt_kernel
 
 
 class ProvisionedKernel(Kernel):
@@ -96,6 +123,7 @@ class ProvisionedKernel(Kernel):
 
     spec_name: str = ""
     spares = False  # each restart is already a new kernel from the provisioner
+    liveness_every = 1.0  # a provisioner's poll may be a remote call (Kubernetes, Docker): not 5 a second
 
     @classmethod
     def for_settings(cls, settings: Settings) -> type[ProvisionedKernel]:
@@ -137,7 +165,7 @@ class ProvisionedKernel(Kernel):
         km = self.km
         with contextlib.suppress(Exception):
             info = km.get_connection_info()
-            write_connection_file(str(self.spec.dirs.connection_file), **{k: v for k, v in info.items()
+            write_connection_file(str(self.connection_file), **{k: v for k, v in info.items()
                                                                            if k != "signature_scheme"},
                                   signature_scheme=info.get("signature_scheme", "hmac-sha256"))
         await install_remote_startup(self)
@@ -149,10 +177,11 @@ class ProvisionedKernel(Kernel):
         """A new kernel (new id, new connection info) in place of the old one; the startup code runs again."""
         self.restarts += 1
         await self.shutdown()
+        self.slot = SLOTS[(SLOTS.index(self.slot) + 1) % len(SLOTS)]  # a new connection file: `kernelexec lab` sees a new kernel
         await self.start()
 
     async def shutdown(self) -> None:
-        """Stop the kernel through its provisioner within ``SHUTDOWN_WAIT``; never blocks the event loop."""
+        """Stop the kernel through its provisioner within ``SHUTDOWN_WAIT`` (see the module docstring)."""
         if self.kc is not None:
             self.kc.stop_channels()
             self.kc = None

@@ -31,7 +31,11 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     @property
     def sandbox(self) -> SandboxPlan:
-        return SandboxPlan(**self.plan)
+        """The plan, with cgroups of this kernel's slot: a warm spare gets its own memory and pids caps
+        rather than a share of the live kernel's (starting it must never push the live kernel over)."""
+        plan = SandboxPlan(**self.plan)
+        slot = Path(self.parent.ip).name if self.parent is not None and getattr(self.parent, "transport", None) == "ipc" else ""
+        return plan.for_slot(slot)
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         if self.parent is not None and getattr(self.parent, "transport", None) == "ipc":

@@ -208,6 +208,14 @@ class SandboxPlan:
         shim = ["/bin/sh", "-c", f'{joins}trap "" INT && exec "$@"', "sh"]
         return [*shim, *self.prefix, sys.executable, "-S", _startup_file("sandbox_exec.py"), "--", *kernel_cmd]
 
+    def for_slot(self, slot: str) -> SandboxPlan:
+        """The plan for a kernel in one of its session's slots (see launch.SLOTS): the first slot uses
+        the session's cgroups, another slot (a warm spare) its own next to them."""
+        if not slot or slot == "k" or not self.cgroup_dirs:
+            return self
+        joins = [f"{d}-{slot}" for d in self.cgroup_dirs]
+        return dataclasses.replace(self, cgroup_dirs=joins)
+
     def hand_over(self, connection_file: Path) -> None:
         """Give the kernel's uid its writable directories and its connection file (called as root)."""
         if self.uid is None:
@@ -215,14 +223,12 @@ class SandboxPlan:
         for d in self.traversable:
             os.chmod(d, 0o711 if d == self.traversable[0] else 0o755)
         for top in self.owned:
-            os.lchown(top, self.uid, self.uid)  # in the session root, which the kernel cannot change
-            # The session's live kernel may be running while its warm spare is launched, and may swap a
-            # directory for a symlink mid-walk: fwalk opens each directory relative to its parent's fd
-            # without following symlinks, and chown(follow_symlinks=False) never follows one either.
-            for _root, dirs, files, root_fd in os.fwalk(top, follow_symlinks=False):
-                for name in dirs + files:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.chown(name, self.uid, self.uid, dir_fd=root_fd, follow_symlinks=False)
+            if os.lstat(top).st_uid != self.uid:
+                # first hand-over to this uid: no kernel of it runs yet, so nothing moves under the walk
+                _chown_tree(top, self.uid)
+            # Otherwise everything below was made by this uid's kernels: nothing to walk. (A warm spare
+            # is launched while the session's live kernel runs, and a walk as root under its feet is a
+            # symlink/FIFO race; _chown_tree is safe against both anyway.)
             # enterable by the launcher (root without CAP_DAC_OVERRIDE) on its way to the kernel's uid
             os.chmod(top, 0o711)
         if connection_file.exists():
@@ -250,6 +256,40 @@ class SandboxPlan:
                 os.rmdir(d)
             except OSError:
                 pass  # still has processes (a restart in progress) or already gone
+
+
+_WALK_DEPTH = 64
+
+
+def _chown_tree(top: str, uid: int) -> None:
+    """chown ``top`` and what is under it to ``uid`` without following symlinks or opening anything but
+    directories (O_NOFOLLOW | O_DIRECTORY | O_NONBLOCK, relative to the parent's fd): a directory
+    swapped for a symlink or a FIFO mid-walk is skipped, never followed or blocked on. At most
+    ``_WALK_DEPTH`` levels, so the open fds stay bounded."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+    def walk(dir_fd: int, depth: int) -> None:
+        with os.scandir(dir_fd) as entries:
+            names = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
+        for name, is_dir in names:
+            with contextlib.suppress(FileNotFoundError):
+                os.chown(name, uid, uid, dir_fd=dir_fd, follow_symlinks=False)
+            if is_dir and depth < _WALK_DEPTH:
+                try:
+                    child = os.open(name, flags, dir_fd=dir_fd)
+                except OSError:  # gone, or no longer a directory (ELOOP, ENOTDIR)
+                    continue
+                try:
+                    walk(child, depth + 1)
+                finally:
+                    os.close(child)
+
+    fd = os.open(top, flags)
+    try:
+        os.fchown(fd, uid, uid)
+        walk(fd, 1)
+    finally:
+        os.close(fd)
 
 
 def network_allowed(settings: Settings, profile: Profile) -> bool:

@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 NOTEBOOK_DEBOUNCE = 1.0  # seconds a session must be quiet before its notebook file is rewritten
 SPARE_AFTER_QUIET = 1.0  # seconds a session must be quiet before a warm spare is started for it
+SPARE_KEPT_QUIET = 600.0  # seconds of quiet after which a session gives its spare's place up
 _HANDLE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
 
 
@@ -177,7 +178,6 @@ class Session:
                 ex = await kernel.execute(code, timeout=timeout, grace=self.settings.interrupt_grace, on_output=on_output)
                 if ex.ending in ("restarted", "kernel_died") or ex.restart_reason:
                     self.cwd = self.default_cwd
-                    self.publish()
                 if self.notice is not None:
                     ex.restart_reason = ex.restart_reason or self.notice
                     self.notice = None
@@ -187,6 +187,7 @@ class Session:
             finally:
                 self.busy = False
                 self.last_used = time.monotonic()
+                self.publish()  # a restart during the call (timeout, death, cancellation) may have swapped kernels
 
     async def check_alive(self) -> None:
         """Restart a kernel that died between calls (SIGKILL from outside, the OOM killer) and say so."""
@@ -436,22 +437,31 @@ class SessionManager:
                         logger.exception("writing notebook of %s", session.handle)
             await self._restart_dead()
             await self._reap()
-            self._keep_spares()
+            await self._keep_spares()
 
-    def _keep_spares(self) -> None:
+    async def _keep_spares(self) -> None:
         """Up to ``restart_spares`` sessions hold a warm spare kernel for their next restart
-        (``Kernel.prepare_spare``). A spare is kept until its session's kernel stops (close, idle
-        reaping) or a restart uses it; a free place goes to the most recently used session that has
-        been quiet for a second. One spare starts at a time, so spares neither churn under many
-        clients nor compete with each other, and a busy session never starts one."""
-        if self._spare_task_running or not self.settings.restart_spares:
-            return
-        live = [s for s in self.sessions.values() if s.kernel is not None and not s.closed]
-        if sum(1 for s in live if s.kernel.spare is not None) >= self.settings.restart_spares:
+        (``Kernel.prepare_spare``). A free place goes to the most recently used session that has been
+        quiet for a second; a spare is given up when it died or its session has been quiet for
+        ``SPARE_KEPT_QUIET`` (the place then goes to a session in use), and goes with its session's
+        kernel. One spare starts at a time, so spares neither churn under many clients nor compete
+        with each other, and none is started for a session while it runs a call."""
+        if not self.settings.restart_spares:
             return
         now = time.monotonic()
-        quiet = [s for s in live if s.kernel.spares and s.kernel.spare is None and not s.busy
-                 and not s.lock.locked() and now - s.last_used >= SPARE_AFTER_QUIET]
+        live = [s for s in self.sessions.values() if s.kernel is not None and not s.closed]
+        for session in live:
+            kernel = session.kernel
+            spare = kernel.spare if kernel is not None else None
+            if spare is not None and not session.lock.locked() and (
+                    now - session.last_used > SPARE_KEPT_QUIET or not await spare.is_alive()):
+                await kernel.drop_spare()
+        if self._spare_task_running:
+            return
+        if sum(1 for s in live if s.kernel is not None and s.kernel.spare is not None) >= self.settings.restart_spares:
+            return
+        quiet = [s for s in live if s.kernel is not None and s.kernel.spares and s.kernel.spare is None and not s.busy
+                 and not s.lock.locked() and SPARE_AFTER_QUIET <= now - s.last_used <= SPARE_KEPT_QUIET]
         if quiet:
             self._spare_task_running = True
             self._tg.start_soon(self._prepare_spare, max(quiet, key=lambda s: s.last_used).kernel)

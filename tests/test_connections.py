@@ -26,6 +26,22 @@ def test_publish_links_the_session_kernel_file_and_withdraw_removes_it(tmp_path:
     assert not entry.exists() and target.exists()
 
 
+def test_a_kernel_in_the_other_slot_is_published_under_a_new_name(tmp_path: Path) -> None:
+    """Jupyter keeps connection info per entry name: a warm spare's new ports and key need a new entry."""
+    first = connection_file(tmp_path / "sessions" / "handle-2")
+    spare = first.with_name("kernel-s.json")
+    spare.write_text(first.read_text())
+    directory = connections.connections_dir(tmp_path)
+    connections.publish(tmp_path, "handle-2", first)
+    connections.publish(tmp_path, "handle-2", spare)
+    assert sorted(p.name for p in directory.iterdir()) == ["handle-2.s.json"]
+    assert connections.live(directory) == {"handle-2": directory / "handle-2.s.json"}
+    connections.publish(tmp_path, "handle-2", first)
+    assert sorted(p.name for p in directory.iterdir()) == ["handle-2.json"]
+    connections.withdraw(tmp_path, "handle-2")
+    assert list(directory.iterdir()) == []
+
+
 def test_prune_drops_a_dead_kernel_after_repeated_checks_and_keeps_a_live_one(tmp_path: Path) -> None:
     live = connection_file(tmp_path / "s" / "live")
     dead = connection_file(tmp_path / "s" / "dead")

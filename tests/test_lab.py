@@ -166,6 +166,31 @@ async def test_interrupt_from_jupyter_stops_a_running_mcp_call(session: tuple[Ha
     assert (await harness.run("shared", session=handle))["result"] == "set over MCP"
 
 
+async def test_after_a_warm_spare_takes_over_jupyter_attaches_the_new_kernel(session: tuple[Harness, str],
+                                                                            lab: tuple[Lab, str, str]) -> None:
+    """The spare has its own ports and key: it is published under a new entry, which Jupyter attaches."""
+    harness, handle = session
+    server, token, kernel_id = lab
+    kernel = harness.sessions.sessions[handle].kernel
+    with anyio.fail_after(60):
+        while kernel.spare is None:
+            await anyio.sleep(0.1)
+    await harness.call("restart_session", session=handle)
+    assert kernel.spare_takeovers == 1
+    await harness.run("shared = 'set over MCP'\nafter = 'restarted'", session=handle)
+    new_id = (await server.line(f"attached session {handle} as kernel ")).rsplit(" ", 1)[1]
+    assert new_id != kernel_id
+    ws = await websocket_connect(f"ws://127.0.0.1:{server.port}/api/kernels/{new_id}/channels?token={token}")
+    try:
+        messages = await execute(ws, "after")
+    finally:
+        ws.close()
+    assert [m["content"]["data"]["text/plain"] for m in messages if m["msg_type"] == "execute_result"] == ["'restarted'"]
+    async with httpx.AsyncClient() as client:
+        kernels = [k["id"] for k in (await client.get(api(server.port, "kernels"), params={"token": token})).json()]
+    assert new_id in kernels and kernel_id not in kernels  # the dead kernel's entry is gone
+
+
 async def test_stopping_lab_leaves_the_session_kernel_running(session: tuple[Harness, str], lab: tuple[Lab, str, str]) -> None:
     harness, handle = session
     server, _, _ = lab

@@ -163,3 +163,50 @@ async def test_as_root_each_kernel_runs_under_its_own_unprivileged_uid(boxed: Ha
         assert (Path(ra["notebook"]).parent / "work" / "mine.txt").stat().st_uid == uid_a
     else:  # the fallback is stated, not silent
         assert ra["result"][0] == os.getuid() and not any(x.startswith("uid-") for x in ra["layers"])
+
+
+def test_the_hand_over_walk_follows_no_symlink_and_opens_no_fifo(tmp_path: Path) -> None:
+    """The directories are handed to a kernel's uid as root; a tree planted (and changing) under them
+    must not redirect a chown outside or block the server on a FIFO."""
+    import threading
+
+    from kernelexec.sandbox import _chown_tree
+
+    if os.geteuid() != 0:
+        pytest.fail("chown to another uid needs root (CI runs as root)")
+    outside = tmp_path / "outside"
+    (outside / "dir").mkdir(parents=True)
+    (outside / "file").write_text("host")
+    os.mkfifo(outside / "fifo")
+    top = tmp_path / "work"
+    (top / "a" / "b").mkdir(parents=True)
+    (top / "a" / "b" / "f").write_text("mine")
+    (top / "to_outside").symlink_to(outside)
+    (top / "to_fifo").symlink_to(outside / "fifo")
+    os.mkfifo(top / "own_fifo")
+    stop = threading.Event()
+
+    def swap() -> None:  # a directory that keeps becoming a symlink to the FIFO or to the outside dir
+        while not stop.is_set():
+            for target in (outside / "fifo", outside):
+                try:
+                    (top / "s" / "x").mkdir(parents=True)
+                    (top / "s" / "x").rmdir()
+                    (top / "s").rmdir()
+                    (top / "s").symlink_to(target)
+                    (top / "s").unlink()
+                except OSError:
+                    pass
+
+    swapper = threading.Thread(target=swap, daemon=True)
+    swapper.start()
+    try:
+        for _ in range(200):
+            _chown_tree(str(top), 54321)
+    finally:
+        stop.set()
+        swapper.join()
+    assert (top / "a" / "b" / "f").stat().st_uid == 54321 and top.stat().st_uid == 54321
+    assert (top / "to_outside").lstat().st_uid == 54321  # the link itself
+    for path in (outside, outside / "dir", outside / "file", outside / "fifo"):
+        assert path.lstat().st_uid == 0, path
