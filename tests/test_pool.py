@@ -113,6 +113,10 @@ async def test_a_restart_takes_the_warm_spare(spared: Harness) -> None:
     assert spare.slot != kernel.slot and spare.connection_file != kernel.connection_file
     assert (await spared.run("x + 1", session=s))["result"] == 2  # starting the spare left the live kernel's sockets alone
     old_pid, spare_pid, takeovers = pid_of(kernel), pid_of(spare), kernel.spare_takeovers
+    if any(layer.startswith("cgroup") for layer in before["layers"]):  # its own caps, next to the live kernel's
+        live_groups = Path(f"/proc/{old_pid}/cgroup").read_text()
+        spare_groups = Path(f"/proc/{spare_pid}/cgroup").read_text()
+        assert f"kernelexec/{s}" in live_groups and f"kernelexec/{s}-" in spare_groups and live_groups != spare_groups
     info = await spared.call("restart_session", session=s)
     assert info.structured_content["status"] == "restarted"
     assert kernel.spare_takeovers == takeovers + 1 and pid_of(kernel) == spare_pid
