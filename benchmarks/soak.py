@@ -203,7 +203,8 @@ async def memory_servers(base: Path, n_sessions: int) -> AsyncIterator[dict[str,
     async with AsyncExitStack() as stack:
         servers = {}
         for name, profile in (("standard", "standard"), ("trusted", "trusted")):
-            settings = make_settings(base, profile=profile, max_sessions=max(16, n_sessions + 1))
+            # the product's default of warm spares: deaths and timeouts here exercise their takeovers and refills
+            settings = make_settings(base, profile=profile, max_sessions=max(16, n_sessions + 1), restart_spares=1)
             client, mgr = await stack.enter_async_context(in_memory(settings))
             servers[name] = Server(name, client, "self", mgr)
         yield servers
@@ -215,7 +216,9 @@ async def stdio_servers(base: Path, n_sessions: int) -> AsyncIterator[dict[str, 
         servers = {}
         for name, extra in (("standard", []), ("trusted", ["--profile", "trusted"])):
             state = base / f"stdio-{name}"
-            args = [*extra, "--max-sessions", str(max(16, n_sessions + 1))]
+            # no warm spares over stdio: the soak cannot see into the server to wait for one, and a spare
+            # appearing between the two snapshots would read as fds grown (in memory they are awaited)
+            args = [*extra, "--max-sessions", str(max(16, n_sessions + 1)), "--restart-spares", "0"]
             client = await stack.enter_async_context(Client(stdio_params(state, *args)))
             await client.list_tools()
             pid = stdio_server_pid(state)
@@ -223,6 +226,23 @@ async def stdio_servers(base: Path, n_sessions: int) -> AsyncIterator[dict[str, 
                 raise RuntimeError(f"cannot find the stdio server process for {state}")
             servers[name] = Server(name, client, pid)
         yield servers
+
+
+async def settle_spares(servers: dict[str, Server], timeout: float = 60) -> None:
+    """In memory: wait until each server holds the warm spares its settings call for, and none is
+    starting, so the start and end snapshots compare like with like."""
+    with anyio.move_on_after(timeout):
+        for server in servers.values():
+            mgr = server.sessions_mgr
+            if mgr is None or not getattr(mgr.settings, "restart_spares", 0):
+                continue
+            while True:
+                kernels = [s.kernel for s in mgr.sessions.values() if s.kernel is not None]
+                ready = sum(1 for k in kernels if k.spare is not None)
+                starting = any(k._spare_starting is not None for k in kernels)
+                if not starting and ready >= min(mgr.settings.restart_spares, len(kernels)):
+                    break
+                await anyio.sleep(0.1)
 
 
 def kernel_procs(servers: dict[str, Server]) -> tuple[int, int]:
@@ -295,6 +315,7 @@ async def soak(transport: str, args: argparse.Namespace, base: Path) -> dict[str
                                 await run_cell(s, h, Cell(kind, k), None)
                     tg.start_soon(warm)
         await anyio.sleep(1.0)
+        await settle_spares(servers)
         restarts_before = restart_counts(servers)
         start = snapshot(servers)
         log(f"[{transport}] start: fds {start['fds']}, server RSS {start['server_rss_mb']:.0f} MB, "
@@ -323,6 +344,7 @@ async def soak(transport: str, args: argparse.Namespace, base: Path) -> dict[str
         elapsed = time.perf_counter() - t0
 
         await anyio.sleep(args.settle)
+        await settle_spares(servers)
         end = {**snapshot(servers), "calls": tally.calls, "label": "end"}
         timeline.append(end)
         gc.collect()
