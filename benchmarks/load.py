@@ -457,6 +457,8 @@ def report(args: argparse.Namespace, res: Results, wall: float, total: int, setu
     rows.append(Measurement("load: every call", MS, everything))
     rows.append(Measurement("load: throughput", "calls/s", [calls / wall] if wall else [],
                             note=f"{calls} answered calls / {wall:.1f} s wall (call phase); {os.cpu_count()} CPUs"))
+    if getattr(args, "rows_out", None) is not None:  # python -m benchmarks: these rows join its table
+        args.rows_out.extend(rows)
     print(f"\nkernelexec load test: {args.clients} clients x {args.calls} calls over streamable HTTP, {args.tokens} bearer tokens, "
           f"pool {args.pool_size}, slow share {args.slow_share:.0%}; sessions ready in {setup_s:.1f} s")
     print(table(rows))

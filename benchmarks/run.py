@@ -19,7 +19,9 @@ Sections (each starts and stops its own kernels, so they do not compete for the 
                   warm pool (benchmarks/layers.py; ``python -m benchmarks.layers`` alone).
 7. baselines      one pure-Python loop in ``python -c``, ``execute_code`` and smolagents' ``LocalPythonExecutor``
                   (benchmarks/baselines.py; smolagents from ``pip install 'kernelexec[bench]'``).
-The load test (20 HTTP clients with bearer tokens, leak checks) is ``python -m benchmarks.load``.
+8. load           20 HTTP clients x 100 calls with bearer tokens and leak checks (benchmarks/load.py; 5 x 20
+                  with --quick): its rows join this table, and its own report (server RSS/fds before, at peak
+                  and after; CPU per call; checks) is printed after it. ``python -m benchmarks.load`` alone.
 """
 
 from __future__ import annotations
@@ -114,11 +116,12 @@ class Plan:
     cpu: int           # repetitions of each CPU-bound cell
     sessions: int      # mixed load: parallel sessions ...
     per_session: int   # ... times calls each
+    quick: bool = False
 
     @classmethod
     def make(cls, quick: bool) -> Plan:
         if quick:
-            return cls(cold=3, calls=30, warmup=5, cpu=2, sessions=2, per_session=10)
+            return cls(cold=3, calls=30, warmup=5, cpu=2, sessions=2, per_session=10, quick=True)
         return cls(cold=10, calls=300, warmup=20, cpu=5, sessions=4, per_session=50)
 
 
@@ -406,6 +409,7 @@ async def bench_mixed(plan: Plan, base: Path, out: list[Measurement]) -> None:
 
 ORDER = [
     "cold:", "layers:", "x=1:", "cpu loop", "cpu numpy", "cpu vs smolagents", "mem:", "layers mem:", "mixed:",
+    "alone:", "load:",
 ]
 
 
@@ -413,6 +417,26 @@ def ordered(rows: list[Measurement]) -> list[Measurement]:
     def key(r: Measurement) -> int:
         return next((i for i, p in enumerate(ORDER) if r.name.startswith(p)), len(ORDER))
     return sorted(rows, key=key)  # stable: keeps each section's own order
+
+
+LOAD_REPORT: list[str] = []  # the load test's own report, printed after the main table
+
+
+async def bench_load(plan: Plan, base: Path, out: list[Measurement]) -> None:
+    import contextlib
+    import io
+
+    from benchmarks import load
+
+    quick = plan.quick
+    args = argparse.Namespace(clients=5 if quick else 20, calls=20 if quick else 100, tokens=2, pool_size=4, slow_share=0.2,
+                              alone=2 if quick else 5, seed=7, progress=10.0, quick=quick, json=None, rows_out=[])
+    log(f"[load] {args.clients} HTTP clients x {args.calls} calls over streamable HTTP, 2 bearer tokens")
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        status = await load.run(args)
+    out.extend(args.rows_out)
+    LOAD_REPORT.append(buffer.getvalue() + ("" if status == 0 else "\nTHE LOAD TEST FAILED (see above)\n"))
 
 
 SECTIONS = {
@@ -423,6 +447,7 @@ SECTIONS = {
     "mixed": [bench_mixed],
     "layers": [bench_layers_section],
     "baselines": [bench_smolagents],
+    "load": [bench_load],
 }
 
 
@@ -492,6 +517,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nratio = median / baseline median. kernelexec {env['kernelexec']}; {env['cpus']} CPUs, python {env['python']}, mcp {env['mcp']}, "
           f"jupyter_client {env['jupyter_client']}, ipykernel {env['ipykernel']}; sandbox {env['sandbox']}; "
           f"load average {env['loadavg at start']} at start, {env['loadavg at end']} at end; total {wall:.0f} s")
+    for report in LOAD_REPORT:
+        print("\n--- the load test's report " + "-" * 60 + report)
     if args.json:
         Path(args.json).write_text(json.dumps({"environment": env, "quick": args.quick, "wall_s": wall,
                                                "sections": args.only or list(SECTIONS), "results": to_json(rows)}, indent=2))
