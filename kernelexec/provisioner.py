@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import stat
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -57,22 +57,18 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
             self.sandbox.remove_cgroups()
 
 
+_IPC_NAMES = 64  # jupyter_client names a kernel's ipc sockets <prefix>-1, -2, ... (skipping names that exist)
+
+
 def _clear_ipc_dir(prefix: Path) -> None:
-    """Remove anything in the socket directory that is not a socket (a planted symlink would send the
-    server's reconnecting zmq client to a host socket) and stale sockets of this slot's previous
-    kernel (``<prefix>-N``). Sockets of the session's other slot belong to a kernel that may be live."""
-    ipc_dir, mine = prefix.parent, prefix.name + "-"
-    try:
-        entries = list(ipc_dir.iterdir())
-    except OSError:
-        return
-    for entry in entries:
+    """Unlink whatever sits at this slot's socket names (``<prefix>-1`` … ``-64``): a stale socket of the
+    slot's previous kernel, or a symlink planted to send the server's zmq client to a host socket. So
+    jupyter_client picks those names and the new kernel binds them afresh. Names only, never a listing:
+    the session's live kernel can fill ``ipc/`` with a million entries (hard links of a socket), and this
+    runs on the server's event loop at every launch. Sockets of the session's other slot are left alone."""
+    for n in range(1, _IPC_NAMES + 1):
         try:
-            mode = entry.lstat().st_mode
-            if stat.S_ISSOCK(mode) and not entry.name.startswith(mine):
-                continue
-            if stat.S_ISSOCK(mode) or stat.S_ISLNK(mode) or stat.S_ISREG(mode) or stat.S_ISFIFO(mode):
-                entry.unlink()
+            os.unlink(f"{prefix}-{n}")  # never follows a symlink; a directory there is skipped by jupyter_client
         except OSError:
             pass
 

@@ -225,3 +225,26 @@ threading.Thread(target=swap, daemon=True).start()
             assert any(layer.startswith("uid-") for layer in r["layers"]), r["layers"]  # CI: the hand-over runs
         for path in (victim, victim / "file", victim / "sub", victim / "sub" / "deep"):
             assert path.lstat().st_uid == os.geteuid(), path
+
+
+async def test_leftovers_at_the_spare_slots_socket_names_are_cleared(spared: Harness, tmp_path: Path) -> None:
+    """Whatever sits at the spare slot's socket names (a stale socket, a planted symlink or file) is unlinked,
+    never followed, before the spare binds them; the live slot's sockets stay."""
+    s = await spared.new_session()
+    await spared.run("1", session=s)
+    kernel = spared.sessions.sessions[s].kernel
+    target = tmp_path / "host-file"
+    target.write_text("host")
+    ipc = spared.sessions.sessions[s].dirs.ipc
+    other = "s" if kernel.slot == "k" else "k"
+    (ipc / f"{other}-1").write_text("planted")
+    (ipc / f"{other}-2").symlink_to(target)
+    (ipc / f"{other}-3").symlink_to(tmp_path / "nowhere")
+    spare = await spare_ready(spared, s)
+    assert target.read_text() == "host" and target.is_file()
+    assert all((ipc / f"{other}-{n}").is_socket() for n in range(1, 6))
+    assert (await spared.run("2 + 2", session=s))["result"] == 4  # the live kernel's sockets were left alone
+    spare_pid = pid_of(spare)
+    await spared.call("restart_session", session=s)
+    assert pid_of(kernel) == spare_pid and (await spared.run("3 + 3", session=s))["result"] == 6
+    await spared.call("close_session", session=s)
