@@ -153,15 +153,31 @@ class LaunchSpec:
 
     def start_kwargs(self, log_file: Any) -> dict[str, Any]:
         """Keyword arguments for ``start_kernel``: fds 0/1 to /dev/null (a kernel writing to fd 1
-        must never reach the MCP stdio stream) and fd 2 to the session's log file."""
+        must never reach the MCP stdio stream), fd 2 to the session's log file, and the lifeline."""
+        fd = lifeline()
         return {
             "extra_arguments": kernel_arguments(),
-            "env": self.environment(),
+            "env": {**self.environment(), "KERNELEXEC_LIFELINE": str(fd)},
             "cwd": str(self.cwd),
             "stdin": subprocess.DEVNULL,
             "stdout": subprocess.DEVNULL,
             "stderr": log_file,
+            "pass_fds": (fd,),
         }
+
+
+_lifeline: tuple[int, int] | None = None
+
+
+def lifeline() -> int:
+    """The read end of this server process's lifeline pipe, passed to every kernel it launches; the
+    write end is never written or closed, so kernels read end-of-file exactly when the server is gone
+    (startup/kernel_main.py then exits). Both ends are close-on-exec here: only ``pass_fds`` hands the
+    read end on, and no kernel ever holds the write end."""
+    global _lifeline
+    if _lifeline is None:
+        _lifeline = os.pipe()
+    return _lifeline[0]
 
 
 def kernel_manager(spec: LaunchSpec, slot: str = SLOTS[0]) -> AsyncKernelManager:

@@ -11,14 +11,34 @@ import os
 import sys
 
 
+def watch_lifeline(fd: int) -> None:
+    """Exit when the server is gone. ``fd`` is the read end of a pipe whose write end only the server
+    holds: it reads end-of-file once the server process has ended, however it ended (even SIGKILL, even
+    in the instant before bubblewrap armed --die-with-parent while the kernel was being launched)."""
+    import threading
+
+    def wait() -> None:
+        try:
+            while os.read(fd, 4096):
+                pass
+        except OSError:
+            return  # closed by user code: the kernel then lives by --die-with-parent alone
+        os._exit(0)
+
+    threading.Thread(target=wait, name="kernelexec-lifeline", daemon=True).start()
+
+
 def main() -> None:
     options = json.loads(os.environ.pop("KERNELEXEC_KERNEL", "{}"))
     for name in options.get("block_modules", ()):
         sys.modules[name] = None  # type: ignore[assignment]  # `import ctypes` now raises ImportError
     if os.getppid() == 1:
         # in a PID namespace our parent is its init: ipykernel's parent poller would exit at once;
-        # bubblewrap's --die-with-parent ties our lifetime to the server instead
+        # bubblewrap's --die-with-parent and the lifeline below tie our lifetime to the server instead
         os.environ.pop("JPY_PARENT_PID", None)
+    lifeline = os.environ.pop("KERNELEXEC_LIFELINE", "")
+    if lifeline.isdigit():
+        watch_lifeline(int(lifeline))
     if options.get("deny_exec"):
         # The pre-exec wrapper needed one execve to start us; from here on nothing may replace the
         # kernel with another program (still single-threaded, so the filter covers every thread).

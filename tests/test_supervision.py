@@ -346,3 +346,54 @@ async def test_the_oom_killer_past_the_cgroup_cap_is_reported_and_the_next_call_
         assert r["ending"] == "kernel_died", r
         assert "SIGKILL" in r["restart_reason"]
         await follow_up_works(harness, s)
+
+
+async def test_every_kernel_holds_the_servers_lifeline(h: Harness) -> None:
+    """Kernels exit when the server is gone, however it went: each holds the read end of a pipe only the
+    server can keep open, and a thread waiting on it. (bubblewrap's --die-with-parent alone misses a server
+    that dies in the instant a kernel is being launched, e.g. a warm spare during shutdown.)"""
+    from kernelexec.launch import lifeline
+
+    s = await h.new_session()
+    await h.run("1", session=s)
+    kernel = h.sessions.sessions[s].kernel
+    inner = [pid for pid in pids_with(str(kernel.connection_file))  # the kernel itself, not its wrappers
+             if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1].endswith(b"kernel_main.py")]
+    assert len(inner) == 1, inner
+    pid = inner[0]
+    ours = os.readlink(f"/proc/self/fd/{lifeline()}")
+    held = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+    assert ours.startswith("pipe:") and ours in held
+    fd = next(int(n) for n in os.listdir(f"/proc/{pid}/fd") if os.readlink(f"/proc/{pid}/fd/{n}") == ours)
+    waiting = []  # a thread blocked in read(fd): x86-64 syscall 0, first argument the fd
+    for task in os.listdir(f"/proc/{pid}/task"):
+        fields = Path(f"/proc/{pid}/task/{task}/syscall").read_text().split()
+        if fields[:2] == ["0", hex(fd)]:
+            waiting.append(task)
+    if os.uname().machine == "x86_64":
+        assert len(waiting) == 1, waiting
+    r = await h.run("import os\n'KERNELEXEC_LIFELINE' in os.environ", session=s)
+    assert r["result"] is False  # taken out of the environment before user code runs
+
+
+async def test_kernels_go_when_the_server_is_killed(short_tmp: Path) -> None:
+    from mcp import Client, StdioServerParameters
+
+    from .conftest import clean_env, kernelexec_cmd
+
+    state = short_tmp / "lifeline"
+    cmd = kernelexec_cmd("serve", "--state-dir", str(state))
+    async with Client(StdioServerParameters(command=cmd[0], args=cmd[1:], env=clean_env())) as client:
+        r = await client.call_tool("execute_code", {"code": "1"})
+        assert r.structured_content["success"]
+        marker = str(state / "sessions")
+        kernels = pids_with(marker)
+        assert kernels
+        server = next(int(p) for p in os.listdir("/proc") if p.isdigit() and p != str(os.getpid())
+                      and b"serve" in Path(f"/proc/{p}/cmdline").read_bytes()
+                      and str(state).encode() in Path(f"/proc/{p}/cmdline").read_bytes())
+        os.kill(server, signal.SIGKILL)
+        with anyio.fail_after(30):
+            while any(os.path.exists(f"/proc/{pid}") and "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+                      for pid in kernels):
+                await anyio.sleep(0.1)
