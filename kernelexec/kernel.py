@@ -133,6 +133,8 @@ class Kernel:
         self.spare_takeovers = 0
         self._spare_starting: anyio.Event | None = None  # set when a spare being started is done (or failed)
         self._spare_scope: anyio.CancelScope | None = None
+        self.spare_failures = 0  # spares in a row that failed to start or died waiting
+        self.spare_retry_at = 0.0  # monotonic time before which no spare is started (back-off)
 
     # --- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -247,6 +249,7 @@ class Kernel:
                 await spare.start()
         except Exception:
             logger.exception("starting a warm spare kernel failed")
+            self.spare_failed()
             return False
         finally:
             self._spare_scope = self._spare_starting = None
@@ -258,7 +261,14 @@ class Kernel:
                 await spare.shutdown()
             return False
         self.spare = spare
+        self.spare_failures = 0
         return True
+
+    def spare_failed(self) -> None:
+        """Back off: the live kernel can make spares fail on purpose (squatting their socket names,
+        using up the processes), so each failure in a row doubles the wait, from 5 s to 10 minutes."""
+        self.spare_failures += 1
+        self.spare_retry_at = time.monotonic() + min(5.0 * 2 ** (self.spare_failures - 1), 600.0)
 
     async def drop_spare(self) -> None:
         spare, self.spare = self.spare, None
@@ -280,6 +290,7 @@ class Kernel:
                 report = None
             if not (isinstance(report, dict) and report.get("active")):
                 logger.warning("the warm spare is dead or lost its policy (%r); starting a fresh kernel", report)
+                self.spare_failed()
                 await spare.shutdown()
                 return False
             old_km, old_kc, old_log = self.km, self.kc, self._log

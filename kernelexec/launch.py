@@ -18,7 +18,7 @@ from typing import Any
 from jupyter_client.manager import AsyncKernelManager
 
 from .errors import InvalidRequest
-from .provisioner import KERNEL_NAME, KernelexecSpecManager
+from .provisioner import IPC_PORTS, KERNEL_NAME, KernelexecSpecManager
 from .sandbox import IPC_SUBDIR, IPYTHON_SUBDIR, SandboxPlan, kernel_writable
 
 STARTUP_FILE = "kernel_init.py"
@@ -143,6 +143,7 @@ class LaunchSpec:
             MPLCONFIGDIR=str(self.dirs.home / ".matplotlib"),
             MPLBACKEND="module://matplotlib_inline.backend_inline",
             PYTHONDONTWRITEBYTECODE="1",
+            PYTHONNOUSERSITE="1",
             PYDEVD_DISABLE_FILE_VALIDATION="1",
             MALLOC_ARENA_MAX="2",
             OPENBLAS_NUM_THREADS="1",
@@ -194,4 +195,8 @@ def kernel_manager(spec: LaunchSpec, slot: str = SLOTS[0]) -> AsyncKernelManager
         kernel_name=KERNEL_NAME,
     )
     km.ip = str(spec.dirs.ipc_prefix_for(slot))
+    # Fixed socket names <prefix>-1 … -5: jupyter_client would otherwise look for free names with one
+    # stat() each from 1 upwards, on the server's event loop, past anything the session's live kernel
+    # has put in ipc/ (a million links of a socket cost it nothing). The provisioner unlinks exactly these.
+    km.shell_port, km.iopub_port, km.stdin_port, km.control_port, km.hb_port = IPC_PORTS
     return km

@@ -20,6 +20,8 @@ from traitlets import Dict
 
 from .sandbox import SandboxPlan, _startup_file
 
+IPC_PORTS = (1, 2, 3, 4, 5)  # shell, iopub, stdin, control, heartbeat: a kernel's socket names <slot prefix>-N
+
 KERNEL_NAME = "kernelexec"
 PROVISIONER_NAME = "kernelexec-sandbox"
 
@@ -57,18 +59,16 @@ class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
             self.sandbox.remove_cgroups()
 
 
-_IPC_NAMES = 64  # jupyter_client names a kernel's ipc sockets <prefix>-1, -2, ... (skipping names that exist)
-
-
 def _clear_ipc_dir(prefix: Path) -> None:
-    """Unlink whatever sits at this slot's socket names (``<prefix>-1`` … ``-64``): a stale socket of the
-    slot's previous kernel, or a symlink planted to send the server's zmq client to a host socket. So
-    jupyter_client picks those names and the new kernel binds them afresh. Names only, never a listing:
-    the session's live kernel can fill ``ipc/`` with a million entries (hard links of a socket), and this
-    runs on the server's event loop at every launch. Sockets of the session's other slot are left alone."""
-    for n in range(1, _IPC_NAMES + 1):
+    """Unlink whatever sits at this slot's socket names (``<prefix>-1`` … ``-5``, fixed by
+    ``launch.kernel_manager``): a stale socket of the slot's previous kernel, or a symlink planted to
+    send the server's zmq client to a host socket. Names only, never a listing or a scan: the session's
+    live kernel can fill ``ipc/`` with a million entries, and this runs on the server's event loop. If
+    something is put back at a name before the kernel binds it, that kernel fails to start (a restart
+    is then a cold one); sockets of the session's other slot are left alone."""
+    for port in IPC_PORTS:
         try:
-            os.unlink(f"{prefix}-{n}")  # never follows a symlink; a directory there is skipped by jupyter_client
+            os.unlink(f"{prefix}-{port}")  # never follows a symlink
         except OSError:
             pass
 
@@ -82,7 +82,9 @@ class KernelexecSpecManager(KernelSpecManager):
 
     def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
         return KernelSpec(
-            argv=[sys.executable, _startup_file("kernel_main.py"), "-f", "{connection_file}"],
+            # -s: no user site-packages. HOME is the session's writable home, and a .pth planted in its
+            # ~/.local site-packages would run in the next kernel before the startup code.
+            argv=[sys.executable, "-s", _startup_file("kernel_main.py"), "-f", "{connection_file}"],
             display_name="Python 3 (kernelexec)",
             language="python",
             interrupt_mode="signal",

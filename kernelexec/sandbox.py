@@ -328,7 +328,10 @@ def plan_for(settings: Settings, profile: Profile, *, session_dir: Path, rw: lis
         ipython = session_dir / IPYTHON_SUBDIR
         plan.traversable = [str(session_dir), str(ipython), *(str(p) for p in ipython.rglob("*") if p.is_dir())]
         if settings.max_processes:
-            rlimits["nproc"] = settings.max_processes
+            # RLIMIT_NPROC counts the whole uid, which a warm spare shares with the live kernel; where
+            # each slot has a pids cgroup, that is the per-kernel cap and this is the backstop for both
+            shared = 2 if settings.restart_spares and f.cgroup else 1
+            rlimits["nproc"] = settings.max_processes * shared
         layers.append(f"uid-{plan.uid}")
     if f.root:
         plan.wrapper["drop_caps"] = True

@@ -453,23 +453,27 @@ class SessionManager:
         for session in live:
             kernel = session.kernel
             spare = kernel.spare if kernel is not None else None
-            if spare is not None and not session.lock.locked() and (
-                    now - session.last_used > SPARE_KEPT_QUIET or not await spare.is_alive()):
+            if spare is None or session.lock.locked():
+                continue
+            if not await spare.is_alive():  # killed while it waited: counts as a failure
+                kernel.spare_failed()
+                await kernel.drop_spare()
+            elif now - session.last_used > SPARE_KEPT_QUIET:
                 await kernel.drop_spare()
         if self._spare_task_running:
             return
         if sum(1 for s in live if s.kernel is not None and s.kernel.spare is not None) >= self.settings.restart_spares:
             return
         quiet = [s for s in live if s.kernel is not None and s.kernel.spares and s.kernel.spare is None and not s.busy
-                 and not s.lock.locked() and SPARE_AFTER_QUIET <= now - s.last_used <= SPARE_KEPT_QUIET]
+                 and not s.lock.locked() and SPARE_AFTER_QUIET <= now - s.last_used <= SPARE_KEPT_QUIET
+                 and now >= s.kernel.spare_retry_at]
         if quiet:
             self._spare_task_running = True
             self._tg.start_soon(self._prepare_spare, max(quiet, key=lambda s: s.last_used).kernel)
 
     async def _prepare_spare(self, kernel: Kernel) -> None:
         try:
-            if not await kernel.prepare_spare():
-                await anyio.sleep(5)  # a failing start is not retried in a tight loop
+            await kernel.prepare_spare()  # a failure backs off (Kernel.spare_failed)
         finally:
             self._spare_task_running = False
 

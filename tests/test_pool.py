@@ -248,3 +248,23 @@ async def test_leftovers_at_the_spare_slots_socket_names_are_cleared(spared: Har
     await spared.call("restart_session", session=s)
     assert pid_of(kernel) == spare_pid and (await spared.run("3 + 3", session=s))["result"] == 6
     await spared.call("close_session", session=s)
+
+
+async def test_failing_spares_back_off(short_tmp: Path) -> None:
+    """A live kernel can make its spares fail on purpose; each failure in a row doubles the wait."""
+    import time
+
+    async with serving(make_settings(short_tmp, pool_size=0, restart_spares=1)) as h:
+        s = await h.new_session()
+        await h.run("1", session=s)
+        kernel = h.sessions.sessions[s].kernel
+        kernel.spare_failed()
+        first = kernel.spare_retry_at - time.monotonic()
+        kernel.spare_failed()
+        second = kernel.spare_retry_at - time.monotonic()
+        assert kernel.spare_failures == 2 and second > first  # 5 s, then 10 s
+        await anyio.sleep(2.5)  # quiet, a free place, several housekeeping rounds: still backing off
+        assert kernel.spare is None
+        kernel.spare_retry_at = 0.0
+        await spare_ready(h, s)
+        assert kernel.spare_failures == 0  # a spare that started resets the count

@@ -358,7 +358,7 @@ async def test_every_kernel_holds_the_servers_lifeline(h: Harness) -> None:
     await h.run("1", session=s)
     kernel = h.sessions.sessions[s].kernel
     inner = [pid for pid in pids_with(str(kernel.connection_file))  # the kernel itself, not its wrappers
-             if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1].endswith(b"kernel_main.py")]
+             if any(a.endswith(b"kernel_main.py") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:3])]
     assert len(inner) == 1, inner
     pid = inner[0]
     ours = os.readlink(f"/proc/self/fd/{lifeline()}")
@@ -397,3 +397,11 @@ async def test_kernels_go_when_the_server_is_killed(short_tmp: Path) -> None:
             while any(os.path.exists(f"/proc/{pid}") and "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
                       for pid in kernels):
                 await anyio.sleep(0.1)
+
+
+async def test_no_user_site_packages_in_kernels(h: Harness) -> None:
+    """HOME is the session's writable home: a .pth planted in its ~/.local site-packages must not run in
+    the next kernel (a warm spare, or after a restart) before the startup code installs the guard."""
+    s = await h.new_session()
+    r = await h.run("import sys, os\nresult = [sys.flags.no_user_site, os.environ.get('PYTHONNOUSERSITE')]", session=s)
+    assert r["result"] == [1, "1"], r
