@@ -300,9 +300,9 @@ class Kernel:
             old_kc.stop_channels()
             try:
                 # SIGKILL and reap it here: jupyter_client's own wait polls every 0.1 s
-                await old_km.provisioner.kill()
                 process = getattr(old_km.provisioner, "process", None)
                 if process is not None:
+                    await old_km.provisioner.kill()
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         await anyio.to_thread.run_sync(process.wait, 5.0)
                 await old_km.shutdown_kernel(now=True)
