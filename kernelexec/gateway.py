@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import json
 import logging
 import os
@@ -307,10 +306,6 @@ class GatewayChannelsClient(GatewayKernelClient):
 
 
 # --- the manager -----------------------------------------------------------------------------------
-def _utc() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
 class GatewayManager(GatewayKernelManager):
     """jupyter_server's ``GatewayKernelManager``, with every REST call going to ``gateway`` (not the
     singleton), a liveness check that notices deaths, and no local resources to clean up."""
@@ -486,14 +481,9 @@ class GatewayKernel(Kernel):
         spec.plan = SandboxPlan(layers=["remote-gateway", "guard"] if guarded else ["remote-gateway"])
         self.gateway = gateway_client(self.url, self.token)
 
-    def _note(self, text: str) -> None:
-        if self._log is not None and not self._log.closed:
-            self._log.write(f"{_utc()} {text}\n".encode())
-            self._log.flush()
-
     # --- the seams --------------------------------------------------------------------------------
     def create_manager(self) -> GatewayManager:  # type: ignore[override]
-        return GatewayManager(gateway=self.gateway, note=self._note)
+        return GatewayManager(gateway=self.gateway, note=self.note)
 
     def start_kwargs(self) -> dict[str, Any]:
         """What ``POST /api/kernels`` takes: the kernel name, and ``KERNEL_*`` variables of the server's
@@ -505,7 +495,7 @@ class GatewayKernel(Kernel):
     async def install_startup(self) -> None:
         """Run kernelexec's startup code in the remote kernel (a silent execute); fail closed."""
         await install_remote_startup(self)
-        self._note(f"installed kernelexec's startup code in remote kernel {self.km.kernel_id}")
+        self.note(f"installed kernelexec's startup code in remote kernel {self.km.kernel_id}")
 
     # --- no local process -----------------------------------------------------------------------------
     def exit_code(self) -> int | None:

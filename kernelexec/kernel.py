@@ -23,7 +23,7 @@ import anyio
 from jupyter_client.manager import AsyncKernelManager
 
 from .errors import KernelStartError
-from .launch import SLOTS, LaunchSpec, kernel_manager
+from .launch import SLOTS, LaunchSpec, kernel_manager, other_slot
 from .models import Execution
 
 logger = logging.getLogger(__name__)
@@ -242,8 +242,7 @@ class Kernel:
         if not self.spares or self.km is None or self.spare is not None or self._spare_starting is not None:
             return self.spare is not None
         done = self._spare_starting = anyio.Event()
-        spare = type(self)(self.spec, startup_timeout=self.startup_timeout,
-                           slot=SLOTS[(SLOTS.index(self.slot) + 1) % len(SLOTS)])
+        spare = type(self)(self.spec, startup_timeout=self.startup_timeout, slot=other_slot(self.slot))
         try:
             with anyio.CancelScope() as self._spare_scope:
                 await spare.start()
@@ -336,6 +335,14 @@ class Kernel:
     def exit_code(self) -> int | None:
         process = getattr(self.km.provisioner, "process", None) if self.km else None
         return None if process is None else process.poll()
+
+    def note(self, text: str) -> None:
+        """A timestamped line in the session's ``kernel.log`` (what a remote backend did; the kernel's
+        own stderr goes there too for local kernels)."""
+        if self._log is not None and not self._log.closed:
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
+            self._log.write(f"{stamp} {text}\n".encode())
+            self._log.flush()
 
     def log_tail(self, limit: int = 2000) -> str:
         try:

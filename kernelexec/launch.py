@@ -25,6 +25,10 @@ STARTUP_FILE = "kernel_init.py"
 SLOTS = ("k", "s")  # a session's kernel slots: "k" first, "s" for a warm spare while "k" is live, and so on
 
 
+def other_slot(slot: str) -> str:
+    return SLOTS[(SLOTS.index(slot) + 1) % len(SLOTS)]
+
+
 def startup_script() -> Path:
     """The file every kernel runs before user code (``kernelexec/startup/kernel_init.py`` in the wheel)."""
     return Path(str(resources.files("kernelexec.startup").joinpath(STARTUP_FILE)))

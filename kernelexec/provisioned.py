@@ -46,7 +46,7 @@ from jupyter_client.manager import AsyncKernelManager
 from .config import Settings
 from .errors import KernelexecError, KernelStartError
 from .kernel import Kernel
-from .launch import SLOTS, LaunchSpec
+from .launch import LaunchSpec, other_slot
 from .remote_startup import install_remote_startup
 from .sandbox import SandboxPlan
 
@@ -118,34 +118,37 @@ class ProvisionedManager(AsyncKernelManager):
     interrupt_kernel = _async_interrupt_kernel
 
 
+_bound: dict[str, type[ProvisionedKernel]] = {}
+
+
 class ProvisionedKernel(Kernel):
     """A session's kernel from ``--kernel-spec``, launched by the provisioner the kernelspec names."""
 
     spec_name: str = ""
+    provisioner_name: str = ""
     spares = False  # each restart is already a new kernel from the provisioner
     liveness_every = 1.0  # a provisioner's poll may be a remote call (Kubernetes, Docker): not 5 a second
 
     @classmethod
     def for_settings(cls, settings: Settings) -> type[ProvisionedKernel]:
-        """This class bound to ``--kernel-spec`` (what ``sessions.kernel_class`` hands out)."""
+        """This class bound to ``--kernel-spec`` (what ``sessions.kernel_class`` hands out); the kernelspec
+        is looked up once per name, not on every kernel start."""
         if not settings.kernel_spec:
             raise ValueError("no --kernel-spec configured")
-        return type(cls.__name__, (cls,), {"spec_name": settings.kernel_spec, "__module__": cls.__module__,
-                                           "__qualname__": cls.__qualname__})
+        bound = _bound.get(settings.kernel_spec)
+        if bound is None:
+            bound = _bound[settings.kernel_spec] = type(cls.__name__, (cls,), {
+                "spec_name": settings.kernel_spec, "provisioner_name": provisioner_of(settings.kernel_spec),
+                "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+        return bound
 
     def __init__(self, spec: LaunchSpec, *, startup_timeout: float = 60.0) -> None:
         super().__init__(spec, startup_timeout=startup_timeout)
         if not self.spec_name:
             raise KernelStartError("ProvisionedKernel needs a kernelspec name (--kernel-spec)", "")
-        self.provisioner_name = provisioner_of(self.spec_name)
         guarded = spec.policy.get("profile") != "trusted"
         layer = f"provisioner:{self.provisioner_name}"
         spec.plan = SandboxPlan(layers=[layer, "guard"] if guarded else [layer])  # our OS layers do not apply
-
-    def _note(self, text: str) -> None:
-        if self._log is not None and not self._log.closed:
-            self._log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {text}\n".encode())
-            self._log.flush()
 
     # --- the seams --------------------------------------------------------------------------------
     def create_manager(self) -> ProvisionedManager:  # type: ignore[override]
@@ -169,7 +172,7 @@ class ProvisionedKernel(Kernel):
                                                                            if k != "signature_scheme"},
                                   signature_scheme=info.get("signature_scheme", "hmac-sha256"))
         await install_remote_startup(self)
-        self._note(f"kernel {km.kernel_id} launched by {self.provisioner_name} ({self.spec_name}); "
+        self.note(f"kernel {km.kernel_id} launched by {self.provisioner_name} ({self.spec_name}); "
                    "installed kernelexec's startup code")
 
     # --- lifecycle the remote way -------------------------------------------------------------------
@@ -177,7 +180,7 @@ class ProvisionedKernel(Kernel):
         """A new kernel (new id, new connection info) in place of the old one; the startup code runs again."""
         self.restarts += 1
         await self.shutdown()
-        self.slot = SLOTS[(SLOTS.index(self.slot) + 1) % len(SLOTS)]  # a new connection file: `kernelexec lab` sees a new kernel
+        self.slot = other_slot(self.slot)  # a new connection file: `kernelexec lab` sees a new kernel
         await self.start()
 
     async def shutdown(self) -> None:
@@ -217,7 +220,7 @@ class ProvisionedKernel(Kernel):
                 await km._async_cleanup_resources()
             with contextlib.suppress(Exception):
                 km.provisioner = None  # jupyter_client keeps it otherwise; nothing of it is needed any more
-        self._note(f"stopped kernel {km.kernel_id}")
+        self.note(f"stopped kernel {km.kernel_id}")
 
     @staticmethod
     async def _reap(provisioner: Any) -> None:

@@ -123,6 +123,19 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def pids_with(marker: str) -> list[int]:
+    """Processes whose command line contains ``marker`` (a session directory, a connection file, a kernel id)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if marker.encode() in fh.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
 def stop(proc: subprocess.Popen[bytes], grace: float = 10) -> None:
     proc.terminate()
     try:

@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("jupyter_server")
 from tornado.websocket import WebSocketClientConnection, websocket_connect  # noqa: E402
 
-from .conftest import Harness, clean_env, free_port, kernelexec_cmd, make_settings, start_harness, wait_for_port  # noqa: E402
+from .conftest import Harness, clean_env, free_port, kernelexec_cmd, make_settings, start_harness, stop, wait_for_port  # noqa: E402
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -81,12 +81,7 @@ async def lab(session: tuple[Harness, str], short_tmp: Path) -> AsyncIterator[tu
         wait_for_port(port, proc)
         yield lab, token, attached.rsplit(" ", 1)[1]
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, grace=15)
 
 
 async def execute(ws: WebSocketClientConnection, code: str) -> list[dict[str, Any]]:

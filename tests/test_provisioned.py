@@ -24,7 +24,7 @@ from mcp import Client, StdioServerParameters
 
 from kernelexec.provisioned import ProvisionedKernel
 
-from .conftest import Harness, clean_env, kernelexec_cmd, make_settings, serving
+from .conftest import Harness, clean_env, kernelexec_cmd, make_settings, pids_with, serving
 
 pytestmark = pytest.mark.anyio
 
@@ -71,22 +71,9 @@ def kernel_of(h: Harness, session: str) -> ProvisionedKernel:
     return kernel
 
 
-def processes_of(kernel_id: str) -> list[int]:
-    """Processes whose command line names this kernel id (the launcher and its listener)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if kernel_id.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                pass
-    return found
-
-
 async def gone(kernel_id: str, timeout: float = 30) -> bool:
     with anyio.move_on_after(timeout):
-        while processes_of(kernel_id):
+        while pids_with(kernel_id):
             await anyio.sleep(0.1)
         return True
     return False
@@ -99,7 +86,7 @@ async def test_a_stateful_session_runs_in_a_provisioned_kernel(remote: Harness) 
     assert second["result"] == 2 and second["execution_count"] == first["execution_count"] + 1
     assert second["layers"] == ["provisioner:distributed-provisioner", "guard"]
     kernel = kernel_of(remote, s)
-    launched = processes_of(kernel.km.kernel_id)
+    launched = pids_with(kernel.km.kernel_id)
     pid = (await remote.run("import os\nos.getpid()", session=s))["result"]
     assert pid in launched  # the provisioner's launcher runs the kernel, with the kernel id on its command line
     assert kernel.km.provisioner.__class__.__name__ == "DistributedProvisioner"
@@ -124,12 +111,12 @@ async def test_restart_is_a_new_kernel_and_the_old_one_is_gone(remote: Harness) 
     s = await remote.new_session()
     await remote.run("lost = 1", session=s)
     old = kernel_of(remote, s).km.kernel_id
-    assert processes_of(old)
+    assert pids_with(old)
     info = await remote.call("restart_session", session=s)
     assert info.structured_content["status"] == "restarted"
     assert (await remote.run("lost", session=s))["error_type"] == "NameError"
     new = kernel_of(remote, s).km.kernel_id
-    assert new != old and processes_of(new)
+    assert new != old and pids_with(new)
     assert await gone(old)  # the kernel and the launcher's listener: nothing left behind
     assert (await remote.run("import subprocess", session=s))["error_type"] == "ImportError"
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from .conftest import Harness, make_settings, serving
+from .conftest import Harness, make_settings, pids_with, serving
 
 pytestmark = pytest.mark.anyio
 
@@ -41,33 +41,10 @@ async def follow_up_works(h: Harness, session: str) -> None:
     await h.call("close_session", session=session)
 
 
-def pids_with(marker: str) -> list[int]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                if marker.encode() in fh.read():
-                    found.append(int(pid))
-        except OSError:
-            continue
-    return found
-
-
 async def gone(marker: str) -> None:
     """Wait (bounded) until no process has ``marker`` on its command line."""
     with anyio.fail_after(30):
-        while True:
-            alive = False
-            for pid in filter(str.isdigit, os.listdir("/proc")):
-                try:
-                    with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                        if marker.encode() in fh.read():
-                            alive = True
-                            break
-                except OSError:
-                    continue
-            if not alive:
-                return
+        while pids_with(marker):
             await anyio.sleep(0.05)
 
 
