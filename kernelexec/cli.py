@@ -15,6 +15,7 @@ from typing import Any
 from . import __version__
 from .config import Settings, load_settings
 from .errors import KernelexecError
+from .terminal import install_excepthook, install_logging, safe
 
 # Settings that belong to one command only.
 _SERVE_ONLY = {"transport", "host", "port"}
@@ -48,7 +49,7 @@ def _settings(args: argparse.Namespace) -> Settings:
     try:
         return load_settings(**overrides)
     except Exception as exc:  # pydantic ValidationError: say which setting is wrong, no traceback
-        sys.exit(f"kernelexec: invalid configuration: {exc}")
+        sys.exit(safe(f"kernelexec: invalid configuration: {exc}"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -110,7 +111,8 @@ def main(argv: list[str] | None = None) -> None:
 
         sys.exit(run_hook(args))
     settings = _settings(args)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="kernelexec %(levelname)s %(name)s: %(message)s")
+    install_excepthook()
+    install_logging(logging.WARNING, sys.stderr)  # every log line escaped: kernels and notebooks write into them
     if args.command == "config":
         print(json.dumps(settings.model_dump(mode="json"), indent=2))
         return
@@ -118,28 +120,28 @@ def main(argv: list[str] | None = None) -> None:
         try:
             from .lab import lab_command
         except ImportError as exc:
-            sys.exit(f"kernelexec lab needs Jupyter Server ({exc}): pip install 'kernelexec[lab]'")
+            sys.exit(safe(f"kernelexec lab needs Jupyter Server ({exc}): pip install 'kernelexec[lab]'"))
         sys.exit(lab_command(settings, port=args.lab_port, open_browser=args.open_browser))
     from .sandbox import preflight, report
 
     if args.command == "doctor":
-        print(report(settings))
+        print(safe(report(settings)))
         return
     try:
         for warning in preflight(settings):
             logging.getLogger("kernelexec").warning(warning)
     except KernelexecError as exc:
-        sys.exit(f"kernelexec: {exc}")
+        sys.exit(safe(f"kernelexec: {exc}"))
     if args.command == "serve" and settings.transport == "http":
         from .auth import LOOPBACK, load_tokens
 
         try:
             tokens = load_tokens(settings)
         except KernelexecError as exc:
-            sys.exit(f"kernelexec: {exc}")
+            sys.exit(safe(f"kernelexec: {exc}"))
         if settings.host not in LOOPBACK and not tokens:
-            sys.exit(f"kernelexec: refusing to listen on {settings.host} without authentication; "
-                     "set --auth-token / KERNELEXEC_AUTH_TOKEN or --auth-token-file, or bind 127.0.0.1")
+            sys.exit(safe(f"kernelexec: refusing to listen on {settings.host} without authentication; "
+                     "set --auth-token / KERNELEXEC_AUTH_TOKEN or --auth-token-file, or bind 127.0.0.1"))
     import anyio
 
     if args.command == "serve":
@@ -161,15 +163,15 @@ async def _serve(settings: Settings) -> None:
 
     layers = plan_for(settings, settings.effective_profile, session_dir=settings.sessions_dir, rw=[], ro=[],
                       cwd=settings.sessions_dir, key="serve").layers
-    print(f"kernelexec {__version__}: profile {settings.effective_profile}, layers {describe_layers(layers)} "
-          "(kernelexec doctor for details)", file=sys.stderr)
+    print(safe(f"kernelexec {__version__}: profile {settings.effective_profile}, layers {describe_layers(layers)} "
+               "(kernelexec doctor for details)"), file=sys.stderr)
     sessions = SessionManager(settings)
     async with sessions.running():
         server = build_server(settings, sessions)
         if settings.transport == "stdio":
             await server.run_stdio_async()
         else:
-            print(f"kernelexec: MCP over streamable HTTP at http://{settings.host}:{settings.port}/mcp", file=sys.stderr)
+            print(safe(f"kernelexec: MCP over streamable HTTP at http://{settings.host}:{settings.port}/mcp"), file=sys.stderr)
             security = None
             if settings.host not in ("127.0.0.1", "localhost", "::1"):
                 # DNS-rebinding protection stays on beyond loopback: only this host name is accepted

@@ -26,6 +26,7 @@ from jupyter_server.services.kernels.kernelmanager import ServerKernelManager
 
 from . import connections
 from .config import Settings
+from .terminal import safe
 
 
 class AttachedKernelManager(ServerKernelManager):
@@ -70,7 +71,7 @@ async def _watch(app: Any, directory: Path) -> None:
         for kernel_id, path in list(km.kernel_id_to_connection_file.items()):
             if kernel_id not in shown:
                 shown.add(kernel_id)
-                print(f"attached session {Path(path).stem.split('.')[0]} as kernel {kernel_id}", flush=True)
+                print(safe(f"attached session {Path(path).stem.split('.')[0]} as kernel {kernel_id}"), flush=True)
         await asyncio.sleep(1.0)
 
 
@@ -105,8 +106,8 @@ def lab_command(settings: Settings, *, port: int | None, open_browser: bool) -> 
     app = ServerApp.instance()
     app.initialize(argv=argv)
     what = "JupyterLab" if has_lab else "Jupyter Server (API only: pip install 'kernelexec[lab]' for JupyterLab)"
-    print(f"kernelexec lab: {what} at http://127.0.0.1:{port}{'/lab' if has_lab else '/api/kernels'}?token={token}", flush=True)
-    print(f"kernelexec lab: session kernels from {directory}; notebooks under {settings.sessions_dir}", flush=True)
+    print(safe(f"kernelexec lab: {what} at http://127.0.0.1:{port}{'/lab' if has_lab else '/api/kernels'}?token={token}"), flush=True)
+    print(safe(f"kernelexec lab: session kernels from {directory}; notebooks under {settings.sessions_dir}"), flush=True)
     app.io_loop.add_callback(_watch, app, directory)
     app.start()
     return 0

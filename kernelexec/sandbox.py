@@ -473,7 +473,9 @@ def report(settings: Settings) -> str:
         lines += ["", "status: ok" if not warnings else "status: " + "; ".join(warnings)]
     except KernelexecError as exc:
         lines += ["", f"status: REFUSED: {exc}"]
-    return "\n".join(lines)
+    from .terminal import safe
+
+    return safe("\n".join(lines))  # paths, kernelspec names and config text: no terminal controls
 
 
 def describe_layers(layers: list[str]) -> str:
