@@ -65,6 +65,7 @@ from .kernel import Kernel
 from .launch import LaunchSpec
 from .remote_startup import install_remote_startup, remote_policy, startup_code  # noqa: F401 (re-exported)
 from .sandbox import SandboxPlan
+from . import wire
 
 logger = logging.getLogger(__name__)
 
@@ -259,7 +260,7 @@ class GatewayChannelsClient(GatewayKernelClient):
                     break
                 if isinstance(raw, bytes):  # a message with binary buffers (widgets): not ours
                     continue
-                msg = json_decode(raw)
+                msg = wire.loads(raw)  # untrusted: cleaned at the door, like local kernels' messages
                 channel = queues.get(msg.get("channel", ""))
                 if channel is None:
                     continue

@@ -9,9 +9,9 @@ Callers hold the session lock: at most one request is ever in flight per kernel.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import queue
-import re
 import signal
 import subprocess
 import time
@@ -20,97 +20,20 @@ from pathlib import Path
 from typing import IO, Any
 
 import anyio
+import anyio.lowlevel
 from jupyter_client.manager import AsyncKernelManager
 
 from .errors import KernelStartError
 from .launch import SLOTS, LaunchSpec, kernel_manager, other_slot
+from .collector import Caps, Collector, strip_ansi
 from .models import Execution
+from .wire import harden
 
 logger = logging.getLogger(__name__)
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
 _POLL = 0.2  # seconds between liveness checks while waiting on output
 
 OnOutput = Callable[[str, str], Awaitable[None]]  # (stream name, text) for progress reporting
-
-
-def strip_ansi(text: str) -> str:
-    return _ANSI.sub("", text)
-
-
-def _output_from_msg(msg: dict[str, Any]) -> dict[str, Any]:
-    from nbformat.v4 import output_from_msg  # imported lazily: nbformat costs ~0.3 s at import
-
-    return dict(output_from_msg(msg))
-
-
-class _Collector:
-    """Turns one request's IOPub messages into an Execution (after nbclient's output handling)."""
-
-    def __init__(self, execution: Execution) -> None:
-        self.ex = execution
-        self.clear_before_next = False
-        self.display_index: dict[str, list[int]] = {}
-        self.idle = False
-        self.began = False
-
-    def handle(self, msg: dict[str, Any]) -> None:
-        kind = msg["msg_type"]
-        content = msg["content"]
-        self.began = True  # the kernel reported taking the request
-        if kind == "status":
-            self.idle = content.get("execution_state") == "idle"
-            return
-        if kind == "execute_input":
-            self.ex.execution_count = content.get("execution_count")
-            return
-        if kind == "clear_output":
-            if content.get("wait"):
-                self.clear_before_next = True
-            else:
-                self._clear()
-            return
-        if kind not in ("stream", "display_data", "execute_result", "error", "update_display_data"):
-            return
-        if self.clear_before_next:
-            self._clear()
-        if kind == "stream":
-            self._stream(content["name"], content.get("text", ""))
-            return
-        if kind == "update_display_data":
-            display_id = content.get("transient", {}).get("display_id")
-            for index in self.display_index.get(display_id, []):
-                out = self.ex.outputs[index]
-                out["data"] = _output_from_msg({**msg, "msg_type": "display_data"})["data"]
-                out["metadata"] = content.get("metadata", {})
-            return
-        out = _output_from_msg(msg)
-        if kind == "error":
-            out["traceback"] = [strip_ansi(line) for line in out.get("traceback", [])]
-            self.ex.error = {"ename": out["ename"], "evalue": out["evalue"], "traceback": out["traceback"]}
-        if kind in ("display_data", "execute_result"):
-            display_id = content.get("transient", {}).get("display_id")
-            if display_id:
-                self.display_index.setdefault(display_id, []).append(len(self.ex.outputs))
-            if kind == "execute_result":
-                self.ex.execution_count = content.get("execution_count", self.ex.execution_count)
-        self.ex.outputs.append(out)
-
-    def _stream(self, name: str, text: str) -> None:
-        if name == "stdout":
-            self.ex.stdout += text
-        else:
-            self.ex.stderr += text
-        last = self.ex.outputs[-1] if self.ex.outputs else None
-        if last is not None and last.get("output_type") == "stream" and last.get("name") == name:
-            last["text"] += text
-        else:
-            self.ex.outputs.append({"output_type": "stream", "name": name, "text": text})
-
-    def _clear(self) -> None:
-        self.clear_before_next = False
-        self.ex.outputs = [o for o in self.ex.outputs if o.get("output_type") == "error"]
-        self.display_index.clear()
 
 
 class Kernel:
@@ -142,6 +65,7 @@ class Kernel:
         dirs = self.spec.dirs
         self._log = open(dirs.log, "ab")  # noqa: SIM115 - lives as long as the kernel
         km = self.create_manager()
+        harden(km.session)  # every message this kernel sends is decoded and cleaned by wire.loads
         self.km = km
         try:
             with anyio.fail_after(self.startup_timeout):
@@ -377,7 +301,7 @@ class Kernel:
             ex.restart_reason = (f"before this code ran, the kernel had died ({status}); it was restarted, "
                                  "so variables from earlier calls are lost")
         msg_id = self._send(code)
-        collector = _Collector(ex)
+        collector = Collector(ex, self.caps(), self.spec.dirs.outputs, tag=f"stream-{msg_id[:12]}")
         try:
             state = await self._collect(msg_id, collector, started + timeout, on_output)
             if state == "timeout":
@@ -394,8 +318,16 @@ class Kernel:
                 await self._escalate(msg_id, collector, grace, ex, "the call was cancelled")
             raise
         finally:
+            collector.finish()
             ex.duration_ms = round((time.monotonic() - started) * 1000, 3)
         return ex
+
+    def caps(self) -> Caps:
+        """The server's own per-cell caps: a little above what the kernel's cap forwards, so an honest
+        kernel never meets them."""
+        policy = self.spec.policy
+        stream_cap = int(policy.get("stream_cap", 1_000_000))
+        return Caps(stream_keep=stream_cap + stream_cap // 10 + 1000, spill_cap=max(int(policy.get("disk_cap", 64_000_000)), stream_cap))
 
     def _send(self, code: str) -> str:
         return self.kc.execute(
@@ -407,7 +339,7 @@ class Kernel:
         )
 
     async def _collect(
-        self, msg_id: str, collector: _Collector, deadline: float, on_output: OnOutput | None
+        self, msg_id: str, collector: Collector, deadline: float, on_output: OnOutput | None
     ) -> str:
         """Read IOPub until the request's idle status: returns ``idle``, ``timeout`` or ``dead``."""
         next_check = time.monotonic() + self.liveness_every
@@ -424,15 +356,20 @@ class Kernel:
                 msg = await self.kc.get_iopub_msg(timeout=min(remaining, _POLL))
             except queue.Empty:
                 continue
-            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+            except Exception as exc:  # a message that would not decode (see wire.loads): dropped, counted
+                collector.handle({"msg_type": "?", "content": None, "error": repr(exc)})
                 continue
-            collector.handle(msg)
-            if on_output is not None and msg["msg_type"] == "stream":
-                await on_output(msg["content"]["name"], msg["content"].get("text", ""))
+            await anyio.lowlevel.checkpoint()  # a flood of ready messages must not starve other sessions
+            parent = msg.get("parent_header") if isinstance(msg, dict) else None
+            if not isinstance(parent, dict) or parent.get("msg_id") != msg_id:
+                continue
+            text = collector.handle(msg)
+            if on_output is not None and text:
+                await on_output(msg["content"]["name"], text)
             if collector.idle:
                 return "idle"
 
-    async def _escalate(self, msg_id: str, collector: _Collector, grace: float, ex: Execution, why: str) -> str:
+    async def _escalate(self, msg_id: str, collector: Collector, grace: float, ex: Execution, why: str) -> str:
         """SIGINT, wait ``grace`` for idle; if the cell still runs (C loop, SIGINT ignored), restart."""
         if not await self.is_alive():
             await self._after_death(ex)
@@ -474,22 +411,32 @@ class Kernel:
                 reply = await self.kc.get_shell_msg(timeout=remaining)
             except queue.Empty:
                 return
-            if reply.get("parent_header", {}).get("msg_id") == msg_id:
+            except Exception:  # a reply that would not decode (wire.loads): not ours to wait for
+                ex.notes.append("the server dropped an unreadable shell message")
+                continue
+            if _parent_id(reply) == msg_id:
                 break
-        content = reply["content"]
-        ex.execution_count = content.get("execution_count", ex.execution_count)
+        content = reply.get("content") if isinstance(reply, dict) else None
+        if not isinstance(content, dict):
+            ex.notes.append("the server dropped a malformed execute_reply (content is not an object)")
+            return
+        count = content.get("execution_count")
+        if isinstance(count, int) and not isinstance(count, bool):
+            ex.execution_count = count
         if content.get("status") == "error" and ex.error is None:
+            traceback = content.get("traceback", [])
             ex.error = {
-                "ename": content.get("ename", "Error"),
-                "evalue": content.get("evalue", ""),
-                "traceback": [strip_ansi(t) for t in content.get("traceback", [])],
+                "ename": str(content.get("ename", "Error")),
+                "evalue": str(content.get("evalue", "")),
+                "traceback": [strip_ansi(t) for t in traceback if isinstance(t, str)] if isinstance(traceback, list) else [],
             }
-        report = content.get("user_expressions", {}).get("report", {})
-        data = report.get("data", {}) if report.get("status") == "ok" else {}
-        payload = data.get("application/json")
+        expressions = content.get("user_expressions")
+        report = expressions.get("report") if isinstance(expressions, dict) else None
+        data = report.get("data") if isinstance(report, dict) and report.get("status") == "ok" else None
+        payload = data.get("application/json") if isinstance(data, dict) else None
         if isinstance(payload, dict):
-            ex.streams_cut = payload.pop("streams", {}) or {}
-            ex.result = payload if payload.get("kind") != "none" else None
+            ex.streams_cut = _streams_cut(payload.pop("streams", None), self.spec.dirs.spill)
+            ex.result = _result(payload, self.spec.dirs.spill)
 
     async def evaluate(self, expression: str, *, timeout: float = 10.0) -> Any:
         """Evaluate one expression silently (no history, no IOPub output); return its JSON or text."""
@@ -505,10 +452,50 @@ class Kernel:
                 if not await self.km.is_alive():
                     raise KernelStartError("kernel died", self.log_tail()) from None
                 continue
-            if reply.get("parent_header", {}).get("msg_id") == msg_id:
+            except Exception:  # a reply that would not decode (wire.loads)
+                continue
+            if _parent_id(reply) == msg_id:
                 break
-        value = reply["content"].get("user_expressions", {}).get("x", {})
-        if value.get("status") != "ok":
+        content = reply.get("content")
+        expressions = content.get("user_expressions") if isinstance(content, dict) else None
+        value = expressions.get("x") if isinstance(expressions, dict) else None
+        if not isinstance(value, dict) or value.get("status") != "ok":
+            value = value if isinstance(value, dict) else {}
             return {"error": f"{value.get('ename')}: {value.get('evalue')}"}
-        data = value.get("data", {})
-        return data.get("application/json", data.get("text/plain"))
+        data = value.get("data")
+        return data.get("application/json", data.get("text/plain")) if isinstance(data, dict) else None
+
+
+def _parent_id(msg: Any) -> Any:
+    parent = msg.get("parent_header") if isinstance(msg, dict) else None
+    return parent.get("msg_id") if isinstance(parent, dict) else None
+
+
+def _streams_cut(report: Any, spill_dir: Path) -> dict[str, Any]:
+    """The kernel's report of what its stream cap cut, kept only in the shape the runtime gives it
+    (a file it names must be in the session's spill directory)."""
+    if not isinstance(report, dict):
+        return {}
+    kept: dict[str, Any] = {}
+    for name in ("stdout", "stderr"):
+        item = report.get(name)
+        if isinstance(item, dict):
+            path = item.get("file")
+            ok = isinstance(path, str) and Path(path).parent == spill_dir
+            kept[name] = {**{k: v for k, v in item.items() if k != "file"}, **({"file": path} if ok else {})}
+    return kept
+
+
+def _result(payload: dict[str, Any], spill_dir: Path) -> dict[str, Any] | None:
+    """The runtime's result report, if it has the runtime's shape (kind, format, text, file)."""
+    if payload.get("kind") == "none" or not isinstance(payload.get("text"), str):
+        return None
+    if payload.get("format") == "json":
+        try:
+            json.loads(payload["text"])
+        except ValueError:
+            payload = {**payload, "format": "text"}
+    path = payload.get("file")
+    if path is not None and not (isinstance(path, str) and Path(path).parent == spill_dir):
+        payload = {k: v for k, v in payload.items() if k != "file"}
+    return payload

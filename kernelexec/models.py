@@ -26,6 +26,8 @@ class Execution:
     outputs: list[dict[str, Any]] = field(default_factory=list)  # nbformat v4 output dicts, in order
     result: dict[str, Any] | None = None  # the kernel runtime's report (kind, format, text, file)
     streams_cut: dict[str, Any] = field(default_factory=dict)  # what the kernel's stream cap cut
+    stream_files: dict[str, str] = field(default_factory=dict)  # the server's spill file of a stream it capped
+    notes: list[str] = field(default_factory=list)  # what the server did to the kernel's messages (caps, drops)
     error: dict[str, Any] | None = None  # ename, evalue, traceback (ANSI stripped)
     execution_count: int | None = None
     duration_ms: float = 0.0
@@ -76,6 +78,7 @@ class ExecuteResult(BaseModel):
     notebook: str | None = Field(None, description="Path of this session's notebook record")
     profile: str = Field(description="Policy profile in force")
     layers: list[str] = Field(default_factory=list, description="Isolation layers around this kernel (env, rlimits, landlock, seccomp, bubblewrap, netns, cgroup, guard)")
+    notes: list[str] = Field(default_factory=list, description="What the server did to this cell's output (caps it applied, malformed kernel messages it dropped)")
 
 
 class RunPythonResult(BaseModel):

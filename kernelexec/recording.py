@@ -1,11 +1,14 @@
-"""Every call of a session, recorded as a real notebook.
+"""Every call of a session, recorded as a real notebook, current when its answer goes out.
 
-The durable record is an append-only journal (one JSON line per cell, flushed and fsynced before
-the answer goes out), so a call costs the same in a 500-cell session as in the first. The
-``.ipynb`` is materialised from the journal atomically (temp file + ``os.replace``) shortly after
-each cell, on demand (resource reads, replay, close), and on start-up after a crash
-(``rebuild_stale``). A crash of the kernel, the server or the machine loses at most the cell in
-flight. The session manager materialises dirty notebooks in the background.
+Two files per session, both written before the answer leaves (off the event loop):
+- ``journal.jsonl``, one JSON line per cell, flushed and fsynced: the durable record.
+- ``notebook.ipynb``, kept current by appending in place: its JSON ends with the cells array, one
+  cell per line (JSON strings escape newlines, so a raw newline only ever separates cells), so a
+  cell costs one write at the end of the file, never a rewrite of what came before; the file is
+  valid nbformat after every answered cell. A server SIGKILLed mid-append can leave a torn last
+  line: ``rebuild_stale`` (server start, ``kernelexec replay``) sees that the notebook does not end
+  as it should, or holds fewer cells than the journal, and writes it again from the journal,
+  atomically (temp file + ``os.replace``), as it does for one a crash left behind its journal.
 
 Besides code cells the journal holds markdown *marker* cells for what happened to the kernel between
 calls (``restart_session``, a restore, a revival after a server restart), so a reader sees them and
@@ -15,7 +18,9 @@ was closed (a closed session is never revived).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import tempfile
 import time
@@ -24,6 +29,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .models import Execution
+from .wire import clean
+
+logger = logging.getLogger(__name__)
 
 SESSION_FILE = "session.json"
 Event = Literal["restart", "restore", "revive"]
@@ -115,97 +123,176 @@ def mark_closed(session_dir: Path) -> None:
 
 
 def rebuild_stale(sessions_dir: Path) -> list[Path]:
-    """Materialise every notebook older than its journal (a server killed before writing it).
+    """Rewrite every notebook its journal is ahead of (a server killed before or while writing it).
 
-    Called when a server starts and by ``kernelexec replay``; returns the notebooks written.
+    Called when a server starts and by ``kernelexec replay``; returns the notebooks written. Each
+    session directory is on its own: one that cannot be read or written is logged and skipped.
     """
-    written = []
+    written: list[Path] = []
     try:
-        dirs = [d for d in sessions_dir.iterdir() if d.is_dir()]
+        dirs = [d for d in sessions_dir.iterdir() if d.is_dir() and not d.is_symlink()]
     except OSError:
         return written
     for d in dirs:
-        recorder = Recorder(d / "journal.jsonl", d / "notebook.ipynb", _notebook_meta(d))
-        if recorder.dirty:
-            written.append(recorder.write_notebook())
+        try:
+            recorder = Recorder(d / "journal.jsonl", d / "notebook.ipynb", notebook_meta(d))
+            if recorder.journal.exists() and recorder.stale():
+                written.append(recorder.write_notebook())
+        except Exception as exc:  # noqa: BLE001 - one broken directory must never stop a start
+            logger.warning("skipping session directory %s: its notebook could not be rebuilt (%s)", d.name, exc)
     return written
 
 
-def _notebook_meta(session_dir: Path) -> dict[str, Any]:
+def notebook_meta(session_dir: Path) -> dict[str, Any]:
+    """The notebook-level ``kernelexec`` metadata of a session directory, from its ``session.json``."""
     meta = read_session_meta(session_dir) or {}
-    return {k: meta[k] for k in ("session", "profile", "created") if k in meta} or {"session": session_dir.name}
+    kept = {k: meta[k] for k in ("session", "profile", "created") if k in meta and isinstance(meta[k], (str, int, float))}
+    return kept or {"session": session_dir.name}
+
+
+_TAIL = b"\n]}\n"  # how a notebook file ends: the cells array, then the top-level object, closed
+
+
+def _line(record: dict[str, Any]) -> bytes:
+    """One JSON line, valid UTF-8 whatever the strings hold (they are cleaned at the kernel's door,
+    but the record must never be the thing that breaks)."""
+    try:
+        return json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(clean(record), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 class Recorder:
-    """Appends cells to a session's journal and keeps its notebook file up to date."""
+    """Appends cells to a session's journal and to its notebook file (see the module docstring)."""
 
     def __init__(self, journal: Path, notebook: Path, session_meta: dict[str, Any]) -> None:
         self.journal = journal
         self.notebook = notebook
         self.session_meta = session_meta
-        self._dirty = journal.exists() and (
-            not notebook.exists() or notebook.stat().st_mtime < journal.stat().st_mtime
-        )
+        self._count: int | None = None  # cells in the notebook file, once known
+
+    def _header(self) -> bytes:
+        """Everything before the first cell: the notebook's metadata on one line, then ``"cells": [``."""
+        metadata = {
+            "kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"},
+            "language_info": {"name": "python"},
+            "kernelexec": self.session_meta,
+        }
+        head = json.dumps({"metadata": metadata, "nbformat": 4, "nbformat_minor": 5}, ensure_ascii=False)
+        return head[:-1].encode("utf-8") + b', "cells": ['
+
+    def _cell_line(self, record: dict[str, Any], number: int) -> bytes:
+        return _line({**record, "id": f"cell-{number}"})
+
+    def start(self) -> None:
+        """Make the notebook file exist and match the journal (a new session: an empty notebook).
+        O(journal) once per recorder; each append after it is O(1)."""
+        count = self.notebook_count()
+        if count is None or count != self.journal_count():
+            self.write_notebook()
+        else:
+            self._count = count
 
     def append(self, ex: Execution, meta: dict[str, Any]) -> None:
-        """Journal one call (fsynced before this returns, so before the answer goes out)."""
-        self._write_line(cell_record(ex, meta))
+        """Record one call in the journal (fsynced) and the notebook, before its answer goes out."""
+        self._record(cell_record(ex, meta))
 
     def mark(self, event: Event, text: str, **info: Any) -> None:
-        """Journal a kernel event between calls (see ``marker_record``)."""
-        self._write_line(marker_record(event, text, info))
+        """Record a kernel event between calls (see ``marker_record``)."""
+        self._record(marker_record(event, text, info))
 
-    def _write_line(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, separators=(",", ":"))
-        with open(self.journal, "a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
+    def _record(self, record: dict[str, Any]) -> None:
+        line = _line(record)
+        with open(self.journal, "ab") as fh:
+            fh.write(line + b"\n")
             fh.flush()
             os.fsync(fh.fileno())
-        self._dirty = True
+        try:
+            self._append_cell(record)
+        except (OSError, ValueError) as exc:  # the journal has it; the next start rebuilds the notebook
+            logger.warning("appending to %s failed (%s); rewriting it from the journal", self.notebook, exc)
+            self.write_notebook()
+
+    def _append_cell(self, record: dict[str, Any]) -> None:
+        if self._count is None:
+            self.start()  # the journal already holds this cell, so the notebook now does too
+            return
+        number = self._count + 1
+        body = (b"\n" if number == 1 else b",\n") + self._cell_line(record, number) + _TAIL
+        fd = os.open(self.notebook, os.O_RDWR)
+        try:
+            end = os.fstat(fd).st_size
+            if end < len(_TAIL) or os.pread(fd, len(_TAIL), end - len(_TAIL)) != _TAIL:
+                raise ValueError("the notebook file does not end as kernelexec writes it")
+            os.pwrite(fd, body, end - len(_TAIL))  # one write: the file is valid before and after it
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._count = number
+
+    def journal_count(self) -> int:
+        """Complete journal lines (a torn last line, from a crash mid-write, does not count)."""
+        return len(self.cells())
 
     def cells(self) -> list[dict[str, Any]]:
-        """All recorded cells; a torn last line (a crash mid-write) is skipped."""
+        """All recorded cells; a torn or unreadable line is skipped."""
         if not self.journal.exists():
             return []
         cells = []
-        with open(self.journal, encoding="utf-8") as fh:
+        with open(self.journal, encoding="utf-8", errors="replace") as fh:
             for line in fh:
                 try:
-                    cells.append(json.loads(line))
+                    cell = json.loads(line)
                 except json.JSONDecodeError:
                     continue
+                if isinstance(cell, dict):
+                    cells.append(cell)
         return cells
 
-    def write_notebook(self) -> Path:
-        """Materialise the notebook from the journal, atomically."""
-        import nbformat  # lazily: costs ~0.3 s at import
+    def notebook_count(self) -> int | None:
+        """Cells in the notebook file, counted by its line breaks; None when it does not end as ours do."""
+        try:
+            with open(self.notebook, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                size = fh.tell()
+                if size < len(_TAIL):
+                    return None
+                fh.seek(size - len(_TAIL))
+                if fh.read() != _TAIL:
+                    return None
+                fh.seek(0)
+                breaks = sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
+        except OSError:
+            return None
+        return breaks - _TAIL.count(b"\n")
 
-        nb = nbformat.v4.new_notebook()
-        nb.metadata.update(
-            {
-                "kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"},
-                "language_info": {"name": "python"},
-                "kernelexec": self.session_meta,
-            }
-        )
-        for cell in self.cells():
-            nb.cells.append(nbformat.from_dict({**cell, "id": f"cell-{len(nb.cells) + 1}"}))
-        data = nbformat.writes(nb)
+    def stale(self) -> bool:
+        """True when the notebook file is missing, torn, or behind its journal."""
+        count = self.notebook_count()
+        return count is None or count != self.journal_count()
+
+    def write_notebook(self) -> Path:
+        """Write the whole notebook from the journal, atomically (temp file + ``os.replace``)."""
+        cells = self.cells()
         fd, tmp = tempfile.mkstemp(dir=self.notebook.parent, prefix=".notebook-", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.notebook)
-        self._dirty = False
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(self._header())
+                for number, cell in enumerate(cells, 1):
+                    fh.write((b"\n" if number == 1 else b",\n") + self._cell_line(cell, number))
+                fh.write(_TAIL)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.notebook)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        self._count = len(cells)
         return self.notebook
 
-    @property
-    def dirty(self) -> bool:
-        return self._dirty
-
-    def flush(self) -> Path | None:
-        """Write the notebook if cells were appended since the last write."""
-        if self._dirty:
-            return self.write_notebook()
-        return self.notebook if self.notebook.exists() else None
+    def current(self) -> Path:
+        """The notebook file, written again first if it is missing or behind (resource reads, close)."""
+        if self.stale():
+            self.write_notebook()
+        return self.notebook

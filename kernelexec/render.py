@@ -17,7 +17,7 @@ from typing import Any
 
 from mcp_types import ContentBlock, EmbeddedResource, ImageContent, ResourceLink, TextContent, TextResourceContents
 
-from .kernel import strip_ansi
+from .collector import strip_ansi
 from .models import Execution, ExecuteResult, OutputRef
 
 EXTENSIONS = {
@@ -113,8 +113,7 @@ class Renderer:
         for name in ("stdout", "stderr"):
             raw = getattr(ex, name)
             shown, was_cut = cut(readable(raw), self.stream_chars)
-            kernel_file = ex.streams_cut.get(name, {}).get("file")
-            path = kernel_file
+            path = ex.stream_files.get(name) or ex.streams_cut.get(name, {}).get("file")
             if was_cut and path is None:
                 path = str(self._write(f"{stem}-{name}", "txt", raw.encode(errors="replace"))[0])
             fields[name] = shown
@@ -137,7 +136,11 @@ class Renderer:
             for mime, value in data.items():
                 if mime == "text/plain" or mime not in EXTENSIONS and not mime.startswith("image/"):
                     continue
-                raw = _as_bytes(mime, value)
+                try:
+                    raw = _as_bytes(mime, value)
+                except ValueError:  # not base64 where the MIME type says binary: a kernel's forgery
+                    ex.notes.append(f"the server dropped a {mime} output that was not valid base64")
+                    continue
                 ext = EXTENSIONS.get(mime, mime.rsplit("/", 1)[-1].split("+")[0])
                 path, uri = self._write(f"{stem}-out{index}", ext, raw)
                 refs.append(OutputRef(mime_type=mime, size=len(raw), path=str(path), uri=uri))
@@ -172,6 +175,7 @@ class Renderer:
             notebook=notebook,
             profile=self.profile,
             layers=layers or [],
+            notes=list(ex.notes),
             **fields,
         )
         return Rendered(structured, [TextContent(type="text", text=summary_text(structured)), *blocks])
@@ -179,7 +183,7 @@ class Renderer:
 
 def _as_bytes(mime: str, value: Any) -> bytes:
     if mime in BINARY:
-        return base64.b64decode(value if isinstance(value, str) else "".join(value))
+        return base64.b64decode(value if isinstance(value, str) else "".join(value), validate=False)
     if isinstance(value, (dict, list)) and not mime.startswith("text/") and mime != "image/svg+xml":
         return json.dumps(value, indent=1).encode()
     if isinstance(value, list):
@@ -220,6 +224,7 @@ def summary_text(r: ExecuteResult) -> str:
     parts = [f"[{status}] session={r.session} cell={r.execution_count} {r.duration_ms:.0f} ms profile={r.profile} layers={'+'.join(r.layers) or 'none'}"]
     if r.restart_reason:
         parts.append(f"NOTE: {r.restart_reason}")
+    parts.extend(f"NOTE: {note}" for note in r.notes)
     if r.result is not None:
         shown = r.result if isinstance(r.result, str) else json.dumps(r.result)
         parts.append(f"<kernelexec-result>\n{esc(shown)}\n</kernelexec-result>")

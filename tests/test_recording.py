@@ -47,7 +47,7 @@ async def test_every_call_becomes_a_valid_cell_matching_its_answer(harness: Harn
     answers = [await harness.run(code, session=s, **({"timeout": t} if t else {})) for code, t in calls]
     nb = await read_notebook(harness, s)
     assert nb.metadata.kernelexec["session"] == s
-    assert Path(answers[-1]["notebook"]).read_text() == nbformat.writes(nb)  # the resource is the file
+    assert nbformat.reads(Path(answers[-1]["notebook"]).read_text(), as_version=4) == nb  # the resource is the file
     assert len(nb.cells) == len(calls)
     for cell, (code, timeout), answer in zip(nb.cells, calls, answers, strict=True):
         meta = cell.metadata.kernelexec
@@ -87,24 +87,73 @@ async def test_kernel_death_and_restarts_are_in_the_record(harness: Harness) -> 
     assert after.outputs[0].data["text/plain"] == "2"
 
 
-def test_notebook_is_rebuilt_from_the_journal_and_a_torn_last_line_is_skipped(tmp_path: Path) -> None:
-    session = tmp_path / "sessions" / "handle-1234"
+def _session_dir(base: Path, handle: str = "handle-1234") -> tuple[Path, Recorder]:
+    session = base / "sessions" / handle
     session.mkdir(parents=True)
-    (session / "session.json").write_text(json.dumps({"session": "handle-1234", "profile": "standard", "created": 0}))
-    recorder = Recorder(session / "journal.jsonl", session / "notebook.ipynb", {"session": "handle-1234"})
+    (session / "session.json").write_text(json.dumps({"session": handle, "profile": "standard", "created": 0}))
+    return session, Recorder(session / "journal.jsonl", session / "notebook.ipynb", {"session": handle})
+
+
+def test_every_append_leaves_a_valid_notebook_and_a_torn_journal_line_is_skipped(tmp_path: Path) -> None:
+    session, recorder = _session_dir(tmp_path)
+    recorder.start()
+    assert nbformat.read(session / "notebook.ipynb", as_version=4).cells == []  # exists before any cell
     ok = Execution(code="a = 1", execution_count=1, duration_ms=2.5)
     died = Execution(code="boom()", execution_count=2, ending="kernel_died", restart_reason="the kernel died")
-    recorder.append(ok, {"session": "handle-1234"})
-    recorder.append(died, {"session": "handle-1234"})
-    recorder.mark("restart", "kernel restarted")
-    with open(session / "journal.jsonl", "a") as fh:
-        fh.write('{"cell_type": "code", "sour')  # the machine died mid-write
-    assert rebuild_stale(tmp_path / "sessions") == [session / "notebook.ipynb"]
-    nb = nbformat.read(session / "notebook.ipynb", as_version=4)
-    nbformat.validate(nb)
+    for step, (kind, item) in enumerate([("cell", ok), ("cell", died), ("mark", None)], 1):
+        if kind == "cell":
+            recorder.append(item, {"session": "handle-1234"})
+        else:
+            recorder.mark("restart", "kernel restarted")
+        nb = nbformat.read(session / "notebook.ipynb", as_version=4)
+        nbformat.validate(nb)
+        assert len(nb.cells) == step  # current after every record, no debounce
     assert [c.cell_type for c in nb.cells] == ["code", "code", "markdown"]
     assert nb.cells[1].outputs == [nbformat.from_dict(cell_record(died, {})["outputs"][0])]
+    with open(session / "journal.jsonl", "a") as fh:
+        fh.write('{"cell_type": "code", "sour')  # the machine died mid-write
+    assert rebuild_stale(tmp_path / "sessions") == []  # the torn line is no cell: nothing to do
+
+
+def test_a_notebook_behind_or_torn_is_rebuilt_and_one_broken_directory_does_not_stop_the_rest(tmp_path: Path) -> None:
+    behind, rec_behind = _session_dir(tmp_path, "behind-1234")
+    torn, rec_torn = _session_dir(tmp_path, "torn-12345")
+    broken, _ = _session_dir(tmp_path, "broken-1234")
+    for rec in (rec_behind, rec_torn):
+        rec.append(Execution(code="a = 1", execution_count=1), {})
+    # killed between the journal's fsync and the notebook's append
+    (behind / "journal.jsonl").open("a").write(json.dumps(cell_record(Execution(code="b = 2"), {})) + "\n")
+    # killed in the middle of the notebook's append
+    data = (torn / "notebook.ipynb").read_bytes()
+    (torn / "notebook.ipynb").write_bytes(data[:-7])
+    # a directory nothing can be made of: its journal is a directory, its notebook a file it cannot replace
+    (broken / "journal.jsonl").mkdir()
+    (broken / "notebook.ipynb").mkdir()
+    written = rebuild_stale(tmp_path / "sessions")
+    assert sorted(written) == sorted([behind / "notebook.ipynb", torn / "notebook.ipynb"])
+    assert [c.source for c in nbformat.read(behind / "notebook.ipynb", as_version=4).cells] == ["a = 1", "b = 2"]
+    assert [c.source for c in nbformat.read(torn / "notebook.ipynb", as_version=4).cells] == ["a = 1"]
     assert rebuild_stale(tmp_path / "sessions") == []  # up to date now
+
+
+def _written() -> int:
+    """Bytes this process has handed to write(2) so far (/proc/self/io ``wchar``)."""
+    return int(next(line.split()[1] for line in open("/proc/self/io") if line.startswith("wchar:")))
+
+
+def test_recording_cost_does_not_grow_with_the_notebook(tmp_path: Path) -> None:
+    """Each append writes its line at the end: the bytes written for cell 10 and cell 2,000 are alike
+    (a rewrite of the notebook would write all of it every time)."""
+    session, recorder = _session_dir(tmp_path)
+    recorder.start()
+    cost = []
+    for n in range(2000):
+        before = _written()
+        recorder.append(Execution(code=f"x = {n:04d}", execution_count=n + 1), {"session": "handle-1234"})
+        cost.append(_written() - before)
+    assert (session / "notebook.ipynb").stat().st_size > 100 * cost[10]
+    assert cost[1999] < 1.2 * cost[10]
+    assert len(nbformat.read(session / "notebook.ipynb", as_version=4).cells) == 2000
 
 
 # --- a server killed mid-session -------------------------------------------------------------------
@@ -157,9 +206,13 @@ async def test_a_killed_server_loses_only_the_cell_in_flight_and_its_session_com
             os.kill(server_pid(state), signal.SIGKILL)
     journal = [json.loads(line) for line in (session_dir / "journal.jsonl").read_text().splitlines()]
     assert [c["source"] for c in journal] == ["x = 20", "1 / 0", "y = x + 1"]
+    # with no server running: the notebook the answers named already holds every answered cell
+    nb = nbformat.read(session_dir / "notebook.ipynb", as_version=4)
+    nbformat.validate(nb)
+    assert [c.source for c in nb.cells] == ["x = 20", "1 / 0", "y = x + 1"]
 
     async with Client(stdio_params(state)) as client:
-        await client.list_tools()  # the server is up: it rebuilt the stale notebook on start
+        await client.list_tools()  # the server is up; the notebook is still the same
         nb = nbformat.read(session_dir / "notebook.ipynb", as_version=4)
         nbformat.validate(nb)
         assert [c.source for c in nb.cells] == ["x = 20", "1 / 0", "y = x + 1"]

@@ -1,0 +1,77 @@
+"""The one door kernel messages come in by: every byte a kernel sends is untrusted input.
+
+A cell holds its kernel's session key, so it can put any message on any channel, bypassing the
+in-kernel output cap and packer. JSON's ``\\ud800`` escape decodes to a lone surrogate that no
+UTF-8 writer accepts (the stdio transport, the notebook file), and ``NaN`` is not JSON at all.
+``loads`` decodes a message part and cleans it: lone surrogates become U+FFFD (a valid pair is
+joined into its character), ``NaN``/``Infinity`` become ``null``, and nesting deeper than any real
+message is cut. Local and provisioned kernels get it as their wire session's ``unpack``
+(``harden``); the gateway client decodes its WebSocket frames with it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+MAX_DEPTH = 64  # deeper structures than any Jupyter message has are replaced by a note
+_ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """``text`` as valid Unicode: a lone surrogate becomes U+FFFD, a surrogate pair its character."""
+    if _SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def clean(value: Any, depth: int = 0) -> Any:
+    """``value`` (decoded JSON) with every string, keys included, made valid Unicode."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if depth >= MAX_DEPTH:
+        return "[kernelexec: nested too deep]" if isinstance(value, (dict, list)) else value
+    if isinstance(value, dict):
+        return {clean_text(k) if isinstance(k, str) else k: clean(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [clean(v, depth + 1) for v in value]
+    return value
+
+
+def _no_constant(name: str) -> None:
+    return None  # NaN, Infinity, -Infinity: not JSON; null instead
+
+
+def loads(data: bytes | str) -> Any:
+    """Decode one JSON message part from a kernel (see the module docstring). Raises ValueError
+    for what is not JSON or is nested beyond the decoder's recursion limit."""
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
+    try:
+        value = json.loads(raw.decode("utf-8", "replace"), parse_constant=_no_constant)
+    except RecursionError as exc:
+        raise ValueError("a kernel message nested too deep to decode") from exc
+    if _ESCAPED_SURROGATE.search(raw) is not None or _depth_exceeds(value):
+        value = clean(value)
+    return value
+
+
+def _depth_exceeds(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """True when ``value`` nests deeper than ``limit`` (checked iteratively; cheap for real messages)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth >= limit:
+            return True
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values() if isinstance(v, (dict, list)))
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item if isinstance(v, (dict, list)))
+    return False
+
+
+def harden(session: Any) -> Any:
+    """Make a ``jupyter_client.session.Session`` decode with ``loads``; returns it."""
+    session.unpack = loads
+    return session
