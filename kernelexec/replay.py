@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import math
 import re
 import secrets
 import shutil
@@ -31,7 +32,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 
 from .models import ReplayedCell
-from .recording import Recorder, cell_event, read_session_meta
+from .terminal import safe
+from .wire import harden
+from .recording import Recorder, cell_event, notebook_meta, read_session_meta
 
 if TYPE_CHECKING:
     from nbformat import NotebookNode
@@ -53,7 +56,9 @@ def first_line(source: str, limit: int = 80) -> str:
 
 
 def _meta(cell: dict[str, Any]) -> dict[str, Any]:
-    return (cell.get("metadata") or {}).get("kernelexec") or {}
+    meta = cell.get("metadata") if isinstance(cell, dict) else None
+    found = meta.get("kernelexec") if isinstance(meta, dict) else None
+    return found if isinstance(found, dict) else {}
 
 
 def restorable(cells: Iterable[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
@@ -72,6 +77,15 @@ def restorable(cells: Iterable[dict[str, Any]]) -> list[tuple[int, dict[str, Any
     return chosen
 
 
+def cell_timeout(meta: dict[str, Any], default: float, limit: float) -> float:
+    """A recorded cell's timeout, as data: a positive finite number, at most ``limit`` (--max-timeout);
+    anything else gets ``default``. A notebook never lifts the user's limits."""
+    value = meta.get("timeout")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+        return min(float(value), limit)
+    return default
+
+
 def _failure(ex: Execution) -> str | None:
     if ex.error is not None:
         evalue = str(ex.error.get("evalue", "")).strip().splitlines()
@@ -86,6 +100,7 @@ async def rerun(
     cells: list[dict[str, Any]],
     *,
     default_timeout: float,
+    max_timeout: float,
     grace: float,
     session: Session | None = None,
 ) -> list[ReplayedCell]:
@@ -100,7 +115,7 @@ async def rerun(
             if cwd != session.cwd and cwd.is_dir():
                 await kernel.evaluate(f"_kernelexec_chdir({str(cwd)!r})")
                 session.cwd = cwd
-        ex = await kernel.execute(source, timeout=float(meta.get("timeout") or default_timeout), grace=grace)
+        ex = await kernel.execute(source, timeout=cell_timeout(meta, default_timeout, max_timeout), grace=grace)
         if session is not None and ex.ending in ("restarted", "kernel_died"):
             session.cwd = session.default_cwd
         done.append(ReplayedCell(cell=number, first_line=first_line(source), ok=ex.success, error=_failure(ex)))
@@ -114,6 +129,7 @@ async def restore(session: Session) -> list[ReplayedCell]:
         session.kernel,
         session.recorder.cells(),
         default_timeout=session.settings.default_timeout,
+        max_timeout=session.settings.max_timeout,
         grace=session.settings.interrupt_grace,
         session=session,
     )
@@ -252,10 +268,14 @@ class CellReport:
 
 def _session_roots(nb: NotebookNode) -> list[str]:
     """The recorded session's directory, as it appears in paths in its outputs."""
-    handle = (nb.metadata.get("kernelexec") or {}).get("session")
+    recorded = nb.metadata.get("kernelexec")
+    handle = recorded.get("session") if isinstance(recorded, dict) else None
+    handle = handle if isinstance(handle, str) else None
     roots = set()
     for cell in nb.cells:
-        cwd = _meta(cell).get("cwd") or ""
+        cwd = _meta(cell).get("cwd")
+        if not isinstance(cwd, str):
+            continue
         marker = f"/sessions/{handle}" if handle else None
         if marker and marker in cwd:
             roots.add(cwd[: cwd.index(marker) + len(marker)])
@@ -282,7 +302,8 @@ class _Replayer:
         from jupyter_client.session import Session as WireSession
 
         km = self.kernel.km
-        kc = km.client(session=WireSession(key=km.session.key, signature_scheme=km.session.signature_scheme))
+        wire = harden(WireSession(key=km.session.key, signature_scheme=km.session.signature_scheme))
+        kc = km.client(session=wire)
         kc.start_channels()
         await kc.wait_for_ready(timeout=self.settings.startup_timeout)
         kc.allow_stdin = False
@@ -314,7 +335,7 @@ class _Replayer:
         await self._restart()
         if event in ("restore", "revive"):
             await rerun(self.kernel, self.nb.cells[:index], default_timeout=self.settings.default_timeout,
-                        grace=self.settings.interrupt_grace)
+                        max_timeout=self.settings.max_timeout, grace=self.settings.interrupt_grace)
 
     async def _restart(self) -> None:
         await self.kernel.restart()
@@ -347,6 +368,9 @@ class _Replayer:
             except DeadKernelError:
                 if state["ending"] != "restarted":
                     state["ending"] = "kernel_died"
+            except Exception as exc:  # noqa: BLE001 - nbclient choked on what the kernel sent: the cell differs
+                logger.warning("replaying cell %d: %s", index + 1, exc)
+                state["ending"] = "unreadable output"
             finally:
                 tg.cancel_scope.cancel()
         if state["ending"] in ("restarted", "kernel_died"):
@@ -358,7 +382,7 @@ class _Replayer:
         recorded_outputs = copy.deepcopy(list(cell.get("outputs", [])))
         never_ran = cell.get("execution_count") is None and not recorded_outputs and not meta
         recorded_ending = meta.get("ending", "completed")
-        timeout = float(meta.get("timeout") or self.settings.default_timeout)
+        timeout = cell_timeout(meta, self.settings.default_timeout, self.settings.max_timeout)
         ending = await self._execute(index, cell, timeout)
         cell.metadata.setdefault("kernelexec", {})["replay_ending"] = ending
         report = CellReport(index + 1, first_line(cell.source), "same", recorded_ending, ending)
@@ -421,11 +445,21 @@ def load_notebook(path: Path) -> tuple[NotebookNode, Path, str | None]:
     meta = read_session_meta(session_dir)
     journal = session_dir / "journal.jsonl"
     if meta is not None and journal.exists():
-        recorder = Recorder(journal, path, {k: meta[k] for k in ("session", "profile", "created") if k in meta})
-        if recorder.dirty:
+        recorder = Recorder(journal, path, notebook_meta(session_dir))
+        if recorder.stale():
             recorder.write_notebook()
             note = "rebuilt from its journal"
-    return nbformat.read(path, as_version=4), path, note
+    nb = nbformat.read(path, as_version=4)
+    try:
+        nbformat.validate(nb)
+    except nbformat.ValidationError as exc:
+        raise ValueError(f"not a valid notebook ({str(exc.message)[:200]})") from None
+    return nb, path, note
+
+
+def _recorded_timeout(cell: dict[str, Any]) -> Any:
+    value = _meta(cell).get("timeout")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _line(report: CellReport) -> str:
@@ -447,18 +481,26 @@ async def replay_command(settings: Settings, notebook: str, *, output: str | Non
     try:
         nb, path, note = load_notebook(Path(notebook))
     except (OSError, ValueError) as exc:
-        print(f"kernelexec replay: cannot read {notebook}: {exc}", file=sys.stderr)
+        print(safe(f"kernelexec replay: cannot read {notebook}: {exc}"), file=sys.stderr)
         return 2
-    recorded_profile = (nb.metadata.get("kernelexec") or {}).get("profile")
-    chosen: Profile = profile or recorded_profile or settings.effective_profile
-    code_cells = sum(1 for c in nb.cells if c.cell_type == "code")
-    print(f"replaying {path} ({code_cells} code cells, profile {chosen}{'; ' + note if note else ''})", flush=True)
-    if recorded_profile and recorded_profile != chosen:
-        print(f"note: recorded under profile {recorded_profile}", flush=True)
+    recorded = nb.metadata.get("kernelexec")
+    recorded_profile = recorded.get("profile") if isinstance(recorded, dict) else None
+    chosen: Profile = profile or settings.effective_profile  # the user's flags and config; a notebook is data
+    code_cells = sum(1 for c in nb.cells if c.get("cell_type") == "code")
+    print(safe(f"replaying {path} ({code_cells} code cells, profile {chosen}{'; ' + note if note else ''})"), flush=True)
+    if recorded_profile is not None and recorded_profile != chosen:
+        print(safe(f"note: recorded under profile {str(recorded_profile)[:40]!r}; replayed under {chosen}, which your "
+                   "flags and config choose (a notebook never chooses its own profile or limits)"), flush=True)
+    capped = [i for i, c in enumerate(nb.cells, 1) if c.get("cell_type") == "code"
+              and _recorded_timeout(c) is not None
+              and cell_timeout(_meta(c), settings.default_timeout, settings.max_timeout) != _recorded_timeout(c)]
+    if capped:
+        print(safe(f"note: cell {', '.join(map(str, capped[:20]))}{' …' if len(capped) > 20 else ''}: recorded timeout "
+                   f"not usable or above --max-timeout ({settings.max_timeout:g} s); capped"), flush=True)
     try:
-        reports = await replay_notebook(nb, settings, profile=chosen, on_cell=lambda r: print(_line(r), flush=True))
+        reports = await replay_notebook(nb, settings, profile=chosen, on_cell=lambda r: print(safe(_line(r)), flush=True))
     except KernelexecError as exc:
-        print(f"kernelexec replay: {exc}", file=sys.stderr)
+        print(safe(f"kernelexec replay: {exc}"), file=sys.stderr)
         return 2
     different = [r.number for r in reports if r.status == "different"]
     counts = {s: sum(1 for r in reports if r.status == s) for s in ("same", "different", "new")}
@@ -467,9 +509,9 @@ async def replay_command(settings: Settings, notebook: str, *, output: str | Non
         summary += f", {counts['new']} not run before"
     if different:
         summary += " (cell " + ", ".join(map(str, different)) + ")"
-    print(summary, flush=True)
+    print(safe(summary), flush=True)
     if output:
         nb.metadata.setdefault("kernelexec", {})["replay"] = {"profile": chosen, "different": different}
         nbformat.write(nb, output)
-        print(f"wrote {output}", flush=True)
+        print(safe(f"wrote {output}"), flush=True)
     return 1 if different else 0

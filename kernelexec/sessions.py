@@ -14,7 +14,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,6 @@ from .sandbox import plan_for
 
 logger = logging.getLogger(__name__)
 
-NOTEBOOK_DEBOUNCE = 1.0  # seconds a session must be quiet before its notebook file is rewritten
 SPARE_AFTER_QUIET = 1.0  # seconds a session must be quiet before a warm spare is started for it
 SPARE_KEPT_QUIET = 600.0  # seconds of quiet after which a session gives its spare's place up
 _HANDLE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
@@ -98,12 +97,18 @@ class Session:
         )
         meta = {"session": handle, "profile": self.profile, "created": time.time()}
         self.recorder = Recorder(self.dirs.journal, self.dirs.notebook, meta)
+        if not self.dirs.journal.exists():
+            self.recorder.start()  # an empty notebook now, so every answer's `notebook` names a file
         meta_file = self.dirs.root / "session.json"
         if not meta_file.exists():
             meta_file.write_text(json.dumps({**meta, "owner": owner, "working_dir": str(self.default_cwd)}))
         self._lock_fd: int | None = _claim(self.dirs.root, handle)
         self.revive = False  # set by SessionManager.lookup: refill the next kernel from the journal
         self.pooled = False  # in the pool: its kernel is not published for `kernelexec lab` until adopted
+        # Counted against --max-sessions / --max-sessions-per-token from the moment it is reserved
+        # (minted, or about to start a kernel) until its kernel stops: ``admit`` checks and reserves.
+        self.reserved = False
+        self.admit: Callable[[Session], None] | None = None
         self._published: Path | None = None
 
     def launch_spec(self) -> LaunchSpec:
@@ -126,8 +131,15 @@ class Session:
 
     async def ensure_kernel(self) -> Kernel:
         if self.kernel is None:
+            if not self.reserved and self.admit is not None:
+                self.admit(self)  # raises at the session limits; reserves otherwise
+            self.reserved = True
             kernel = kernel_class(self.settings)(self.launch_spec(), startup_timeout=self.settings.startup_timeout)
-            await kernel.start()
+            try:
+                await kernel.start()
+            except BaseException:
+                self.reserved = False
+                raise
             self.kernel = kernel
             self.cwd = self.default_cwd
             self.publish()
@@ -233,11 +245,11 @@ class Session:
     async def stop_kernel(self) -> None:
         """Shut the kernel down (idle reaping, close); the directory and notebook stay."""
         kernel, self.kernel = self.kernel, None
+        self.reserved = False
         if kernel is not None:
             connections.withdraw(self.settings.state_dir, self.handle)
             self._published = None
             await kernel.shutdown()
-        await anyio.to_thread.run_sync(self.recorder.flush)
 
     def adopt(self, owner: str | None) -> None:
         """A pooled session is handed to its first caller: bind it to the caller's principal."""
@@ -307,26 +319,46 @@ class SessionManager:
             session.release()  # a later server (or manager) may revive it
 
     def live_count(self) -> int:
-        return sum(1 for s in self.sessions.values() if s.kernel is not None or s.busy)
+        return sum(1 for s in self.sessions.values() if s.reserved and not s.closed)
+
+    def admit(self, session: Session, owner: str | None = None) -> None:
+        """Check the session limits and reserve a place for ``session``; raises SessionError when full.
+        Synchronous, so no other call can slip in between the count and the reservation."""
+        if session.reserved:
+            return
+        if self.live_count() >= self.settings.max_sessions:
+            raise SessionError.limit(self.settings.max_sessions)
+        owner = session.owner if owner is None else owner
+        if owner is not None:
+            held = sum(1 for s in self.sessions.values() if s.owner == owner and s.reserved and not s.closed)
+            if held >= self.settings.max_sessions_per_token:
+                raise SessionError(f"this token already holds {held} live sessions (--max-sessions-per-token); "
+                                   "close one with close_session")
+        session.reserved = True
+
+    def _track(self, session: Session) -> Session:
+        session.admit = self.admit
+        self.sessions[session.handle] = session
+        return session
 
     async def create(self, *, owner: str | None = None, working_dir: Path | None = None) -> Session:
-        """Mint a new session (the kernel starts on first use)."""
+        """Mint a new session, its place reserved at once (the kernel starts on first use, or is pooled)."""
         async with self._create_lock:
-            if self.live_count() >= self.settings.max_sessions:
-                raise SessionError.limit(self.settings.max_sessions)
-            if owner is not None:
-                held = sum(1 for s in self.sessions.values() if s.owner == owner and not s.closed and s.kernel is not None)
-                if held >= self.settings.max_sessions_per_token:
-                    raise SessionError(f"this token already holds {held} live sessions (--max-sessions-per-token); "
-                                       "close one with close_session")
             if self.pool and working_dir == self.settings.working_dir:
-                session = self.pool.pop(0)  # popped under the lock: one kernel never goes to two sessions
+                session = self.pool[0]
+                self.admit(session, owner)
+                self.pool.pop(0)  # popped under the lock: one kernel never goes to two sessions
                 self._pool_changed.set()
                 session.adopt(owner)
             else:
                 session = Session(secrets.token_urlsafe(12), self.settings, owner=owner, working_dir=working_dir)
-            self.sessions[session.handle] = session
-            return session
+                try:
+                    self.admit(session)
+                except SessionError:
+                    session.release()
+                    self.remove_dir(session)
+                    raise
+            return self._track(session)
 
     async def _fill_pool(self) -> None:
         """Keep ``pool_size`` sessions with started kernels (inside their sandbox) ready for ``create``."""
@@ -336,6 +368,7 @@ class SessionManager:
                 session.pooled = True
                 try:
                     await session.ensure_kernel()
+                    session.reserved = False  # a pooled kernel counts against the limits once adopted
                 except Exception:
                     logger.exception("starting a pooled kernel failed; retrying in 5 s")
                     session.release()
@@ -370,10 +403,18 @@ class SessionManager:
             if handle not in self.sessions:
                 if self.live_count() >= self.settings.max_sessions:
                     raise SessionError.limit(self.settings.max_sessions)
-                working_dir = Path(meta.get("working_dir") or self.settings.sessions_dir / handle / "work")
-                session = Session(handle, self.settings, owner=owner, working_dir=working_dir if working_dir.is_dir() else None)
+                session = Session(handle, self.settings, owner=owner)
+                recorded = meta.get("working_dir")
+                if isinstance(recorded, str) and Path(recorded) != session.default_cwd:
+                    try:  # a session file is data: its directory must pass the same checks a call's does
+                        cwd = session.resolve_working_dir(recorded)
+                    except InvalidRequest as exc:
+                        logger.warning("session %s: recorded working_dir not used: %s", handle, exc)
+                        cwd = None
+                    if cwd is not None:
+                        session.default_cwd = session.cwd = cwd
                 session.revive = True
-                self.sessions[handle] = session
+                self._track(session)  # its place is reserved when its kernel starts (Session.ensure_kernel)
         return self.get(handle, owner=owner)
 
     async def default(self, *, working_dir: Path | None = None) -> Session:
@@ -426,15 +467,6 @@ class SessionManager:
     async def _housekeeping(self) -> None:
         while True:
             await anyio.sleep(0.5)
-            now = time.monotonic()
-            for session in list(self.sessions.values()):
-                # materialising is O(notebook): do it once a session pauses, not between busy calls
-                # (the journal is the durable record; reads of the notebook resource write it at once)
-                if session.recorder.dirty and not session.busy and now - session.last_used >= NOTEBOOK_DEBOUNCE:
-                    try:
-                        await anyio.to_thread.run_sync(session.recorder.flush)
-                    except Exception:
-                        logger.exception("writing notebook of %s", session.handle)
             await self._restart_dead()
             await self._reap()
             await self._keep_spares()

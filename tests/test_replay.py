@@ -192,21 +192,47 @@ def test_the_shipped_notebooks_replay_cleanly(name: str) -> None:
     assert " 0 different" in proc.stdout
 
 
-async def test_replay_runs_under_the_recorded_profile_unless_told_otherwise(
+async def test_a_notebook_never_chooses_its_profile_or_lifts_the_timeout_limit(
+    tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The attack: a foreign notebook says it was recorded under `trusted` (subprocess and network
+    allowed) with a cell timeout of 1e9 s on an endless loop. Replay runs it under the user's profile,
+    says the recorded one differs, and caps the timeout at --max-timeout."""
+    from kernelexec.replay import replay_command
+
+    nb = nbformat.v4.new_notebook(metadata={"kernelexec": {"profile": "trusted", "session": "evil-handle"}})
+    nb.cells.append(nbformat.v4.new_code_cell(
+        "import subprocess\nsubprocess.run(['id'], capture_output=True).returncode",
+        metadata={"kernelexec": {"timeout": 30, "ending": "completed", "success": True}}))
+    nb.cells.append(nbformat.v4.new_code_cell(
+        "while True:\n    pass", metadata={"kernelexec": {"timeout": 1e9, "ending": "completed", "success": True}}))
+    foreign, ran = tmp_path / "foreign.ipynb", tmp_path / "ran.ipynb"
+    nbformat.write(nb, foreign)
+    settings = make_settings(short_tmp, max_timeout=2, interrupt_grace=1)
+    assert settings.effective_profile == "standard"
+    assert await replay_command(settings, str(foreign), output=str(ran), profile=None) == 1
+    out = capsys.readouterr().out
+    assert "profile standard" in out.splitlines()[0]
+    assert "note: recorded under profile 'trusted'; replayed under standard" in out
+    assert "cell 1, 2: recorded timeout not usable or above --max-timeout (2 s); capped" in out
+    cells = nbformat.read(ran, as_version=4).cells
+    assert "not allowed" in cells[0].outputs[0].evalue  # no subprocess under standard
+    assert cells[1].metadata.kernelexec["replay_ending"] == "interrupted"  # stopped at 2 s, not 1e9
+
+
+async def test_replay_takes_the_profile_from_flags_not_from_the_notebook(
     tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from kernelexec.replay import replay_command
 
     nb = nbformat.v4.new_notebook(metadata={"kernelexec": {"profile": "strict"}})
     nb.cells.append(nbformat.v4.new_code_cell("import os", metadata={"tags": ["raises-exception"]}))
-    fresh, ran = tmp_path / "fresh.ipynb", tmp_path / "ran.ipynb"
+    fresh = tmp_path / "fresh.ipynb"
     nbformat.write(nb, fresh)
     settings = make_settings(short_tmp)
-    assert await replay_command(settings, str(fresh), output=str(ran), profile=None) == 0
-    assert "1 cells: 0 same, 0 different, 1 not run before" in capsys.readouterr().out
-    assert "not allowed in the 'strict' profile" in nbformat.read(ran, as_version=4).cells[0].outputs[0].evalue
-    assert await replay_command(settings, str(ran), output=None, profile=None) == 0
-    assert "profile strict" in capsys.readouterr().out
-    assert await replay_command(settings, str(ran), output=None, profile="trusted") == 1
+    assert await replay_command(settings, str(fresh), output=None, profile=None) == 0
     out = capsys.readouterr().out
-    assert "note: recorded under profile strict" in out and "cell 1    DIFFERENT import os" in out
+    assert "profile standard" in out and "recorded under profile 'strict'" in out
+    assert await replay_command(settings, str(fresh), output=str(tmp_path / "s.ipynb"), profile="strict") == 0
+    ran = nbformat.read(tmp_path / "s.ipynb", as_version=4)
+    assert "not allowed in the 'strict' profile" in ran.cells[0].outputs[0].evalue
