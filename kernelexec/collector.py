@@ -345,6 +345,9 @@ class Collector:
                 self.ex.outputs.append({"output_type": "stream", "name": name, "text": note + stream.tail_text()})
                 if stream.spilled:
                     self.ex.stream_files[name] = str(stream.spill_path)
+                self.ex.notes.append(f"{name}: {stream.total:,} characters came from the kernel, past the server's per-cell "
+                                     f"cap; it kept the first {stream.head_len:,} and the last {len(stream.tail_text()):,}"
+                                     + (f", and {stream.spilled:,} in {stream.spill_path}" if stream.spilled else ""))
             setattr(self.ex, name, text)
         for why, count in self.dropped.items():
             self.ex.notes.append(f"the server dropped {count:,} {why}" if count > 1 else f"the server dropped a {why}")
