@@ -81,3 +81,41 @@ def test_short_tokens_are_refused(short_tmp: Path) -> None:
         env=clean_env(KERNELEXEC_AUTH_TOKEN="short"), capture_output=True, text=True, timeout=60,
     )
     assert proc.returncode != 0 and "at least 16 characters" in proc.stderr
+
+
+async def test_concurrent_calls_cannot_overshoot_the_session_limits(short_tmp: Path) -> None:
+    """The race: 8 stateless calls at once from one token (each would mint a session) and then 8
+    concurrent new_session calls from another. Places are counted from the moment they are
+    reserved, not once a kernel has started, so neither limit is passed and one token cannot lock
+    everyone else out."""
+    import anyio
+
+    tokens = short_tmp / "race-tokens"
+    tokens.write_text(f"{ALICE}\n{BOB}\n")
+    with http_server(short_tmp / "race", "--auth-token-file", str(tokens), "--max-sessions-per-token", "2",
+                     "--max-sessions", "3", "--pool-size", "0", "--restart-spares", "0") as url:
+        async with client(url, ALICE) as alice, client(url, BOB) as bob:
+            results: list = []
+
+            async def stateless() -> None:
+                results.append(await alice.call_tool("execute_code", {"code": "import time; time.sleep(0.5); 1"}))
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(8):
+                    tg.start_soon(stateless)
+            ran = [r for r in results if not r.is_error]
+            refused = [r for r in results if r.is_error]
+            assert len(ran) == 2, [r.content[0].text for r in refused]
+            assert all("max-sessions-per-token" in r.content[0].text for r in refused)
+            assert len({r.structured_content["session"] for r in ran}) == 2
+
+            minted: list = []
+
+            async def new() -> None:
+                minted.append(await bob.call_tool("new_session", {}))
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(8):
+                    tg.start_soon(new)
+            assert sum(not r.is_error for r in minted) == 1  # 3 in all: alice's 2 and one of bob's
+            assert all("limit" in r.content[0].text for r in minted if r.is_error)
