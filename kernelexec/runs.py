@@ -38,7 +38,7 @@ class Run:
 
     async def on_output(self, name: str, text: str) -> None:
         self.output_chars += len(text)
-        self.tail = (self.tail + text)[-2000:]
+        self.tail = (self.tail + text[-2000:])[-2000:]  # never a copy of a whole flood chunk
 
     @property
     def elapsed_ms(self) -> float:

@@ -119,6 +119,18 @@ async def hostile(short_tmp: Path):  # type: ignore[no-untyped-def]
         yield h
 
 
+async def test_code_with_a_lone_surrogate_is_refused_before_it_reaches_the_kernel(hostile: Harness) -> None:
+    """A JSON client can send "\\ud800" (stdio clients cannot even encode it): refused with a clear
+    error, never an unexpected one, and nothing half-recorded."""
+    s = await hostile.new_session()
+    for code in ["x = '\ud800'", "print('\udcff')"]:
+        refused = await hostile.call("execute_code", code=code, session=s)
+        assert refused.is_error and "lone UTF-16 surrogate" in refused.content[0].text
+    ok = await hostile.run("'\U0001f600'", session=s)
+    assert ok["result"] == "\U0001f600"
+    assert [c.source for c in nbformat.read(ok["notebook"], as_version=4).cells] == ["'\U0001f600'"]
+
+
 @pytest.mark.parametrize("what", list(MALFORMED))
 async def test_a_malformed_message_is_dropped_and_the_cell_still_reaches_the_record(hostile: Harness, what: str) -> None:
     s = await hostile.new_session()
