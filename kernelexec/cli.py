@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
         except ImportError as exc:
             sys.exit(safe(f"kernelexec lab needs Jupyter Server ({exc}): pip install 'kernelexec[lab]'"))
         sys.exit(lab_command(settings, port=args.lab_port, open_browser=args.open_browser))
-    from .sandbox import preflight, report
+    from .doctor import preflight, report
 
     if args.command == "doctor":
         print(safe(report(settings)))

@@ -8,8 +8,8 @@ Marker cells (``restart_session``, restores, revivals) are redone where they wer
 are compared after normalising what legitimately changes between runs (memory addresses, uuids,
 timings, dates, the session's own directory, execution counts, tracebacks, image bytes).
 
-Restore (``restart_session(replay=True)``, and reviving a session after a server restart) runs the
-session's successful cells since its last plain restart through the live ``Kernel.execute``.
+Rebuilding a live session's state (restore, revival) is ``restore.py``'s; replay uses its
+``rerun`` for restores recorded in a notebook.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import math
 import re
 import secrets
 import shutil
@@ -31,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
-from .models import ReplayedCell
+from .restore import cell_meta, cell_timeout, describe_replayed, first_line, rerun  # noqa: F401 (describe_replayed: old import path)
 from .terminal import safe
 from .wire import harden
 from .recording import Recorder, cell_event, notebook_meta, read_session_meta
@@ -41,110 +40,10 @@ if TYPE_CHECKING:
 
     from .config import Profile, Settings
     from .kernel import Kernel
-    from .models import Execution
-    from .sessions import Session
 
 logger = logging.getLogger(__name__)
 
 Status = Literal["same", "different", "new"]
-
-
-# --- which cells rebuild a session's state ---------------------------------------------------------
-def first_line(source: str, limit: int = 80) -> str:
-    line = next((ln for ln in source.splitlines() if ln.strip()), "")
-    return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
-def _meta(cell: dict[str, Any]) -> dict[str, Any]:
-    meta = cell.get("metadata") if isinstance(cell, dict) else None
-    found = meta.get("kernelexec") if isinstance(meta, dict) else None
-    return found if isinstance(found, dict) else {}
-
-
-def restorable(cells: Iterable[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
-    """(1-based position, cell) of each successful code cell since the last plain restart.
-
-    A plain ``restart_session`` is the user asking for a clean kernel, so state before it stays gone.
-    A forced restart (timeout, kernel death), a restore or a revival does not reset the list: that
-    state was lost, not dropped.
-    """
-    chosen: list[tuple[int, dict[str, Any]]] = []
-    for number, cell in enumerate(cells, 1):
-        if cell_event(cell) == "restart":
-            chosen = []
-        elif cell.get("cell_type") == "code" and _meta(cell).get("success"):
-            chosen.append((number, cell))
-    return chosen
-
-
-def cell_timeout(meta: dict[str, Any], default: float, limit: float) -> float:
-    """A recorded cell's timeout, as data: a positive finite number, at most ``limit`` (--max-timeout);
-    anything else gets ``default``. A notebook never lifts the user's limits."""
-    value = meta.get("timeout")
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
-        return min(float(value), limit)
-    return default
-
-
-def _failure(ex: Execution) -> str | None:
-    if ex.error is not None:
-        evalue = str(ex.error.get("evalue", "")).strip().splitlines()
-        return f"{ex.error.get('ename')}: {evalue[0]}" if evalue else str(ex.error.get("ename"))
-    if ex.ending != "completed":
-        return ex.restart_reason or ex.ending
-    return None
-
-
-async def rerun(
-    kernel: Kernel,
-    cells: list[dict[str, Any]],
-    *,
-    default_timeout: float,
-    max_timeout: float,
-    grace: float,
-    session: Session | None = None,
-) -> list[ReplayedCell]:
-    """Run ``restorable(cells)`` again in ``kernel``, each with its recorded timeout and (for a
-    session) in its recorded working directory. Outputs are dropped; what ran is returned."""
-    done: list[ReplayedCell] = []
-    for number, cell in restorable(cells):
-        meta = _meta(cell)
-        source = "".join(cell.get("source", ""))
-        if session is not None and meta.get("cwd"):
-            cwd = Path(meta["cwd"])
-            if cwd != session.cwd and cwd.is_dir():
-                await kernel.evaluate(f"_kernelexec_chdir({str(cwd)!r})")
-                session.cwd = cwd
-        ex = await kernel.execute(source, timeout=cell_timeout(meta, default_timeout, max_timeout), grace=grace)
-        if session is not None and ex.ending in ("restarted", "kernel_died"):
-            session.cwd = session.default_cwd
-        done.append(ReplayedCell(cell=number, first_line=first_line(source), ok=ex.success, error=_failure(ex)))
-    return done
-
-
-async def restore(session: Session) -> list[ReplayedCell]:
-    """Rebuild a session's state in its (fresh) kernel from its journal. Caller holds the session lock."""
-    assert session.kernel is not None
-    return await rerun(
-        session.kernel,
-        session.recorder.cells(),
-        default_timeout=session.settings.default_timeout,
-        max_timeout=session.settings.max_timeout,
-        grace=session.settings.interrupt_grace,
-        session=session,
-    )
-
-
-def describe_replayed(replayed: list[ReplayedCell]) -> str:
-    """One sentence for answers and notebook markers: which cells ran again, which failed."""
-    if not replayed:
-        return "no cells to replay"
-    numbers = ", ".join(str(r.cell) for r in replayed)
-    text = f"replayed {len(replayed)} cell{'s' if len(replayed) != 1 else ''} ({numbers})"
-    failed = [r for r in replayed if not r.ok]
-    if failed:
-        text += "; failed this time: " + "; ".join(f"cell {r.cell}: {r.error}" for r in failed)
-    return text
 
 
 # --- comparing outputs -------------------------------------------------------------------------
@@ -273,7 +172,7 @@ def _session_roots(nb: NotebookNode) -> list[str]:
     handle = handle if isinstance(handle, str) else None
     roots = set()
     for cell in nb.cells:
-        cwd = _meta(cell).get("cwd")
+        cwd = cell_meta(cell).get("cwd")
         if not isinstance(cwd, str):
             continue
         marker = f"/sessions/{handle}" if handle else None
@@ -378,7 +277,7 @@ class _Replayer:
         return state["ending"]
 
     async def _cell(self, index: int, cell: NotebookNode) -> CellReport:
-        meta = _meta(cell)
+        meta = cell_meta(cell)
         recorded_outputs = copy.deepcopy(list(cell.get("outputs", [])))
         never_ran = cell.get("execution_count") is None and not recorded_outputs and not meta
         recorded_ending = meta.get("ending", "completed")
@@ -408,7 +307,7 @@ async def replay_notebook(
     """Execute ``nb`` (in place) in a fresh kernel launched as a live session's, under ``profile``.
 
     Always a local kernel: nbclient drives it through its kernel manager (``--kernel-gateway`` and ``--kernel-spec`` are ignored)."""
-    from .sessions import Session  # sessions imports this module
+    from .sessions import Session
 
     base = Path(tempfile.mkdtemp(prefix="kxr"))
     session = None
@@ -458,7 +357,7 @@ def load_notebook(path: Path) -> tuple[NotebookNode, Path, str | None]:
 
 
 def _recorded_timeout(cell: dict[str, Any]) -> Any:
-    value = _meta(cell).get("timeout")
+    value = cell_meta(cell).get("timeout")
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
@@ -493,7 +392,7 @@ async def replay_command(settings: Settings, notebook: str, *, output: str | Non
                    "flags and config choose (a notebook never chooses its own profile or limits)"), flush=True)
     capped = [i for i, c in enumerate(nb.cells, 1) if c.get("cell_type") == "code"
               and _recorded_timeout(c) is not None
-              and cell_timeout(_meta(c), settings.default_timeout, settings.max_timeout) != _recorded_timeout(c)]
+              and cell_timeout(cell_meta(c), settings.default_timeout, settings.max_timeout) != _recorded_timeout(c)]
     if capped:
         print(safe(f"note: cell {', '.join(map(str, capped[:20]))}{' …' if len(capped) > 20 else ''}: recorded timeout "
                    f"not usable or above --max-timeout ({settings.max_timeout:g} s); capped"), flush=True)

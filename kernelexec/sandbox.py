@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from .config import Profile, Settings
-from .errors import KernelexecError, SandboxUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -426,56 +425,6 @@ def _cgroups(kind: str, key: str, settings: Settings) -> tuple[list[str], dict[s
         dirs.append(str(CGROUP_ROOT / "pids" / "kernelexec" / key))
         limits["pids.max"] = str(settings.max_processes)
     return dirs, limits
-
-
-def preflight(settings: Settings) -> list[str]:
-    """Check at server start that the profile's boundary exists here; return warnings to log.
-
-    strict and standard refuse to start when neither Landlock nor bubblewrap works, unless
-    ``--allow-degraded`` is given: an in-kernel guard alone would be theatre.
-    """
-    profile = settings.effective_profile
-    if settings.kernel_spec:
-        from .provisioned import provisioner_of
-
-        provisioner = provisioner_of(settings.kernel_spec)  # raises KernelSpecError with what to do
-        return [f"kernels are launched by {provisioner} (kernelspec {settings.kernel_spec}): the engine it launches "
-                "on provides the isolation; only the in-kernel guard is ours there"]
-    if settings.kernel_gateway:
-        return [f"kernels run on the gateway {settings.kernel_gateway}: its machine provides the isolation; "
-                "only the in-kernel guard is ours there"]
-    if settings.sandbox == "off":
-        return ["the OS sandbox is off (--sandbox off): only the in-kernel guard applies, which is not a boundary"]
-    f = available(settings)
-    if profile != "trusted" and not (f.landlock_abi or f.bwrap):
-        message = (f"the {profile} profile needs Landlock or bubblewrap to confine kernels, and this machine has neither "
-                   "(see `kernelexec doctor`)")
-        if not settings.allow_degraded:
-            raise SandboxUnavailable(message + "; install bubblewrap, or pass --allow-degraded to run with the in-kernel guard only")
-        return [f"DEGRADED: {message}; running anyway because of --allow-degraded"]
-    plan = plan_for(settings, profile, session_dir=settings.sessions_dir, rw=[], ro=[], cwd=settings.sessions_dir, key="preflight")
-    return [f"degraded: {d}" for d in plan.degraded]
-
-
-def report(settings: Settings) -> str:
-    """``kernelexec doctor``: what this machine supports and what each profile will use."""
-    f = probe()
-    lines = ["kernelexec doctor", "", "machine:"]
-    lines += [f"  {name:<36} {value}" for name, value in f.as_rows()]
-    lines += ["", "layers per profile (as configured):"]
-    for profile in ("strict", "standard", "trusted"):
-        plan = plan_for(settings, profile, session_dir=settings.sessions_dir, rw=[], ro=[], cwd=settings.sessions_dir, key="doctor")  # type: ignore[arg-type]
-        marker = " (selected)" if profile == settings.effective_profile else ""
-        lines.append(f"  {profile:<9}{marker:<11} {describe_layers(plan.layers)}")
-        lines += [f"  {'':<20} missing: {d}" for d in plan.degraded]
-    try:
-        warnings = preflight(settings)
-        lines += ["", "status: ok" if not warnings else "status: " + "; ".join(warnings)]
-    except KernelexecError as exc:
-        lines += ["", f"status: REFUSED: {exc}"]
-    from .terminal import safe
-
-    return safe("\n".join(lines))  # paths, kernelspec names and config text: no terminal controls
 
 
 def describe_layers(layers: list[str]) -> str:

@@ -30,7 +30,7 @@ from .models import Execution, ReplayedCell
 from .policy import kernel_policy
 from .recording import Recorder, mark_closed, read_session_meta, rebuild_stale
 from .render import Rendered, Renderer
-from .replay import describe_replayed, restore
+from .restore import describe_replayed, restore
 from .runs import RunRegistry
 from .sandbox import plan_for
 
@@ -225,7 +225,7 @@ class Session:
 
     async def restart(self, *, replay: bool = False) -> list[ReplayedCell]:
         """A fresh kernel; with ``replay``, refilled by running the journal's successful cells since the
-        last plain restart again (``replay.restorable``). Returns what was replayed."""
+        last plain restart again (``restore.restorable``). Returns what was replayed."""
         async with self.lock:
             self.revive = False  # this restart replaces a pending revival
             if self.kernel is None:

@@ -11,7 +11,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from kernelexec.replay import comparable, differences, normalise, restorable
+from kernelexec.replay import comparable, differences, normalise
+from kernelexec.restore import restorable
 
 from .conftest import Harness, clean_env, kernelexec_cmd, make_settings, start_harness
 

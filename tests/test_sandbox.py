@@ -14,7 +14,8 @@ import pytest
 
 from kernelexec.config import load_settings
 from kernelexec.errors import SandboxUnavailable
-from kernelexec.sandbox import plan_for, preflight, probe
+from kernelexec.doctor import preflight
+from kernelexec.sandbox import plan_for, probe
 
 from .conftest import Harness, clean_env, kernelexec_cmd, make_settings, serving
 

@@ -1,0 +1,117 @@
+"""Rebuilding a session's state from its record: ``restart_session(replay=True)`` and reviving a
+session after a server restart run the session's successful cells since its last plain restart
+again, through the live ``Kernel.execute``. Below sessions (which call it) and notebook replay
+(which redoes recorded restores with ``rerun``); it knows sessions only as a type.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .models import ReplayedCell
+from .recording import cell_event
+
+if TYPE_CHECKING:
+    from .kernel import Kernel
+    from .models import Execution
+    from .sessions import Session
+
+
+def first_line(source: str, limit: int = 80) -> str:
+    line = next((ln for ln in source.splitlines() if ln.strip()), "")
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def cell_meta(cell: dict[str, Any]) -> dict[str, Any]:
+    meta = cell.get("metadata") if isinstance(cell, dict) else None
+    found = meta.get("kernelexec") if isinstance(meta, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
+def restorable(cells: Iterable[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
+    """(1-based position, cell) of each successful code cell since the last plain restart.
+
+    A plain ``restart_session`` is the user asking for a clean kernel, so state before it stays gone.
+    A forced restart (timeout, kernel death), a restore or a revival does not reset the list: that
+    state was lost, not dropped.
+    """
+    chosen: list[tuple[int, dict[str, Any]]] = []
+    for number, cell in enumerate(cells, 1):
+        if cell_event(cell) == "restart":
+            chosen = []
+        elif cell.get("cell_type") == "code" and cell_meta(cell).get("success"):
+            chosen.append((number, cell))
+    return chosen
+
+
+def cell_timeout(meta: dict[str, Any], default: float, limit: float) -> float:
+    """A recorded cell's timeout, as data: a positive finite number, at most ``limit`` (--max-timeout);
+    anything else gets ``default``. A notebook never lifts the user's limits."""
+    value = meta.get("timeout")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+        return min(float(value), limit)
+    return default
+
+
+def _failure(ex: Execution) -> str | None:
+    if ex.error is not None:
+        evalue = str(ex.error.get("evalue", "")).strip().splitlines()
+        return f"{ex.error.get('ename')}: {evalue[0]}" if evalue else str(ex.error.get("ename"))
+    if ex.ending != "completed":
+        return ex.restart_reason or ex.ending
+    return None
+
+
+async def rerun(
+    kernel: Kernel,
+    cells: list[dict[str, Any]],
+    *,
+    default_timeout: float,
+    max_timeout: float,
+    grace: float,
+    session: Session | None = None,
+) -> list[ReplayedCell]:
+    """Run ``restorable(cells)`` again in ``kernel``, each with its recorded timeout and (for a
+    session) in its recorded working directory. Outputs are dropped; what ran is returned."""
+    done: list[ReplayedCell] = []
+    for number, cell in restorable(cells):
+        meta = cell_meta(cell)
+        source = "".join(cell.get("source", ""))
+        if session is not None and meta.get("cwd"):
+            cwd = Path(meta["cwd"])
+            if cwd != session.cwd and cwd.is_dir():
+                await kernel.evaluate(f"_kernelexec_chdir({str(cwd)!r})")
+                session.cwd = cwd
+        ex = await kernel.execute(source, timeout=cell_timeout(meta, default_timeout, max_timeout), grace=grace)
+        if session is not None and ex.ending in ("restarted", "kernel_died"):
+            session.cwd = session.default_cwd
+        done.append(ReplayedCell(cell=number, first_line=first_line(source), ok=ex.success, error=_failure(ex)))
+    return done
+
+
+async def restore(session: Session) -> list[ReplayedCell]:
+    """Rebuild a session's state in its (fresh) kernel from its journal. Caller holds the session lock."""
+    assert session.kernel is not None
+    return await rerun(
+        session.kernel,
+        session.recorder.cells(),
+        default_timeout=session.settings.default_timeout,
+        max_timeout=session.settings.max_timeout,
+        grace=session.settings.interrupt_grace,
+        session=session,
+    )
+
+
+def describe_replayed(replayed: list[ReplayedCell]) -> str:
+    """One sentence for answers and notebook markers: which cells ran again, which failed."""
+    if not replayed:
+        return "no cells to replay"
+    numbers = ", ".join(str(r.cell) for r in replayed)
+    text = f"replayed {len(replayed)} cell{'s' if len(replayed) != 1 else ''} ({numbers})"
+    failed = [r for r in replayed if not r.ok]
+    if failed:
+        text += "; failed this time: " + "; ".join(f"cell {r.cell}: {r.error}" for r in failed)
+    return text
