@@ -45,6 +45,7 @@ CodeArg = Annotated[str, Field(description="Python code to run (IPython syntax: 
 
 
 MAX_WORK_FILE = 10 * 1024 * 1024  # largest working-directory file served as a resource
+MAX_LISTED_VARIABLES = 1000  # list_variables answers at most this many (a namespace can hold millions)
 
 
 def _timeout(settings: Settings, timeout: float | None) -> float:
@@ -204,7 +205,7 @@ def build_server(settings: Settings, sessions: SessionManager) -> MCPServer:
         logs = r.stdout + (("\n" if r.stdout and not r.stdout.endswith("\n") else "") + r.stderr if r.stderr else "")
         return RunPythonResult(result=r.result, logs=logs)
 
-    async def list_variables(ctx: Context, session: SessionArg = None) -> VariablesResult:
+    async def list_variables(ctx: Context, session: SessionArg = None) -> Annotated[CallToolResult, VariablesResult]:
         """List the session's variables: name, type, a short repr, and shape or length where there is one."""
         try:
             target = await resolve(ctx, session)
@@ -214,10 +215,29 @@ def build_server(settings: Settings, sessions: SessionManager) -> MCPServer:
         except KernelexecError as exc:
             raise ToolError(str(exc)) from exc
         if isinstance(data, str):
-            data = json.loads(data)
+            from anyio import to_thread
+
+            try:
+                data = json.loads(data) if len(data) < 100_000 else await to_thread.run_sync(json.loads, data)
+            except ValueError:
+                raise ToolError("could not list variables: the kernel's answer is not JSON") from None
         if isinstance(data, dict) and "error" in data:
             raise ToolError(f"could not list variables: {data['error']}")
-        return VariablesResult(session=target.handle, variables=[Variable(**v) for v in data])
+        if not isinstance(data, list):
+            raise ToolError("could not list variables: the kernel's answer is not a list")
+        # the kernel's answer is untrusted and as long as its namespace: keep a bounded number, skip malformed ones
+        variables: list[Variable] = []
+        for entry in data[:MAX_LISTED_VARIABLES]:
+            try:
+                variables.append(Variable(**entry))
+            except (TypeError, ValueError):
+                continue
+        found = VariablesResult(session=target.handle, variables=variables)
+        text = found.model_dump_json()
+        if len(data) > MAX_LISTED_VARIABLES:
+            text += (f"\n(the first {MAX_LISTED_VARIABLES:,} of {len(data):,} variables; "
+                     "inspect the others with execute_code)")
+        return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=found.model_dump(mode="json"))
 
     async def new_session(
         ctx: Context,
@@ -349,14 +369,19 @@ def build_server(settings: Settings, sessions: SessionManager) -> MCPServer:
     # wire envelope untouched). Whose sessions: stdio and in-memory serve one client, so all of them;
     # a legacy HTTP client, the session of its Mcp-Session-Id; a stateless HTTP client cannot be told
     # apart from the others, so none (listing would hand it other clients' handles).
+    import heapq
     from mimetypes import guess_type
     from urllib.parse import quote
 
+    from anyio import CapacityLimiter
+    from anyio import to_thread as listing_thread
     from mcp_types import Resource
 
     from .render import EXTENSIONS
 
-    max_listed_files = 200  # per session
+    max_listed_files = 200  # per directory of a session: the newest this many
+    max_examined_entries = 5000  # per directory: a kernel can create millions; the listing looks at this many
+    listing_threads: list[CapacityLimiter] = []  # listings run off the loop, at most two at a time (made on the loop)
 
     def visible_sessions(request: Any) -> list[Session]:
         headers = getattr(request, "headers", None)
@@ -366,53 +391,100 @@ def build_server(settings: Settings, sessions: SessionManager) -> MCPServer:
         live = sessions.sessions.get(handle) if handle else None
         return [live] if live is not None and not live.closed else []
 
-    def session_resources(s: Session) -> list[Resource]:
+    def newest_files(directory: Path) -> tuple[list[tuple[str, os.stat_result]], int, bool]:
+        """The newest regular, non-hidden files among the first ``max_examined_entries`` entries of
+        ``directory``: (name, lstat) newest first, how many regular files were seen, and whether the
+        directory has entries beyond those examined. Links are never followed (the kernel owns
+        work/), and only files that are regular by their directory entry are lstat-ed."""
+        newest: list[tuple[float, str, os.stat_result]] = []  # a min-heap of the newest kept so far
+        seen = examined = 0
+        more = False
+        try:
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    if examined >= max_examined_entries:
+                        more = True
+                        break
+                    examined += 1
+                    try:
+                        if entry.name.startswith(".") or not entry.is_file(follow_symlinks=False):
+                            continue
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if not stat.S_ISREG(st.st_mode):
+                        continue
+                    seen += 1
+                    item = (st.st_mtime, entry.name, st)
+                    if len(newest) < max_listed_files:
+                        heapq.heappush(newest, item)
+                    elif item[:2] > newest[0][:2]:
+                        heapq.heapreplace(newest, item)
+        except OSError:
+            pass
+        newest.sort(key=lambda item: item[:2], reverse=True)
+        return [(name, st) for _, name, st in newest], seen, more
+
+    def shown(what: str, listed: int, seen: int, more: bool) -> str:
+        """What a listing of a directory shows, when it is not everything."""
+        if more:
+            return (f"{what} has more than {max_examined_entries:,} entries: listed are the newest {listed} of the "
+                    f"{seen:,} files among the first {max_examined_entries:,} examined; read any other by name")
+        if listed < seen:
+            return f"{what}: listed are the newest {listed} of its {seen:,} files; read any other by name"
+        return ""
+
+    def session_resources(handle: str, outputs: Path, work: Path) -> list[Resource]:
+        """Runs in a worker thread: bounded work whatever the session's code created."""
+        produced, produced_seen, produced_more = newest_files(outputs)
+        written, written_seen, written_more = newest_files(work)
+        notes = [n for n in (shown("outputs/", len(produced), produced_seen, produced_more),
+                             shown("The working directory", len(written), written_seen, written_more)) if n]
         found = [
             Resource(
-                uri=f"kernelexec://sessions/{s.handle}/notebook.ipynb", name="notebook.ipynb",
-                title=f"Notebook of session {s.handle}", description="Every call of this session, as a notebook",
+                uri=f"kernelexec://sessions/{handle}/notebook.ipynb", name="notebook.ipynb",
+                title=f"Notebook of session {handle}",
+                description="; ".join(["Every call of this session, as a notebook", *notes]),
                 mime_type="application/x-ipynb+json",
             )
         ]
-        try:
-            files = [(p, p.stat()) for p in s.dirs.outputs.iterdir() if p.is_file() and not p.name.startswith(".")]
-        except OSError:
-            files = []
-        files.sort(key=lambda item: item[1].st_mtime, reverse=True)
-        for path, st in files[:max_listed_files]:
-            mime = next((m for m, ext in EXTENSIONS.items() if ext == path.suffix.lstrip(".")), None)
+        produced_note = f" ({notes[0]})" if produced_seen > len(produced) or produced_more else ""
+        for name, st in produced:
+            mime = next((m for m, ext in EXTENSIONS.items() if ext == name.rsplit(".", 1)[-1]), None) if "." in name else None
             found.append(
                 Resource(
-                    uri=f"kernelexec://sessions/{s.handle}/files/{quote(path.name, safe='')}", name=path.name,
-                    title=f"{path.name} (session {s.handle})", description="A file this session produced",
-                    mime_type=mime or guess_type(path.name)[0] or "application/octet-stream", size=st.st_size,
+                    uri=f"kernelexec://sessions/{handle}/files/{quote(name, safe='')}", name=name,
+                    title=f"{name} (session {handle})", description="A file this session produced" + produced_note,
+                    mime_type=mime or guess_type(name)[0] or "application/octet-stream", size=st.st_size,
                 )
             )
-        try:
-            work = [(p, p.lstat()) for p in s.dirs.work.iterdir() if not p.name.startswith(".")]
-        except OSError:
-            work = []
-        work = sorted((w for w in work if stat.S_ISREG(w[1].st_mode)), key=lambda item: item[1].st_mtime, reverse=True)
-        for path, st in work[:max_listed_files]:
+        written_note = f" ({notes[-1]})" if written_seen > len(written) or written_more else ""
+        for name, st in written:
             found.append(
                 Resource(
-                    uri=f"kernelexec://sessions/{s.handle}/work/{quote(path.name, safe='')}", name=path.name,
-                    title=f"{path.name} (working directory of session {s.handle})",
-                    description="A file the session's code wrote", size=st.st_size,
-                    mime_type=guess_type(path.name)[0] or "application/octet-stream",
+                    uri=f"kernelexec://sessions/{handle}/work/{quote(name, safe='')}", name=name,
+                    title=f"{name} (working directory of session {handle})",
+                    description="A file the session's code wrote" + written_note, size=st.st_size,
+                    mime_type=guess_type(name)[0] or "application/octet-stream",
                 )
             )
         return found
+
+    def listing(visible: list[tuple[str, Path, Path]]) -> list[dict[str, Any]]:
+        return [
+            r.model_dump(by_alias=True, mode="json", exclude_none=True)
+            for handle, outputs, work in visible
+            for r in session_resources(handle, outputs, work)
+        ]
 
     async def list_session_resources(ctx: Any, call_next: Any) -> Any:
         result = await call_next(ctx)
         if ctx.method != "resources/list" or not isinstance(result, dict):
             return result
-        extra = [
-            r.model_dump(by_alias=True, mode="json", exclude_none=True)
-            for s in visible_sessions(ctx.request)
-            for r in session_resources(s)
-        ]
+        visible = [(s.handle, s.dirs.outputs, s.dirs.work) for s in visible_sessions(ctx.request)]
+        if not listing_threads:
+            listing_threads.append(CapacityLimiter(2))
+        extra = await listing_thread.run_sync(listing, visible, limiter=listing_threads[0]) if visible else []
         return {**result, "resources": [*result.get("resources", []), *extra]}
 
     mcp.middleware.append(list_session_resources)
