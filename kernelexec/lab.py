@@ -1,14 +1,17 @@
 """``kernelexec lab``: JupyterLab (or a bare Jupyter Server) with the live session kernels attached.
 
 A separate process from ``kernelexec serve``: it finds the kernels through the shared state dir,
-where each session publishes its connection file (``connections.py``), and hands that directory to
-Jupyter Server as ``external_connection_dir``. Jupyter attaches to each kernel without owning it:
-code run from a notebook or console there shares the MCP session's variables. Listens on 127.0.0.1
-only, behind a token. Needs ``pip install 'kernelexec[lab]'``.
+where each session publishes its connection file (``connections.py``). Jupyter attaches to each kernel
+without owning it, under an id derived from the session handle (``lab_server.kernel_id_for``), so code
+run from a notebook or console there shares the MCP session's variables and a restored Lab tab finds
+its kernel again. Listens on 127.0.0.1 only, behind a token. Needs ``pip install 'kernelexec[lab]'``.
 
-What Jupyter can do to an attached kernel: run code, inspect, complete, interrupt (sent as an
-``interrupt_request`` message by ``AttachedKernelManager``, since Jupyter holds no process to
-signal). It cannot restart it (use ``restart_session``); shutting it down there only detaches it.
+The page is built so that a session's kernel can never run script in the Lab origin (``lab_guard``):
+kernel messages are filtered at the websocket (plain renderings only, no comms), notebooks are served
+sanitized and read-only, there are no terminals, no other server extensions, no nbconvert pages, and
+no kernel is ever started here (no kernelspec this server offers starts one). What Jupyter can do to an
+attached kernel: run code, inspect, complete, interrupt (sent as an ``interrupt_request`` message).
+Restarting is refused with a message (use ``restart_session``); shutting it down only detaches it.
 """
 
 from __future__ import annotations
@@ -22,29 +25,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from jupyter_server.services.kernels.kernelmanager import ServerKernelManager
-
 from . import connections
 from .config import Settings
 from .terminal import safe
+from .lab_server import (AttachedKernelManager, FilteringConnection, SessionContents, SessionKernelManager,
+                         SessionSpecManager, SessionsManager, add_handlers)
+
+# Lab plugins that render or run active content, or reach the host; the server side already withholds
+# what they would show, so this is a second layer (and a quieter page).
+DISABLED_PLUGINS = [
+    "@jupyterlab/javascript-extension", "@jupyterlab/htmlviewer-extension", "@jupyterlab/markdownviewer-extension",
+    "@jupyterlab/pdf-extension", "@jupyterlab/vega5-extension", "@jupyterlab/mermaid-extension",
+    "@jupyterlab/terminal-extension", "@jupyterlab/debugger-extension", "@jupyterlab/extensionmanager-extension",
+    "@jupyterlab/lsp-extension", "@jupyter-widgets/jupyterlab-manager",
+]
 
 
-class AttachedKernelManager(ServerKernelManager):
-    """Jupyter's kernel manager, taught what to do with a kernel it attached to but does not own."""
-
-    async def interrupt_kernel(self) -> None:  # type: ignore[override]
-        if self.owns_kernel:
-            await super().interrupt_kernel()
-            return
-        # no process to signal from here: ask the kernel itself (ipykernel then sends itself SIGINT)
-        self._connect_control_socket()
-        self.session.send(self._control_socket, self.session.msg("interrupt_request", content={}))
-
-    async def restart_kernel(self, now: bool = False, newports: bool = False, **kw: Any) -> None:  # type: ignore[override]
-        if self.owns_kernel:
-            await super().restart_kernel(now=now, newports=newports, **kw)
-            return
-        raise RuntimeError("this kernel belongs to a kernelexec session: restart it with the restart_session tool")
+def _qual(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _free_port(start: int = 8888, tries: int = 50) -> int:
@@ -61,27 +59,65 @@ def _free_port(start: int = 8888, tries: int = 50) -> int:
 
 
 async def _watch(app: Any, directory: Path) -> None:
-    """Every second: drop entries of dead kernels, and print each session as Jupyter attaches it."""
+    """Every second: drop entries of dead kernels, attach new ones, and print what changed."""
     strikes: dict[str, int] = {}
-    shown: set[str] = set()
+    km = app.kernel_manager
     while True:
         connections.prune(directory, strikes)
-        km = app.kernel_manager
-        km.list_kernel_ids()  # makes Jupyter pick up new connection files now
-        for kernel_id, path in list(km.kernel_id_to_connection_file.items()):
-            if kernel_id not in shown:
-                shown.add(kernel_id)
-                print(safe(f"attached session {Path(path).stem.split('.')[0]} as kernel {kernel_id}"), flush=True)
+        km.list_kernel_ids()
+        events, km.events[:] = list(km.events), []
+        for event, handle, kernel_id in events:
+            if event == "attached":
+                print(safe(f"attached session {handle} as kernel {kernel_id}"), flush=True)
+            elif event in ("replaced", "restarted"):
+                print(safe(f"session {handle} has a new kernel (restart_session); still kernel {kernel_id}"), flush=True)
+            else:
+                print(safe(f"detached session {handle} (kernel {kernel_id})"), flush=True)
         await asyncio.sleep(1.0)
+
+
+class _LabServerApp:  # built lazily: importing jupyter_server's ServerApp is slow
+    @staticmethod
+    def make() -> Any:
+        from jupyter_server.serverapp import ServerApp
+
+        class KernelexecServerApp(ServerApp):  # type: ignore[misc]
+            def find_server_extensions(self) -> None:
+                """JupyterLab only: no terminals, language servers or other extensions found in config dirs."""
+                found = {}
+                try:
+                    from jupyter_server.extension.config import ExtensionConfigManager
+
+                    found = ExtensionConfigManager(read_config_path=self.config_file_paths).get_jpserver_extensions()
+                except Exception:  # noqa: BLE001
+                    pass
+                wanted = {name: False for name in found}
+                if importlib.util.find_spec("jupyterlab") is not None:
+                    wanted["jupyterlab"] = True
+                self.config.ServerApp.jpserver_extensions = wanted
+                self.jpserver_extensions = wanted
+
+        return KernelexecServerApp.instance()
+
+
+def _page_config_hook(handler: Any, page_config: dict[str, Any]) -> dict[str, Any]:
+    disabled = page_config.get("disabledExtensions")
+    if isinstance(disabled, dict):
+        disabled.update({name: True for name in DISABLED_PLUGINS})
+    else:
+        page_config["disabledExtensions"] = sorted(set(disabled or []) | set(DISABLED_PLUGINS))
+    page_config["terminalsAvailable"] = False
+    return page_config
 
 
 def lab_command(settings: Settings, *, port: int | None, open_browser: bool) -> int:
     """Run Jupyter until interrupted. Prints the URL (with its token) first, then each attached session."""
-    from jupyter_server.serverapp import ServerApp
-
     directory = connections.connections_dir(settings.state_dir)
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     settings.sessions_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    lab_dir = settings.state_dir / "lab"  # Lab's own workspaces and settings, not ~/.jupyter/lab
+    for d in (lab_dir, lab_dir / "workspaces", lab_dir / "user-settings", lab_dir / "kernelspec"):
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
         has_lab = importlib.util.find_spec("jupyterlab") is not None
     except (ImportError, ValueError):  # a broken or blocked install
@@ -95,16 +131,35 @@ def lab_command(settings: Settings, *, port: int | None, open_browser: bool) -> 
         f"--IdentityProvider.token={token}",
         f"--ServerApp.open_browser={open_browser}",
         f"--ServerApp.root_dir={settings.sessions_dir}",
-        "--ServerApp.allow_external_kernels=True",
-        f"--ServerApp.external_connection_dir={directory}",
-        f"--AsyncMappingKernelManager.kernel_manager_class={AttachedKernelManager.__module__}.{AttachedKernelManager.__qualname__}",
+        "--ServerApp.terminals_enabled=False",
+        "--ServerApp.allow_external_kernels=False",  # SessionKernelManager attaches them itself, under stable ids
+        f"--ServerApp.kernel_manager_class={_qual(SessionKernelManager)}",
+        f"--ServerApp.kernel_spec_manager_class={_qual(SessionSpecManager)}",
+        f"--ServerApp.session_manager_class={_qual(SessionsManager)}",
+        f"--ServerApp.contents_manager_class={_qual(SessionContents)}",
+        f"--ServerApp.kernel_websocket_connection_class={_qual(FilteringConnection)}",
+        f"--SessionKernelManager.connections_dir={directory}",
+        f"--SessionSpecManager.connections_dir={directory}",
+        f"--SessionSpecManager.resource_dir={lab_dir / 'kernelspec'}",
+        f"--SessionContents.connections_dir={directory}",
+        "--SessionContents.allow_hidden=False",
+        "--NotebookNotary.db_file=:memory:",  # nothing on disk is trusted; served notebooks are sanitized anyway
+        f"--NotebookNotary.secret={secrets.token_hex(32)}",
     ]
     if has_lab:
-        argv.append("--ServerApp.default_url=/lab")
+        argv += [
+            "--ServerApp.default_url=/lab",
+            f"--LabApp.workspaces_dir={lab_dir / 'workspaces'}",
+            f"--LabApp.user_settings_dir={lab_dir / 'user-settings'}",
+            "--LabApp.extension_manager=readonly",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         argv.append("--allow-root")
-    app = ServerApp.instance()
+    app = _LabServerApp.make()
     app.initialize(argv=argv)
+    app.web_app.settings["page_config_hook"] = _page_config_hook
+    add_handlers(app.web_app, app.base_url)
     what = "JupyterLab" if has_lab else "Jupyter Server (API only: pip install 'kernelexec[lab]' for JupyterLab)"
     print(safe(f"kernelexec lab: {what} at http://127.0.0.1:{port}{'/lab' if has_lab else '/api/kernels'}?token={token}"), flush=True)
     print(safe(f"kernelexec lab: session kernels from {directory}; notebooks under {settings.sessions_dir}"), flush=True)
