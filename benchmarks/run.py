@@ -22,6 +22,10 @@ Sections (each starts and stops its own kernels, so they do not compete for the 
 8. load           20 HTTP clients x 100 calls with bearer tokens and leak checks (benchmarks/load.py; 5 x 20
                   with --quick): its rows join this table, and its own report (server RSS/fds before, at peak
                   and after; CPU per call; checks) is printed after it. ``python -m benchmarks.load`` alone.
+9. recording      ``Recorder.append`` of a ~30 KB cell (print + PNG) when the notebook holds 10 vs 5,000 cells, and
+                  ``write_notebook`` (the whole notebook from the journal) at both; no kernel (benchmarks/recording.py).
+10. flood         a stdio server, one session flooding 1 MiB stream messages past the kernel's cap while another
+                  runs ``1+1``: its latency vs no flood (p99 included) and the server's VmHWM growth (benchmarks/flood.py).
 """
 
 from __future__ import annotations
@@ -64,7 +68,9 @@ from benchmarks.common import (
     stdio_server_pid,
 )
 from benchmarks.baselines import bench_smolagents
+from benchmarks.flood import bench_flood
 from benchmarks.layers import bench_layers_section
+from benchmarks.recording import bench_recording
 from benchmarks.stats import Measurement, table, to_json
 
 MS = "ms"
@@ -409,7 +415,7 @@ async def bench_mixed(plan: Plan, base: Path, out: list[Measurement]) -> None:
 
 ORDER = [
     "cold:", "layers:", "x=1:", "cpu loop", "cpu numpy", "cpu vs smolagents", "mem:", "layers mem:", "mixed:",
-    "alone:", "load:",
+    "alone:", "load:", "record:", "flood:",
 ]
 
 
@@ -448,6 +454,8 @@ SECTIONS = {
     "layers": [bench_layers_section],
     "baselines": [bench_smolagents],
     "load": [bench_load],
+    "recording": [bench_recording],
+    "flood": [bench_flood],
 }
 
 
