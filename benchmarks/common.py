@@ -1,4 +1,5 @@
-"""What the benchmark and the soak share: servers, clients, a raw kernel, and /proc readers (Linux)."""
+"""What the benchmark and the soak share: servers, clients, a raw kernel, and /proc readers (Linux).
+Settings, commands and ports come from tests/support.py, the helpers the tests use too."""
 
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from mcp import Client, StdioServerParameters
+from mcp import Client
 
-from kernelexec.config import Settings, load_settings
+from kernelexec.config import Settings
 from kernelexec.server import build_server
 from kernelexec.sessions import SessionManager
+from tests.support import clean_env, free_port, kernelexec_cmd, stdio_params  # noqa: F401 - shared with the tests
+from tests.support import make_settings as _make_settings
 
 
 def log(*parts: Any) -> None:
@@ -48,18 +51,7 @@ def make_settings(base: Path, **overrides: Any) -> Settings:
     Warm spares are off unless asked for: a spare started in the background would blur the rows that
     do not measure restarts (``bench_restart`` measures them)."""
     overrides.setdefault("restart_spares", 0)
-    state = Path(tempfile.mkdtemp(prefix="s", dir=base))
-    return load_settings(state_dir=state, **{k: v for k, v in overrides.items() if has_setting(k)})
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELEXEC_")}
-    env.update(extra)
-    return env
-
-
-def kernelexec_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "kernelexec", *args]
+    return _make_settings(base, **{k: v for k, v in overrides.items() if has_setting(k)})
 
 
 # --- servers and clients ---------------------------------------------------------------------
@@ -73,11 +65,6 @@ async def in_memory(settings: Settings) -> AsyncIterator[tuple[Client, SessionMa
             yield client, sessions
 
 
-def stdio_params(state_dir: Path, *args: str) -> StdioServerParameters:
-    cmd = kernelexec_cmd("serve", "--state-dir", str(state_dir), *args)
-    return StdioServerParameters(command=cmd[0], args=cmd[1:], env=clean_env())
-
-
 def stdio_server_pid(state_dir: Path) -> int | None:
     """The pid of the ``kernelexec serve`` child this process spawned for ``state_dir`` (the stdio client hides it)."""
     for pid in children(os.getpid()):
@@ -85,12 +72,6 @@ def stdio_server_pid(state_dir: Path) -> int | None:
         if "kernelexec" in cmd and "serve" in cmd and str(state_dir) in cmd:
             return pid
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @asynccontextmanager

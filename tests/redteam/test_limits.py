@@ -1,0 +1,120 @@
+"""Raising limits, regaining privileges, leaving the cgroup or the namespaces (``setrlimit``,
+``prlimit``, ``setuid``, capabilities, ``unshare``, keyrings). Judged from the host: the kernel's /proc
+status, limits and namespaces, its cgroup files and the server's own limits unchanged.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .common import PROFILES, Target, cases, run_case
+from .world import World, kernel_pids, process_state
+
+pytestmark = pytest.mark.anyio
+
+
+LIMITS: dict[str, Any] = {
+    "setrlimit-nofile-up": "r = M('resource'); s, h = r.getrlimit(r.RLIMIT_NOFILE); r.setrlimit(r.RLIMIT_NOFILE, (h * 4, h * 4))",
+    "setrlimit-data-unlimited": "r = M('resource'); r.setrlimit(r.RLIMIT_DATA, (r.RLIM_INFINITY, r.RLIM_INFINITY))",
+    "setrlimit-fsize-unlimited": "r = M('resource'); r.setrlimit(r.RLIMIT_FSIZE, (r.RLIM_INFINITY, r.RLIM_INFINITY))",
+    "prlimit-self": "r = M('resource'); r.prlimit(0, r.RLIMIT_NOFILE, (1 << 20, 1 << 20))",
+    "prlimit-server": "r = M('resource'); r.prlimit(P['pid'], r.RLIMIT_CORE, (12345, 12345))",
+    "ctypes-prlimit64": """
+        ct = M('ctypes')
+        new = (ct.c_uint64 * 2)(1 << 20, 1 << 20)
+        check(libc().syscall(302, 0, 7, new, None), 'prlimit64')
+    """,
+    "ctypes-setrlimit": """
+        ct = M('ctypes')
+        check(libc().setrlimit(2, (ct.c_uint64 * 2)(-1, -1)), 'setrlimit DATA')
+    """,
+    "os.setresuid": "M('os').setresuid(0, 0, 0)",
+    "os.setgroups": "M('os').setgroups([0, 1, 2, 3, 4, 6, 10])",
+    "os.setgid": "M('os').setgid(0)",
+    "capset-all": """
+        ct = M('ctypes')
+        header = (ct.c_uint32 * 2)(0x20080522, 0)
+        data = (ct.c_uint32 * 6)(0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff)
+        check(libc().capset(header, data), 'capset')
+    """,
+    "prctl-ambient-raise-sys_admin": "check(libc().prctl(47, 2, 21, 0, 0), 'PR_CAP_AMBIENT_RAISE')",
+    "prctl-clear-no_new_privs": "check(libc().prctl(38, 0, 0, 0, 0), 'PR_SET_NO_NEW_PRIVS 0')",
+    "unshare-user-ns": "check(libc().unshare(0x10000000), 'unshare CLONE_NEWUSER')",
+    "unshare-mount-ns": "check(libc().unshare(0x00020000), 'unshare CLONE_NEWNS')",
+    "setns-pid1-net": """
+        fd = M('os').open('/proc/1/ns/net', 0)
+        check(libc().setns(fd, 0), 'setns')
+    """,
+    "nice-minus-20": "os = M('os'); os.setpriority(os.PRIO_PROCESS, 0, -20)",
+    "cgroup-move-to-root": "open('/sys/fs/cgroup/pids/cgroup.procs', 'w').write(str(M('os').getpid()))",
+    "cgroup-raise-own-limits": """
+        handle = P['session_dir'].rstrip('/').rsplit('/', 1)[1]
+        open('/sys/fs/cgroup/memory/kernelexec/' + handle + '/memory.limit_in_bytes', 'w').write('-1')
+        open('/sys/fs/cgroup/pids/kernelexec/' + handle + '/pids.max', 'w').write('max')
+    """,
+    "iopl-3": "check(libc().syscall(172, 3), 'iopl')",
+    "bpf-map-create": """
+        ct = M('ctypes')
+        attr = (ct.c_uint32 * 30)(2, 4, 4, 16)
+        check(libc().syscall(321, 0, attr, 120), 'bpf')
+    """,
+    "io_uring_setup": """
+        ct = M('ctypes')
+        params = (ct.c_uint8 * 120)()
+        check(libc().syscall(425, 8, params), 'io_uring_setup')
+    """,
+    "userfaultfd": "check(libc().syscall(323, 0), 'userfaultfd')",
+    "perf_event_open": """
+        ct = M('ctypes')
+        attr = (ct.c_uint8 * 128)()
+        check(libc().syscall(298, attr, 0, -1, -1, 0), 'perf_event_open')
+    """,
+    "keyctl-join-session": "check(libc().syscall(250, 1, None), 'keyctl JOIN_SESSION_KEYRING')",
+    "personality-read-implies-exec": "check(libc().personality(0x0400000), 'personality')",
+}
+
+
+def _cgroup_values(t: Target, mode: str) -> dict[str, str]:
+    handle = t.handles[mode]
+    values = {}
+    for f in (f"/sys/fs/cgroup/memory/kernelexec/{handle}/memory.limit_in_bytes", f"/sys/fs/cgroup/pids/kernelexec/{handle}/pids.max"):
+        try:
+            values[f] = Path(f).read_text()
+        except OSError:
+            pass
+    return values
+
+
+@pytest.mark.parametrize(("profile", "name", "code", "modes"), cases(LIMITS))
+async def test_limits_and_privileges(world: World, targets: dict[str, Target], profile: str, name: str, code: str, modes: tuple[str, ...]) -> None:
+    t = targets[profile]
+    pids = {mode: kernel_pids(t.dirs[mode]) for mode in modes}
+    before = {mode: process_state(p[0]) for mode, p in pids.items() if p}
+    server_limits = Path("/proc/self/limits").read_text()
+    cgroups = {mode: _cgroup_values(t, mode) for mode in modes}
+    attacks = await run_case(world, targets, "limits", profile, name, code, modes)
+    results = [a.result for a in attacks]
+    assert Path("/proc/self/limits").read_text() == server_limits, f"{results}: the server's limits changed"
+    for mode in modes:
+        assert _cgroup_values(t, mode) == cgroups[mode], f"{results}: the {mode} session's cgroup limits changed"
+        if mode in before and kernel_pids(t.dirs[mode]) == pids[mode]:
+            after = process_state(pids[mode][0])
+            assert after == before[mode], f"{results}: the {mode} kernel changed its own limits/privileges/namespaces: {before[mode]} -> {after}"
+            assert all(int(x, 16) == 0 for k in ("CapPrm", "CapEff", "CapAmb") for x in after["status"][k]), after
+            assert after["status"]["NoNewPrivs"] == ["1"] and after["status"]["Seccomp"] == ["2"]
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+async def test_kernel_process_holds_no_capabilities_not_even_in_its_bounding_set(targets: dict[str, Target], profile: str) -> None:
+    """sandbox_exec.drop_capabilities promises an empty bounding set; no-new-privs is what stops a root
+    execve from regaining the bounding set today, so this is defence in depth, measured from the host."""
+    t = targets[profile]
+    for role in ("guard", "os", "b"):
+        for pid in kernel_pids(t.dirs[role]):
+            status = process_state(pid)["status"]
+            assert status["NoNewPrivs"] == ["1"] and status["Seccomp"] == ["2"], status
+            caps = {k: status[k][0] for k in ("CapInh", "CapPrm", "CapEff", "CapAmb", "CapBnd")}
+            assert all(int(v, 16) == 0 for v in caps.values()), f"kernel pid {pid} of session {role}: {caps}"

@@ -1,0 +1,161 @@
+"""Another session (B): its files by path, its kernel's sockets (raw and zmq, signed with its stolen
+key or not), its process, its IOPub stream. Judged by B's secrets (file, variable, HMAC key) in no
+answer, no file planted in B, B's variable unchanged and B's kernel alive.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+from .common import (
+    MODES,
+    PROFILES,
+    Attack,
+    Target,
+    assert_untouched,
+    attack,
+    cases,
+    run_case,
+)
+from .world import World
+
+pytestmark = pytest.mark.anyio
+
+
+_ZMQ_SIGNED = """
+    # main interpreter (pyzmq is not sub-interpreter safe)
+    zmq = M('zmq'); json = M('json'); hmac = M('hmac'); hashlib = M('hashlib'); uuid = M('uuid')
+    try:
+        key = json.loads(open(P['b_dir'] + '/kernel.json').read())['key'].encode()
+    except Exception as e:
+        key = b''  # could not steal the key: try an unsigned message
+    def message(kind, content):
+        header = json.dumps({'msg_id': uuid.uuid4().hex, 'session': uuid.uuid4().hex, 'username': 'x',
+                             'msg_type': kind, 'version': '5.3', 'date': '2026-01-01T00:00:00Z'}).encode()
+        frames = [header, b'{}', b'{}', json.dumps(content).encode()]
+        sig = hmac.new(key, b''.join(frames), hashlib.sha256).hexdigest().encode() if key else b''
+        return [b'<IDS|MSG>', sig] + frames
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect('ipc://' + P['b_sockets'][CHANNEL])
+    s.send_multipart(message(KIND, CONTENT))
+    got = []
+    if s.poll(300):
+        got = s.recv_multipart()
+    s.close(); ctx.term()
+    if got:
+        raise AssertionError('ESCAPE: session B answered: %r' % got[:3])
+"""
+CROSS_SESSION: dict[str, Any] = {
+    "open-b-file": "out = open(P['b_file']).read()",
+    "listdir-b-dir": "out = M('os').listdir(P['b_dir'])",
+    "read-b-connection-file": "out = open(P['b_dir'] + '/kernel.json').read()",
+    "read-b-journal": "out = open(P['b_dir'] + '/journal.jsonl').read()",
+    "write-into-b-dir": "open(P['b_marker'], 'w').write('pwned')",
+    "plant-b-ipython-startup": """
+        os = M('os')
+        d = P['b_dir'] + '/home/.ipython/profile_default/startup'
+        os.makedirs(d, exist_ok=True)
+        open(d + '/00-pwn.py', 'w').write('open(%r, "w")' % P['b_marker'])
+    """,
+    "b-file-via-proc-pid-root": "out = open(f\"/proc/{P['b_pid']}/root\" + P['b_file']).read()",
+    "b-environ-via-proc": "out = open(f\"/proc/{P['b_pid']}/environ\", 'rb').read()",
+    "raw-unix-connect-b-sockets": """
+        socket = M('socket')
+        greeting = b'\\xff' + b'\\0' * 8 + b'\\x7f\\x03\\x01NULL' + b'\\0' * 16 + b'\\0' + b'\\0' * 31
+        reached, out = {}, {}
+        for name, path in P['b_sockets'].items():
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(1)
+            try:
+                s.connect(path)
+                s.sendall(greeting)
+                reached[name] = s.recv(64)
+            except OSError as e:
+                out[name] = repr(e)
+            finally:
+                s.close()
+        if reached:
+            raise AssertionError('ESCAPE: CONNECTED to session B: %r' % reached)
+    """,
+    "raw-unix-connect-b-via-symlink": """
+        os = M('os'); socket = M('socket')
+        link = P['session_dir'] + '/work/bsk-' + str(id(P))
+        os.symlink(P['b_sockets']['shell'], link)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.settimeout(1)
+        try:
+            s.connect(link)
+            raise AssertionError('ESCAPE: CONNECTED to session B through a symlink')
+        finally:
+            os.unlink(link)
+    """,
+    "zmq-hb-echo": """
+        # main interpreter (pyzmq is not sub-interpreter safe)
+        zmq = M('zmq')
+        ctx = zmq.Context(); s = ctx.socket(zmq.REQ); s.setsockopt(zmq.LINGER, 0)
+        s.connect('ipc://' + P['b_sockets']['hb'])
+        s.send(b'ping-from-A')
+        echoed = s.recv() if s.poll(300) else None
+        s.close(); ctx.term()
+        if echoed:
+            raise AssertionError('ESCAPE: B heartbeat ECHO %r' % echoed)
+    """,
+    "zmq-shell-execute-in-b": _ZMQ_SIGNED.replace("CHANNEL", "'shell'").replace("KIND", "'execute_request'").replace(
+        "CONTENT", "{'code': 'bsecret = \"PWNED\"\\nopen(%r, \"w\")' % P['b_marker'], 'silent': False}"),
+    "zmq-control-shutdown-b": _ZMQ_SIGNED.replace("CHANNEL", "'control'").replace("KIND", "'shutdown_request'").replace(
+        "CONTENT", "{'restart': False}"),
+    "kill-b-kernel": "M('os').kill(P['b_pid'], 9)",
+    "pidfd-b-kernel-getfd": "os = M('os'); fd = os.pidfd_open(P['b_pid']); out = check(libc().syscall(438, fd, 3, 0), 'pidfd_getfd')",
+    "ptrace-b-kernel": "check(libc().syscall(101, 0x4206, P['b_pid'], 0, 0), 'ptrace SEIZE')",
+}
+
+
+@pytest.mark.parametrize(("profile", "name", "code", "modes"), cases(CROSS_SESSION))
+async def test_other_session(world: World, targets: dict[str, Target], profile: str, name: str, code: str, modes: tuple[str, ...]) -> None:
+    t = targets[profile]
+    attacks = await run_case(world, targets, "other-session", profile, name, code, modes)
+    results = [a.result for a in attacks]
+    planted = t.dirs["b"] / "home/.ipython/profile_default/startup/00-pwn.py"
+    assert not planted.exists(), f"{results}: a startup file was planted in session B"
+    r = await t.h.run("bsecret", session=t.handles["b"])
+    assert r["result"] == t.b_var_secret, f"{results}: session B's variable changed: {r}"
+
+
+async def test_other_session_iopub_cannot_be_sniffed(world: World, targets: dict[str, Target]) -> None:
+    """A subscribes to B's IOPub socket while B prints its secret (libzmq: no audit events; os-level only)."""
+    sniff = """
+        # main interpreter (pyzmq is not sub-interpreter safe)
+        zmq = M('zmq'); time = M('time')
+        ctx = zmq.Context(); s = ctx.socket(zmq.SUB); s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.SUBSCRIBE, b'')
+        s.connect('ipc://' + P['b_sockets']['iopub'])
+        got = []
+        deadline = time.time() + 2
+        while time.time() < deadline:
+            if s.poll(100):
+                got.append(s.recv_multipart())
+        s.close(); ctx.term()
+        out = got
+    """
+    spies: dict[tuple[str, str], Attack] = {}
+
+    async def spy(t: Target, mode: str) -> None:
+        spies[t.profile, mode] = await attack(world, t, mode, sniff, f"iopub-{t.profile}-{mode}", category="other-session",
+                                              name="zmq-sub-b-iopub", extra={"_main": True})
+
+    async def victim(t: Target) -> None:
+        await anyio.sleep(0.6)  # the spies have subscribed by now
+        r = await t.h.run("import time\nfor _ in range(6):\n    print(bsecret)\n    time.sleep(0.15)", session=t.handles["b"])
+        assert t.b_var_secret in r["stdout"]  # B really printed it
+
+    async with anyio.create_task_group() as tg:  # every spy and both victims at once
+        for profile in PROFILES:
+            tg.start_soon(victim, targets[profile])
+            for mode in MODES:
+                tg.start_soon(spy, targets[profile], mode)
+    for (profile, _mode), a in spies.items():
+        await assert_untouched(world, targets[profile], a)
