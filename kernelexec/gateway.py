@@ -451,7 +451,7 @@ class GatewayKernel(Kernel):
     url: str = ""
     token: str | None = None
     kernel_name: str = DEFAULT_KERNEL_NAME
-    spares = False  # the gateway restarts its kernel in place
+    supports_spares = False  # the gateway restarts its kernel in place
 
     @classmethod
     def for_settings(cls, settings: Settings) -> type[GatewayKernel]:
