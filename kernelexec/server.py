@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Annotated, Any
 
+import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError, ToolError
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
@@ -26,7 +27,9 @@ from .models import ExecuteResult, RunPythonResult, SessionInfo, Variable, Varia
 from .policy import describe
 from .render import TEXT_EXTENSIONS
 from .runs import Run
+from .restore import describe_replayed
 from .sessions import Session, SessionManager
+from .wire import clean_text
 
 INSTRUCTIONS = """\
 kernelexec runs Python in a persistent IPython kernel. Variables, imports and functions persist
@@ -64,6 +67,9 @@ def _check_code(settings: Settings, code: str) -> None:
         raise InvalidRequest(f"code is {size:,} bytes; the limit is {settings.max_code_bytes:,} (--max-code-bytes)")
     if "\x00" in code:
         raise InvalidRequest("code contains NUL bytes (\\x00); send source text only")
+    if code != clean_text(code):
+        at = next(i for i, c in enumerate(code) if "\ud800" <= c <= "\udfff")
+        raise InvalidRequest(f"code contains a lone UTF-16 surrogate ({code[at]!r} at character {at}); send valid Unicode text")
 
 
 class _Progress:
@@ -78,7 +84,7 @@ class _Progress:
 
     async def __call__(self, name: str, text: str) -> None:
         self.chars += len(text)
-        self.tail = (self.tail + text)[-400:]
+        self.tail = (self.tail + text[-400:])[-400:]
         now = time.monotonic()
         if now - self.last >= self.interval:
             self.last = now
@@ -268,8 +274,6 @@ def build_server(settings: Settings, sessions: SessionManager) -> MCPServer:
             raise ToolError(str(exc)) from exc
         info = _info(target, "restarted")
         if replay:
-            from .replay import describe_replayed
-
             info.replayed, info.detail = replayed, describe_replayed(replayed)
         return info
 
@@ -358,10 +362,8 @@ def build_server(settings: Settings, sessions: SessionManager) -> MCPServer:
             s = await sessions.lookup(session, owner=current_principal())  # also one from before a server restart
         except KernelexecError as exc:
             raise ResourceNotFoundError(str(exc)) from exc
-        path = s.recorder.write_notebook()
-        if path is None:
-            raise ResourceError("notebook not written yet")
-        return path.read_text()
+        path = await anyio.to_thread.run_sync(s.recorder.current)
+        return await anyio.to_thread.run_sync(path.read_text)
 
     # resources/list: besides the two templates, the concrete resources of the caller's live sessions
     # (each notebook, and each file in outputs/, newest first). MCPServer lists only static resources
