@@ -202,6 +202,19 @@ class Session:
                 self.last_used = time.monotonic()
                 self.publish()  # a restart during the call (timeout, death, cancellation) may have swapped kernels
 
+    async def open(self, working_dir: str | None = None) -> None:
+        """Start the kernel of a new session (``new_session``), its default directory set first if given."""
+        cwd = self.resolve_working_dir(working_dir)
+        if cwd is not None:
+            self.default_cwd = self.cwd = cwd
+        await self.ensure_kernel()
+
+    async def variables(self) -> Any:
+        """The kernel's list of its user variables (``_kernelexec_variables``), as it answered: untrusted."""
+        async with self.lock:
+            kernel = await self.ensure_kernel()
+            return await kernel.evaluate("_kernelexec_variables()")
+
     async def check_alive(self) -> None:
         """Restart a kernel that died between calls (SIGKILL from outside, the OOM killer) and say so."""
         kernel = self.kernel
