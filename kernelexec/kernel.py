@@ -20,18 +20,18 @@ import logging
 import queue
 import signal
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from abc import ABC, abstractmethod
 from typing import IO, Any, ClassVar
 
 import anyio
 import anyio.lowlevel
 from jupyter_client.manager import AsyncKernelManager
 
+from .collector import Caps, Collector, strip_ansi
 from .errors import KernelDied, KernelStartError
 from .launch import SLOTS, LaunchSpec, kernel_manager
-from .collector import Caps, Collector, strip_ansi
 from .models import Execution
 from .spares import Spares
 from .wire import harden
@@ -93,7 +93,7 @@ class Kernel(ABC):
     def start_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``km.start_kernel``. Called by ``start``, after ``create_manager``."""
 
-    async def install_startup(self) -> None:
+    async def install_startup(self) -> None:  # noqa: B027 - a hook with a safe default, not abstract
         """Put kernelexec's startup code into the kernel, once it answers and before its policy is
         checked. Called by ``start``. Default: nothing (the launch ran it, as locally)."""
 
@@ -240,7 +240,7 @@ class Kernel(ABC):
             state = await self._collect(msg_id, collector, started + timeout, on_output)
             if state == "timeout":
                 ex.timed_out = True
-                state = await self._escalate(msg_id, collector, grace, ex, "timed out after %.3g s" % timeout)
+                state = await self._escalate(msg_id, collector, grace, ex, f"timed out after {timeout:.3g} s")
             if state == "dead":
                 await self._after_death(ex, silent=not collector.began)
             elif state == "idle":

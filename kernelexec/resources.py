@@ -158,7 +158,8 @@ def register(mcp: MCPServer, sessions: SessionManager) -> None:
                 raise ResourceError(f"{name!r} is {st.st_size:,} bytes; resources serve at most {MAX_WORK_FILE:,}")
             return fh.read(MAX_WORK_FILE)
 
-    @mcp.resource("kernelexec://sessions/{session}/work/{name}", name="session-work-file", description="A file the session's code wrote in its working directory")
+    @mcp.resource("kernelexec://sessions/{session}/work/{name}", name="session-work-file",
+                  description="A file the session's code wrote in its working directory")
     def read_session_work_file(session: str, name: str) -> str | bytes:
         data = read_work_file(session, name)
         if name.rsplit(".", 1)[-1] in WORK_TEXT:
@@ -173,7 +174,8 @@ def register(mcp: MCPServer, sessions: SessionManager) -> None:
             return data.decode(errors="replace")
         return data
 
-    @mcp.resource("kernelexec://sessions/{session}/notebook.ipynb", name="session-notebook", mime_type="application/x-ipynb+json", description="The session's notebook record")
+    @mcp.resource("kernelexec://sessions/{session}/notebook.ipynb", name="session-notebook",
+                  mime_type="application/x-ipynb+json", description="The session's notebook record")
     async def read_notebook(session: str) -> str:
         try:
             s = await sessions.lookup(session, owner=current_principal())  # also one from before a server restart

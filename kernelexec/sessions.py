@@ -21,11 +21,11 @@ from typing import Any
 
 import anyio
 
+from . import connections
 from .config import Settings
 from .errors import InvalidRequest, SessionError
 from .kernel import Kernel, LocalKernel, OnOutput
 from .launch import LaunchSpec, SessionDirs
-from . import connections
 from .models import Execution, ReplayedCell
 from .policy import kernel_policy
 from .recording import Recorder, mark_closed, read_session_meta, rebuild_stale

@@ -189,7 +189,8 @@ def register(mcp: MCPServer, app: App) -> None:
             str | None, Field(description="Directory to run in (must lie in an allowed root); default: the session's directory")
         ] = None,
         session: SessionArg = None,
-        timeout: Annotated[float | None, Field(description=f"Seconds before the code is interrupted (default {settings.default_timeout:g}, max {settings.max_timeout:g})")] = None,
+        timeout: Annotated[float | None, Field(description=f"Seconds before the code is interrupted "
+                                               f"(default {settings.default_timeout:g}, max {settings.max_timeout:g})")] = None,
         background: Annotated[bool, Field(description="Start the code and return a run_id at once; get the answer with get_run")] = False,
     ) -> Annotated[CallToolResult, ExecuteResult]:
         """Run Python code in a persistent Jupyter kernel and return its result, output, rich outputs and errors."""
