@@ -46,7 +46,7 @@ def report(settings: Settings) -> str:
     lines += [f"  {name:<36} {value}" for name, value in f.as_rows()]
     lines += ["", "layers per profile (as configured):"]
     for profile in ("strict", "standard", "trusted"):
-        plan = plan_for(settings, profile, session_dir=settings.sessions_dir, rw=[], ro=[], cwd=settings.sessions_dir, key="doctor")  # type: ignore[arg-type]
+        plan = plan_for(settings, profile, session_dir=settings.sessions_dir, rw=[], ro=[], cwd=settings.sessions_dir, key="doctor")
         marker = " (selected)" if profile == settings.effective_profile else ""
         lines.append(f"  {profile:<9}{marker:<11} {describe_layers(plan.layers)}")
         lines += [f"  {'':<20} missing: {d}" for d in plan.degraded]

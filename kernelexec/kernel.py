@@ -108,6 +108,12 @@ class Kernel(ABC):
         except OSError:
             return ""
 
+    def _manager(self) -> AsyncKernelManager:
+        """The kernel manager, for code that runs only while the kernel is started (as the session lock ensures)."""
+        km = self.km
+        assert km is not None, "the kernel is not started"
+        return km
+
     @property
     def connection_file(self) -> Path:
         """Where this kernel's connection info is (published for ``kernelexec lab``)."""
@@ -120,7 +126,7 @@ class Kernel(ABC):
                 await self.kc.wait_for_ready(timeout=self.startup_timeout)
                 break
             except RuntimeError as exc:
-                if not await self.km.is_alive():
+                if not await self._manager().is_alive():
                     raise KernelStartError("kernel exited during startup", self.log_tail()) from exc
                 raise
         await self.install_startup()
@@ -280,7 +286,7 @@ class Kernel(ABC):
         while True:
             now = time.monotonic()
             if now >= next_check:
-                if not await self.km.is_alive():
+                if not await self._manager().is_alive():
                     return "dead"
                 next_check = now + self.liveness_every
             remaining = deadline - now
@@ -308,7 +314,7 @@ class Kernel(ABC):
         if not await self.is_alive():
             await self._after_death(ex)
             return "dead-handled"
-        await self.km.interrupt_kernel()
+        await self._manager().interrupt_kernel()
         state = await self._collect(msg_id, collector, time.monotonic() + grace, None)
         if state == "idle":
             ex.ending = "interrupted"
@@ -376,7 +382,7 @@ class Kernel(ABC):
             try:
                 reply = await self.kc.get_shell_msg(timeout=min(remaining, _POLL))
             except queue.Empty:
-                if not await self.km.is_alive():
+                if not await self._manager().is_alive():
                     raise KernelDied(self.exit_status()) from None
                 continue
             except Exception:  # noqa: BLE001 - a reply that would not decode (wire.loads): not one to wait for

@@ -27,9 +27,8 @@ from typing import Any
 
 from . import connections
 from .config import Settings
+from .lab_server import AttachedKernelManager, FilteringConnection, SessionContents, SessionKernelManager, SessionsManager, SessionSpecManager, add_handlers
 from .terminal import safe
-from .lab_server import (AttachedKernelManager, FilteringConnection, SessionContents, SessionKernelManager,
-                         SessionSpecManager, SessionsManager, add_handlers)
 
 # Lab plugins that render or run active content, or reach the host; the server side already withholds
 # what they would show, so this is a second layer (and a quieter page).
@@ -81,7 +80,7 @@ class _LabServerApp:  # built lazily: importing jupyter_server's ServerApp is sl
     def make() -> Any:
         from jupyter_server.serverapp import ServerApp
 
-        class KernelexecServerApp(ServerApp):  # type: ignore[misc]
+        class KernelexecServerApp(ServerApp):
             def find_server_extensions(self) -> None:
                 """JupyterLab only: no terminals, language servers or other extensions found in config dirs."""
                 found = {}
@@ -118,6 +117,10 @@ def lab_command(settings: Settings, *, port: int | None, open_browser: bool) -> 
     lab_dir = settings.state_dir / "lab"  # Lab's own workspaces and settings, not ~/.jupyter/lab
     for d in (lab_dir, lab_dir / "workspaces", lab_dir / "user-settings", lab_dir / "kernelspec"):
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    notify = lab_dir / "user-settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    if not notify.exists():  # no prompt to fetch Jupyter news from the internet (the user can still turn it on)
+        notify.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        notify.write_text('{"fetchNews": "false", "checkForUpdates": false}\n')
     try:
         has_lab = importlib.util.find_spec("jupyterlab") is not None
     except (ImportError, ValueError):  # a broken or blocked install

@@ -26,7 +26,7 @@ KERNEL_NAME = "kernelexec"
 PROVISIONER_NAME = "kernelexec-sandbox"
 
 
-class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
+class SandboxProvisioner(LocalProvisioner):
     """LocalProvisioner plus the sandbox: wraps the kernel command and manages the session's cgroups."""
 
     plan = Dict(config=True, help="The SandboxPlan of this kernel's slot, as a dict (see kernelexec.sandbox)")

@@ -201,6 +201,7 @@ class _Replayer:
         from jupyter_client.session import Session as WireSession
 
         km = self.kernel.km
+        assert km is not None  # replay runs in the session's started kernel
         wire = harden(WireSession(key=km.session.key, signature_scheme=km.session.signature_scheme))
         kc = km.client(session=wire)
         kc.start_channels()
@@ -249,6 +250,7 @@ class _Replayer:
 
         state = {"ending": "completed"}
         km = self.kernel.km
+        assert km is not None  # replay runs in the session's started kernel
 
         async def watchdog() -> None:
             await anyio.sleep(timeout)
