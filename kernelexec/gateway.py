@@ -64,7 +64,7 @@ from .config import Settings
 from .errors import KernelStartError
 from .kernel import Kernel
 from .launch import LaunchSpec
-from .remote_startup import install_remote_startup, remote_policy, startup_code  # noqa: F401 (re-exported)
+from .remote_startup import install_remote_startup, remote_policy, remote_spill_ok, startup_code  # noqa: F401 (re-exported)
 from .sandbox import SandboxPlan
 
 logger = logging.getLogger(__name__)
@@ -487,6 +487,9 @@ class GatewayKernel(Kernel):
         # the local OS layers (plan_for) do not apply to a kernel on another machine
         spec.plan = SandboxPlan(layers=["remote-gateway", "guard"] if guarded else ["remote-gateway"])
         self.gateway = gateway_client(self.url, self.token)
+
+    def spill_path_ok(self, path: Any) -> bool:
+        return remote_spill_ok(path, self.spec.dirs.root.name)
 
     # --- the seams --------------------------------------------------------------------------------
     def create_manager(self) -> GatewayManager:

@@ -31,7 +31,8 @@ from jupyter_client.manager import AsyncKernelManager
 
 from .collector import Caps, Collector, strip_ansi
 from .errors import KernelDied, KernelStartError
-from .launch import SLOTS, LaunchSpec, kernel_manager
+from .launch import LaunchSpec, kernel_manager
+from .layout import SLOTS
 from .models import Execution
 from .spares import Spares
 from .wire import harden
@@ -113,6 +114,12 @@ class Kernel(ABC):
         km = self.km
         assert km is not None, "the kernel is not started"
         return km
+
+    def spill_path_ok(self, path: Any) -> bool:
+        """Whether a spill file the kernel reports (a capped stream or result) is where its runtime
+        writes them; anything else a hostile kernel names is dropped from the answer. Called by ``_finish``.
+        Default: the session's own ``spill/``."""
+        return isinstance(path, str) and Path(path).parent == self.spec.dirs.spill
 
     @property
     def connection_file(self) -> Path:
@@ -366,8 +373,8 @@ class Kernel(ABC):
         data = report.get("data") if isinstance(report, dict) and report.get("status") == "ok" else None
         payload = data.get("application/json") if isinstance(data, dict) else None
         if isinstance(payload, dict):
-            ex.streams_cut = _streams_cut(payload.pop("streams", None), self.spec.dirs.spill)
-            ex.result = _result(payload, self.spec.dirs.spill)
+            ex.streams_cut = _streams_cut(payload.pop("streams", None), self.spill_path_ok)
+            ex.result = _result(payload, self.spill_path_ok)
 
     async def reply_to(self, msg_id: str, timeout: float) -> dict[str, Any]:
         """The shell reply to request ``msg_id``, within ``timeout`` seconds. Replies to other requests
@@ -430,9 +437,9 @@ def _parent_id(msg: Any) -> Any:
     return parent.get("msg_id") if isinstance(parent, dict) else None
 
 
-def _streams_cut(report: Any, spill_dir: Path) -> dict[str, Any]:
+def _streams_cut(report: Any, spill_ok: Callable[[Any], bool]) -> dict[str, Any]:
     """The kernel's report of what its stream cap cut, kept only in the shape the runtime gives it
-    (a file it names must be in the session's spill directory)."""
+    (a file it names must pass ``spill_ok``)."""
     if not isinstance(report, dict):
         return {}
     kept: dict[str, Any] = {}
@@ -440,12 +447,12 @@ def _streams_cut(report: Any, spill_dir: Path) -> dict[str, Any]:
         item = report.get(name)
         if isinstance(item, dict):
             path = item.get("file")
-            ok = isinstance(path, str) and Path(path).parent == spill_dir
+            ok = spill_ok(path)
             kept[name] = {**{k: v for k, v in item.items() if k != "file"}, **({"file": path} if ok else {})}
     return kept
 
 
-def _result(payload: dict[str, Any], spill_dir: Path) -> dict[str, Any] | None:
+def _result(payload: dict[str, Any], spill_ok: Callable[[Any], bool]) -> dict[str, Any] | None:
     """The runtime's result report, if it has the runtime's shape (kind, format, text, file)."""
     if payload.get("kind") == "none" or not isinstance(payload.get("text"), str):
         return None
@@ -455,6 +462,6 @@ def _result(payload: dict[str, Any], spill_dir: Path) -> dict[str, Any] | None:
         except ValueError:
             payload = {**payload, "format": "text"}
     path = payload.get("file")
-    if path is not None and not (isinstance(path, str) and Path(path).parent == spill_dir):
+    if path is not None and not spill_ok(path):
         payload = {k: v for k, v in payload.items() if k != "file"}
     return payload

@@ -47,7 +47,7 @@ from .config import Settings
 from .errors import KernelexecError, KernelStartError
 from .kernel import Kernel
 from .launch import LaunchSpec, other_slot
-from .remote_startup import install_remote_startup
+from .remote_startup import install_remote_startup, remote_spill_ok
 from .sandbox import SandboxPlan
 
 logger = logging.getLogger(__name__)
@@ -149,6 +149,9 @@ class ProvisionedKernel(Kernel):
         guarded = spec.policy.get("profile") != "trusted"
         layer = f"provisioner:{self.provisioner_name}"
         spec.plan = SandboxPlan(layers=[layer, "guard"] if guarded else [layer])  # our OS layers do not apply
+
+    def spill_path_ok(self, path: Any) -> bool:
+        return remote_spill_ok(path, self.spec.dirs.root.name)
 
     # --- the seams --------------------------------------------------------------------------------
     def create_manager(self) -> ProvisionedManager:

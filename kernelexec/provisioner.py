@@ -18,7 +18,8 @@ from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Dict, Unicode
 
-from .sandbox import SandboxPlan, _startup_file
+from .layout import startup_file
+from .sandbox import SandboxPlan
 
 IPC_PORTS = (1, 2, 3, 4, 5)  # shell, iopub, stdin, control, heartbeat: a kernel's socket names <slot prefix>-N
 
@@ -84,7 +85,7 @@ class KernelexecSpecManager(KernelSpecManager):
         return KernelSpec(
             # -s: no user site-packages. HOME is the session's writable home, and a .pth planted in its
             # ~/.local site-packages would run in the next kernel before the startup code.
-            argv=[sys.executable, "-s", _startup_file("kernel_main.py"), "-f", "{connection_file}"],
+            argv=[sys.executable, "-s", str(startup_file("kernel_main.py")), "-f", "{connection_file}"],
             display_name="Python 3 (kernelexec)",
             language="python",
             interrupt_mode="signal",

@@ -28,12 +28,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from .layout import SessionDirs
 from .models import Execution
 from .wire import clean
 
 logger = logging.getLogger(__name__)
 
-SESSION_FILE = "session.json"
 Event = Literal["restart", "restore", "revive"]
 
 
@@ -107,7 +107,7 @@ def cell_event(cell: dict[str, Any]) -> str | None:
 def read_session_meta(session_dir: Path) -> dict[str, Any] | None:
     """A session directory's ``session.json``, or None when it has none (or it is unreadable)."""
     try:
-        meta = json.loads((session_dir / SESSION_FILE).read_text())
+        meta = json.loads(SessionDirs(session_dir).meta.read_text())
     except (OSError, ValueError):
         return None
     return meta if isinstance(meta, dict) else None
@@ -117,9 +117,10 @@ def mark_closed(session_dir: Path) -> None:
     """Record in ``session.json`` that the session was closed, so no later server revives it."""
     meta = read_session_meta(session_dir) or {}
     meta["closed"] = _iso(time.time())
-    tmp = session_dir / f".{SESSION_FILE}.tmp"
+    target = SessionDirs(session_dir).meta
+    tmp = target.with_name(f".{target.name}.tmp")
     tmp.write_text(json.dumps(meta))
-    os.replace(tmp, session_dir / SESSION_FILE)
+    os.replace(tmp, target)
 
 
 def rebuild_stale(sessions_dir: Path) -> list[Path]:
@@ -135,7 +136,8 @@ def rebuild_stale(sessions_dir: Path) -> list[Path]:
         return written
     for d in dirs:
         try:
-            recorder = Recorder(d / "journal.jsonl", d / "notebook.ipynb", notebook_meta(d))
+            dirs = SessionDirs(d)
+            recorder = Recorder(dirs.journal, dirs.notebook, notebook_meta(d))
             if recorder.journal.exists() and recorder.stale():
                 written.append(recorder.write_notebook())
         except Exception as exc:  # noqa: BLE001 - one broken directory must never stop a start

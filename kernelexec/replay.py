@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
+from .layout import SessionDirs
 from .recording import Recorder, cell_event, notebook_meta, read_session_meta
 from .restore import cell_meta, cell_timeout, first_line, rerun
 from .terminal import safe
@@ -338,13 +339,13 @@ def load_notebook(path: Path) -> tuple[NotebookNode, Path, str | None]:
     import nbformat
 
     if path.is_dir():
-        path = path / "notebook.ipynb"
-    if path.name == "journal.jsonl":
-        path = path.with_name("notebook.ipynb")
+        path = SessionDirs(path).notebook
+    if path.name == SessionDirs(path.parent).journal.name:
+        path = SessionDirs(path.parent).notebook
     note = None
     session_dir = path.parent
     meta = read_session_meta(session_dir)
-    journal = session_dir / "journal.jsonl"
+    journal = SessionDirs(session_dir).journal
     if meta is not None and journal.exists():
         recorder = Recorder(journal, path, notebook_meta(session_dir))
         if recorder.stale():
