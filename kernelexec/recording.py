@@ -138,7 +138,7 @@ def rebuild_stale(sessions_dir: Path) -> list[Path]:
         try:
             dirs = SessionDirs(d)
             recorder = Recorder(dirs.journal, dirs.notebook, notebook_meta(d))
-            if recorder.journal.exists() and recorder.stale():
+            if recorder.journal.exists() and recorder.stale(quick=True):
                 written.append(recorder.write_notebook())
         except Exception as exc:  # noqa: BLE001 - one broken directory must never stop a start
             logger.warning("skipping session directory %s: its notebook could not be rebuilt (%s)", d.name, exc)
@@ -269,10 +269,32 @@ class Recorder:
             return None
         return breaks - _TAIL.count(b"\n")
 
-    def stale(self) -> bool:
-        """True when the notebook file is missing, torn, or behind its journal."""
+    def stale(self, *, quick: bool = False) -> bool:
+        """True when the notebook file is missing, torn, or behind its journal. ``quick`` (server start,
+        over every session directory): O(1) per directory — the file's end, and its time against the
+        journal's (each cell is written to the journal first, then to the notebook); otherwise the
+        cells are counted."""
+        if quick:
+            try:
+                journal, notebook = self.journal.stat(), self.notebook.stat()
+            except OSError:
+                return True
+            if notebook.st_mtime_ns < journal.st_mtime_ns or not self._ends_well():
+                return True
+            return False
         count = self.notebook_count()
         return count is None or count != self.journal_count()
+
+    def _ends_well(self) -> bool:
+        try:
+            with open(self.notebook, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                if fh.tell() < len(_TAIL):
+                    return False
+                fh.seek(-len(_TAIL), os.SEEK_END)
+                return fh.read() == _TAIL
+        except OSError:
+            return False
 
     def write_notebook(self) -> Path:
         """Write the whole notebook from the journal, atomically (temp file + ``os.replace``)."""
