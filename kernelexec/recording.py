@@ -136,8 +136,8 @@ def rebuild_stale(sessions_dir: Path) -> list[Path]:
         return written
     for d in dirs:
         try:
-            dirs = SessionDirs(d)
-            recorder = Recorder(dirs.journal, dirs.notebook, notebook_meta(d))
+            layout = SessionDirs(d)
+            recorder = Recorder(layout.journal, layout.notebook, notebook_meta(d))
             if recorder.journal.exists() and recorder.stale(quick=True):
                 written.append(recorder.write_notebook())
         except Exception as exc:  # noqa: BLE001 - one broken directory must never stop a start
