@@ -27,11 +27,15 @@ const context = await chromium.launchPersistentContext(opts.userDataDir, {
   viewport: { width: 1400, height: 860 },
 });
 const terminalRequests = [];
+const restartAnswers = [];
 const dialogs = [];
 try {
   const page = context.pages()[0] || (await context.newPage());
   page.setDefaultTimeout(WAIT);
   page.on("request", (r) => { if (r.url().includes("/terminals")) terminalRequests.push(`${r.method()} ${r.url()}`); });
+  page.on("response", async (r) => {
+    if (r.url().includes("/restart")) restartAnswers.push({ status: r.status(), body: await r.text().catch(() => "") });
+  });
   page.on("dialog", (d) => { dialogs.push(d.message()); d.dismiss().catch(() => {}); });
 
   await page.goto(opts.url);
@@ -104,6 +108,28 @@ try {
   });
   await page.screenshot({ path: `${opts.shots}/notebook.png` });
   say("notebook", { kernelName: await kernelName.innerText(), cells, top, inside, sessions, dialogs, terminalRequests });
+
+  // 4. "Restart Kernel" from Lab's Kernel menu, on the console: refused with a message, and Lab stays usable.
+  await page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", { hasText: "Console 1" }).first().click();
+  await page.locator(".lm-MenuBar-item", { hasText: "Kernel" }).first().click();
+  await page.locator(".lm-Menu-item", { hasText: "Restart Kernel…" }).first().click();
+  await page.locator(".jp-Dialog .jp-mod-accept").first().click(); // "Restart"
+  const told = [];
+  for (let i = 0; i < 20; i++) { // up to 5 s of dialogs
+    await page.waitForTimeout(250);
+    const dialog = page.locator(".jp-Dialog").first();
+    if (await dialog.count()) {
+      told.push(await dialog.innerText());
+      await page.locator(".jp-Dialog .jp-mod-accept, .jp-Dialog .jp-mod-reject").first().click();
+    }
+  }
+  const status = await page.locator(".jp-CodeConsole .jp-Toolbar-kernelStatus, .jp-StatusBar-TextItem", { hasText: "|" })
+    .first().innerText().catch(() => "");
+  const countBefore = await outputs.count();
+  await run("shared", countBefore + 1);
+  const afterRestart = (await outputs.allInnerTexts()).slice(countBefore);
+  await page.screenshot({ path: `${opts.shots}/restart.png` });
+  say("restart", { told, status, outputs: afterRestart, answers: restartAnswers });
   say("done");
 } catch (err) {
   say("error", { message: String(err && err.stack || err), terminalRequests, dialogs });

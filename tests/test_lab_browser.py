@@ -164,10 +164,18 @@ async def test_a_user_in_jupyterlab_inspects_the_session_and_the_kernel_cannot_r
     nb = by["notebook"]
     assert display_name(handle) in nb["kernelName"] and nb["cells"] >= 1
     assert nb["top"] == [handle] and sorted(nb["inside"]) == ["notebook.ipynb", "outputs", "work"]
-    opened = [s for s in nb["sessions"] if s["path"] == f"{handle}/notebook.ipynb"]
+    # (Lab may register the notebook's session under "<folder>/<uuid>" first, then rename it)
+    opened = [s for s in nb["sessions"] if s["type"] == "notebook" and s["name"] == "notebook.ipynb"
+              and s["path"].startswith(f"{handle}/")]
     assert [s["kernel"]["id"] for s in opened] == [kernel_id_for(handle)], nb["sessions"]
     assert {s["kernel"]["id"] for s in nb["sessions"]} == {kernel_id_for(handle)}  # no other kernel anywhere
     assert nb["dialogs"] == []
+    # 4. "Restart Kernel" from Lab: refused with a message naming the tool (JupyterLab itself only logs a
+    # failed restart); the console is not stuck "Restarting" and still runs code on the same kernel
+    restart = by["restart"]
+    assert [a["status"] for a in restart["answers"]] == [409], restart
+    assert "restart_session" in json.loads(restart["answers"][0]["body"])["message"]
+    assert restart["status"].endswith("| Idle") and "'set over MCP'" in restart["outputs"], restart
     # the README's screenshot is this test's first one (refreshed with KERNELEXEC_UPDATE_DOCS=1)
     assert (shots / "lab.png").stat().st_size > 10_000
     if os.environ.get("KERNELEXEC_UPDATE_DOCS"):
