@@ -28,11 +28,13 @@ const context = await chromium.launchPersistentContext(opts.userDataDir, {
 });
 const terminalRequests = [];
 const restartAnswers = [];
+const cspErrors = [];
 const dialogs = [];
 try {
   const page = context.pages()[0] || (await context.newPage());
   page.setDefaultTimeout(WAIT);
   page.on("request", (r) => { if (r.url().includes("/terminals")) terminalRequests.push(`${r.method()} ${r.url()}`); });
+  page.on("console", (m) => { if (/Content Security Policy/i.test(m.text())) cspErrors.push(m.text().slice(0, 300)); });
   page.on("response", async (r) => {
     if (r.url().includes("/restart")) restartAnswers.push({ status: r.status(), body: await r.text().catch(() => "") });
   });
@@ -40,7 +42,7 @@ try {
 
   await page.goto(opts.url);
   await page.locator(".jp-Launcher").first().waitFor();
-  say("lab loaded", { title: await page.title() });
+  say("lab loaded", { title: await page.title(), address: page.url() });
 
   // The session's kernel is offered in the Launcher, under Console, by its display name.
   const card = page.locator('.jp-LauncherCard[data-category="Console"]', { hasText: opts.display });
@@ -130,7 +132,7 @@ try {
   const afterRestart = (await outputs.allInnerTexts()).slice(countBefore);
   await page.screenshot({ path: `${opts.shots}/restart.png` });
   say("restart", { told, status, outputs: afterRestart, answers: restartAnswers });
-  say("done");
+  say("done", { cspErrors });
 } catch (err) {
   say("error", { message: String(err && err.stack || err), terminalRequests, dialogs });
   process.exitCode = 1;

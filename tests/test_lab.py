@@ -261,6 +261,22 @@ async def test_jupyter_starts_no_kernel_and_serves_no_terminal(session: tuple[Ha
     assert [k["id"] for k in kernels] == [kernel_id]  # nothing was started
 
 
+async def test_pages_allow_no_inline_script(session: tuple[Harness, str], lab: tuple[Lab, str, str]) -> None:
+    """The second layer: were HTML with script to reach the page, its inline script and event handlers
+    would not run, and scripts load only from Lab's own bundles (not /files/, where a kernel writes)."""
+    _, handle = session
+    server, token, _ = lab
+    async with httpx.AsyncClient(params={"token": token}, headers={"X-XSRFToken": "x"}, cookies={"_xsrf": "x"}) as client:
+        page = await client.get(f"http://127.0.0.1:{server.port}/lab")
+        nb = await client.get(f"http://127.0.0.1:{server.port}/files/{handle}/notebook.ipynb")
+    assert page.status_code == 200 and nb.status_code == 200
+    csp = dict(d.strip().split(" ", 1) for d in page.headers["Content-Security-Policy"].split(";") if " " in d.strip())
+    scripts = csp["script-src"].split()
+    assert "'unsafe-inline'" not in scripts and "'self'" not in scripts and "*" not in scripts
+    assert all(s.startswith("'") or s.endswith(("/static/", "/lab/extensions/")) for s in scripts), scripts
+    assert "sandbox" in nb.headers["Content-Security-Policy"]  # raw files: an opaque origin
+
+
 async def test_the_session_notebook_opens_on_the_session_kernel_and_is_served_sanitized(session: tuple[Harness, str],
                                                                                        lab: tuple[Lab, str, str]) -> None:
     harness, handle = session

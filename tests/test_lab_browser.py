@@ -170,6 +170,7 @@ async def test_a_user_in_jupyterlab_inspects_the_session_and_the_kernel_cannot_r
     assert [s["kernel"]["id"] for s in opened] == [kernel_id_for(handle)], nb["sessions"]
     assert {s["kernel"]["id"] for s in nb["sessions"]} == {kernel_id_for(handle)}  # no other kernel anywhere
     assert nb["dialogs"] == []
+    assert by["done"]["cspErrors"] == []  # nothing blocked by the page's CSP: Lab works under it, and no script tried
     # 4. "Restart Kernel" from Lab: refused with a message naming the tool (JupyterLab itself only logs a
     # failed restart); the console is not stuck "Restarting" and still runs code on the same kernel
     restart = by["restart"]
