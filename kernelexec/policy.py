@@ -77,11 +77,13 @@ def kernel_policy(
     result_cap: int,
     stream_cap: int,
     disk_cap: int,
+    packages_dir: Path | None = None,
 ) -> dict[str, Any]:
     """The JSON the kernel's startup code reads (``KERNELEXEC_POLICY``)."""
     base: dict[str, Any] = {
         "profile": profile,
         "spill_dir": str(spill_dir),
+        "packages_dir": str(packages_dir) if packages_dir is not None else None,
         "result_cap": result_cap,
         "stream_cap": stream_cap,
         "disk_cap": disk_cap,
