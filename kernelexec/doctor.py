@@ -85,9 +85,8 @@ def _runs_kernelexec(name: str, entry: Any) -> bool:
     """An MCP server entry that starts kernelexec: its command, or ``uvx``/``pipx run`` of it, or its name."""
     if not isinstance(entry, dict):
         return False
-    command = entry.get("command")
-    args = entry.get("args") if isinstance(entry.get("args"), list) else []
-    words = [w for w in [command, *args] if isinstance(w, str)]
+    args = entry.get("args")
+    words = [w for w in [entry.get("command"), *(args if isinstance(args, list) else [])] if isinstance(w, str)]
     return name == "kernelexec" or any(Path(w).name == "kernelexec" for w in words)
 
 
