@@ -8,11 +8,8 @@ so nothing but that index is asked.
 
 from __future__ import annotations
 
-import io
 import os
 import subprocess
-import sys
-import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,51 +17,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from .conftest import Harness, clean_env, free_port, kernelexec_cmd, make_settings, serving, stop, wait_for_port
+from .conftest import Harness, clean_env, free_port, kernelexec_cmd, make_settings, serving
+from .support import build_sdist, build_wheel, package_index
 
 pytestmark = pytest.mark.anyio
 
 CANARY = Path("/tmp/kernelexec-test-sdist-canary")
-
-
-def _wheel(dest: Path, name: str, version: str, body: str, requires: list[str] | None = None) -> Path:
-    """A real, minimal pure-Python wheel (PEP 427), written directly: a module, METADATA, WHEEL, RECORD."""
-    import base64
-    import hashlib
-    import zipfile
-
-    info = f"{name}-{version}.dist-info"
-    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires or [])
-    files = {
-        f"{name}/__init__.py": body,
-        f"{info}/METADATA": metadata,
-        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: kernelexec-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-        f"{info}/top_level.txt": f"{name}\n",
-    }
-    record = []
-    for path, text in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(text.encode())}")
-    record.append(f"{info}/RECORD,,")
-    files[f"{info}/RECORD"] = "\n".join(record) + "\n"
-    dest.mkdir(parents=True, exist_ok=True)
-    wheel = dest / f"{name}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as zf:
-        for path, text in files.items():
-            zf.writestr(path, text)
-    return wheel
-
-
-def _sdist(dest: Path) -> None:
-    """kxsdist 1.0, published as an sdist only: its setup.py writes the canary."""
-    setup = f"open({str(CANARY)!r}, 'w').write('setup.py ran on the host')\nfrom setuptools import setup\nsetup(name='kxsdist', version='1.0')\n"
-    pkg_info = "Metadata-Version: 2.1\nName: kxsdist\nVersion: 1.0\n"
-    with tarfile.open(dest, "w:gz") as tar:
-        for name, text in (("kxsdist-1.0/setup.py", setup), ("kxsdist-1.0/PKG-INFO", pkg_info)):
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
 
 
 @pytest.fixture(scope="module")
@@ -72,33 +30,16 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real HTTP package index on 127.0.0.1 with kxdemo 1.0/1.1, kxuses (needs kxdep) and sdist-only kxsdist."""
     base = tmp_path_factory.mktemp("index")
     wheels = base / "wheels"
-    _wheel(wheels, "kxdemo", "1.0", "VALUE = 42\n")
-    _wheel(wheels, "kxdemo", "1.1", "VALUE = 43\n")
-    _wheel(wheels, "kxdep", "0.1", "DEP = 'dep'\n")
-    _wheel(wheels, "kxuses", "2.0", "from kxdep import DEP\nUSES = DEP + '!'\n", requires=["kxdep>=0.1"])
-    simple = base / "root" / "simple"
-    files = {p.name: p for p in wheels.glob("*.whl")}
-    sdist = base / "kxsdist-1.0.tar.gz"
-    _sdist(sdist)
-    files[sdist.name] = sdist
-    for project in ("kxdemo", "kxdep", "kxuses", "kxsdist"):
-        folder = simple / project
-        folder.mkdir(parents=True)
-        links = []
-        for name, path in files.items():
-            if name.split("-")[0].lower() == project:
-                (folder / name).write_bytes(path.read_bytes())
-                links.append(f'<a href="{name}">{name}</a>')
-        (folder / "index.html").write_text("<html><body>" + "".join(links) + "</body></html>")
-    (simple / "index.html").write_text("".join(f'<a href="{p}/">{p}</a>' for p in ("kxdemo", "kxdep", "kxuses", "kxsdist")))
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port), "--directory",
-                               str(base / "root")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for_port(port, server)
-        yield f"http://127.0.0.1:{port}/simple"
-    finally:
-        stop(server)
+    files = [
+        build_wheel(wheels, "kxdemo", "1.0", "VALUE = 42\n"),
+        build_wheel(wheels, "kxdemo", "1.1", "VALUE = 43\n"),
+        build_wheel(wheels, "kxdep", "0.1", "DEP = 'dep'\n"),
+        build_wheel(wheels, "kxuses", "2.0", "from kxdep import DEP\nUSES = DEP + '!'\n", requires=["kxdep>=0.1"]),
+        build_sdist(base, "kxsdist", "1.0", f"open({str(CANARY)!r}, 'w').write('setup.py ran on the host')\n"
+                    "from setuptools import setup\nsetup(name='kxsdist', version='1.0')\n"),
+    ]
+    with package_index(base / "root", files) as url:
+        yield url
 
 
 @pytest.fixture(autouse=True)
