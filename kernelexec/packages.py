@@ -165,8 +165,11 @@ def cache_dir(settings: Settings) -> Path:
     return settings.state_dir / "pip-cache"
 
 
-def pip_command(settings: Settings, specs: list[str], target: Path, *, upgrade: bool) -> list[str]:
-    cmd = [sys.executable, "-m", "pip", "install", "--target", str(target), "--only-binary", ":all:",
+def pip_command(settings: Settings, specs: list[str], target: Path, *, upgrade: bool, python: str | None = None) -> list[str]:
+    """kernelexec's own pip; for a kernel in another interpreter, run as that interpreter (``pip --python``),
+    so the wheels chosen are the ones that interpreter can import."""
+    cmd = [sys.executable, "-m", "pip", *(["--python", python] if python and python != sys.executable else []),
+           "install", "--target", str(target), "--only-binary", ":all:",
            "--no-input", "--disable-pip-version-check", "--no-warn-script-location", "--progress-bar", "off",
            "--no-compile", "--cache-dir", str(cache_dir(settings)), "--timeout", str(settings.install_connect_timeout),
            "--retries", "0", "--report", str(target / ".report.json")]
@@ -207,14 +210,15 @@ def _failure(settings: Settings, specs: list[str], output: str) -> str:
     return "pip failed: " + " | ".join(line.strip()[:200] for line in last)
 
 
-async def install(settings: Settings, specs: list[str], overlay: Path, *, upgrade: bool = False) -> InstallOutcome:
+async def install(settings: Settings, specs: list[str], overlay: Path, *, upgrade: bool = False,
+                  python: str | None = None) -> InstallOutcome:
     """Install ``specs`` (validated) into ``overlay``; raises InstallError with pip's reason."""
     started = time.monotonic()
     overlay.mkdir(parents=True, exist_ok=True)
     cache_dir(settings).mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=overlay.parent))
     try:
-        cmd = pip_command(settings, specs, staging, upgrade=upgrade)
+        cmd = pip_command(settings, specs, staging, upgrade=upgrade, python=python)
         try:
             with anyio.fail_after(settings.install_timeout):
                 done = await anyio.run_process(cmd, env=_pip_env(), check=False, stdin=None)

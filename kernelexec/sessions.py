@@ -270,7 +270,9 @@ class Session:
         if not kernel.supports_packages:
             raise InstallError("packages on demand need a local kernel: with --kernel-gateway or --kernel-spec, install "
                                "packages into the remote kernel's image")
-        outcome = await install(self.settings, specs, self.dirs.packages, upgrade=upgrade)
+        environment = getattr(self, "environment", None)  # the kernel's interpreter, when not kernelexec's own
+        python = environment.python if environment is not None and not getattr(environment, "own", True) else None
+        outcome = await install(self.settings, specs, self.dirs.packages, upgrade=upgrade, python=python)
         report = await kernel.evaluate("_kernelexec_packages_added()")
         if not isinstance(report, dict) or "modules" not in report:
             raise InstallError(f"installed, but the kernel did not take the new packages: {report!r}")
