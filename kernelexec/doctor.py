@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from .config import Settings
-from .errors import KernelexecError, SandboxUnavailable
+from .errors import InvalidRequest, KernelexecError, SandboxUnavailable
+from .layout import check_socket_room
 from .provisioned import provisioner_of
 from .sandbox import available, describe_layers, plan_for, probe
 from .terminal import safe
@@ -24,6 +25,12 @@ def preflight(settings: Settings) -> list[str]:
     ``--allow-degraded`` is given: an in-kernel guard alone would be theatre.
     """
     profile = settings.effective_profile
+    try:
+        check_socket_room(settings.sessions_dir / ("x" * 16))  # a session's handle is 16 characters
+    except InvalidRequest:
+        raise InvalidRequest(f"the state directory {settings.state_dir} is too long for the kernels' unix socket paths "
+                             "(107 bytes at most): pass a shorter --state-dir (KERNELEXEC_STATE_DIR), e.g. ~/.kernelexec "
+                             "or /var/tmp/kernelexec-$USER") from None
     if settings.kernel_spec:
         provisioner = provisioner_of(settings.kernel_spec)  # raises KernelSpecError with what to do
         return [f"kernels are launched by {provisioner} (kernelspec {settings.kernel_spec}): the engine it launches "

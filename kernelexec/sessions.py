@@ -438,7 +438,11 @@ class SessionManager:
         """Keep ``pool_size`` sessions with started kernels (inside their sandbox) ready for ``create``."""
         while True:
             while len(self.pool) < self.settings.pool_size:
-                session = Session(secrets.token_urlsafe(12), self.settings, working_dir=self.settings.working_dir)
+                try:
+                    session = Session(secrets.token_urlsafe(12), self.settings, working_dir=self.settings.working_dir)
+                except Exception:  # the state dir cannot hold sessions: calls will say why; the server stays up
+                    logger.exception("cannot create a pooled session; no warm pool")
+                    return
                 session.pooled = True
                 try:
                     await session.ensure_kernel()
