@@ -6,7 +6,7 @@ Built by ``build_server(settings, sessions)``; nothing happens at import.
 
 from mcp.server.mcpserver import MCPServer
 
-from . import __version__, resources, tools
+from . import __version__, resources, tools, view
 from .auth import StaticTokenVerifier, auth_settings, load_tokens
 from .config import Settings
 from .policy import describe
@@ -26,13 +26,18 @@ def build_server(settings: Settings, sessions: SessionManager) -> MCPServer:
     """Create the MCP server. ``sessions`` must be running (``SessionManager.running()``) while it serves."""
     profile = settings.effective_profile
     tokens = load_tokens(settings) if settings.transport == "http" else []
+    app = tools.App(settings, sessions)
+    apps = tools.run_view(app)  # the MCP Apps extension of the run view (view.py), where execute_code is exposed
     mcp = MCPServer(
         "kernelexec",
         version=__version__,
         instructions=INSTRUCTIONS.format(profile=profile, what=describe(profile)),
         token_verifier=StaticTokenVerifier(tokens) if tokens else None,
         auth=auth_settings(settings) if tokens else None,
+        extensions=[apps] if apps is not None else None,
     )
-    tools.register(mcp, tools.App(settings, sessions))
+    tools.register(mcp, app)
+    if apps is not None:
+        mcp.middleware.append(view.hide_app_only)  # app-only tools: listed and callable only for Apps clients
     resources.register(mcp, sessions)
     return mcp

@@ -179,6 +179,19 @@ def variables_answer(handle: str, data: Any) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=found.model_dump(mode="json"))
 
 
+def exposed_tools(settings: Settings) -> list[str] | None:
+    """The tools a preset exposes (``plugin``: execute_code; ``safe-executor``: run_python); None: all."""
+    return {"plugin": ["execute_code"], "safe-executor": ["run_python"]}.get(settings.preset)
+
+
+def run_view(app: App) -> Any:
+    """The run view's MCP Apps extension (view.py), with this module's helpers; None when execute_code is not exposed."""
+    names = exposed_tools(app.settings)
+    if names is not None and "execute_code" not in names:
+        return None
+    return view.extension(app, translated=translated, info=info, variables_answer=variables_answer)
+
+
 def register(mcp: MCPServer, app: App) -> None:
     """Add the tools the preset exposes (``plugin``: execute_code; ``safe-executor``: run_python; else all)."""
     settings = app.settings
@@ -306,11 +319,10 @@ def register(mcp: MCPServer, app: App) -> None:
         "install_packages": (install_packages, ToolAnnotations(read_only_hint=False, destructive_hint=False,
                                                                idempotent_hint=True, open_world_hint=True), "Install packages"),
     }
-    exposed = {"plugin": ["execute_code"], "safe-executor": ["run_python"]}.get(settings.preset, list(tools))
+    exposed = exposed_tools(settings) or list(tools)
     for name in exposed:
         fn, annotations, title = tools[name]
         # the run view (view.py) for hosts that render MCP Apps; others ignore the _meta and get the same answer
         meta = VIEW_META if name in ("execute_code", "get_run") else None
         mcp.add_tool(fn, name=name, title=title, annotations=annotations, meta=meta)
-    if "execute_code" in exposed:
-        view.register(mcp, app, translated=translated, info=info, variables_answer=variables_answer)
+

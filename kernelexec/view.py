@@ -24,7 +24,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Annotated, Any
 
 from mcp.server.apps import Apps, ResourceCsp, Visibility, client_supports_apps
-from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
@@ -109,10 +109,11 @@ def parse_page(data: Any) -> dict[str, Any]:
             "total": max(total, 0)}
 
 
-def register(mcp: MCPServer, app: App, *, translated: Callable[[Callable[..., Any]], Callable[..., Any]], info: Callable[[Session, str], SessionInfo],
-             variables_answer: Callable[[str, Any], CallToolResult]) -> None:
-    """Add the view's resource and app-only tools to ``mcp`` and hide those tools from clients without Apps.
-    tools.register calls it with its own helpers (error translation, answers), so this module needs no tools import."""
+def extension(app: App, *, translated: Callable[[Callable[..., Any]], Callable[..., Any]], info: Callable[[Session, str], SessionInfo],
+              variables_answer: Callable[[str, Any], CallToolResult]) -> Apps:
+    """The MCP Apps extension: the view's resource and its app-only tools, for ``MCPServer(extensions=[...])``
+    (server.build_server, which also adds ``hide_app_only``). It takes tools.py's helpers (error translation,
+    answers) as arguments, so this module needs no tools import."""
 
     apps = Apps()
     apps.add_html_resource(
@@ -182,10 +183,7 @@ def register(mcp: MCPServer, app: App, *, translated: Callable[[Callable[..., An
         await target.restart()
         return info(target, "restarted")
 
-    # server.py builds the MCPServer before the tools are known; this is what MCPServer(extensions=[apps])
-    # does at construction: the tools, the resource, and the capability under extensions.
-    mcp._apply_extension(apps)
-    mcp.middleware.append(hide_app_only)
+    return apps
 
 
 def _tool_name(params: Any) -> Any:
