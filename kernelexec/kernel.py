@@ -98,6 +98,13 @@ class Kernel:
     async def install_startup(self) -> None:
         """Locally a no-op: ipykernel ran ``startup/kernel_init.py`` (exec_files) before answering."""
 
+    async def warm(self) -> None:
+        """Import ``--warm-imports`` ahead (startup/kernel_init.py): pooled kernels and spares."""
+        try:
+            await self.evaluate("_kernelexec_warm()", timeout=self.startup_timeout)
+        except Exception:  # noqa: BLE001 - a kernel that cannot warm up is still a kernel
+            logger.warning("warm imports failed", exc_info=True)
+
     async def _wait_ready(self) -> None:
         """Wait for the kernel to answer, then check that the startup code installed the policy."""
         while True:
@@ -170,6 +177,7 @@ class Kernel:
         try:
             with anyio.CancelScope() as self._spare_scope:
                 await spare.start()
+                await spare.warm()  # the data stack imported ahead, before it can be swapped in
         except Exception:
             logger.exception("starting a warm spare kernel failed")
             self.spare_failed()

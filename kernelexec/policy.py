@@ -77,8 +77,13 @@ def kernel_policy(
     result_cap: int,
     stream_cap: int,
     disk_cap: int,
+    environment_paths: list[str] | None = None,
+    protected: list[str] | None = None,
+    warm_imports: list[str] | None = None,
 ) -> dict[str, Any]:
-    """The JSON the kernel's startup code reads (``KERNELEXEC_POLICY``)."""
+    """The JSON the kernel's startup code reads (``KERNELEXEC_POLICY``). ``environment_paths``: what
+    the kernel's interpreter reads (default: kernelexec's own); ``protected``: the environment a cell
+    must not write; ``warm_imports``: modules a warm kernel imports ahead (those the profile allows)."""
     base: dict[str, Any] = {
         "profile": profile,
         "spill_dir": str(spill_dir),
@@ -88,9 +93,11 @@ def kernel_policy(
         "figure_formats": ["png", "svg"],
     }
     if profile == "trusted":
-        return base | {"allowed_imports": None, "file_io": "all"}
-    guarded = {"deny_process": True, "deny_network": True, "deny_tamper": True}
+        return base | {"allowed_imports": None, "file_io": "all", "warm_imports": list(warm_imports or ())}
+    guarded = {"deny_process": True, "deny_network": True, "deny_tamper": True, "readonly_roots": list(protected or ())}
     python_roots = python_read_roots()
+    if environment_paths:
+        python_roots = sorted({*python_roots, *environment_paths})
     if profile == "strict":
         return base | guarded | {
             "allowed_imports": sorted(STRICT_IMPORTS | set(allow_imports)),
@@ -98,8 +105,10 @@ def kernel_policy(
             "write_roots": [],
             "read_roots": python_roots,
         }
+    allowed = STANDARD_STDLIB | DATA_STACK | set(allow_imports)
     return base | guarded | {
-        "allowed_imports": sorted(STANDARD_STDLIB | DATA_STACK | set(allow_imports)),
+        "allowed_imports": sorted(allowed),
+        "warm_imports": [m for m in warm_imports or () if m.partition(".")[0] in allowed],
         "imports_hint": "most of the standard library (not subprocess, socket, ctypes, multiprocessing, signal, "
         "importlib, sqlite3) and the data stack: numpy, pandas, scipy, matplotlib, seaborn, sympy, PIL, sklearn, "
         "statsmodels, networkx, IPython.display",

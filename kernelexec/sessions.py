@@ -22,6 +22,7 @@ from typing import Any
 import anyio
 
 from .config import Settings
+from .environments import Environment, prepare
 from .errors import InvalidRequest, SessionError
 from .kernel import Kernel, OnOutput
 from .launch import LaunchSpec, SessionDirs
@@ -59,6 +60,10 @@ def _claim(root: Path, handle: str) -> int:
     return fd
 
 
+def same_environment(a: Environment | None, b: Environment | None) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and a.key == b.key and a.overlay == b.overlay)
+
+
 def kernel_class(settings: Settings) -> type[Kernel]:
     """Local kernels, kernels on a remote gateway, or kernels a kernelspec's provisioner launches
     (the last two imported only when configured)."""
@@ -76,8 +81,11 @@ def kernel_class(settings: Settings) -> type[Kernel]:
 class Session:
     """One client's kernel, directory, renderer and notebook record."""
 
-    def __init__(self, handle: str, settings: Settings, *, owner: str | None = None, working_dir: Path | None = None) -> None:
+    def __init__(self, handle: str, settings: Settings, *, owner: str | None = None, working_dir: Path | None = None,
+                 environment: Environment | None = None) -> None:
         self.handle = handle
+        # the Python its kernels run in, for the session's whole life (None: a remote backend's own)
+        self.environment = environment
         self.settings = settings
         self.profile = settings.effective_profile
         self.owner = owner
@@ -94,8 +102,11 @@ class Session:
         self.renderer = Renderer(
             handle, self.dirs.outputs, result_chars=settings.result_chars,
             stream_chars=settings.stream_chars, profile=self.profile,
+            environment=environment.summary() if environment is not None else None,
         )
         meta = {"session": handle, "profile": self.profile, "created": time.time()}
+        if environment is not None:
+            meta["environment"] = environment.summary()
         self.recorder = Recorder(self.dirs.journal, self.dirs.notebook, meta)
         if not self.dirs.journal.exists():
             self.recorder.start()  # an empty notebook now, so every answer's `notebook` names a file
@@ -113,6 +124,7 @@ class Session:
 
     def launch_spec(self) -> LaunchSpec:
         s = self.settings
+        env = self.environment
         policy = kernel_policy(
             self.profile,
             session_dir=self.dirs.root,
@@ -123,10 +135,13 @@ class Session:
             result_cap=max(s.result_chars * 20, 1_000_000),
             stream_cap=s.kernel_stream_cap,
             disk_cap=s.kernel_disk_cap,
+            environment_paths=[*env.read_paths, *([env.overlay] if env.overlay else [])] if env is not None else None,
+            protected=env.protected_paths() if env is not None else None,
+            warm_imports=s.warm_imports,
         )
         rw = [] if self.profile == "strict" else [p for p in s.work_roots if p.is_dir()]
         plan = plan_for(s, self.profile, session_dir=self.dirs.root, rw=rw, ro=[p for p in s.read_dirs if p.is_dir()],
-                        cwd=self.default_cwd, key=self.handle)
+                        cwd=self.default_cwd, key=self.handle, environment=env)
         return LaunchSpec(dirs=self.dirs, cwd=self.default_cwd, policy=policy, plan=plan, env_pass=s.env_pass)
 
     async def ensure_kernel(self) -> Kernel:
@@ -341,17 +356,35 @@ class SessionManager:
         self.sessions[session.handle] = session
         return session
 
+    async def environment_for(self, working_dir: Path | None) -> Environment | None:
+        """The Python a new session working in ``working_dir`` runs in (``--python``; its ipykernel overlay
+        built once when it has none), off the event loop. None for remote backends: they bring their own."""
+        if self.settings.kernel_gateway or self.settings.kernel_spec:
+            return None
+        return await anyio.to_thread.run_sync(prepare, self.settings.python, working_dir, self.settings.cache_dir)
+
     async def create(self, *, owner: str | None = None, working_dir: Path | None = None) -> Session:
-        """Mint a new session, its place reserved at once (the kernel starts on first use, or is pooled)."""
+        """Mint a new session, its place reserved at once (the kernel starts on first use, or is pooled).
+        A pooled kernel is handed out only to a session of its own environment and working directory."""
+        environment = await self.environment_for(working_dir)
         async with self._create_lock:
-            if self.pool and working_dir == self.settings.working_dir:
+            stale = [s for s in self.pool if not same_environment(s.environment, environment)]
+            if stale and working_dir == self.settings.working_dir:  # the project's environment changed since
+                self.pool = [s for s in self.pool if s not in stale]
+                self._pool_changed.set()
+                for session in stale:
+                    await session.stop_kernel()
+                    session.release()
+                    self.remove_dir(session)
+            if self.pool and working_dir == self.settings.working_dir and same_environment(self.pool[0].environment, environment):
                 session = self.pool[0]
                 self.admit(session, owner)
                 self.pool.pop(0)  # popped under the lock: one kernel never goes to two sessions
                 self._pool_changed.set()
                 session.adopt(owner)
             else:
-                session = Session(secrets.token_urlsafe(12), self.settings, owner=owner, working_dir=working_dir)
+                session = Session(secrets.token_urlsafe(12), self.settings, owner=owner, working_dir=working_dir,
+                                  environment=environment)
                 try:
                     self.admit(session)
                 except SessionError:
@@ -364,15 +397,22 @@ class SessionManager:
         """Keep ``pool_size`` sessions with started kernels (inside their sandbox) ready for ``create``."""
         while True:
             while len(self.pool) < self.settings.pool_size:
-                session = Session(secrets.token_urlsafe(12), self.settings, working_dir=self.settings.working_dir)
-                session.pooled = True
+                session = None
                 try:
+                    environment = await self.environment_for(self.settings.working_dir)
+                    session = Session(secrets.token_urlsafe(12), self.settings, working_dir=self.settings.working_dir,
+                                      environment=environment)
+                    session.pooled = True
                     await session.ensure_kernel()
                     session.reserved = False  # a pooled kernel counts against the limits once adopted
+                    if session.kernel is not None:
+                        await session.kernel.warm()
                 except Exception:
                     logger.exception("starting a pooled kernel failed; retrying in 5 s")
-                    session.release()
-                    self.remove_dir(session)
+                    if session is not None:
+                        await session.stop_kernel()
+                        session.release()
+                        self.remove_dir(session)
                     await anyio.sleep(5)
                     continue
                 self.pool.append(session)
@@ -403,7 +443,8 @@ class SessionManager:
             if handle not in self.sessions:
                 if self.live_count() >= self.settings.max_sessions:
                     raise SessionError.limit(self.settings.max_sessions)
-                session = Session(handle, self.settings, owner=owner)
+                session = Session(handle, self.settings, owner=owner,
+                                  environment=await self.environment_for(self.settings.working_dir))
                 recorded = meta.get("working_dir")
                 if isinstance(recorded, str) and Path(recorded) != session.default_cwd:
                     try:  # a session file is data: its directory must pass the same checks a call's does
