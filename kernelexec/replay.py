@@ -33,6 +33,7 @@ import anyio
 from .restore import cell_meta, cell_timeout, describe_replayed, first_line, rerun  # noqa: F401 (describe_replayed: old import path)
 from .terminal import safe
 from .wire import harden
+from .environments import Environment, prepare
 from .recording import Recorder, cell_event, notebook_meta, read_session_meta
 
 if TYPE_CHECKING:
@@ -303,10 +304,12 @@ async def replay_notebook(
     *,
     profile: Profile,
     on_cell: Callable[[CellReport], None] | None = None,
+    environment: Environment | None = None,
 ) -> list[CellReport]:
     """Execute ``nb`` (in place) in a fresh kernel launched as a live session's, under ``profile``.
 
-    Always a local kernel: nbclient drives it through its kernel manager (``--kernel-gateway`` and ``--kernel-spec`` are ignored)."""
+    Always a local kernel: nbclient drives it through its kernel manager (``--kernel-gateway`` and ``--kernel-spec`` are ignored),
+    in ``environment`` (default: what the current settings choose; a notebook never chooses its interpreter)."""
     from .sessions import Session
 
     base = Path(tempfile.mkdtemp(prefix="kxr"))
@@ -314,7 +317,9 @@ async def replay_notebook(
     try:
         scratch = settings.model_copy(update={"state_dir": base, "profile": profile, "kernel_gateway": None,
                                                   "kernel_spec": None})
-        session = Session(f"replay-{secrets.token_urlsafe(6)}", scratch)
+        if environment is None:
+            environment = await anyio.to_thread.run_sync(prepare, settings.python, settings.working_dir, settings.cache_dir)
+        session = Session(f"replay-{secrets.token_urlsafe(6)}", scratch, environment=environment)
         kernel = await session.ensure_kernel()
         roots = [*_session_roots(nb), str(session.dirs.root)]
         return await _Replayer(nb, scratch, kernel, roots).run(on_cell)
@@ -397,7 +402,19 @@ async def replay_command(settings: Settings, notebook: str, *, output: str | Non
         print(safe(f"note: cell {', '.join(map(str, capped[:20]))}{' …' if len(capped) > 20 else ''}: recorded timeout "
                    f"not usable or above --max-timeout ({settings.max_timeout:g} s); capped"), flush=True)
     try:
-        reports = await replay_notebook(nb, settings, profile=chosen, on_cell=lambda r: print(safe(_line(r)), flush=True))
+        environment = await anyio.to_thread.run_sync(prepare, settings.python, settings.working_dir, settings.cache_dir)
+    except KernelexecError as exc:
+        print(safe(f"kernelexec replay: {exc}"), file=sys.stderr)
+        return 2
+    print(safe(f"environment: {environment.describe()}: {environment.reason}"), flush=True)
+    was = recorded.get("environment") if isinstance(recorded, dict) else None
+    if isinstance(was, dict) and (was.get("python"), was.get("version")) != (environment.python, environment.version):
+        print(safe(f"note: recorded in Python {str(was.get('version'))[:20]} at {str(was.get('python'))[:200]}; replayed in "
+                   f"Python {environment.version} at {environment.python}, which your flags and config choose (--python; "
+                   "a notebook never chooses its interpreter)"), flush=True)
+    try:
+        reports = await replay_notebook(nb, settings, profile=chosen, on_cell=lambda r: print(safe(_line(r)), flush=True),
+                                        environment=environment)
     except KernelexecError as exc:
         print(safe(f"kernelexec replay: {exc}"), file=sys.stderr)
         return 2
@@ -410,7 +427,8 @@ async def replay_command(settings: Settings, notebook: str, *, output: str | Non
         summary += " (cell " + ", ".join(map(str, different)) + ")"
     print(safe(summary), flush=True)
     if output:
-        nb.metadata.setdefault("kernelexec", {})["replay"] = {"profile": chosen, "different": different}
+        nb.metadata.setdefault("kernelexec", {})["replay"] = {"profile": chosen, "different": different,
+                                                              "environment": environment.summary()}
         nbformat.write(nb, output)
         print(safe(f"wrote {output}"), flush=True)
     return 1 if different else 0
