@@ -44,7 +44,7 @@ IPYKERNEL_REQUIREMENT = "ipykernel>=6.29,<8"
 IPYKERNEL_MIN = (6, 29)
 PROJECT_MARKERS = ("pyproject.toml", "setup.py", ".git")
 VENV_NAMES = (".venv", "venv")
-INSPECT_TIMEOUT = 30.0
+INSPECT_TIMEOUT = float(os.environ.get("KERNELEXEC_INSPECT_TIMEOUT") or 30.0)  # seconds an interpreter has to describe itself
 BUILD_TIMEOUT = 600.0
 
 Source = str  # "flag", "project .venv", "VIRTUAL_ENV", "conda", "own"
@@ -141,8 +141,9 @@ class Environment:
         return f"Python {self.version} at {self.python} ({self.source})"
 
     def protected_paths(self) -> list[str]:
-        """Paths a cell must never write: what the next kernel reads before its guard is installed."""
-        paths = {self.prefix, *self.site_packages, *(p for p in self.sys_path if os.path.isdir(p))}
+        """Paths a cell must never write: what the next kernel reads before its guard is installed (other
+        ``sys.path`` entries a cell could write, an editable install's ``src/``, are added only after it)."""
+        paths = {self.prefix, *self.site_packages}
         if self.overlay:
             paths.add(self.overlay)
         return sorted(p for p in paths if p and os.path.exists(p))
@@ -150,6 +151,35 @@ class Environment:
 
 def _norm(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
+
+
+def project_modules(env: Environment, working_dir: Path | None) -> list[str]:
+    """Top-level modules a project environment holds (its site-packages and the paths its .pth files add)
+    and the project's own code in ``working_dir`` (and its ``src/``): the standard profile lets a
+    kernel in the user's chosen environment import them."""
+    stdlib = {env.base_prefix, env.prefix}
+    places = [*env.site_packages, *(p for p in env.sys_path if os.path.isdir(p) and "site-packages" not in p
+                                   and not any(p.startswith(os.path.join(b, "lib")) for b in stdlib))]
+    if working_dir is not None:
+        places += [str(working_dir), str(Path(working_dir) / "src")]
+    names: set[str] = set()
+    for place in places:
+        try:
+            entries = list(os.scandir(place))
+        except OSError:
+            continue
+        for entry in entries[:5000]:
+            name = entry.name
+            if name.startswith((".", "_")) or name.endswith((".dist-info", ".egg-info", ".pth", ".data")):
+                continue
+            if entry.is_dir():
+                if name.isidentifier():
+                    names.add(name)
+            elif name.endswith((".py", ".so")) or ".cpython-" in name:
+                stem = name.split(".")[0]
+                if stem.isidentifier():
+                    names.add(stem)
+    return sorted(names)
 
 
 # --- finding the interpreter -------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from typing import Any
 import anyio
 
 from .config import Settings
-from .environments import Environment, prepare
+from .environments import Environment, prepare, project_modules
 from .errors import InvalidRequest, SessionError
 from .kernel import Kernel, OnOutput
 from .launch import LaunchSpec, SessionDirs
@@ -138,6 +138,7 @@ class Session:
             environment_paths=[*env.read_paths, *([env.overlay] if env.overlay else [])] if env is not None else None,
             protected=env.protected_paths() if env is not None else None,
             warm_imports=s.warm_imports,
+            environment_modules=project_modules(env, self.default_cwd) if env is not None and not env.own else None,
         )
         rw = [] if self.profile == "strict" else [p for p in s.work_roots if p.is_dir()]
         plan = plan_for(s, self.profile, session_dir=self.dirs.root, rw=rw, ro=[p for p in s.read_dirs if p.is_dir()],
