@@ -59,8 +59,9 @@ def parse(printed: str, where: str) -> float:
 def smolagents_executor() -> tuple[object | None, str]:
     """A LocalPythonExecutor as the old server used it (no extra imports), or None and why not."""
     try:
-        from smolagents.local_python_executor import LocalPythonExecutor
         from importlib.metadata import version
+
+        from smolagents.local_python_executor import LocalPythonExecutor
     except Exception as exc:  # not installed, or broken
         return None, f"smolagents not installed ({type(exc).__name__}: {exc}); pip install 'kernelexec[bench]'"
     executor = LocalPythonExecutor(additional_authorized_imports=[], timeout_seconds=300)

@@ -49,7 +49,20 @@ import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from benchmarks.common import clean_env, cpu_seconds, descendants, fd_count, fd_kinds, free_port, kernel_pids, kernelexec_cmd, log, rss_mb, short_tmp, tree_rss_mb
+from benchmarks.common import (
+    clean_env,
+    cpu_seconds,
+    descendants,
+    fd_count,
+    fd_kinds,
+    free_port,
+    kernel_pids,
+    kernelexec_cmd,
+    log,
+    rss_mb,
+    short_tmp,
+    tree_rss_mb,
+)
 from benchmarks.stats import Measurement, percentile, render_grid, table
 
 MS = "ms"

@@ -75,7 +75,7 @@ async def notebook_write_grows(base: Path, blocks: int = 4, per_block: int = 300
                   f"p95 {percentile(lat, 95):6.2f}, p99 {percentile(lat, 99):6.2f}; CPU of this process (server+client) {cpu:5.2f} ms/call; "
                   f"one write_notebook {write:5.0f} ms")
         print("   with large outputs (2 MB prints; the journal keeps the forwarded 1 MB of each):")
-        for b in range(2):
+        for _ in range(2):
             for _ in range(30):
                 await call(client, "execute_code", code=PRINT_2MB, session=h)
             await anyio.sleep(1)

@@ -51,6 +51,7 @@ if __package__ in (None, ""):  # ``python benchmarks/run.py``: make ``benchmarks
 import anyio
 from mcp import Client
 
+from benchmarks.baselines import bench_smolagents
 from benchmarks.common import (
     call,
     clean_env,
@@ -64,14 +65,13 @@ from benchmarks.common import (
     raw_execute,
     raw_kernel,
     rss_mb,
-    tree_rss_mb,
     session_kernel_pid,
     session_root_pid,
     short_tmp,
     stdio_params,
     stdio_server_pid,
+    tree_rss_mb,
 )
-from benchmarks.baselines import bench_smolagents
 from benchmarks.environments import bench_environments_section
 from benchmarks.flood import bench_flood
 from benchmarks.layers import bench_layers_section

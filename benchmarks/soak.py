@@ -184,7 +184,7 @@ async def run_cell(server: Server, handle: str, cell: Cell, tally: Tally | None)
 def make_plan(calls: int, seed: int, standard: list[str], trusted: list[str]) -> dict[tuple[str, str], list[Cell]]:
     """Cells per (server, session): deaths go to the trusted session, the rest round-robin over all."""
     rng = random.Random(seed)
-    kinds, weights = zip(*WEIGHTS.items())
+    kinds, weights = zip(*WEIGHTS.items(), strict=True)
     targets = [("standard", h) for h in standard] + [("trusted", h) for h in trusted]
     plan: dict[tuple[str, str], list[Cell]] = {t: [] for t in targets}
     rr = 0

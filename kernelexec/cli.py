@@ -156,10 +156,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 async def _serve(settings: Settings) -> None:
+    from .sandbox import describe_layers, plan_for
     from .server import build_server
     from .sessions import SessionManager
-
-    from .sandbox import describe_layers, plan_for
 
     layers = plan_for(settings, settings.effective_profile, session_dir=settings.sessions_dir, rw=[], ro=[],
                       cwd=settings.sessions_dir, key="serve").layers

@@ -105,7 +105,8 @@ class Settings(BaseSettings):
         False, description="Start strict/standard even when neither Landlock nor bubblewrap is available (loud warning)."
     )
     network: bool | None = Field(None, description="Let kernels use the network (default: only in the trusted profile).")
-    memory_mb: int = Field(2048, ge=0, description="Memory per kernel in MiB (RLIMIT_DATA gives MemoryError; a cgroup, where available, kills at +512). 0 = no limit.")
+    memory_mb: int = Field(2048, ge=0, description="Memory per kernel in MiB (RLIMIT_DATA gives MemoryError; "
+                           "a cgroup, where available, kills at +512). 0 = no limit.")
     max_open_files: int = Field(1024, ge=64, description="Open files per kernel (RLIMIT_NOFILE).")
     max_file_mb: int = Field(256, ge=1, description="Largest file a kernel may write, in MiB (RLIMIT_FSIZE).")
     max_processes: int = Field(256, ge=0, description="Processes+threads per kernel (cgroup pids.max, or RLIMIT_NPROC when not root). 0 = no limit.")

@@ -4,7 +4,8 @@
     ├── SessionError          unknown, closed or over-limit session handles
     ├── InvalidRequest        bad tool input (oversized code, NUL bytes, timeout out of range, bad paths)
     ├── KernelError           the kernel could not be started or kept alive
-    │   └── KernelStartError
+    │   ├── KernelStartError
+    │   └── KernelDied        the kernel process went away while a reply was awaited
     └── SandboxUnavailable    the profile's OS boundary cannot be built on this machine
 
 User code raising is not an error of ours: it is a normal result (``Execution.error``).
@@ -52,3 +53,7 @@ class KernelStartError(KernelError):
 
 class SandboxUnavailable(KernelexecError):
     """strict/standard asked for, but neither Landlock nor bubblewrap works here."""
+
+
+class KernelDied(KernelError):
+    """The kernel process is gone while a reply was awaited; the message says how it ended."""

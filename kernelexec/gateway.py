@@ -59,13 +59,13 @@ from tornado.httpclient import HTTPClientError
 from traitlets import Any as AnyTrait
 from traitlets import DottedObjectName, Type
 
+from . import wire
 from .config import Settings
 from .errors import KernelStartError
 from .kernel import Kernel
 from .launch import LaunchSpec
 from .remote_startup import install_remote_startup, remote_policy, startup_code  # noqa: F401 (re-exported)
 from .sandbox import SandboxPlan
-from . import wire
 
 logger = logging.getLogger(__name__)
 
@@ -451,7 +451,7 @@ class GatewayKernel(Kernel):
     url: str = ""
     token: str | None = None
     kernel_name: str = DEFAULT_KERNEL_NAME
-    spares = False  # the gateway restarts its kernel in place
+    supports_spares = False  # the gateway restarts its kernel in place
 
     @classmethod
     def for_settings(cls, settings: Settings) -> type[GatewayKernel]:

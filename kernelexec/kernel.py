@@ -1,4 +1,11 @@
-"""One IPython kernel, driven through jupyter_client's async API.
+"""One IPython kernel, driven through jupyter_client's async API, and the seam its backends fill in.
+
+``Kernel`` is the driver: lifecycle (start, restart, shutdown), the request protocol and
+diagnostics. Where the kernel runs is a backend's business, declared as a few hooks (after
+jupyter_client's ``KernelProvisionerBase``): ``create_manager`` and ``start_kwargs`` (abstract),
+``install_startup``, ``exit_code`` and ``log_tail`` (safe defaults), and the class attributes
+``supports_spares`` and ``liveness_every``. Backends: ``LocalKernel`` here (our provisioner inside
+the sandbox), ``provisioned.ProvisionedKernel`` (a kernelspec's provisioner), ``gateway.GatewayKernel``.
 
 ``Kernel.execute`` sends one request, reads IOPub (filtered by ``parent_header.msg_id``) and the
 shell reply against one monotonic deadline, and races that against ``is_alive()`` so a dead kernel
@@ -8,25 +15,25 @@ Callers hold the session lock: at most one request is ever in flight per kernel.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import queue
 import signal
-import subprocess
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, ClassVar
 
 import anyio
 import anyio.lowlevel
 from jupyter_client.manager import AsyncKernelManager
 
-from .errors import KernelStartError
-from .launch import SLOTS, LaunchSpec, kernel_manager, other_slot
 from .collector import Caps, Collector, strip_ansi
+from .errors import KernelDied, KernelStartError
+from .launch import SLOTS, LaunchSpec, kernel_manager
 from .models import Execution
+from .spares import Spares
 from .wire import harden
 
 logger = logging.getLogger(__name__)
@@ -36,13 +43,11 @@ _POLL = 0.2  # seconds between liveness checks while waiting on output
 OnOutput = Callable[[str, str], Awaitable[None]]  # (stream name, text) for progress reporting
 
 
-class Kernel:
+class Kernel(ABC):
     """A running kernel for one session. Not safe for concurrent ``execute`` calls: the session serialises them."""
 
-    # Local kernels can keep a warm spare for their next restart (see ``prepare_spare``). Remote
-    # backends restart their own way and say False.
-    spares = True
-    liveness_every = _POLL  # seconds between liveness checks while a request runs
+    supports_spares: ClassVar[bool] = False  # a warm spare (spares.py) can take over its restarts
+    liveness_every: ClassVar[float] = _POLL  # seconds between liveness checks while a request runs
 
     def __init__(self, spec: LaunchSpec, *, startup_timeout: float = 60.0, slot: str = SLOTS[0]) -> None:
         self.spec = spec
@@ -52,12 +57,8 @@ class Kernel:
         self.kc: Any = None
         self._log: IO[bytes] | None = None
         self.restarts = 0
-        self.spare: Kernel | None = None  # started ahead in this session's sandbox; the next restart takes it
-        self.spare_takeovers = 0
-        self._spare_starting: anyio.Event | None = None  # set when a spare being started is done (or failed)
-        self._spare_scope: anyio.CancelScope | None = None
-        self.spare_failures = 0  # spares in a row that failed to start or died waiting
-        self.spare_retry_at = 0.0  # monotonic time before which no spare is started (back-off)
+        # a warm spare for the next restart (spares.py), for backends whose kernels can have one
+        self.spares: Spares | None = Spares(self) if self.supports_spares else None
 
     # --- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -83,20 +84,34 @@ class Kernel:
                 raise KernelStartError(f"kernel failed to start: {exc!r}", tail) from exc
             raise
 
-    # Seams for other kernel backends (a remote gateway): how the manager is made and started, and
-    # how the startup code gets into the kernel. Locally, the provisioner and exec_files do it all.
+    # --- the backend seam ---------------------------------------------------------------------
+    @abstractmethod
     def create_manager(self) -> AsyncKernelManager:
-        return kernel_manager(self.spec, self.slot)
+        """A kernel manager for this kernel's slot, not started. Called by ``start`` for every cold start."""
+
+    @abstractmethod
+    def start_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``km.start_kernel``. Called by ``start``, after ``create_manager``."""
+
+    async def install_startup(self) -> None:  # noqa: B027 - a hook with a safe default, not abstract
+        """Put kernelexec's startup code into the kernel, once it answers and before its policy is
+        checked. Called by ``start``. Default: nothing (the launch ran it, as locally)."""
+
+    def exit_code(self) -> int | None:
+        """The kernel process's exit code once it ended, else None. Called when reporting a death."""
+        return None
+
+    def log_tail(self, limit: int = 2000) -> str:
+        """The end of the session's ``kernel.log``, for start failures. Called by ``start``."""
+        try:
+            return self.spec.dirs.log.read_bytes()[-limit:].decode(errors="replace")
+        except OSError:
+            return ""
 
     @property
     def connection_file(self) -> Path:
+        """Where this kernel's connection info is (published for ``kernelexec lab``)."""
         return self.spec.dirs.connection_file_for(self.slot)
-
-    def start_kwargs(self) -> dict[str, Any]:
-        return self.spec.start_kwargs(self._log)
-
-    async def install_startup(self) -> None:
-        """Locally a no-op: ipykernel ran ``startup/kernel_init.py`` (exec_files) before answering."""
 
     async def warm(self) -> None:
         """Import ``--warm-imports`` ahead (startup/kernel_init.py): pooled kernels and spares."""
@@ -122,13 +137,8 @@ class Kernel:
 
     async def shutdown(self) -> None:
         """Stop the kernel (and its spare) and release their sockets and files. Safe to call more than once."""
-        if self._spare_scope is not None:
-            self._spare_scope.cancel()  # a spare still starting is stopped by its own start()
-            if self._spare_starting is not None:
-                await self._spare_starting.wait()
-        spare, self.spare = self.spare, None
-        if spare is not None:
-            await spare.shutdown()
+        if self.spares is not None:
+            await self.spares.shutdown()
         if self.kc is not None:
             self.kc.stop_channels()
             self.kc = None
@@ -150,7 +160,7 @@ class Kernel:
         A warm spare, if one is ready or being started, takes over instead of a cold start."""
         assert self.km is not None
         self.restarts += 1
-        if await self._take_spare():
+        if self.spares is not None and await self.spares.take_over():
             return
         try:
             await self.km.restart_kernel(now=True)
@@ -162,87 +172,20 @@ class Kernel:
             await self.start()
         await self._drain()
 
-    # --- warm spares -----------------------------------------------------------------------------
-    # A kernel's sandbox is bound to its session at exec (its uid, bind mounts, Landlock rules and
-    # cgroup), so a generic pooled kernel cannot become a restarted session's kernel. The spare is
-    # started ahead inside the same session's sandbox, in the session's other slot (own connection
-    # file and sockets), with its startup code run and its policy checked, and sits idle until the
-    # next restart swaps it in: a restart then costs a SIGKILL instead of a kernel start.
-    async def prepare_spare(self) -> bool:
-        """Start this kernel's spare (no-op if there is one or one is starting). True if one is ready."""
-        if not self.spares or self.km is None or self.spare is not None or self._spare_starting is not None:
-            return self.spare is not None
-        done = self._spare_starting = anyio.Event()
-        spare = type(self)(self.spec, startup_timeout=self.startup_timeout, slot=other_slot(self.slot))
-        try:
-            with anyio.CancelScope() as self._spare_scope:
-                await spare.start()
-                await spare.warm()  # the data stack imported ahead, before it can be swapped in
-        except Exception:
-            logger.exception("starting a warm spare kernel failed")
-            self.spare_failed()
-            return False
-        finally:
-            self._spare_scope = self._spare_starting = None
-            done.set()
-        if spare.km is None:  # cancelled by shutdown(): start() has already cleaned up
-            return False
-        if self.km is None or self.spare is not None or spare.slot == self.slot:  # shut down or swapped meanwhile
-            with anyio.CancelScope(shield=True):
-                await spare.shutdown()
-            return False
-        self.spare = spare
-        self.spare_failures = 0
-        return True
+    @property
+    def spare(self) -> Kernel | None:
+        """The warm spare ready for the next restart, if any."""
+        return self.spares.ready if self.spares is not None else None
 
-    def spare_failed(self) -> None:
-        """Back off: the live kernel can make spares fail on purpose (squatting their socket names,
-        using up the processes), so each failure in a row doubles the wait, from 5 s to 10 minutes."""
-        self.spare_failures += 1
-        self.spare_retry_at = time.monotonic() + min(5.0 * 2 ** (self.spare_failures - 1), 600.0)
+    @property
+    def spare_takeovers(self) -> int:
+        return self.spares.takeovers if self.spares is not None else 0
 
-    async def drop_spare(self) -> None:
-        spare, self.spare = self.spare, None
-        if spare is not None:
-            await spare.shutdown()
-
-    async def _take_spare(self) -> bool:
-        """Swap the spare in (waiting for one still starting) and kill the old kernel. False: no usable spare."""
-        if self._spare_starting is not None:
-            with anyio.move_on_after(min(self.startup_timeout, 30)):
-                await self._spare_starting.wait()
-        if self.spare is None:
-            return False
-        with anyio.CancelScope(shield=True):  # bounded; never leaves a detached spare or a half-swapped kernel
-            spare, self.spare = self.spare, None
-            try:  # alive, and its policy still installed (its startup code ran when it started)
-                report = await spare.evaluate("_kernelexec_policy()", timeout=5) if await spare.is_alive() else None
-            except Exception:
-                report = None
-            if not (isinstance(report, dict) and report.get("active")):
-                logger.warning("the warm spare is dead or lost its policy (%r); starting a fresh kernel", report)
-                self.spare_failed()
-                await spare.shutdown()
-                return False
-            old_km, old_kc, old_log = self.km, self.kc, self._log
-            self.km, self.kc, self._log, self.slot = spare.km, spare.kc, spare._log, spare.slot
-            spare.km = spare.kc = spare._log = None
-            self.spare_takeovers += 1
-            old_kc.stop_channels()
-            try:
-                # SIGKILL and reap it here: jupyter_client's own wait polls every 0.1 s
-                process = getattr(old_km.provisioner, "process", None)
-                if process is not None:
-                    await old_km.provisioner.kill()
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        await anyio.to_thread.run_sync(process.wait, 5.0)
-                await old_km.shutdown_kernel(now=True)
-            except Exception:
-                logger.exception("stopping the replaced kernel failed")
-            finally:
-                await old_km._async_cleanup_resources()
-                old_log.close()
-        return True
+    def adopt(self, other: Kernel) -> None:
+        """Take ``other``'s running kernel (manager, client, log and slot) as this one's; ``other`` is left empty.
+        Used by ``Spares.take_over``: the session's Kernel object stays, its process changes."""
+        self.km, self.kc, self._log, self.slot = other.km, other.kc, other._log, other.slot
+        other.km = other.kc = other._log = None
 
     async def interrupt(self) -> None:
         if self.km is not None:
@@ -264,10 +207,6 @@ class Kernel:
                 pass
         return f"exit code {code}"
 
-    def exit_code(self) -> int | None:
-        process = getattr(self.km.provisioner, "process", None) if self.km else None
-        return None if process is None else process.poll()
-
     def note(self, text: str) -> None:
         """A timestamped line in the session's ``kernel.log`` (what a remote backend did; the kernel's
         own stderr goes there too for local kernels)."""
@@ -275,12 +214,6 @@ class Kernel:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
             self._log.write(f"{stamp} {text}\n".encode())
             self._log.flush()
-
-    def log_tail(self, limit: int = 2000) -> str:
-        try:
-            return self.spec.dirs.log.read_bytes()[-limit:].decode(errors="replace")
-        except OSError:
-            return ""
 
     async def _drain(self) -> None:
         """Drop stale IOPub/shell messages left over from an interrupted or killed request."""
@@ -314,7 +247,7 @@ class Kernel:
             state = await self._collect(msg_id, collector, started + timeout, on_output)
             if state == "timeout":
                 ex.timed_out = True
-                state = await self._escalate(msg_id, collector, grace, ex, "timed out after %.3g s" % timeout)
+                state = await self._escalate(msg_id, collector, grace, ex, f"timed out after {timeout:.3g} s")
             if state == "dead":
                 await self._after_death(ex, silent=not collector.began)
             elif state == "idle":
@@ -410,20 +343,11 @@ class Kernel:
 
     async def _finish(self, msg_id: str, ex: Execution, deadline: float) -> None:
         """Take the shell reply: execution count, the result report and (if no IOPub error came) the error."""
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                logger.warning("no execute_reply for %s", msg_id)
-                return
-            try:
-                reply = await self.kc.get_shell_msg(timeout=remaining)
-            except queue.Empty:
-                return
-            except Exception:  # a reply that would not decode (wire.loads): not ours to wait for
-                ex.notes.append("the server dropped an unreadable shell message")
-                continue
-            if _parent_id(reply) == msg_id:
-                break
+        try:
+            reply = await self.reply_to(msg_id, deadline - time.monotonic())
+        except (TimeoutError, KernelDied):
+            logger.warning("no execute_reply for %s", msg_id)
+            return
         content = reply.get("content") if isinstance(reply, dict) else None
         if not isinstance(content, dict):
             ex.notes.append("the server dropped a malformed execute_reply (content is not an object)")
@@ -446,24 +370,36 @@ class Kernel:
             ex.streams_cut = _streams_cut(payload.pop("streams", None), self.spec.dirs.spill)
             ex.result = _result(payload, self.spec.dirs.spill)
 
-    async def evaluate(self, expression: str, *, timeout: float = 10.0) -> Any:
-        """Evaluate one expression silently (no history, no IOPub output); return its JSON or text."""
-        msg_id = self.kc.execute("", silent=True, store_history=False, user_expressions={"x": expression})
+    async def reply_to(self, msg_id: str, timeout: float) -> dict[str, Any]:
+        """The shell reply to request ``msg_id``, within ``timeout`` seconds. Replies to other requests
+        and messages that would not decode are skipped; liveness is checked while waiting. The one
+        place a shell reply is awaited (``_finish``, ``evaluate``, remote startup). Raises TimeoutError,
+        or KernelDied when the kernel is gone."""
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(f"no reply evaluating {expression!r}")
+                raise TimeoutError(f"no shell reply to {msg_id}")
             try:
                 reply = await self.kc.get_shell_msg(timeout=min(remaining, _POLL))
             except queue.Empty:
                 if not await self.km.is_alive():
-                    raise KernelStartError("kernel died", self.log_tail()) from None
+                    raise KernelDied(self.exit_status()) from None
                 continue
-            except Exception:  # a reply that would not decode (wire.loads)
+            except Exception:  # noqa: BLE001 - a reply that would not decode (wire.loads): not one to wait for
                 continue
-            if _parent_id(reply) == msg_id:
-                break
+            if _parent_id(reply) == msg_id and isinstance(reply, dict):
+                return reply
+
+    async def evaluate(self, expression: str, *, timeout: float = 10.0) -> Any:
+        """Evaluate one expression silently (no history, no IOPub output); return its JSON or text."""
+        msg_id = self.kc.execute("", silent=True, store_history=False, user_expressions={"x": expression})
+        try:
+            reply = await self.reply_to(msg_id, timeout)
+        except TimeoutError:
+            raise TimeoutError(f"no reply evaluating {expression!r}") from None
+        except KernelDied:
+            raise KernelStartError("kernel died", self.log_tail()) from None
         content = reply.get("content")
         expressions = content.get("user_expressions") if isinstance(content, dict) else None
         value = expressions.get("x") if isinstance(expressions, dict) else None
@@ -472,6 +408,22 @@ class Kernel:
             return {"error": f"{value.get('ename')}: {value.get('evalue')}"}
         data = value.get("data")
         return data.get("application/json", data.get("text/plain")) if isinstance(data, dict) else None
+
+
+class LocalKernel(Kernel):
+    """A kernel on this machine, launched by our provisioner inside the session's sandbox plan."""
+
+    supports_spares = True
+
+    def create_manager(self) -> AsyncKernelManager:
+        return kernel_manager(self.spec, self.slot)
+
+    def start_kwargs(self) -> dict[str, Any]:
+        return self.spec.start_kwargs(self._log)
+
+    def exit_code(self) -> int | None:
+        process = getattr(self.km.provisioner, "process", None) if self.km else None
+        return None if process is None else process.poll()
 
 
 def _parent_id(msg: Any) -> Any:

@@ -194,13 +194,14 @@ def kernel_manager(spec: LaunchSpec, slot: str = SLOTS[0]) -> AsyncKernelManager
     same layers and startup code apply everywhere. ``slot`` names its connection file and sockets.
     Start it with ``start_kernel(**spec.start_kwargs(log))``.
     """
+    prefix = str(spec.dirs.ipc_prefix_for(slot))
     km = AsyncKernelManager(
         transport="ipc",
         connection_file=str(spec.dirs.connection_file_for(slot)),
-        kernel_spec_manager=KernelexecSpecManager(spec.plan),
+        kernel_spec_manager=KernelexecSpecManager(spec.plan.for_slot(slot), ipc_prefix=prefix),
         kernel_name=KERNEL_NAME,
     )
-    km.ip = str(spec.dirs.ipc_prefix_for(slot))
+    km.ip = prefix
     # Fixed socket names <prefix>-1 … -5: jupyter_client would otherwise look for free names with one
     # stat() each from 1 upwards, on the server's event loop, past anything the session's live kernel
     # has put in ipc/ (a million links of a socket cost it nothing). The provisioner unlinks exactly these.

@@ -82,14 +82,17 @@ class ExecuteResult(BaseModel):
     stdout_file: str | None = Field(None, description="Full stdout when it was cut")
     stderr_file: str | None = Field(None, description="Full stderr when it was cut")
     timed_out: bool = Field(False, description="The call hit its timeout")
-    ending: RunEnding = Field("completed", description="completed, interrupted (SIGINT stopped it), restarted (the kernel was restarted; state lost), kernel_died, or running (a background run still going)")
+    ending: RunEnding = Field("completed", description="completed, interrupted (SIGINT stopped it), restarted (the kernel was "
+                              "restarted; state lost), kernel_died, or running (a background run still going)")
     run_id: str | None = Field(None, description="Background run id (execute_code with background=true); poll it with get_run")
     restart_reason: str | None = Field(None, description="Why the kernel was restarted, when it was")
     notebook: str | None = Field(None, description="Path of this session's notebook record")
     profile: str = Field(description="Policy profile in force")
-    layers: list[str] = Field(default_factory=list, description="Isolation layers around this kernel (env, rlimits, landlock, seccomp, bubblewrap, netns, cgroup, guard)")
+    layers: list[str] = Field(default_factory=list, description="Isolation layers around this kernel "
+                              "(env, rlimits, landlock, seccomp, bubblewrap, netns, cgroup, guard)")
     environment: EnvironmentInfo | None = Field(None, description="The Python environment this ran in (None: a remote backend's own)")
-    notes: list[str] = Field(default_factory=list, description="What the server did to this cell's output (caps it applied, malformed kernel messages it dropped)")
+    notes: list[str] = Field(default_factory=list, description="What the server did to this cell's output "
+                             "(caps it applied, malformed kernel messages it dropped)")
 
 
 class RunPythonResult(BaseModel):

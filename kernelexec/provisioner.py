@@ -16,7 +16,7 @@ from typing import Any
 
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.provisioning import LocalProvisioner
-from traitlets import Dict
+from traitlets import Dict, Unicode
 
 from .sandbox import SandboxPlan, _startup_file
 
@@ -29,19 +29,16 @@ PROVISIONER_NAME = "kernelexec-sandbox"
 class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
     """LocalProvisioner plus the sandbox: wraps the kernel command and manages the session's cgroups."""
 
-    plan = Dict(config=True, help="A SandboxPlan as a dict (see kernelexec.sandbox)")
+    plan = Dict(config=True, help="The SandboxPlan of this kernel's slot, as a dict (see kernelexec.sandbox)")
+    ipc_prefix = Unicode("", config=True, help="This kernel's ipc socket prefix (<session>/ipc/<slot>); empty: tcp")
 
     @property
     def sandbox(self) -> SandboxPlan:
-        """The plan, with cgroups of this kernel's slot: a warm spare gets its own memory and pids caps
-        rather than a share of the live kernel's (starting it must never push the live kernel over)."""
-        plan = SandboxPlan(**self.plan)
-        slot = Path(self.parent.ip).name if self.parent is not None and getattr(self.parent, "transport", None) == "ipc" else ""
-        return plan.for_slot(slot)
+        return SandboxPlan(**self.plan)
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
-        if self.parent is not None and getattr(self.parent, "transport", None) == "ipc":
-            _clear_ipc_dir(Path(self.parent.ip))
+        if self.ipc_prefix:
+            _clear_ipc_dir(Path(self.ipc_prefix))
         kwargs = await super().pre_launch(**kwargs)
         sandbox = self.sandbox
         sandbox.hand_over(Path(self.parent.connection_file) if self.parent is not None else Path("/nonexistent"))
@@ -74,11 +71,14 @@ def _clear_ipc_dir(prefix: Path) -> None:
 
 
 class KernelexecSpecManager(KernelSpecManager):
-    """Serves the one kernel spec a session uses: our entry point, our provisioner, this plan."""
+    """Serves the one kernel spec a session's kernel in one slot uses: our entry point, our provisioner,
+    the plan for that slot (a warm spare's has its own cgroups, so starting it never pushes the live
+    kernel over its caps) and the slot's socket prefix, both passed explicitly."""
 
-    def __init__(self, plan: SandboxPlan, **kwargs: Any) -> None:
+    def __init__(self, plan: SandboxPlan, *, ipc_prefix: str = "", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._plan = plan
+        self._ipc_prefix = ipc_prefix
 
     def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
         return KernelSpec(
@@ -92,7 +92,7 @@ class KernelexecSpecManager(KernelSpecManager):
             metadata={
                 "kernel_provisioner": {
                     "provisioner_name": PROVISIONER_NAME,
-                    "config": {"plan": dataclasses.asdict(self._plan)},
+                    "config": {"plan": dataclasses.asdict(self._plan), "ipc_prefix": self._ipc_prefix},
                 }
             },
         )

@@ -236,8 +236,9 @@ class Recorder:
             end = os.fstat(fd).st_size
             if end < len(_TAIL) or os.pread(fd, len(_TAIL), end - len(_TAIL)) != _TAIL:
                 raise ValueError("the notebook file does not end as kernelexec writes it")
-            os.pwrite(fd, body, end - len(_TAIL))  # one write: the file is valid before and after it
-            os.fsync(fd)
+            # One write: the file is valid before and after it. No fsync: the journal is the durable
+            # record (fsynced above); the page cache already survives a kill of the server.
+            os.pwrite(fd, body, end - len(_TAIL))
         finally:
             os.close(fd)
         self._count = number

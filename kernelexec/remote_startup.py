@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import inspect
 import json
-import queue
-import time
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from . import policy as policy_module
-from .errors import KernelStartError
+from .errors import KernelDied, KernelStartError
 
 if TYPE_CHECKING:
     from .kernel import Kernel
@@ -120,22 +118,15 @@ async def install_remote_startup(kernel: Kernel) -> None:
     its reply; raise ``KernelStartError`` if it fails, times out or the kernel dies (fail closed)."""
     msg_id = kernel.kc.execute(startup_code(kernel.spec.policy, kernel.spec.dirs.root.name), silent=True,
                                store_history=False, allow_stdin=False)
-    deadline = time.monotonic() + kernel.startup_timeout
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise KernelStartError("the remote kernel did not answer the startup code in time", kernel.log_tail())
-        try:
-            reply = await kernel.kc.get_shell_msg(timeout=min(remaining, 0.2))
-        except queue.Empty:
-            if not await kernel.km.is_alive():
-                raise KernelStartError(f"the remote kernel died running kernelexec's startup code ({kernel.exit_status()})",
-                                       kernel.log_tail()) from None
-            continue
-        if reply.get("parent_header", {}).get("msg_id") == msg_id:
-            break
-    content = reply["content"]
-    if content.get("status") != "ok":
+    try:
+        reply = await kernel.reply_to(msg_id, kernel.startup_timeout)
+    except TimeoutError:
+        raise KernelStartError("the remote kernel did not answer the startup code in time", kernel.log_tail()) from None
+    except KernelDied as exc:
+        raise KernelStartError(f"the remote kernel died running kernelexec's startup code ({exc})", kernel.log_tail()) from None
+    content = reply.get("content")
+    if not isinstance(content, dict) or content.get("status") != "ok":
+        content = content if isinstance(content, dict) else {}
         raise KernelStartError(
             f"kernelexec's startup code failed in the remote kernel: {content.get('ename')}: {content.get('evalue')}",
             kernel.log_tail())

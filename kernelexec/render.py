@@ -18,7 +18,7 @@ from typing import Any
 from mcp_types import ContentBlock, EmbeddedResource, ImageContent, ResourceLink, TextContent, TextResourceContents
 
 from .collector import strip_ansi
-from .models import Execution, ExecuteResult, OutputRef
+from .models import ExecuteResult, Execution, OutputRef
 
 EXTENSIONS = {
     "image/png": "png",

@@ -21,12 +21,12 @@ from typing import Any
 
 import anyio
 
+from . import connections
 from .config import Settings
 from .environments import Environment, prepare, project_modules
 from .errors import InvalidRequest, SessionError
-from .kernel import Kernel, OnOutput
+from .kernel import Kernel, LocalKernel, OnOutput
 from .launch import LaunchSpec, SessionDirs
-from . import connections
 from .models import Execution, ReplayedCell
 from .policy import kernel_policy
 from .recording import Recorder, mark_closed, read_session_meta, rebuild_stale
@@ -34,6 +34,7 @@ from .render import Rendered, Renderer
 from .restore import describe_replayed, restore
 from .runs import RunRegistry
 from .sandbox import plan_for
+from .spares import Spares
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ def kernel_class(settings: Settings) -> type[Kernel]:
         from .gateway import GatewayKernel
 
         return GatewayKernel.for_settings(settings)  # bound to the gateway's URL and token
-    return Kernel
+    return LocalKernel
 
 
 class Session:
@@ -216,6 +217,19 @@ class Session:
                 self.busy = False
                 self.last_used = time.monotonic()
                 self.publish()  # a restart during the call (timeout, death, cancellation) may have swapped kernels
+
+    async def open(self, working_dir: str | None = None) -> None:
+        """Start the kernel of a new session (``new_session``), its default directory set first if given."""
+        cwd = self.resolve_working_dir(working_dir)
+        if cwd is not None:
+            self.default_cwd = self.cwd = cwd
+        await self.ensure_kernel()
+
+    async def variables(self) -> Any:
+        """The kernel's list of its user variables (``_kernelexec_variables``), as it answered: untrusted."""
+        async with self.lock:
+            kernel = await self.ensure_kernel()
+            return await kernel.evaluate("_kernelexec_variables()")
 
     async def check_alive(self) -> None:
         """Restart a kernel that died between calls (SIGKILL from outside, the OOM killer) and say so."""
@@ -515,7 +529,7 @@ class SessionManager:
 
     async def _keep_spares(self) -> None:
         """Up to ``restart_spares`` sessions hold a warm spare kernel for their next restart
-        (``Kernel.prepare_spare``). A free place goes to the most recently used session that has been
+        (``spares.Spares``). A free place goes to the most recently used session that has been
         quiet for a second; a spare is given up when it died or its session has been quiet for
         ``SPARE_KEPT_QUIET`` (the place then goes to a session in use), and goes with its session's
         kernel. One spare starts at a time, so spares neither churn under many clients nor compete
@@ -523,31 +537,33 @@ class SessionManager:
         if not self.settings.restart_spares:
             return
         now = time.monotonic()
-        live = [s for s in self.sessions.values() if s.kernel is not None and not s.closed]
+        live = [s for s in self.sessions.values() if s.kernel is not None and s.kernel.spares is not None and not s.closed]
         for session in live:
-            kernel = session.kernel
-            spare = kernel.spare if kernel is not None else None
-            if spare is None or session.lock.locked():
+            spares = session.kernel.spares if session.kernel is not None else None
+            if spares is None or spares.ready is None or session.lock.locked():
                 continue
-            if not await spare.is_alive():  # killed while it waited: counts as a failure
-                kernel.spare_failed()
-                await kernel.drop_spare()
+            if not await spares.ready.is_alive():  # killed while it waited: counts as a failure
+                spares.failed()
+                await spares.drop()
             elif now - session.last_used > SPARE_KEPT_QUIET:
-                await kernel.drop_spare()
+                await spares.drop()
         if self._spare_task_running:
             return
-        if sum(1 for s in live if s.kernel is not None and s.kernel.spare is not None) >= self.settings.restart_spares:
+        held = [s.kernel.spares for s in live if s.kernel is not None and s.kernel.spares is not None]
+        if sum(1 for spares in held if spares.ready is not None) >= self.settings.restart_spares:
             return
-        quiet = [s for s in live if s.kernel is not None and s.kernel.spares and s.kernel.spare is None and not s.busy
-                 and not s.lock.locked() and SPARE_AFTER_QUIET <= now - s.last_used <= SPARE_KEPT_QUIET
-                 and now >= s.kernel.spare_retry_at]
+        quiet = [s for s in live if s.kernel is not None and s.kernel.spares is not None and s.kernel.spares.ready is None
+                 and not s.busy and not s.lock.locked() and SPARE_AFTER_QUIET <= now - s.last_used <= SPARE_KEPT_QUIET
+                 and now >= s.kernel.spares.retry_at]
         if quiet:
+            chosen = max(quiet, key=lambda s: s.last_used).kernel
+            assert chosen is not None and chosen.spares is not None
             self._spare_task_running = True
-            self._tg.start_soon(self._prepare_spare, max(quiet, key=lambda s: s.last_used).kernel)
+            self._tg.start_soon(self._prepare_spare, chosen.spares)
 
-    async def _prepare_spare(self, kernel: Kernel) -> None:
+    async def _prepare_spare(self, spares: Spares) -> None:
         try:
-            await kernel.prepare_spare()  # a failure backs off (Kernel.spare_failed)
+            await spares.prepare()  # a failure backs off (Spares.failed)
         finally:
             self._spare_task_running = False
 

@@ -21,7 +21,6 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from kernelexec import environments
 from kernelexec.environments import EnvironmentUnusable, overlay_path, overlay_ready, prepare, resolve
 
 from .conftest import clean_env, kernelexec_cmd, make_settings, serving

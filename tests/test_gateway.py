@@ -31,7 +31,8 @@ from kernelexec.gateway import GatewayKernel, remote_policy, startup_code
 from kernelexec.launch import LaunchSpec, SessionDirs
 from kernelexec.policy import kernel_policy
 
-from .conftest import Harness, clean_env, free_port, make_settings, serving as harness_for, wait_for_port
+from .conftest import Harness, clean_env, free_port, make_settings, wait_for_port
+from .conftest import serving as harness_for
 
 pytestmark = pytest.mark.anyio
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from mcp import Client
 
-from .conftest import Harness, http_server as serve_http, make_settings, serving
+from .conftest import Harness, make_settings, serving
+from .conftest import http_server as serve_http
 
 pytestmark = pytest.mark.anyio
 
@@ -76,7 +77,7 @@ async def test_each_live_sessions_notebook_and_files_are_listed_and_readable(fre
         assert listed[uri].size == Path(Path(first["notebook"]).parent / "outputs" / Path(uri).name).stat().st_size
     assert {listed[u].mime_type for u in produced} >= {"image/png", "image/svg+xml"}
 
-    for uri, resource in listed.items():
+    for uri, _resource in listed.items():
         read = await fresh.client.read_resource(uri)
         assert read.contents, uri
     notebook = json.loads((await fresh.client.read_resource(f"kernelexec://sessions/{other}/notebook.ipynb")).contents[0].text)

@@ -12,8 +12,8 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -151,7 +151,7 @@ def test_the_real_command_allows_ours_and_denies_the_rest_for_many_inputs() -> N
         (b"{}", "deny", "lacks"),
     ]
     results = run_many([stdin for stdin, _, _ in cases])
-    for (stdin, want, why), (decision, reason) in zip(cases, results):
+    for (stdin, want, why), (decision, reason) in zip(cases, results, strict=True):
         assert decision == want and why in reason, (stdin[:80], decision, reason)
 
 

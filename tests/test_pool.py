@@ -258,13 +258,13 @@ async def test_failing_spares_back_off(short_tmp: Path) -> None:
         s = await h.new_session()
         await h.run("1", session=s)
         kernel = h.sessions.sessions[s].kernel
-        kernel.spare_failed()
-        first = kernel.spare_retry_at - time.monotonic()
-        kernel.spare_failed()
-        second = kernel.spare_retry_at - time.monotonic()
-        assert kernel.spare_failures == 2 and second > first  # 5 s, then 10 s
+        kernel.spares.failed()
+        first = kernel.spares.retry_at - time.monotonic()
+        kernel.spares.failed()
+        second = kernel.spares.retry_at - time.monotonic()
+        assert kernel.spares.failures == 2 and second > first  # 5 s, then 10 s
         await anyio.sleep(2.5)  # quiet, a free place, several housekeeping rounds: still backing off
         assert kernel.spare is None
-        kernel.spare_retry_at = 0.0
+        kernel.spares.retry_at = 0.0
         await spare_ready(h, s)
-        assert kernel.spare_failures == 0  # a spare that started resets the count
+        assert kernel.spares.failures == 0  # a spare that started resets the count

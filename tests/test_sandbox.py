@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from kernelexec.config import load_settings
-from kernelexec.errors import SandboxUnavailable
 from kernelexec.doctor import preflight
+from kernelexec.errors import SandboxUnavailable
 from kernelexec.sandbox import plan_for, probe
 
 from .conftest import Harness, clean_env, kernelexec_cmd, make_settings, serving

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelexec.terminal import SafeFormatter, install_logging, safe, say
+from kernelexec.terminal import SafeFormatter, safe, say
 
 from .conftest import clean_env, kernelexec_cmd
 

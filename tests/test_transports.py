@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from mcp import Client, StdioServerParameters
 
-from .conftest import clean_env, http_server as serve_http, kernelexec_cmd
+from .conftest import clean_env, kernelexec_cmd
+from .conftest import http_server as serve_http
 
 pytestmark = pytest.mark.anyio
 

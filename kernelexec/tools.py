@@ -1,0 +1,293 @@
+"""The MCP tools: small functions over one ``App`` (the settings and the session manager).
+
+Three error channels: user code raising is a normal result; failures the model can act on (unknown
+session, bad input, dead kernel) are ``KernelexecError``s, which ``translated`` turns into
+``ToolError`` (the one place that happens); protocol faults stay ``MCPError``.
+"""
+
+import functools
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
+
+from anyio import to_thread
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import CallToolResult, TextContent, ToolAnnotations
+from pydantic import Field
+
+from .auth import current_principal
+from .config import Settings
+from .errors import InvalidRequest, KernelexecError
+from .models import ExecuteResult, RunPythonResult, SessionInfo, Variable, VariablesResult
+from .render import Rendered
+from .restore import describe_replayed
+from .runs import Run
+from .sessions import Session, SessionManager
+from .wire import clean_text
+
+SessionArg = Annotated[
+    str | None,
+    Field(description="Session handle from an earlier answer; omit to use this connection's default session"),
+]
+CodeArg = Annotated[str, Field(description="Python code to run (IPython syntax: magics and top-level await work)")]
+MAX_LISTED_VARIABLES = 1000  # list_variables answers at most this many (a namespace can hold millions)
+
+T = TypeVar("T")
+
+
+def translated(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """The tool's KernelexecErrors as ToolErrors (messages the model can act on)."""
+
+    @functools.wraps(fn)
+    async def tool(*args: Any, **kwargs: Any) -> T:
+        try:
+            return await fn(*args, **kwargs)
+        except KernelexecError as exc:
+            raise ToolError(str(exc)) from exc
+
+    return tool
+
+
+def _timeout(settings: Settings, timeout: float | None) -> float:
+    if timeout is None:
+        return settings.default_timeout
+    if not 0 < timeout <= settings.max_timeout:
+        raise InvalidRequest(f"timeout must be > 0 and at most {settings.max_timeout:g} seconds; got {timeout!r}")
+    return float(timeout)
+
+
+def _check_code(settings: Settings, code: str) -> None:
+    if not isinstance(code, str):
+        raise InvalidRequest("code must be a string")
+    size = len(code.encode("utf-8", errors="surrogatepass"))
+    if size > settings.max_code_bytes:
+        raise InvalidRequest(f"code is {size:,} bytes; the limit is {settings.max_code_bytes:,} (--max-code-bytes)")
+    if "\x00" in code:
+        raise InvalidRequest("code contains NUL bytes (\\x00); send source text only")
+    if code != clean_text(code):
+        at = next(i for i, c in enumerate(code) if "\ud800" <= c <= "\udfff")
+        raise InvalidRequest(f"code contains a lone UTF-16 surrogate ({code[at]!r} at character {at}); send valid Unicode text")
+
+
+class _Progress:
+    """Forwards output tails as progress notifications, at most every ``interval`` seconds."""
+
+    def __init__(self, ctx: Context, interval: float = 0.5) -> None:
+        self.ctx = ctx
+        self.interval = interval
+        self.chars = 0
+        self.tail = ""
+        self.last = 0.0
+
+    async def __call__(self, name: str, text: str) -> None:
+        self.chars += len(text)
+        self.tail = (self.tail + text[-400:])[-400:]
+        now = time.monotonic()
+        if now - self.last >= self.interval:
+            self.last = now
+            await self.ctx.report_progress(self.chars, None, self.tail)
+
+
+@dataclass
+class App:
+    """What every tool works over: the settings and the running session manager."""
+
+    settings: Settings
+    sessions: SessionManager
+
+    @staticmethod
+    def owner() -> str | None:
+        """The caller's auth principal (its token over HTTP), or None."""
+        return current_principal()
+
+    async def resolve(self, ctx: Context | None, handle: str | None) -> Session:
+        """The session a call means: its handle, else its connection's default (see DESIGN.md, sessions)."""
+        owner, working_dir = self.owner(), self.settings.working_dir
+        if handle:
+            return await self.sessions.lookup(handle, owner=owner)  # revives a session a restarted server left
+        headers = ctx.headers if ctx is not None else None
+        if headers is None:  # stdio, in-memory: one client per process
+            return await self.sessions.default(working_dir=working_dir)
+        transport_id = headers.get("mcp-session-id")
+        if transport_id:  # legacy streamable HTTP (protocol <= 2025-11-25)
+            return await self.sessions.for_transport(transport_id, owner=owner, working_dir=working_dir)
+        # stateless HTTP (2026-07-28): no way to tell clients apart, so a fresh session per call without a handle
+        return await self.sessions.create(owner=owner, working_dir=working_dir)
+
+    async def run(self, ctx: Context, code: str, session: str | None, timeout: float | None,
+                  working_dir: str | None) -> Rendered:
+        _check_code(self.settings, code)
+        seconds = _timeout(self.settings, timeout)
+        target = await self.resolve(ctx, session)
+        return await target.run(code, timeout=seconds, working_dir=working_dir, on_output=_Progress(ctx))
+
+    async def start_background(self, ctx: Context, code: str, session: str | None, timeout: float | None,
+                               working_dir: str | None) -> CallToolResult:
+        _check_code(self.settings, code)
+        seconds = _timeout(self.settings, timeout if timeout is not None else self.settings.max_timeout)
+        target = await self.resolve(ctx, session)
+        target.resolve_working_dir(working_dir)
+        started = self.sessions.runs.start(target, code, timeout=seconds, working_dir=working_dir)
+        return running(started, f"started in the background (timeout {seconds:g} s)")
+
+
+def answer(rendered: Rendered) -> CallToolResult:
+    return CallToolResult(content=rendered.content, structured_content=rendered.structured.model_dump(mode="json"),
+                          is_error=False)
+
+
+def running(started: Run, what: str) -> CallToolResult:
+    """The answer for a background run that is still going."""
+    s = started.session
+    structured = ExecuteResult(
+        success=True, session=s.handle, ending="running", run_id=started.id, stdout=started.tail,
+        duration_ms=started.elapsed_ms, notebook=str(s.dirs.notebook), profile=s.profile,
+    )
+    text = (f"[running] run_id={started.id} session={s.handle}: {what}; {started.elapsed_ms / 1000:.1f} s so far, "
+            f"{started.output_chars:,} characters of output. Call get_run(run_id) for the answer, interrupt(session) to stop it.")
+    if started.tail:
+        text += f"\n<kernelexec-stdout>\n{started.tail[-1000:]}\n</kernelexec-stdout>"
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured.model_dump(mode="json"))
+
+
+def info(s: Session, status: str) -> SessionInfo:
+    return SessionInfo(session=s.handle, status=status, profile=s.profile, working_dir=str(s.cwd), notebook=str(s.dirs.notebook))
+
+
+def variables_answer(handle: str, data: Any) -> CallToolResult:
+    """The kernel's variable list, untrusted and as long as its namespace: bounded, malformed entries skipped."""
+    if isinstance(data, dict) and "error" in data:
+        raise ToolError(f"could not list variables: {data['error']}")
+    if not isinstance(data, list):
+        raise ToolError("could not list variables: the kernel's answer is not a list")
+    variables: list[Variable] = []
+    for entry in data[:MAX_LISTED_VARIABLES]:
+        try:
+            variables.append(Variable(**entry))
+        except (TypeError, ValueError):
+            continue
+    found = VariablesResult(session=handle, variables=variables)
+    text = found.model_dump_json()
+    if len(data) > MAX_LISTED_VARIABLES:
+        text += (f"\n(the first {MAX_LISTED_VARIABLES:,} of {len(data):,} variables; "
+                 "inspect the others with execute_code)")
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=found.model_dump(mode="json"))
+
+
+def register(mcp: MCPServer, app: App) -> None:
+    """Add the tools the preset exposes (``plugin``: execute_code; ``safe-executor``: run_python; else all)."""
+    settings = app.settings
+
+    @translated
+    async def execute_code(
+        code: CodeArg,
+        ctx: Context,
+        working_dir: Annotated[
+            str | None, Field(description="Directory to run in (must lie in an allowed root); default: the session's directory")
+        ] = None,
+        session: SessionArg = None,
+        timeout: Annotated[float | None, Field(description=f"Seconds before the code is interrupted "
+                                               f"(default {settings.default_timeout:g}, max {settings.max_timeout:g})")] = None,
+        background: Annotated[bool, Field(description="Start the code and return a run_id at once; get the answer with get_run")] = False,
+    ) -> Annotated[CallToolResult, ExecuteResult]:
+        """Run Python code in a persistent Jupyter kernel and return its result, output, rich outputs and errors."""
+        if background:
+            return await app.start_background(ctx, code, session, timeout, working_dir)
+        return answer(await app.run(ctx, code, session, timeout, working_dir))
+
+    @translated
+    async def get_run(
+        ctx: Context,
+        run_id: Annotated[str, Field(description="The run_id execute_code(background=true) returned")],
+        wait_s: Annotated[float, Field(ge=0, le=600, description="Seconds to wait for it to finish (0 = just look)")] = 30,
+    ) -> Annotated[CallToolResult, ExecuteResult]:
+        """Get a background run's answer, waiting up to wait_s; while it runs, its output so far."""
+        found = app.sessions.runs.get(run_id, owner=app.owner())
+        if not await app.sessions.runs.wait(found, wait_s):
+            return running(found, "still running")
+        if found.failure is not None:
+            raise ToolError(f"run {run_id} failed: {found.failure}")
+        assert found.rendered is not None
+        done = answer(found.rendered)
+        done.structured_content = {**(done.structured_content or {}), "run_id": found.id}
+        return done
+
+    @translated
+    async def interrupt(ctx: Context, session: SessionArg = None) -> SessionInfo:
+        """Interrupt (SIGINT) the code running in a session, e.g. a background run; its answer says it was interrupted."""
+        target = await app.resolve(ctx, session)
+        return info(target, "interrupt sent" if await target.interrupt() else "nothing was running")
+
+    @translated
+    async def run_python(code: CodeArg, ctx: Context, session: SessionArg = None) -> RunPythonResult:
+        """Run Python code and return {result, logs}. Errors raised by the code are reported as tool errors."""
+        r = (await app.run(ctx, code, session, None, None)).structured
+        if not r.success:
+            raise ToolError(f"{r.error}\n{chr(10).join(r.traceback[-8:])}".strip())
+        logs = r.stdout + (("\n" if r.stdout and not r.stdout.endswith("\n") else "") + r.stderr if r.stderr else "")
+        return RunPythonResult(result=r.result, logs=logs)
+
+    @translated
+    async def list_variables(ctx: Context, session: SessionArg = None) -> Annotated[CallToolResult, VariablesResult]:
+        """List the session's variables: name, type, a short repr, and shape or length where there is one."""
+        target = await app.resolve(ctx, session)
+        data = await target.variables()
+        if isinstance(data, str):
+            try:
+                data = json.loads(data) if len(data) < 100_000 else await to_thread.run_sync(json.loads, data)
+            except ValueError:
+                raise ToolError("could not list variables: the kernel's answer is not JSON") from None
+        return variables_answer(target.handle, data)
+
+    @translated
+    async def new_session(
+        ctx: Context,
+        working_dir: Annotated[str | None, Field(description="Default working directory (must lie in an allowed root)")] = None,
+    ) -> SessionInfo:
+        """Open a new, independent session (its own kernel) and return its handle."""
+        created = await app.sessions.create(owner=app.owner(), working_dir=settings.working_dir)
+        await created.open(working_dir)
+        return info(created, "created")
+
+    @translated
+    async def restart_session(
+        ctx: Context,
+        session: SessionArg = None,
+        replay: Annotated[bool, Field(description="Rebuild state: run the session's successful cells since its last plain restart again "
+                                      "(their side effects happen again too); the answer lists them")] = False,
+    ) -> SessionInfo:
+        """Restart the session's kernel: all variables are lost (unless replay rebuilds them); the notebook record stays."""
+        target = await app.resolve(ctx, session)
+        replayed = await target.restart(replay=replay)
+        restarted = info(target, "restarted")
+        if replay:
+            restarted.replayed, restarted.detail = replayed, describe_replayed(replayed)
+        return restarted
+
+    @translated
+    async def close_session(
+        ctx: Context, session: Annotated[str, Field(description="Handle of the session to close")]
+    ) -> SessionInfo:
+        """Shut the session's kernel down and forget its handle (its notebook stays on disk)."""
+        return info(await app.sessions.close(session, owner=app.owner()), "closed")
+
+    acting = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
+    reading = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
+    destroying = ToolAnnotations(destructive_hint=True, open_world_hint=False)
+    tools: dict[str, tuple[Any, ToolAnnotations, str]] = {
+        "execute_code": (execute_code, acting, "Execute Python code"),
+        "run_python": (run_python, acting, "Run Python"),
+        "list_variables": (list_variables, reading, "List variables"),
+        "new_session": (new_session, acting, "New session"),
+        "restart_session": (restart_session, destroying, "Restart session"),
+        "close_session": (close_session, destroying, "Close session"),
+        "get_run": (get_run, reading, "Get a background run"),
+        "interrupt": (interrupt, acting, "Interrupt running code"),
+    }
+    exposed = {"plugin": ["execute_code"], "safe-executor": ["run_python"]}.get(settings.preset, list(tools))
+    for name in exposed:
+        fn, annotations, title = tools[name]
+        mcp.add_tool(fn, name=name, title=title, annotations=annotations)
