@@ -125,7 +125,7 @@ async def bench_cold_per_environment(rounds: int, base: Path, out: list[Measurem
         log(f"      cold new_session x {rounds}: {label}")
         samples = []
         async with in_memory(make_settings(base, pool_size=0, **extra)) as (client, _sessions):
-            for i in range(rounds + 1):
+            for _ in range(rounds + 1):
                 t0 = time.perf_counter()
                 handle = (await call(client, "new_session"))["session"]
                 samples.append((time.perf_counter() - t0) * 1000)

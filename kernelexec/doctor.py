@@ -5,7 +5,7 @@ never ask it.
 
 from __future__ import annotations
 
-from .config import Settings
+from .config import Profile, Settings
 from .environments import explain, prepare
 from .errors import KernelexecError, SandboxUnavailable
 from .provisioned import provisioner_of
@@ -30,7 +30,7 @@ def preflight(settings: Settings, *, environment: bool = True) -> list[str]:
     return warnings + _boundary(settings, profile)
 
 
-def _boundary(settings: Settings, profile) -> list[str]:
+def _boundary(settings: Settings, profile: Profile) -> list[str]:
     if settings.kernel_spec:
         provisioner = provisioner_of(settings.kernel_spec)  # raises KernelSpecError with what to do
         return [f"kernels are launched by {provisioner} (kernelspec {settings.kernel_spec}): the engine it launches "
@@ -58,7 +58,7 @@ def report(settings: Settings) -> str:
     lines += [f"  {name:<36} {value}" for name, value in f.as_rows()]
     lines += ["", "layers per profile (as configured):"]
     for profile in ("strict", "standard", "trusted"):
-        plan = plan_for(settings, profile, session_dir=settings.sessions_dir, rw=[], ro=[], cwd=settings.sessions_dir, key="doctor")  # type: ignore[arg-type]
+        plan = plan_for(settings, profile, session_dir=settings.sessions_dir, rw=[], ro=[], cwd=settings.sessions_dir, key="doctor")
         marker = " (selected)" if profile == settings.effective_profile else ""
         lines.append(f"  {profile:<9}{marker:<11} {describe_layers(plan.layers)}")
         lines += [f"  {'':<20} missing: {d}" for d in plan.degraded]

@@ -27,9 +27,8 @@ from typing import Any
 
 from . import connections
 from .config import Settings
+from .lab_server import AttachedKernelManager, FilteringConnection, SessionContents, SessionKernelManager, SessionsManager, SessionSpecManager, add_handlers
 from .terminal import safe
-from .lab_server import (AttachedKernelManager, FilteringConnection, SessionContents, SessionKernelManager,
-                         SessionSpecManager, SessionsManager, add_handlers)
 
 # Lab plugins that render or run active content, or reach the host; the server side already withholds
 # what they would show, so this is a second layer (and a quieter page).

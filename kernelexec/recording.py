@@ -146,7 +146,7 @@ def rebuild_stale(sessions_dir: Path) -> list[Path]:
 def notebook_meta(session_dir: Path) -> dict[str, Any]:
     """The notebook-level ``kernelexec`` metadata of a session directory, from its ``session.json``."""
     meta = read_session_meta(session_dir) or {}
-    kept = {k: meta[k] for k in ("session", "profile", "created") if k in meta and isinstance(meta[k], (str, int, float))}
+    kept: dict[str, Any] = {k: meta[k] for k in ("session", "profile", "created") if k in meta and isinstance(meta[k], (str, int, float))}
     environment = meta.get("environment")
     if isinstance(environment, dict):
         kept["environment"] = {k: v for k, v in environment.items() if isinstance(v, str)}

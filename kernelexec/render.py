@@ -227,7 +227,8 @@ def summary_text(r: ExecuteResult) -> str:
     python = ""
     if r.environment is not None:
         python = f" python={r.environment.version}" + ("" if r.environment.source == "own" else f"({r.environment.source})")
-    parts = [f"[{status}] session={r.session} cell={r.execution_count} {r.duration_ms:.0f} ms profile={r.profile}{python} layers={'+'.join(r.layers) or 'none'}"]
+    layers = "+".join(r.layers) or "none"
+    parts = [f"[{status}] session={r.session} cell={r.execution_count} {r.duration_ms:.0f} ms profile={r.profile}{python} layers={layers}"]
     if r.restart_reason:
         parts.append(f"NOTE: {r.restart_reason}")
     parts.extend(f"NOTE: {note}" for note in r.notes)

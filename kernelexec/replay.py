@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
+from .environments import Environment, prepare
 from .recording import Recorder, cell_event, notebook_meta, read_session_meta
 from .restore import cell_meta, cell_timeout, first_line, rerun
 from .terminal import safe
 from .wire import harden
-from .environments import Environment, prepare
 
 if TYPE_CHECKING:
     from nbformat import NotebookNode
