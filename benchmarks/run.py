@@ -30,6 +30,8 @@ Sections (each starts and stops its own kernels, so they do not compete for the 
                   ``write_notebook`` (the whole notebook from the journal) at both; no kernel (benchmarks/recording.py).
 10. flood         a stdio server, one session flooding 1 MiB stream messages past the kernel's cap while another
                   runs ``1+1``: its latency vs no flood (p99 included) and the server's VmHWM growth (benchmarks/flood.py).
+11. answers       characters (and a token estimate) per ``execute_code`` answer for a plot, a DataFrame and a
+                  print cell, text blocks vs structured content (benchmarks/answers.py).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ if __package__ in (None, ""):  # ``python benchmarks/run.py``: make ``benchmarks
 import anyio
 from mcp import Client
 
+from benchmarks.answers import bench_answers
 from benchmarks.baselines import bench_smolagents
 from benchmarks.common import (
     call,
@@ -462,6 +465,7 @@ SECTIONS = {
     "load": [bench_load],
     "recording": [bench_recording],
     "flood": [bench_flood],
+    "answers": [bench_answers],
 }
 
 

@@ -10,6 +10,7 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Set
 from typing import Any
 
 from . import __version__
@@ -21,7 +22,7 @@ from .terminal import install_excepthook, install_logging, safe
 _SERVE_ONLY = {"transport", "host", "port"}
 
 
-def _add_settings_flags(parser: argparse.ArgumentParser, skip: set[str] = frozenset()) -> None:
+def _add_settings_flags(parser: argparse.ArgumentParser, skip: Set[str] = frozenset()) -> None:
     group = parser.add_argument_group("settings (also KERNELEXEC_<NAME> environment variables or a TOML file)")
     defaults = Settings.model_construct()
     for name, field in Settings.model_fields.items():
@@ -30,6 +31,7 @@ def _add_settings_flags(parser: argparse.ArgumentParser, skip: set[str] = frozen
         flag = "--" + name.replace("_", "-")
         aliases = {"read_dirs": ["--read-dir"], "work_roots": ["--work-root"]}.get(name, [])
         default = getattr(defaults, name, None) if field.default_factory is None else field.default_factory()  # type: ignore[call-arg]
+        shown: Any
         if isinstance(default, list):
             shown = ",".join(map(str, default)) or "none"
         else:

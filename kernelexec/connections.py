@@ -66,7 +66,7 @@ def kernel_answers(connection_file: Path, timeout: float = 0.5) -> bool:
         info = json.loads(connection_file.read_text())
         port = int(info["hb_port"])
         if info.get("transport", "tcp") == "ipc":
-            address: object = f"{info['ip']}-{port}"
+            address: str | tuple[str, int] = f"{info['ip']}-{port}"
             family = socket.AF_UNIX
         else:
             address, family = (info.get("ip") or "127.0.0.1", port), socket.AF_INET
@@ -84,7 +84,7 @@ def prune(directory: Path, strikes: dict[str, int], limit: int = 3) -> list[str]
     Called periodically: one failed check is not enough, since a kernel being restarted by its
     server is briefly unreachable. A dangling link (the kernel's own files are gone) goes at once.
     """
-    removed = []
+    removed: list[str] = []
     try:
         entries = [p for p in directory.iterdir() if p.suffix == ".json"]
     except OSError:

@@ -42,7 +42,7 @@ import threading
 import time
 import weakref
 from functools import partial
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 import anyio
@@ -64,7 +64,7 @@ from .config import Settings
 from .errors import KernelStartError
 from .kernel import Kernel
 from .launch import LaunchSpec
-from .remote_startup import install_remote_startup, remote_policy, startup_code  # noqa: F401 (re-exported)
+from .remote_startup import install_remote_startup, remote_policy, remote_spill_ok, startup_code  # noqa: F401 (re-exported)
 from .sandbox import SandboxPlan
 
 logger = logging.getLogger(__name__)
@@ -201,9 +201,10 @@ class GatewayChannelsClient(GatewayKernelClient):
 
     @property
     def gateway(self) -> GatewayClient:
-        return self.parent.gateway
+        return cast("GatewayManager", self.parent).gateway  # GatewayManager.client made this client
 
-    def start_channels(self, shell: bool = True, iopub: bool = True, stdin: bool = True, hb: bool = True,
+    # jupyter_server declares it async; ours is synchronous on purpose (see the class docstring)
+    def start_channels(self, shell: bool = True, iopub: bool = True, stdin: bool = True, hb: bool = True,  # type: ignore[override]
                        control: bool = True) -> None:
         self._channels_stopped = False
 
@@ -213,11 +214,12 @@ class GatewayChannelsClient(GatewayKernelClient):
             return
         self._close_socket()
         gateway = self.gateway
+        assert gateway.ws_url is not None  # gateway_client sets it
         url = url_path_join(gateway.ws_url, gateway.kernels_endpoint, quote(self.kernel_id, safe=""), "channels")
         url += f"?session_id={quote(self.session.session)}"
         args = gateway.load_connection_args()
         header = [f"{k}: {v}" for k, v in (args.get("headers") or {}).items()]
-        sslopt = {k: v for k, v in {"ca_certs": gateway.ca_certs, "certfile": gateway.client_cert,
+        sslopt: dict[str, Any] = {k: v for k, v in {"ca_certs": gateway.ca_certs, "certfile": gateway.client_cert,
                                      "keyfile": gateway.client_key}.items() if v}
         if not gateway.validate_cert:
             import ssl
@@ -317,13 +319,16 @@ class GatewayManager(GatewayKernelManager):
 
     def __init__(self, *, gateway: GatewayClient, note: Any = None, **kwargs: Any) -> None:
         super().__init__(gateway=gateway, **kwargs)
+        assert gateway.url is not None  # gateway_client sets it
         self.kernels_url = url_path_join(gateway.url, gateway.kernels_endpoint)
         self.note = note or (lambda text: None)  # writes a line to the session's kernel.log
         self.gone: str | None = None  # why the remote kernel is known dead or replaced
         self._checked = 0.0
         self._clients: weakref.WeakSet[GatewayChannelsClient] = weakref.WeakSet()
 
-    def client(self, **kwargs: Any) -> GatewayChannelsClient:
+    # The overrides below are async, as in jupyter_server's GatewayKernelManager and jupyter_client's own
+    # AsyncKernelManager, where KernelManager declares them sync (and client() as returning a BlockingKernelClient).
+    def client(self, **kwargs: Any) -> GatewayChannelsClient:  # type: ignore[override]
         kc = super().client(**kwargs)
         kc.on_status = self._on_status
         self._clients.add(kc)
@@ -365,7 +370,7 @@ class GatewayManager(GatewayKernelManager):
             self.execution_state = model.get("execution_state", self.execution_state)
         return model
 
-    async def start_kernel(self, **kwargs: Any) -> None:
+    async def start_kernel(self, **kwargs: Any) -> None:  # type: ignore[override]
         name = kwargs.get("kernel_name") or DEFAULT_KERNEL_NAME
         body = {"name": name, "env": dict(kwargs.get("env") or {})}
         self.kernel = await self._request(self.kernels_url, "POST", body)
@@ -374,7 +379,7 @@ class GatewayManager(GatewayKernelManager):
         self.gone = None
         self.note(f"started remote kernel {self.kernel_id} ({name}) on {self.gateway.url}")
 
-    async def shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:
+    async def shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:  # type: ignore[override]
         if self.kernel is None:
             return
         try:
@@ -385,14 +390,14 @@ class GatewayManager(GatewayKernelManager):
         self.note(f"deleted remote kernel {self.kernel_id}")
         self.kernel = None
 
-    async def restart_kernel(self, now: bool = False, **kwargs: Any) -> None:
+    async def restart_kernel(self, now: bool = False, **kwargs: Any) -> None:  # type: ignore[override]
         if self.kernel is None:
             raise GatewayError(f"the gateway no longer has kernel {self.kernel_id} to restart", 404)
         self.gone = None
         self.kernel = await self._request_patiently(self.kernel_url + "/restart", "POST", {})
         self.note(f"restarted remote kernel {self.kernel_id}")  # Kernel.restart then waits (wait_for_ready reconnects)
 
-    async def interrupt_kernel(self) -> None:
+    async def interrupt_kernel(self) -> None:  # type: ignore[override]
         """``POST /interrupt`` (SIGINT on the remote machine). A refused interrupt is logged, not
         raised: the cell then does not stop within the grace, and ``Kernel`` restarts the kernel."""
         if self.kernel is None:
@@ -405,7 +410,7 @@ class GatewayManager(GatewayKernelManager):
             return
         self.note(f"interrupted remote kernel {self.kernel_id}")
 
-    async def is_alive(self) -> bool:
+    async def is_alive(self) -> bool:  # type: ignore[override]
         """False once the kernel is deleted, reported dead or restarted by the gateway (without our
         startup code), or its WebSocket is lost. The REST model is checked at most once a second."""
         if self.kernel is None or self.gone:
@@ -436,7 +441,8 @@ class GatewayManager(GatewayKernelManager):
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
         """No local process, ports or connection file."""
 
-    def cleanup_resources(self, restart: bool = False) -> None:
+    # sync, as jupyter_server's GatewayKernelManager has it; AsyncKernelManager declares it async
+    def cleanup_resources(self, restart: bool = False) -> None:  # type: ignore[override]
         """No local process, ports or connection file."""
 
 
@@ -482,8 +488,11 @@ class GatewayKernel(Kernel):
         spec.plan = SandboxPlan(layers=["remote-gateway", "guard"] if guarded else ["remote-gateway"])
         self.gateway = gateway_client(self.url, self.token)
 
+    def spill_path_ok(self, path: Any) -> bool:
+        return remote_spill_ok(path, self.spec.dirs.root.name)
+
     # --- the seams --------------------------------------------------------------------------------
-    def create_manager(self) -> GatewayManager:  # type: ignore[override]
+    def create_manager(self) -> GatewayManager:
         return GatewayManager(gateway=self.gateway, note=self.note)
 
     def start_kwargs(self) -> dict[str, Any]:
@@ -496,7 +505,7 @@ class GatewayKernel(Kernel):
     async def install_startup(self) -> None:
         """Run kernelexec's startup code in the remote kernel (a silent execute); fail closed."""
         await install_remote_startup(self)
-        self.note(f"installed kernelexec's startup code in remote kernel {self.km.kernel_id}")
+        self.note(f"installed kernelexec's startup code in remote kernel {self._manager().kernel_id}")
 
     # --- no local process -----------------------------------------------------------------------------
     def exit_code(self) -> int | None:
@@ -504,7 +513,8 @@ class GatewayKernel(Kernel):
 
     def exit_status(self) -> str:
         """The gateway does not report exit codes; say what is known."""
-        why = self.km.gone if self.km is not None else None
+        km = cast("GatewayManager | None", self.km)  # create_manager made it
+        why = km.gone if km is not None else None
         return f"on the gateway {self.url}: {why or 'exit status not reported'}"
 
     def log_tail(self, limit: int = 2000) -> str:

@@ -31,7 +31,8 @@ from jupyter_client.manager import AsyncKernelManager
 
 from .collector import Caps, Collector, strip_ansi
 from .errors import KernelDied, KernelStartError
-from .launch import SLOTS, LaunchSpec, kernel_manager
+from .launch import LaunchSpec, kernel_manager
+from .layout import SLOTS
 from .models import Execution
 from .spares import Spares
 from .wire import harden
@@ -108,6 +109,18 @@ class Kernel(ABC):
         except OSError:
             return ""
 
+    def _manager(self) -> AsyncKernelManager:
+        """The kernel manager, for code that runs only while the kernel is started (as the session lock ensures)."""
+        km = self.km
+        assert km is not None, "the kernel is not started"
+        return km
+
+    def spill_path_ok(self, path: Any) -> bool:
+        """Whether a spill file the kernel reports (a capped stream or result) is where its runtime
+        writes them; anything else a hostile kernel names is dropped from the answer. Called by ``_finish``.
+        Default: the session's own ``spill/``."""
+        return isinstance(path, str) and Path(path).parent == self.spec.dirs.spill
+
     @property
     def connection_file(self) -> Path:
         """Where this kernel's connection info is (published for ``kernelexec lab``)."""
@@ -127,7 +140,7 @@ class Kernel(ABC):
                 await self.kc.wait_for_ready(timeout=self.startup_timeout)
                 break
             except RuntimeError as exc:
-                if not await self.km.is_alive():
+                if not await self._manager().is_alive():
                     raise KernelStartError("kernel exited during startup", self.log_tail()) from exc
                 raise
         await self.install_startup()
@@ -287,7 +300,7 @@ class Kernel(ABC):
         while True:
             now = time.monotonic()
             if now >= next_check:
-                if not await self.km.is_alive():
+                if not await self._manager().is_alive():
                     return "dead"
                 next_check = now + self.liveness_every
             remaining = deadline - now
@@ -315,7 +328,7 @@ class Kernel(ABC):
         if not await self.is_alive():
             await self._after_death(ex)
             return "dead-handled"
-        await self.km.interrupt_kernel()
+        await self._manager().interrupt_kernel()
         state = await self._collect(msg_id, collector, time.monotonic() + grace, None)
         if state == "idle":
             ex.ending = "interrupted"
@@ -367,8 +380,8 @@ class Kernel(ABC):
         data = report.get("data") if isinstance(report, dict) and report.get("status") == "ok" else None
         payload = data.get("application/json") if isinstance(data, dict) else None
         if isinstance(payload, dict):
-            ex.streams_cut = _streams_cut(payload.pop("streams", None), self.spec.dirs.spill)
-            ex.result = _result(payload, self.spec.dirs.spill)
+            ex.streams_cut = _streams_cut(payload.pop("streams", None), self.spill_path_ok)
+            ex.result = _result(payload, self.spill_path_ok)
 
     async def reply_to(self, msg_id: str, timeout: float) -> dict[str, Any]:
         """The shell reply to request ``msg_id``, within ``timeout`` seconds. Replies to other requests
@@ -383,7 +396,7 @@ class Kernel(ABC):
             try:
                 reply = await self.kc.get_shell_msg(timeout=min(remaining, _POLL))
             except queue.Empty:
-                if not await self.km.is_alive():
+                if not await self._manager().is_alive():
                     raise KernelDied(self.exit_status()) from None
                 continue
             except Exception:  # noqa: BLE001 - a reply that would not decode (wire.loads): not one to wait for
@@ -431,9 +444,9 @@ def _parent_id(msg: Any) -> Any:
     return parent.get("msg_id") if isinstance(parent, dict) else None
 
 
-def _streams_cut(report: Any, spill_dir: Path) -> dict[str, Any]:
+def _streams_cut(report: Any, spill_ok: Callable[[Any], bool]) -> dict[str, Any]:
     """The kernel's report of what its stream cap cut, kept only in the shape the runtime gives it
-    (a file it names must be in the session's spill directory)."""
+    (a file it names must pass ``spill_ok``)."""
     if not isinstance(report, dict):
         return {}
     kept: dict[str, Any] = {}
@@ -441,12 +454,12 @@ def _streams_cut(report: Any, spill_dir: Path) -> dict[str, Any]:
         item = report.get(name)
         if isinstance(item, dict):
             path = item.get("file")
-            ok = isinstance(path, str) and Path(path).parent == spill_dir
+            ok = spill_ok(path)
             kept[name] = {**{k: v for k, v in item.items() if k != "file"}, **({"file": path} if ok else {})}
     return kept
 
 
-def _result(payload: dict[str, Any], spill_dir: Path) -> dict[str, Any] | None:
+def _result(payload: dict[str, Any], spill_ok: Callable[[Any], bool]) -> dict[str, Any] | None:
     """The runtime's result report, if it has the runtime's shape (kind, format, text, file)."""
     if payload.get("kind") == "none" or not isinstance(payload.get("text"), str):
         return None
@@ -456,6 +469,6 @@ def _result(payload: dict[str, Any], spill_dir: Path) -> dict[str, Any] | None:
         except ValueError:
             payload = {**payload, "format": "text"}
     path = payload.get("file")
-    if path is not None and not (isinstance(path, str) and Path(path).parent == spill_dir):
+    if path is not None and not spill_ok(path):
         payload = {k: v for k, v in payload.items() if k != "file"}
     return payload

@@ -80,7 +80,7 @@ class _LabServerApp:  # built lazily: importing jupyter_server's ServerApp is sl
     def make() -> Any:
         from jupyter_server.serverapp import ServerApp
 
-        class KernelexecServerApp(ServerApp):  # type: ignore[misc]
+        class KernelexecServerApp(ServerApp):
             def find_server_extensions(self) -> None:
                 """JupyterLab only: no terminals, language servers or other extensions found in config dirs."""
                 found = {}
@@ -97,6 +97,31 @@ class _LabServerApp:  # built lazily: importing jupyter_server's ServerApp is sl
                 self.jpserver_extensions = wanted
 
         return KernelexecServerApp.instance()
+
+
+def _content_security_policy(app: Any, port: int) -> str:
+    """Scripts only from Lab's own bundles (and the one inline script of its page, by hash): a second
+    layer under the websocket filter, so that even HTML that slipped through could run no script."""
+    import base64
+    import hashlib
+    import re
+
+    sources = [f"http://{host}:{port}{path}" for host in ("127.0.0.1", "localhost")
+               for path in (f"{app.base_url}static/", f"{app.base_url}lab/extensions/")]
+    try:
+        from jupyterlab.labapp import LabApp
+
+        page = (Path(LabApp().app_dir) / "static" / "index.html").read_text()
+        for body in re.findall(r"<script>(.*?)</script>", page, flags=re.S):
+            sources.append("'sha256-" + base64.b64encode(hashlib.sha256(body.encode()).digest()).decode() + "'")
+    except Exception:  # noqa: BLE001 - without the hash the token just stays in the address bar
+        pass
+    return "; ".join([
+        # Lab's own bundles need eval; inline script and event handlers stay blocked
+        "default-src 'self'", "script-src " + " ".join(sources) + " 'unsafe-eval'", "style-src 'self' 'unsafe-inline'",
+        "img-src 'self' data: blob:", "font-src 'self' data:", "connect-src 'self'", "worker-src 'self' blob:",
+        "frame-src 'self' blob:", "object-src 'none'", "base-uri 'self'", "form-action 'self'", "frame-ancestors 'self'",
+    ])
 
 
 def _page_config_hook(handler: Any, page_config: dict[str, Any]) -> dict[str, Any]:
@@ -117,6 +142,10 @@ def lab_command(settings: Settings, *, port: int | None, open_browser: bool) -> 
     lab_dir = settings.state_dir / "lab"  # Lab's own workspaces and settings, not ~/.jupyter/lab
     for d in (lab_dir, lab_dir / "workspaces", lab_dir / "user-settings", lab_dir / "kernelspec"):
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    notify = lab_dir / "user-settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    if not notify.exists():  # no prompt to fetch Jupyter news from the internet (the user can still turn it on)
+        notify.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        notify.write_text('{"fetchNews": "false", "checkForUpdates": false}\n')
     try:
         has_lab = importlib.util.find_spec("jupyterlab") is not None
     except (ImportError, ValueError):  # a broken or blocked install
@@ -158,6 +187,7 @@ def lab_command(settings: Settings, *, port: int | None, open_browser: bool) -> 
     app = _LabServerApp.make()
     app.initialize(argv=argv)
     app.web_app.settings["page_config_hook"] = _page_config_hook
+    app.web_app.settings.setdefault("headers", {})["Content-Security-Policy"] = _content_security_policy(app, port)
     add_handlers(app.web_app, app.base_url)
     what = "JupyterLab" if has_lab else "Jupyter Server (API only: pip install 'kernelexec[lab]' for JupyterLab)"
     print(safe(f"kernelexec lab: {what} at http://127.0.0.1:{port}{'/lab' if has_lab else '/api/kernels'}?token={token}"), flush=True)

@@ -170,7 +170,7 @@ def sanitize_notebook(nb: dict[str, Any], kernelspec: dict[str, str] | None) -> 
             continue
         kind = cell.get("cell_type")
         source = _text(cell.get("source")) or ""
-        meta = cell.get("metadata") if isinstance(cell.get("metadata"), dict) else {}
+        meta = cell["metadata"] if isinstance(cell.get("metadata"), dict) else {}
         meta = {k: v for k, v in meta.items() if k in ("kernelexec", "tags", "collapsed", "scrolled")}
         safe: dict[str, Any] = {"cell_type": kind, "metadata": meta, "source": source}
         if "id" in cell and isinstance(cell["id"], str):
@@ -183,7 +183,7 @@ def sanitize_notebook(nb: dict[str, Any], kernelspec: dict[str, str] | None) -> 
         else:
             safe["cell_type"] = "raw"  # no raw_mimetype: nothing renders it
         cells.append(safe)
-    old = nb.get("metadata") if isinstance(nb.get("metadata"), dict) else {}
+    old = nb["metadata"] if isinstance(nb.get("metadata"), dict) else {}
     metadata: dict[str, Any] = {k: v for k, v in old.items() if k in ("kernelexec", "language_info")}
     if kernelspec:
         metadata["kernelspec"] = dict(kernelspec)

@@ -24,7 +24,7 @@ import os
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKernel
 from jupyter_client.session import Session
@@ -34,7 +34,7 @@ from jupyter_server.files.handlers import FilesHandler
 from jupyter_server.services.contents.largefilemanager import AsyncLargeFileManager
 from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager, ServerKernelManager
-from jupyter_server.services.sessions.sessionmanager import SessionManager
+from jupyter_server.services.sessions.sessionmanager import KernelName, SessionManager
 from jupyter_server.utils import url_path_join
 from tornado import web
 from traitlets import Unicode, default
@@ -254,7 +254,7 @@ class SessionKernelManager(AsyncMappingKernelManager):
         self._check_kernel_id(kernel_id)
         self._detach(kernel_id)
 
-    async def _async_shutdown_kernel(self, kernel_id: str, now: bool | None = False, restart: bool | None = False) -> None:  # type: ignore[override]
+    async def _async_shutdown_kernel(self, kernel_id: str, now: bool | None = False, restart: bool | None = False) -> None:
         if kernel_id in self._kernels:
             self._detach(kernel_id)
 
@@ -320,12 +320,12 @@ class SessionsManager(SessionManager):
                                      "(kernelexec lab never starts one). Its next call over MCP revives it; then reopen.")
         return kernel_id_for(handle)
 
-    async def create_session(self, path: str | None = None, name: Any = None, type: str | None = None,  # type: ignore[override]
-                             kernel_name: str | None = None, kernel_id: str | None = None) -> dict[str, Any]:
+    async def create_session(self, path: str | None = None, name: Any = None, type: str | None = None,
+                             kernel_name: KernelName | None = None, kernel_id: str | None = None) -> dict[str, Any]:
         kernel_id = self.kernel_for(path, type, kernel_name, kernel_id)
         return await super().create_session(path=path, name=name, type=type, kernel_name=kernel_name, kernel_id=kernel_id)
 
-    async def start_kernel_for_session(self, session_id: str, path: str | None, name: Any, type: str | None,  # type: ignore[override]
+    async def start_kernel_for_session(self, session_id: str, path: str | None, name: Any, type: str | None,
                                        kernel_name: str | None, kernel_id: str | None = None) -> str:
         return self.kernel_for(path, type, kernel_name, kernel_id)
 
@@ -399,19 +399,19 @@ class SessionContents(AsyncLargeFileManager):
         base = Path(os.path.realpath(session / parts[1]))
         return real == base or base in real.parents  # no symlink out of work/ (to kernel.json or the host)
 
-    async def is_hidden(self, path: str) -> bool:  # type: ignore[override]
+    async def is_hidden(self, path: str) -> bool:
         return not self.visible(path) or await super().is_hidden(path)
 
-    async def file_exists(self, path: str = "") -> bool:  # type: ignore[override]
+    async def file_exists(self, path: str = "") -> bool:
         return self.visible(path) and await super().file_exists(path)
 
-    async def dir_exists(self, path: str) -> bool:  # type: ignore[override]
+    async def dir_exists(self, path: str) -> bool:
         return self.visible(path) and await super().dir_exists(path)
 
-    async def exists(self, path: str) -> bool:  # type: ignore[override]
+    async def exists(self, path: str) -> bool:
         return self.visible(path) and await super().exists(path)
 
-    async def get(self, path: str, content: bool = True, type: str | None = None, format: str | None = None,  # type: ignore[override]
+    async def get(self, path: str, content: bool = True, type: str | None = None, format: str | None = None,
                   require_hash: bool = False) -> dict[str, Any]:
         if not self.visible(path) or not os.path.lexists(self._get_os_path(path)):
             raise web.HTTPError(404, f"No such file or directory: {path}")
@@ -458,10 +458,10 @@ class SessionContents(AsyncLargeFileManager):
     def _refuse(self, *args: Any, **kwargs: Any) -> Any:
         raise web.HTTPError(403, "read-only: kernelexec lab shows the sessions' notebooks and files; it does not change them")
 
-    save = new = new_untitled = copy = rename = rename_file = delete = delete_file = _refuse  # type: ignore[assignment]
-    create_checkpoint = restore_checkpoint = delete_checkpoint = trust_notebook = _refuse  # type: ignore[assignment]
+    save = new = new_untitled = copy = rename = rename_file = delete = delete_file = _refuse
+    create_checkpoint = restore_checkpoint = delete_checkpoint = trust_notebook = _refuse
 
-    async def list_checkpoints(self, path: str) -> list[Any]:  # type: ignore[override]
+    async def list_checkpoints(self, path: str) -> list[Any]:
         return []
 
 
@@ -474,7 +474,7 @@ class RestartHandler(APIHandler):
     @web.authenticated
     @authorized
     async def post(self, kernel_id: str) -> None:
-        km = self.kernel_manager
+        km = cast(SessionKernelManager, self.kernel_manager)  # lab.py configures ServerApp with it
         km.list_kernel_ids()
         if kernel_id not in km:
             raise web.HTTPError(404, f"Kernel does not exist: {kernel_id}")

@@ -11,18 +11,16 @@ import json
 import os
 import subprocess
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from jupyter_client.manager import AsyncKernelManager
 
-from .errors import InvalidRequest
+from .layout import SLOTS, SessionDirs, startup_file
 from .provisioner import IPC_PORTS, KERNEL_NAME, KernelexecSpecManager
-from .sandbox import IPC_SUBDIR, IPYTHON_SUBDIR, SandboxPlan, kernel_writable
+from .sandbox import SandboxPlan
 
 STARTUP_FILE = "kernel_init.py"
-SLOTS = ("k", "s")  # a session's kernel slots: "k" first, "s" for a warm spare while "k" is live, and so on
 
 
 def other_slot(slot: str) -> str:
@@ -31,7 +29,7 @@ def other_slot(slot: str) -> str:
 
 def startup_script() -> Path:
     """The file every kernel runs before user code (``kernelexec/startup/kernel_init.py`` in the wheel)."""
-    return Path(str(resources.files("kernelexec.startup").joinpath(STARTUP_FILE)))
+    return startup_file(STARTUP_FILE)
 
 
 def kernel_arguments() -> list[str]:
@@ -45,84 +43,6 @@ def kernel_arguments() -> list[str]:
         "--InteractiveShellApp.ignore_cwd=True",
         "--Application.log_level=WARN",
     ]
-
-
-@dataclass
-class SessionDirs:
-    """A session's private directory tree. Everything the session owns lives under ``root``."""
-
-    root: Path
-
-    @property
-    def work(self) -> Path:
-        return self.root / "work"
-
-    @property
-    def home(self) -> Path:
-        return self.root / "home"
-
-    @property
-    def tmp(self) -> Path:
-        return self.root / "tmp"
-
-    @property
-    def outputs(self) -> Path:
-        return self.root / "outputs"
-
-    @property
-    def spill(self) -> Path:
-        """Where the kernel itself writes what its caps cut (long results, stream floods)."""
-        return self.root / "spill"
-
-    @property
-    def ipc(self) -> Path:
-        return self.root / IPC_SUBDIR
-
-    @property
-    def ipython(self) -> Path:
-        return self.root / IPYTHON_SUBDIR
-
-    def ipython_profile_dirs(self) -> list[Path]:
-        """Made by the server so IPython needs to write nothing there (the kernel cannot)."""
-        profile = self.ipython / "profile_default"
-        return [profile / d for d in ("startup", "security", "log", "pid")]
-
-    @property
-    def connection_file(self) -> Path:
-        return self.connection_file_for(SLOTS[0])
-
-    @property
-    def ipc_prefix(self) -> Path:
-        return self.ipc_prefix_for(SLOTS[0])
-
-    def connection_file_for(self, slot: str) -> Path:
-        """A session runs at most two kernels at once (the live one and its warm spare), each in a slot."""
-        return self.root / ("kernel.json" if slot == SLOTS[0] else f"kernel-{slot}.json")
-
-    def ipc_prefix_for(self, slot: str) -> Path:
-        return self.ipc / slot
-
-    @property
-    def log(self) -> Path:
-        return self.root / "kernel.log"
-
-    @property
-    def notebook(self) -> Path:
-        return self.root / "notebook.ipynb"
-
-    @property
-    def journal(self) -> Path:
-        return self.root / "journal.jsonl"
-
-    def create(self) -> None:
-        for d in (self.root, self.outputs, self.ipc, *kernel_writable(self.root), *self.ipython_profile_dirs()):
-            d.mkdir(mode=0o700, parents=True, exist_ok=True)
-        # unix socket paths are limited to 107 bytes; "-<port>" is appended to the prefix
-        if len(str(self.ipc_prefix)) > 90:
-            raise InvalidRequest(
-                f"the session directory {self.root} is too long for unix socket paths (107 bytes at most); "
-                "use a shorter --state-dir"
-            )
 
 
 @dataclass

@@ -50,6 +50,11 @@ class OutputRef(BaseModel):
     uri: str = Field(description="MCP resource URI for the same file")
 
 
+#: Any JSON value, as ``anyOf`` rather than a ``type`` array: some clients (Gemini-style function
+#: declarations) accept only one type per schema, and the MCP Inspector's --strict flags the array.
+ANY_JSON: dict[str, Any] = {"anyOf": [{"type": t} for t in ("string", "number", "boolean", "object", "array", "null")]}
+
+
 class EnvironmentInfo(BaseModel):
     """The Python a kernel runs in, and why that one (environments.py)."""
 
@@ -67,7 +72,7 @@ class ExecuteResult(BaseModel):
     result: Any = Field(
         None,
         description="Value of `result` if the code bound it, else of the last expression: JSON when possible, else its repr",
-        json_schema_extra={"type": ["string", "number", "integer", "boolean", "object", "array", "null"]},
+        json_schema_extra=ANY_JSON,
     )
     stdout: str = Field("", description="Standard output (cut head+tail when long; see stdout_file)")
     stderr: str = Field("", description="Standard error (cut head+tail when long; see stderr_file)")
@@ -100,7 +105,7 @@ class RunPythonResult(BaseModel):
 
     result: Any = Field(
         None, description="Value of `result` or of the last expression",
-        json_schema_extra={"type": ["string", "number", "integer", "boolean", "object", "array", "null"]},
+        json_schema_extra=ANY_JSON,
     )
     logs: str = Field("", description="Everything printed (stdout then stderr)")
 
@@ -135,3 +140,19 @@ class SessionInfo(BaseModel):
     notebook: str | None = None
     detail: str | None = None
     replayed: list[ReplayedCell] = Field(default_factory=list, description="Cells run again to rebuild state (restart_session with replay)")
+
+
+class InstalledPackage(BaseModel):
+    name: str
+    version: str
+    size: int = Field(description="Bytes it takes in the session's overlay")
+
+
+class InstallResult(BaseModel):
+    """The answer of install_packages."""
+
+    session: str
+    installed: list[InstalledPackage] = Field(description="What was installed (dependencies included)")
+    duration_ms: float = Field(description="How long the install took")
+    index: str = Field(description="Where the wheels came from")
+    summary: str

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import Profile
-from .sandbox import kernel_writable
+from .layout import kernel_writable
 
 # The old safe executor's list, plus the four its description promised.
 STRICT_IMPORTS = frozenset(

@@ -36,7 +36,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 from jupyter_client.connect import write_connection_file
@@ -47,7 +47,7 @@ from .config import Settings
 from .errors import KernelexecError, KernelStartError
 from .kernel import Kernel
 from .launch import LaunchSpec, other_slot
-from .remote_startup import install_remote_startup
+from .remote_startup import install_remote_startup, remote_spill_ok
 from .sandbox import SandboxPlan
 
 logger = logging.getLogger(__name__)
@@ -150,8 +150,11 @@ class ProvisionedKernel(Kernel):
         layer = f"provisioner:{self.provisioner_name}"
         spec.plan = SandboxPlan(layers=[layer, "guard"] if guarded else [layer])  # our OS layers do not apply
 
+    def spill_path_ok(self, path: Any) -> bool:
+        return remote_spill_ok(path, self.spec.dirs.root.name)
+
     # --- the seams --------------------------------------------------------------------------------
-    def create_manager(self) -> ProvisionedManager:  # type: ignore[override]
+    def create_manager(self) -> ProvisionedManager:
         return ProvisionedManager(kernel_name=self.spec_name, kernel_spec_manager=KernelSpecManager())
 
     def start_kwargs(self) -> dict[str, Any]:
@@ -166,10 +169,11 @@ class ProvisionedKernel(Kernel):
     async def install_startup(self) -> None:
         """Publish the connection info (for ``kernelexec lab``), then install our startup code inline."""
         km = self.km
+        assert km is not None  # called by start, once the kernel answers
         with contextlib.suppress(Exception):
             info = km.get_connection_info()
-            write_connection_file(str(self.connection_file), **{k: v for k, v in info.items()
-                                                                           if k != "signature_scheme"},
+            fields: dict[str, Any] = {k: v for k, v in info.items() if k != "signature_scheme"}
+            write_connection_file(str(self.connection_file), **fields,
                                   signature_scheme=info.get("signature_scheme", "hmac-sha256"))
         await install_remote_startup(self)
         self.note(f"kernel {km.kernel_id} launched by {self.provisioner_name} ({self.spec_name}); "
@@ -191,7 +195,7 @@ class ProvisionedKernel(Kernel):
         km, self.km = self.km, None
         if km is not None:
             with anyio.CancelScope(shield=True):
-                await self._stop(km)
+                await self._stop(cast(ProvisionedManager, km))  # create_manager made it
         if self._log is not None:
             self._log.close()
             self._log = None

@@ -18,7 +18,8 @@ from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Dict, Unicode
 
-from .sandbox import SandboxPlan, _startup_file
+from .layout import startup_file
+from .sandbox import SandboxPlan
 
 IPC_PORTS = (1, 2, 3, 4, 5)  # shell, iopub, stdin, control, heartbeat: a kernel's socket names <slot prefix>-N
 
@@ -26,7 +27,7 @@ KERNEL_NAME = "kernelexec"
 PROVISIONER_NAME = "kernelexec-sandbox"
 
 
-class SandboxProvisioner(LocalProvisioner):  # type: ignore[misc]
+class SandboxProvisioner(LocalProvisioner):
     """LocalProvisioner plus the sandbox: wraps the kernel command and manages the session's cgroups."""
 
     plan = Dict(config=True, help="The SandboxPlan of this kernel's slot, as a dict (see kernelexec.sandbox)")
@@ -85,7 +86,7 @@ class KernelexecSpecManager(KernelSpecManager):
             # -s: no user site-packages. HOME is the session's writable home, and a .pth planted in its
             # ~/.local site-packages would run in the next kernel before the startup code.
             # -S: no site at startup (kernel_main.py does its work, without sitecustomize): see setup_path there.
-            argv=[self._plan.python or sys.executable, "-s", "-S", _startup_file("kernel_main.py"), "-f", "{connection_file}"],
+            argv=[self._plan.python or sys.executable, "-s", "-S", str(startup_file("kernel_main.py")), "-f", "{connection_file}"],
             display_name="Python 3 (kernelexec)",
             language="python",
             interrupt_mode="signal",

@@ -28,12 +28,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from .layout import SessionDirs
 from .models import Execution
 from .wire import clean
 
 logger = logging.getLogger(__name__)
 
-SESSION_FILE = "session.json"
 Event = Literal["restart", "restore", "revive"]
 
 
@@ -107,7 +107,7 @@ def cell_event(cell: dict[str, Any]) -> str | None:
 def read_session_meta(session_dir: Path) -> dict[str, Any] | None:
     """A session directory's ``session.json``, or None when it has none (or it is unreadable)."""
     try:
-        meta = json.loads((session_dir / SESSION_FILE).read_text())
+        meta = json.loads(SessionDirs(session_dir).meta.read_text())
     except (OSError, ValueError):
         return None
     return meta if isinstance(meta, dict) else None
@@ -117,9 +117,10 @@ def mark_closed(session_dir: Path) -> None:
     """Record in ``session.json`` that the session was closed, so no later server revives it."""
     meta = read_session_meta(session_dir) or {}
     meta["closed"] = _iso(time.time())
-    tmp = session_dir / f".{SESSION_FILE}.tmp"
+    target = SessionDirs(session_dir).meta
+    tmp = target.with_name(f".{target.name}.tmp")
     tmp.write_text(json.dumps(meta))
-    os.replace(tmp, session_dir / SESSION_FILE)
+    os.replace(tmp, target)
 
 
 def rebuild_stale(sessions_dir: Path) -> list[Path]:
@@ -135,8 +136,9 @@ def rebuild_stale(sessions_dir: Path) -> list[Path]:
         return written
     for d in dirs:
         try:
-            recorder = Recorder(d / "journal.jsonl", d / "notebook.ipynb", notebook_meta(d))
-            if recorder.journal.exists() and recorder.stale():
+            layout = SessionDirs(d)
+            recorder = Recorder(layout.journal, layout.notebook, notebook_meta(d))
+            if recorder.journal.exists() and recorder.stale(quick=True):
                 written.append(recorder.write_notebook())
         except Exception as exc:  # noqa: BLE001 - one broken directory must never stop a start
             logger.warning("skipping session directory %s: its notebook could not be rebuilt (%s)", d.name, exc)
@@ -279,10 +281,32 @@ class Recorder:
             return None
         return breaks - _TAIL.count(b"\n")
 
-    def stale(self) -> bool:
-        """True when the notebook file is missing, torn, or behind its journal."""
+    def stale(self, *, quick: bool = False) -> bool:
+        """True when the notebook file is missing, torn, or behind its journal. ``quick`` (server start,
+        over every session directory): O(1) per directory — the file's end, and its time against the
+        journal's (each cell is written to the journal first, then to the notebook); otherwise the
+        cells are counted."""
+        if quick:
+            try:
+                journal, notebook = self.journal.stat(), self.notebook.stat()
+            except OSError:
+                return True
+            if notebook.st_mtime_ns < journal.st_mtime_ns or not self._ends_well():
+                return True
+            return False
         count = self.notebook_count()
         return count is None or count != self.journal_count()
+
+    def _ends_well(self) -> bool:
+        try:
+            with open(self.notebook, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                if fh.tell() < len(_TAIL):
+                    return False
+                fh.seek(-len(_TAIL), os.SEEK_END)
+                return fh.read() == _TAIL
+        except OSError:
+            return False
 
     def write_notebook(self) -> Path:
         """Write the whole notebook from the journal, atomically (temp file + ``os.replace``)."""

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import inspect
 import json
-from importlib import resources
+import os
+from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from . import policy as policy_module
 from .errors import KernelDied, KernelStartError
+from .layout import startup_file
 
 if TYPE_CHECKING:
     from .kernel import Kernel
@@ -88,6 +90,14 @@ del _kernelexec_remote_boot
 '''
 
 
+def remote_spill_ok(path: Any, handle: str) -> bool:
+    """A spill file a remote kernel reports: in its own ``<tmp>/kernelexec-<handle>/spill/`` (see the boot code)."""
+    if not isinstance(path, str) or not os.path.isabs(path):
+        return False
+    parent = PurePosixPath(path).parent
+    return parent.name == "spill" and parent.parent.name == f"kernelexec-{handle}"
+
+
 def remote_policy(policy: dict[str, Any]) -> dict[str, Any]:
     """The session's policy with the server's paths taken out: the remote kernel puts its own session
     directory (``<session>``) and its own Python's library paths (``<python>``) in their place. The
@@ -102,8 +112,7 @@ def remote_policy(policy: dict[str, Any]) -> dict[str, Any]:
 
 def startup_code(policy: dict[str, Any], handle: str) -> str:
     """The one silent cell that installs kernelexec's startup code in a kernel that lacks our files."""
-    files = resources.files("kernelexec.startup")
-    sources = {name: files.joinpath(f"{name}.py").read_text(encoding="utf-8") for name in ("guard", "runtime", "kernel_init")}
+    sources = {name: startup_file(f"{name}.py").read_text(encoding="utf-8") for name in ("guard", "runtime", "kernel_init")}
     args = {
         "handle": handle,
         "policy": remote_policy(policy),

@@ -3,6 +3,13 @@
 Rendering happens once per call. Anything too long for the answer is cut here and kept whole in
 a file in the session's ``outputs/`` directory, named in the answer; nothing is dropped silently.
 Binary data never goes into structured content (clients copy it into the model's context as text).
+
+Content blocks are lean for the model, whose context is the scarce resource: the text summary and
+PNG/JPEG images go in whole; an SVG, HTML, JSON or other rich form goes in as a ``resource_link``
+(URI, MIME type, size) whenever the same output also has a text or image form, and is embedded only
+when it is the output's only form, within ``MODEL_EMBED_BUDGET`` characters per answer. The
+structured content keeps every output (``outputs``), for apps and scripts; the run view (view.py)
+reads the files through their URIs.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mcp_types import ContentBlock, EmbeddedResource, ImageContent, ResourceLink, TextContent, TextResourceContents
+from mcp_types import Annotations, ContentBlock, EmbeddedResource, ImageContent, ResourceLink, TextContent, TextResourceContents
 
 from .collector import strip_ansi
 from .models import ExecuteResult, Execution, OutputRef
@@ -35,7 +42,12 @@ EXTENSIONS = {
 TEXT_EXTENSIONS = {"svg", "html", "md", "tex", "json", "js", "txt"}
 BINARY = {"image/png", "image/jpeg", "image/gif", "application/pdf"}
 MODEL_IMAGES = {"image/png", "image/jpeg"}
-EMBED_LIMIT = 100_000  # larger text outputs are linked, not embedded
+MODEL_EMBED_BUDGET = 8_000  # characters of rich text one answer embeds, for outputs that have no other form
+DISPLAY_TEXT_CHARS = 2_000  # a linked display output's text/plain form, shown in the summary up to this long
+# IPython's default repr, e.g. "<IPython.core.display.HTML object>": not a text form of anything
+PLACEHOLDER = re.compile(r"^<[\w.]+ object( at 0x[0-9a-fA-F]+)?>$")
+FOR_BOTH = Annotations(audience=["user", "assistant"])
+FOR_USER = Annotations(audience=["user"], priority=0.3)  # the summary names the same URI for the model
 
 
 def session_file_uri(session: str, name: str) -> str:
@@ -124,6 +136,8 @@ class Renderer:
         # rich outputs: every non-text item kept as a file; images for the model, others as resources
         refs: list[OutputRef] = []
         blocks: list[ContentBlock] = []
+        shown_text: list[str] = []  # text forms of display outputs whose rich form was linked
+        budget = MODEL_EMBED_BUDGET
         seen: set[str] = set()
         for index, out in enumerate(ex.outputs):
             data = out.get("data")
@@ -135,6 +149,9 @@ class Renderer:
             if key in seen:
                 continue
             seen.add(key)
+            plain = _plain_text(data.get("text/plain"))
+            has_image = any(m in MODEL_IMAGES for m in data)
+            linked = False
             for mime, value in data.items():
                 if mime == "text/plain" or mime not in EXTENSIONS and not mime.startswith("image/"):
                     continue
@@ -147,16 +164,23 @@ class Renderer:
                 path, uri = self._write(f"{stem}-out{index}", ext, raw)
                 refs.append(OutputRef(mime_type=mime, size=len(raw), path=str(path), uri=uri))
                 if mime in MODEL_IMAGES:
-                    blocks.append(ImageContent(type="image", data=base64.b64encode(raw).decode(), mime_type=mime))
-                elif mime not in BINARY and len(raw) <= EMBED_LIMIT:
+                    blocks.append(ImageContent(type="image", data=base64.b64encode(raw).decode(), mime_type=mime,
+                                               annotations=FOR_BOTH))
+                elif mime not in BINARY and not plain and not has_image and len(raw) <= budget:
+                    budget -= len(raw)  # the rich form is all this output has: the model gets it, within budget
                     blocks.append(
                         EmbeddedResource(
                             type="resource",
                             resource=TextResourceContents(uri=uri, mime_type=mime, text=raw.decode(errors="replace")),
+                            annotations=FOR_BOTH,
                         )
                     )
                 else:
-                    blocks.append(ResourceLink(type="resource_link", uri=uri, name=path.name, mime_type=mime, size=len(raw)))
+                    linked = True
+                    blocks.append(ResourceLink(type="resource_link", uri=uri, name=path.name, mime_type=mime, size=len(raw),
+                                               annotations=FOR_USER))
+            if linked and plain and not has_image and out.get("output_type") != "execute_result":
+                shown_text.append(cut(plain, DISPLAY_TEXT_CHARS)[0])  # an execute_result's text is the result already
 
         error = ex.error
         restart_note = ex.restart_reason
@@ -181,7 +205,16 @@ class Renderer:
             notes=list(ex.notes),
             **fields,
         )
-        return Rendered(structured, [TextContent(type="text", text=summary_text(structured)), *blocks])
+        text = summary_text(structured)
+        if shown_text:
+            text += "".join(f"\n<kernelexec-display>\n{escape_tags(t.rstrip())}\n</kernelexec-display>" for t in shown_text)
+        return Rendered(structured, [TextContent(type="text", text=text, annotations=FOR_BOTH), *blocks])
+
+
+def _plain_text(value: Any) -> str:
+    """An output's text/plain form, or "" when it has none worth reading (IPython's default repr)."""
+    text = "".join(value) if isinstance(value, list) else value if isinstance(value, str) else ""
+    return "" if PLACEHOLDER.match(text.strip()) else text
 
 
 def _as_bytes(mime: str, value: Any) -> bytes:
@@ -217,11 +250,14 @@ def _one_line(ex: Execution, error: dict[str, Any] | None) -> str | None:
 _TAG = re.compile(r"</?(kernelexec-[a-z]+)>")
 
 
+def escape_tags(text: str) -> str:
+    """Kernel text cannot close or open our own ``<kernelexec-*>`` tags."""
+    return _TAG.sub(lambda m: m.group(0).replace("<", "&lt;"), text)
+
+
 def summary_text(r: ExecuteResult) -> str:
     """One text block for the model: what happened, result, output, error. Tags escaped, no base64."""
-
-    def esc(text: str) -> str:
-        return _TAG.sub(lambda m: m.group(0).replace("<", "&lt;"), text)
+    esc = escape_tags
 
     status = "ok" if r.success else ("error" if r.ending == "completed" else r.ending)
     python = ""

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 
 from .environments import Environment, prepare
+from .layout import SessionDirs
 from .recording import Recorder, cell_event, notebook_meta, read_session_meta
 from .restore import cell_meta, cell_timeout, first_line, rerun
 from .terminal import safe
@@ -202,6 +203,7 @@ class _Replayer:
         from jupyter_client.session import Session as WireSession
 
         km = self.kernel.km
+        assert km is not None  # replay runs in the session's started kernel
         wire = harden(WireSession(key=km.session.key, signature_scheme=km.session.signature_scheme))
         kc = km.client(session=wire)
         kc.start_channels()
@@ -250,6 +252,7 @@ class _Replayer:
 
         state = {"ending": "completed"}
         km = self.kernel.km
+        assert km is not None  # replay runs in the session's started kernel
 
         async def watchdog() -> None:
             await anyio.sleep(timeout)
@@ -341,13 +344,13 @@ def load_notebook(path: Path) -> tuple[NotebookNode, Path, str | None]:
     import nbformat
 
     if path.is_dir():
-        path = path / "notebook.ipynb"
-    if path.name == "journal.jsonl":
-        path = path.with_name("notebook.ipynb")
+        path = SessionDirs(path).notebook
+    if path.name == SessionDirs(path.parent).journal.name:
+        path = SessionDirs(path.parent).notebook
     note = None
     session_dir = path.parent
     meta = read_session_meta(session_dir)
-    journal = session_dir / "journal.jsonl"
+    journal = SessionDirs(session_dir).journal
     if meta is not None and journal.exists():
         recorder = Recorder(journal, path, notebook_meta(session_dir))
         if recorder.stale():

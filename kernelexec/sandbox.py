@@ -25,22 +25,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .config import Profile, Settings
+from .layout import IPC_SUBDIR, IPYTHON_SUBDIR, kernel_writable, startup_file
 
 if TYPE_CHECKING:
     from .environments import Environment
 
 logger = logging.getLogger(__name__)
 
-# The only parts of a session directory its kernel may write. Everything else there (journal,
-# notebook, session.json, kernel.json, rendered outputs/) is the server's, written with the server's
-# privileges: a kernel able to plant a symlink there could make the server write anywhere.
-# ipc/ holds the kernel's sockets: the kernel may only create sockets there (no symlinks, no
-# removals), or it could point the server's reconnecting zmq client at any host socket.
-KERNEL_SUBDIRS = ("work", "home", "tmp", "spill")
-IPC_SUBDIR = "ipc"
-# IPYTHONDIR is server-made and read-only to the kernel: IPython runs profile startup files before
-# our exec_files, so a writable one would let a cell disarm the next restarted kernel.
-IPYTHON_SUBDIR = "ipython"
 
 
 # Never loaded in guarded kernels (sub-interpreters escape audit hooks; the debugger is not needed).
@@ -61,7 +52,7 @@ def kernel_uid(key: str) -> int:
 def interpreter_world_readable(extra: tuple[str, ...] = ()) -> bool:
     """Can another uid run our interpreter (and the kernel's, ``extra``)? Bind mounts keep their own
     modes (a 0700 venv stays 0700)."""
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(_startup_file("kernel_init.py")).parent)}
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(_startup("kernel_init.py")).parent)}
     paths.update(p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and os.path.isdir(p))
     paths.update(interpreter_files())
     paths.update(extra)
@@ -76,9 +67,13 @@ def interpreter_world_readable(extra: tuple[str, ...] = ()) -> bool:
     return True
 
 
-def kernel_writable(session_dir: Path) -> list[Path]:
-    return [session_dir / sub for sub in KERNEL_SUBDIRS]
+
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _startup(name: str) -> str:
+    return str(startup_file(name))
 
 
 @dataclass(frozen=True)
@@ -103,19 +98,13 @@ class Features:
         ]
 
 
-def _startup_file(name: str) -> str:
-    from importlib import resources
-
-    return str(resources.files("kernelexec.startup").joinpath(name))
-
-
 @functools.lru_cache(maxsize=1)
 def probe() -> Features:
     """Probe once per process; each check is a real attempt, not a guess from versions."""
     root = os.geteuid() == 0
     check = subprocess.run(
         [sys.executable, "-S", "-c",
-         "import sys; sys.path.insert(0, sys.argv[1]); import sandbox_exec as s; print(s.landlock_abi())", str(Path(_startup_file("sandbox_exec.py")).parent)],
+         "import sys; sys.path.insert(0, sys.argv[1]); import sandbox_exec as s; print(s.landlock_abi())", str(Path(_startup("sandbox_exec.py")).parent)],
         capture_output=True, text=True, timeout=30,
     )
     abi = int(check.stdout.strip() or 0) if check.returncode == 0 else 0
@@ -164,7 +153,7 @@ def _cgroup_kind(root: bool) -> str | None:
 def system_read_paths() -> list[str]:
     """Read-only for every kernel: the interpreter, its libraries, and the few system files they read."""
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sysconfig.get_paths()["stdlib"],
-             str(Path(_startup_file("kernel_init.py")).parent)}
+             str(Path(_startup("kernel_init.py")).parent)}
     paths.update(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))
     paths.update(
         ["/usr", "/lib", "/lib64", "/bin", "/etc/ld.so.cache", "/etc/localtime", "/etc/fonts", "/etc/mime.types",
@@ -231,7 +220,7 @@ class SandboxPlan:
         then bubblewrap if planned, then the pre-exec wrapper, then the kernel."""
         joins = "".join(f"echo $$ > {shlex.quote(str(Path(d) / 'cgroup.procs'))} && " for d in self.cgroup_dirs)
         shim = ["/bin/sh", "-c", f'{joins}trap "" INT && exec "$@"', "sh"]
-        return [*shim, *self.prefix, sys.executable, "-S", _startup_file("sandbox_exec.py"), "--", *kernel_cmd]
+        return [*shim, *self.prefix, sys.executable, "-S", _startup("sandbox_exec.py"), "--", *kernel_cmd]
 
     def for_slot(self, slot: str) -> SandboxPlan:
         """The plan for a kernel in one of its session's slots (see launch.SLOTS): the first slot uses
@@ -334,7 +323,7 @@ def plan_for(settings: Settings, profile: Profile, *, session_dir: Path, rw: lis
     lies inside a writable directory (a project's .venv), bubblewrap binds it read-only over that."""
     env_read = list(environment.read_paths) if environment is not None else []
     protected = environment.protected_paths() if environment is not None else own_protected_paths()
-    protected = sorted({*protected, str(Path(_startup_file("kernel_init.py")).parent)})
+    protected = sorted({*protected, str(Path(_startup("kernel_init.py")).parent)})
     if environment is not None and environment.overlay:
         env_read.append(environment.overlay)
     python = environment.python if environment is not None else ""

@@ -26,7 +26,8 @@ from .config import Settings
 from .environments import Environment, prepare, project_modules
 from .errors import InvalidRequest, SessionError
 from .kernel import Kernel, LocalKernel, OnOutput
-from .launch import LaunchSpec, SessionDirs
+from .launch import LaunchSpec
+from .layout import SessionDirs
 from .models import Execution, ReplayedCell
 from .policy import kernel_policy
 from .recording import Recorder, mark_closed, read_session_meta, rebuild_stale
@@ -111,7 +112,7 @@ class Session:
         self.recorder = Recorder(self.dirs.journal, self.dirs.notebook, meta)
         if not self.dirs.journal.exists():
             self.recorder.start()  # an empty notebook now, so every answer's `notebook` names a file
-        meta_file = self.dirs.root / "session.json"
+        meta_file = self.dirs.meta
         if not meta_file.exists():
             meta_file.write_text(json.dumps({**meta, "owner": owner, "working_dir": str(self.default_cwd)}))
         self._lock_fd: int | None = _claim(self.dirs.root, handle)
@@ -287,7 +288,7 @@ class Session:
         self.last_used = time.monotonic()
         self.pooled = False
         self.publish()
-        meta_file = self.dirs.root / "session.json"
+        meta_file = self.dirs.meta
         meta = json.loads(meta_file.read_text())
         tmp = meta_file.with_suffix(".tmp")
         tmp.write_text(json.dumps({**meta, "owner": owner, "created": time.time()}))

@@ -118,9 +118,10 @@ class Spares:
                 return True
             try:
                 # SIGKILL and reap it here: jupyter_client's own wait polls every 0.1 s
-                process = getattr(old_km.provisioner, "process", None)
-                if process is not None:
-                    await old_km.provisioner.kill()
+                provisioner = old_km.provisioner
+                process = getattr(provisioner, "process", None)
+                if provisioner is not None and process is not None:
+                    await provisioner.kill()
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         await anyio.to_thread.run_sync(process.wait, 5.0)
                 await old_km.shutdown_kernel(now=True)

@@ -328,7 +328,7 @@ async def test_the_plugins_mcp_json_runs_kernels_in_the_projects_venv(
     """``.mcp.json``'s command line (serve --profile standard --working-dir .), started in a fixture
     project by a real stdio MCP client: the kernel runs in the project's .venv and imports its module."""
     project = make_project(tmp_path, built_312)
-    config = json.loads((REPO / ".mcp.json").read_text())["mcpServers"]["kernelexec"]
+    config = json.loads((REPO / "plugins" / "kernelexec" / ".mcp.json").read_text())["mcpServers"]["kernelexec"]
     assert config["args"][-2:] == ["--working-dir", "."]
     env = clean_env(KERNELEXEC_CACHE_DIR=str(overlay_cache), KERNELEXEC_STATE_DIR=str(short_tmp / "plugin"))
     env.pop("VIRTUAL_ENV", None)

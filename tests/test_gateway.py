@@ -28,7 +28,8 @@ import pytest
 from kernelexec.config import load_settings
 from kernelexec.errors import KernelStartError
 from kernelexec.gateway import GatewayKernel, remote_policy, startup_code
-from kernelexec.launch import LaunchSpec, SessionDirs
+from kernelexec.launch import LaunchSpec
+from kernelexec.layout import SessionDirs
 from kernelexec.policy import kernel_policy
 
 from .conftest import Harness, clean_env, free_port, make_settings, wait_for_port

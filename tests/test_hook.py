@@ -1,8 +1,9 @@
 """The Claude Code PreToolUse hook (code-only mode), run as the real command with real stdin.
 
-Claude Code writes one JSON object to the hook's stdin and reads a JSON decision from stdout.
-These tests run ``kernelexec hook pre-tool-use`` and the plugin's exact ``hooks/hooks.json``
-command line the same way.
+Claude Code writes one JSON object to the hook's stdin. The hook either says nothing (exit 0, empty
+stdout: no decision, Claude Code's normal permission flow and the user's own rules apply) or prints
+a deny. It never says "allow". These tests run ``kernelexec hook pre-tool-use`` and the
+kernelexec-code-only plugin's exact ``hooks/hooks.json`` command line the same way.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from typing import Any
 
 import pytest
 
-from kernelexec.hook import code_only_enabled, pre_tool_use
+from kernelexec.hook import code_only_enabled, pre_tool_use, server_tools
 
 from .conftest import clean_env, kernelexec_cmd
 
 REPO = Path(__file__).resolve().parent.parent
-HOOKS_FILE = REPO / "hooks" / "hooks.json"
+HOOKS_FILE = REPO / "plugins" / "kernelexec-code-only" / "hooks" / "hooks.json"
 OUR_TOOLS = ["execute_code", "run_python", "list_variables", "new_session", "restart_session", "close_session",
              "get_run", "interrupt"]  # any tool of our server, including ones added later
 
@@ -52,9 +53,14 @@ def run_hook(stdin: bytes | str, *args: str, code_only: str | None = "1") -> sub
     return subprocess.run(kernelexec_cmd("hook", "pre-tool-use", *args), input=data, capture_output=True, timeout=60, env=env)
 
 
+PASS = "pass"  # no decision: the hook printed nothing
+
+
 def decision_of(proc: subprocess.CompletedProcess[bytes]) -> tuple[str, str]:
-    """Check the output is exactly one JSON object in Claude Code's shape; return (decision, reason)."""
+    """Check the output is nothing (PASS) or exactly one deny in Claude Code's shape; return (decision, reason)."""
     assert proc.returncode == 0, proc.stderr
+    if proc.stdout == b"":
+        return PASS, ""
     out = proc.stdout.decode("ascii")  # json.dumps(ensure_ascii=True): plain ASCII whatever the input
     assert out.endswith("\n") and out.count("\n") == 1
     answer = json.loads(out)
@@ -62,7 +68,7 @@ def decision_of(proc: subprocess.CompletedProcess[bytes]) -> tuple[str, str]:
     specific = answer["hookSpecificOutput"]
     assert set(specific) == {"hookEventName", "permissionDecision", "permissionDecisionReason"}
     assert specific["hookEventName"] == "PreToolUse"
-    assert specific["permissionDecision"] in ("allow", "deny")
+    assert specific["permissionDecision"] == "deny"  # never "allow": that would skip the user's permission rules
     assert isinstance(specific["permissionDecisionReason"], str) and specific["permissionDecisionReason"]
     return specific["permissionDecision"], specific["permissionDecisionReason"]
 
@@ -70,8 +76,8 @@ def decision_of(proc: subprocess.CompletedProcess[bytes]) -> tuple[str, str]:
 def decide_in_process(stdin: bytes | str, **kwargs: Any) -> tuple[str, str]:
     """The command's own decision function, without the ~0.3 s process start: for the big input matrix."""
     data = stdin.encode() if isinstance(stdin, str) else stdin
-    out = pre_tool_use(data, **kwargs) + "\n"
-    return decision_of(subprocess.CompletedProcess([], 0, out.encode("ascii"), b""))
+    out = pre_tool_use(data, **kwargs)
+    return decision_of(subprocess.CompletedProcess([], 0, (out + "\n").encode("ascii") if out else b"", b""))
 
 
 def run_many(inputs: list[bytes | str]) -> list[tuple[str, str]]:
@@ -80,7 +86,8 @@ def run_many(inputs: list[bytes | str]) -> list[tuple[str, str]]:
         return [decision_of(p) for p in pool.map(run_hook, inputs)]
 
 
-OUR_NAMES = [server + tool for server in ("mcp__kernelexec__", "mcp__plugin_kernelexec_kernelexec__") for tool in OUR_TOOLS]
+OUR_PREFIXES = ("mcp__kernelexec__", "mcp__plugin_kernelexec_kernelexec__", "mcp__plugin_kernelexec-code-only_kernelexec__")
+OUR_NAMES = [prefix + tool for prefix in OUR_PREFIXES for tool in OUR_TOOLS]
 OTHER_TOOLS = [
     ("Bash", {"command": "rm -rf /"}),
     ("Read", {"file_path": "/etc/passwd"}),
@@ -99,6 +106,8 @@ WEIRD_NAMES = [
     "mcp__other__execute_code",  # our tool name on someone else's server
     "mcp__evil_kernelexec__execute_code",  # a server whose name merely ends like ours
     "mcp__plugin_other_kernelexec__execute_code",  # a server called kernelexec from another plugin
+    "mcp__plugin_kernelexec-code-only-evil_kernelexec__execute_code",  # a plugin whose name starts like ours
+    "mcp__plugin_kernelexec_other__execute_code",  # another server of a plugin with our name
     "xmcp__kernelexec__execute_code",
     "MCP__KERNELEXEC__EXECUTE_CODE",
     "mcp__kernelexec__execute_code\n",
@@ -133,12 +142,13 @@ BAD_FIELDS = [
 ]
 
 
-def test_the_real_command_allows_ours_and_denies_the_rest_for_many_inputs() -> None:
+def test_the_real_command_lets_ours_through_and_denies_the_rest_for_many_inputs() -> None:
     """One subprocess per input, as Claude Code runs it; the full matrix is checked in-process below."""
     cases: list[tuple[bytes | str, str, str]] = [
-        (json.dumps(event("mcp__kernelexec__execute_code", {"code": "1 + 1"})), "allow", "kernelexec tool"),
-        (json.dumps(event("mcp__plugin_kernelexec_kernelexec__run_python", {"code": "1"})), "allow", "kernelexec tool"),
-        (json.dumps(event("ToolSearch", {"query": "select:execute_code"})), "allow", "ToolSearch"),
+        (json.dumps(event("mcp__kernelexec__execute_code", {"code": "1 + 1"})), PASS, ""),
+        (json.dumps(event("mcp__plugin_kernelexec_kernelexec__run_python", {"code": "1"})), PASS, ""),
+        (json.dumps(event("mcp__plugin_kernelexec-code-only_kernelexec__get_run", {"run_id": "r1"})), PASS, ""),
+        (json.dumps(event("ToolSearch", {"query": "select:execute_code"})), PASS, ""),
         (json.dumps(event("Bash", {"command": "ls"})), "deny", "'Bash' is blocked"),
         (json.dumps(event("Read", {"file_path": "/etc/passwd"})), "deny", "'Read' is blocked"),
         (json.dumps(event("Write", {"file_path": "/tmp/x", "content": "x"})), "deny", "'Write' is blocked"),
@@ -156,8 +166,9 @@ def test_the_real_command_allows_ours_and_denies_the_rest_for_many_inputs() -> N
 
 
 @pytest.mark.parametrize("name", OUR_NAMES)
-def test_our_tools_are_allowed_from_claude_mcp_add_and_from_the_plugin(name: str) -> None:
-    assert decide_in_process(json.dumps(event(name, {"code": "1 + 1"})))[0] == "allow"
+def test_our_tools_get_no_decision_from_claude_mcp_add_and_from_both_plugins(name: str) -> None:
+    """No decision, not "allow": the call then goes through the user's own permission rules."""
+    assert decide_in_process(json.dumps(event(name, {"code": "1 + 1"}))) == (PASS, "")
 
 
 @pytest.mark.parametrize("tool, tool_input", OTHER_TOOLS)
@@ -167,8 +178,42 @@ def test_every_other_tool_is_denied_with_a_reason_naming_it_and_the_way_out(tool
     assert repr(tool) in reason and "execute_code" in reason
 
 
-def test_tool_search_is_allowed_so_deferred_mcp_tools_can_load() -> None:
-    assert decide_in_process(json.dumps(event("ToolSearch", {"query": "select:execute_code"})))[0] == "allow"
+def test_the_deny_reason_lists_every_tool_the_server_has_and_what_else_is_let_through() -> None:
+    """The list comes from tools.py's register() (read with ast, not imported), so get_run and interrupt are in it."""
+    tools = server_tools()
+    assert set(OUR_TOOLS) <= set(tools), tools
+    _, reason = decide_in_process(json.dumps(event("Bash", {"command": "ls"})))
+    for tool in tools:
+        assert tool in reason, (tool, reason)
+    assert "'ToolSearch'" in reason
+    _, reason = decide_in_process(json.dumps(event("Bash")), allow=["TodoWrite"])
+    assert "'TodoWrite'" in reason and "'ToolSearch'" in reason
+
+
+def test_server_tools_is_what_a_live_server_lists(short_tmp: Path) -> None:
+    """The hook's list (from source) is the real tools/list of a server with every tool exposed."""
+    import anyio
+    from mcp import Client
+
+    from .support import stdio_params
+
+    async def listed() -> set[str]:
+        async with Client(stdio_params(short_tmp / "hook-tools")) as client:
+            return {t.name for t in (await client.list_tools()).tools}
+
+    assert set(server_tools()) == anyio.run(listed)
+
+
+def test_server_tools_is_empty_not_an_error_when_the_source_is_missing_or_changed(tmp_path: Path) -> None:
+    odd = tmp_path / "tools.py"
+    odd.write_text("def register():\n    pass\n")
+    assert server_tools(tmp_path / "missing.py") == () and server_tools(odd) == ()
+    _, reason = decide_in_process(json.dumps(event("Bash")))
+    assert "execute_code" in reason
+
+
+def test_tool_search_passes_so_deferred_mcp_tools_can_load() -> None:
+    assert decide_in_process(json.dumps(event("ToolSearch", {"query": "select:execute_code"})))[0] == PASS
 
 
 @pytest.mark.parametrize("tool", WEIRD_NAMES)
@@ -182,6 +227,7 @@ def test_weird_tool_names_are_denied_and_the_output_stays_one_valid_json_object(
 def test_malformed_or_empty_stdin_is_denied(stdin: bytes, why: str) -> None:
     decision, reason = decide_in_process(stdin)
     assert decision == "deny" and why in reason
+    assert reason.startswith("kernelexec code-only hook: ") and reason.endswith("; denying.")
 
 
 @pytest.mark.parametrize("changes, why", BAD_FIELDS)
@@ -220,8 +266,10 @@ def test_code_only_flag_enforces_without_the_environment_variable() -> None:
 
 def test_another_server_name_and_extra_allowed_tools_can_be_configured() -> None:
     assert decision_of(run_hook(json.dumps(event("mcp__kernelexec__execute_code")), "--server", "kx"))[0] == "deny"
-    assert decision_of(run_hook(json.dumps(event("mcp__kx__execute_code")), "--server", "kx"))[0] == "allow"
-    assert decision_of(run_hook(json.dumps(event("TodoWrite")), "--allow", "TodoWrite"))[0] == "allow"
+    assert decision_of(run_hook(json.dumps(event("mcp__kx__execute_code")), "--server", "kx"))[0] == PASS
+    assert decision_of(run_hook(json.dumps(event("mcp__plugin_kernelexec_kx__execute_code")), "--server", "kx"))[0] == PASS
+    assert decision_of(run_hook(json.dumps(event("TodoWrite")), "--allow", "TodoWrite"))[0] == PASS
+    assert decision_of(run_hook(json.dumps(event("TodoWrite")), "--allow", "TodoRead"))[0] == "deny"
 
 
 def test_a_bad_kernelexec_setting_in_the_environment_does_not_stop_the_hook() -> None:
@@ -241,11 +289,12 @@ def test_the_hook_imports_no_heavy_modules() -> None:
         assert heavy not in imported, f"the hook imported {heavy}"
 
 
-# --- the plugin's hooks/hooks.json, run through sh exactly as Claude Code runs it ------------------------------
+# --- the kernelexec-code-only plugin's hooks/hooks.json, run through sh exactly as Claude Code runs it ----------
 
 
 def plugin_hook_command() -> str:
     config = json.loads(HOOKS_FILE.read_text())
+    assert set(config["hooks"]) == {"PreToolUse"}
     (entry,) = config["hooks"]["PreToolUse"]
     assert entry["matcher"] == "*"
     (hook,) = entry["hooks"]
@@ -253,12 +302,13 @@ def plugin_hook_command() -> str:
     return hook["command"]
 
 
-def run_plugin_hook(stdin: str, *, path: str, code_only: str | None) -> subprocess.CompletedProcess[bytes]:
+def run_plugin_hook(stdin: str | bytes, *, path: str, code_only: str | None = None) -> subprocess.CompletedProcess[bytes]:
     env = {k: v for k, v in clean_env().items() if k != "KERNELEXEC_CODE_ONLY"}
     env["PATH"] = path
     if code_only is not None:
         env["KERNELEXEC_CODE_ONLY"] = code_only
-    return subprocess.run(["sh", "-c", plugin_hook_command()], input=stdin.encode(), capture_output=True, timeout=60, env=env)
+    data = stdin.encode() if isinstance(stdin, str) else stdin
+    return subprocess.run(["sh", "-c", plugin_hook_command()], input=data, capture_output=True, timeout=60, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -274,23 +324,30 @@ def bin_with_kernelexec(tmp_path_factory: pytest.TempPathFactory) -> str:
     return os.pathsep.join([str(bindir), "/usr/bin", "/bin"])
 
 
-def test_plugin_hook_does_nothing_when_the_mode_is_off(bin_with_kernelexec: str) -> None:
-    proc = run_plugin_hook(json.dumps(event("Bash")), path=bin_with_kernelexec, code_only=None)
-    assert proc.returncode == 0 and proc.stdout == b""
+def test_code_only_plugin_hook_is_on_by_default(bin_with_kernelexec: str) -> None:
+    """No environment variable needed: installing kernelexec-code-only is the opt-in (the old plugin's behaviour)."""
+    ours = json.dumps(event("mcp__plugin_kernelexec-code-only_kernelexec__execute_code", {"code": "1"}))
+    cases = [(json.dumps(event("Bash", {"command": "ls"})), None, "deny"), (json.dumps(event("Bash")), "0", "deny"),
+             (ours, None, PASS), (json.dumps(event("ToolSearch")), None, PASS)]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        procs = list(pool.map(lambda c: run_plugin_hook(c[0], path=bin_with_kernelexec, code_only=c[1]), cases))
+    for (_, _, want), proc in zip(cases, procs, strict=True):
+        assert decision_of(proc)[0] == want, proc
 
 
-def test_plugin_hook_decides_when_the_mode_is_on(bin_with_kernelexec: str) -> None:
-    assert decision_of(run_plugin_hook(json.dumps(event("Bash")), path=bin_with_kernelexec, code_only="1"))[0] == "deny"
-    ours = json.dumps(event("mcp__plugin_kernelexec_kernelexec__execute_code", {"code": "1"}))
-    assert decision_of(run_plugin_hook(ours, path=bin_with_kernelexec, code_only="1"))[0] == "allow"
+@pytest.mark.parametrize("stdin, why", [(b"", "no input"), (b"{oops", "not valid JSON"), (b"{}", "lacks")])
+def test_code_only_plugin_hook_fails_closed_on_malformed_input(bin_with_kernelexec: str, stdin: bytes, why: str) -> None:
+    decision, reason = decision_of(run_plugin_hook(stdin, path=bin_with_kernelexec))
+    assert decision == "deny" and why in reason and "denying" in reason
 
 
-def test_plugin_hook_blocks_when_kernelexec_is_missing_in_code_only_mode(tmp_path: Path) -> None:
-    proc = run_plugin_hook(json.dumps(event("Bash")), path=f"{tmp_path}{os.pathsep}/usr/bin{os.pathsep}/bin", code_only="1")
+def test_code_only_plugin_hook_blocks_when_kernelexec_is_missing(tmp_path: Path) -> None:
+    proc = run_plugin_hook(json.dumps(event("mcp__kernelexec__execute_code")), path=f"{tmp_path}{os.pathsep}/usr/bin{os.pathsep}/bin")
     assert proc.returncode == 2  # Claude Code: blocking error, stderr goes to the model
     assert b"is kernelexec on PATH" in proc.stderr
 
 
-def test_plugin_hook_needs_nothing_when_the_mode_is_off_even_without_kernelexec(tmp_path: Path) -> None:
-    proc = run_plugin_hook(json.dumps(event("Bash")), path=f"{tmp_path}{os.pathsep}/usr/bin{os.pathsep}/bin", code_only=None)
-    assert proc.returncode == 0 and proc.stdout == b""
+def test_the_plain_kernelexec_plugin_has_no_hook() -> None:
+    plugin = REPO / "plugins" / "kernelexec"
+    assert not (plugin / "hooks").exists()
+    assert "hooks" not in json.loads((plugin / ".claude-plugin" / "plugin.json").read_text())

@@ -261,6 +261,22 @@ async def test_jupyter_starts_no_kernel_and_serves_no_terminal(session: tuple[Ha
     assert [k["id"] for k in kernels] == [kernel_id]  # nothing was started
 
 
+async def test_pages_allow_no_inline_script(session: tuple[Harness, str], lab: tuple[Lab, str, str]) -> None:
+    """The second layer: were HTML with script to reach the page, its inline script and event handlers
+    would not run, and scripts load only from Lab's own bundles (not /files/, where a kernel writes)."""
+    _, handle = session
+    server, token, _ = lab
+    async with httpx.AsyncClient(params={"token": token}, headers={"X-XSRFToken": "x"}, cookies={"_xsrf": "x"}) as client:
+        page = await client.get(f"http://127.0.0.1:{server.port}/lab")
+        nb = await client.get(f"http://127.0.0.1:{server.port}/files/{handle}/notebook.ipynb")
+    assert page.status_code == 200 and nb.status_code == 200
+    csp = dict(d.strip().split(" ", 1) for d in page.headers["Content-Security-Policy"].split(";") if " " in d.strip())
+    scripts = csp["script-src"].split()
+    assert "'unsafe-inline'" not in scripts and "'self'" not in scripts and "*" not in scripts
+    assert all(s.startswith("'") or s.endswith(("/static/", "/lab/extensions/")) for s in scripts), scripts
+    assert "sandbox" in nb.headers["Content-Security-Policy"]  # raw files: an opaque origin
+
+
 async def test_the_session_notebook_opens_on_the_session_kernel_and_is_served_sanitized(session: tuple[Harness, str],
                                                                                        lab: tuple[Lab, str, str]) -> None:
     harness, handle = session
@@ -398,6 +414,37 @@ async def test_after_restart_session_jupyter_keeps_the_kernel_id_and_is_told(ses
         ws.close()
     async with httpx.AsyncClient(params={"token": token}) as client:
         assert [k["id"] for k in (await client.get(api(server.port, "kernels"))).json()] == [kernel_id]
+
+
+async def test_a_plain_restart_session_is_told_too(session: tuple[Harness, str], lab: tuple[Lab, str, str]) -> None:
+    """Without a spare the session's kernel restarts under the same connection file: Lab hears it all the
+    same (the kernel's Jupyter session id changes) and stays attached to the id."""
+    harness, _ = session
+    server, token, _ = lab
+    handle = await harness.new_session()
+    await harness.run("before = 1", session=handle)
+    kernel_id = (await server.line(f"attached session {handle} as kernel ")).rsplit(" ", 1)[1]
+    ws = await connect(server.port, token, kernel_id)
+    try:
+        await execute(ws, "before")
+        await harness.call("restart_session", session=handle)
+        assert harness.sessions.sessions[handle].kernel.spare_takeovers == 0  # a plain restart, no spare yet
+        await harness.run("after = 2", session=handle)  # the new kernel speaks on iopub
+        with anyio.fail_after(15):
+            while True:
+                raw = await ws.read_message()
+                assert raw is not None, "closed without saying why"
+                msg = decode(raw)[0]
+                if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "restarting":
+                    break
+    finally:
+        ws.close()
+    ws = await connect(server.port, token, kernel_id)
+    try:
+        assert plain(await execute(ws, "after")) == ["2"]
+    finally:
+        ws.close()
+    await harness.call("close_session", session=handle)
 
 
 async def test_a_new_lab_run_attaches_the_session_under_the_same_id_and_stopping_it_leaves_the_kernel(

@@ -112,7 +112,9 @@ def test_every_append_leaves_a_valid_notebook_and_a_torn_journal_line_is_skipped
     assert nb.cells[1].outputs == [nbformat.from_dict(cell_record(died, {})["outputs"][0])]
     with open(session / "journal.jsonl", "a") as fh:
         fh.write('{"cell_type": "code", "sour')  # the machine died mid-write
-    assert rebuild_stale(tmp_path / "sessions") == []  # the torn line is no cell: nothing to do
+    rebuild_stale(tmp_path / "sessions")  # the journal is newer: rewritten, but the torn line is no cell
+    assert [c.cell_type for c in nbformat.read(session / "notebook.ipynb", as_version=4).cells] == ["code", "code", "markdown"]
+    assert rebuild_stale(tmp_path / "sessions") == []  # current now: nothing to do
 
 
 def test_a_notebook_behind_or_torn_is_rebuilt_and_one_broken_directory_does_not_stop_the_rest(tmp_path: Path) -> None:

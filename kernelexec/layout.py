@@ -1,0 +1,118 @@
+"""The one owner of a session directory's layout: what is where under ``<state dir>/sessions/<handle>/``,
+and which parts the kernel may write. Everything else (journal, notebook, session.json, connection
+files, rendered outputs/) is the server's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from .errors import InvalidRequest
+
+SLOTS = ("k", "s")  # a session's kernel slots: "k" first, "s" for a warm spare while "k" is live, and so on
+
+# The only parts of a session directory its kernel may write. Everything else there (journal,
+# notebook, session.json, kernel.json, rendered outputs/) is the server's, written with the server's
+# privileges: a kernel able to plant a symlink there could make the server write anywhere.
+# ipc/ holds the kernel's sockets: the kernel may only create sockets there (no symlinks, no
+# removals), or it could point the server's reconnecting zmq client at any host socket.
+KERNEL_SUBDIRS = ("work", "home", "tmp", "spill")
+IPC_SUBDIR = "ipc"
+# IPYTHONDIR is server-made and read-only to the kernel: IPython runs profile startup files before
+# our exec_files, so a writable one would let a cell disarm the next restarted kernel.
+IPYTHON_SUBDIR = "ipython"
+
+
+def startup_file(name: str) -> Path:
+    """A file of the in-kernel code (``startup/`` in the checkout, ``kernelexec/startup`` in the wheel):
+    the one way anything finds it (the launcher, the kernel argv, the inline startup for remote kernels)."""
+    return Path(str(resources.files("kernelexec.startup").joinpath(name)))
+
+
+def kernel_writable(session_dir: Path) -> list[Path]:
+    return [session_dir / sub for sub in KERNEL_SUBDIRS]
+
+
+@dataclass
+class SessionDirs:
+    """A session's private directory tree. Everything the session owns lives under ``root``."""
+
+    root: Path
+
+    @property
+    def work(self) -> Path:
+        return self.root / "work"
+
+    @property
+    def home(self) -> Path:
+        return self.root / "home"
+
+    @property
+    def tmp(self) -> Path:
+        return self.root / "tmp"
+
+    @property
+    def outputs(self) -> Path:
+        return self.root / "outputs"
+
+    @property
+    def spill(self) -> Path:
+        """Where the kernel itself writes what its caps cut (long results, stream floods)."""
+        return self.root / "spill"
+
+    @property
+    def ipc(self) -> Path:
+        return self.root / IPC_SUBDIR
+
+    @property
+    def ipython(self) -> Path:
+        return self.root / IPYTHON_SUBDIR
+
+    def ipython_profile_dirs(self) -> list[Path]:
+        """Made by the server so IPython needs to write nothing there (the kernel cannot)."""
+        profile = self.ipython / "profile_default"
+        return [profile / d for d in ("startup", "security", "log", "pid")]
+
+    @property
+    def connection_file(self) -> Path:
+        return self.connection_file_for(SLOTS[0])
+
+    @property
+    def ipc_prefix(self) -> Path:
+        return self.ipc_prefix_for(SLOTS[0])
+
+    def connection_file_for(self, slot: str) -> Path:
+        """A session runs at most two kernels at once (the live one and its warm spare), each in a slot."""
+        return self.root / ("kernel.json" if slot == SLOTS[0] else f"kernel-{slot}.json")
+
+    def ipc_prefix_for(self, slot: str) -> Path:
+        return self.ipc / slot
+
+    @property
+    def log(self) -> Path:
+        return self.root / "kernel.log"
+
+    @property
+    def notebook(self) -> Path:
+        return self.root / "notebook.ipynb"
+
+    @property
+    def journal(self) -> Path:
+        return self.root / "journal.jsonl"
+
+    @property
+    def meta(self) -> Path:
+        """``session.json``: who owns the session, its working directory, whether it was closed."""
+        return self.root / "session.json"
+
+    def create(self) -> None:
+        for d in (self.root, self.outputs, self.ipc, *kernel_writable(self.root), *self.ipython_profile_dirs()):
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # unix socket paths are limited to 107 bytes; "-<port>" is appended to the prefix
+        if len(str(self.ipc_prefix)) > 90:
+            raise InvalidRequest(
+                f"the session directory {self.root} is too long for unix socket paths (107 bytes at most); "
+                "use a shorter --state-dir"
+            )
