@@ -78,6 +78,7 @@ from benchmarks.common import (
 from benchmarks.environments import bench_environments_section
 from benchmarks.flood import bench_flood
 from benchmarks.layers import bench_layers_section
+from benchmarks.packages import bench_packages
 from benchmarks.recording import bench_recording
 from benchmarks.stats import Measurement, table, to_json
 
@@ -423,7 +424,7 @@ async def bench_mixed(plan: Plan, base: Path, out: list[Measurement]) -> None:
 
 ORDER = [
     "cold:", "layers:", "x=1:", "cpu loop", "cpu numpy", "cpu vs smolagents", "mem:", "layers mem:", "mixed:",
-    "alone:", "load:", "record:", "flood:",
+    "alone:", "load:", "record:", "flood:", "install:",
 ]
 
 
@@ -464,6 +465,7 @@ SECTIONS = {
     "baselines": [bench_smolagents],
     "load": [bench_load],
     "recording": [bench_recording],
+    "packages": [bench_packages],
     "flood": [bench_flood],
     "answers": [bench_answers],
 }

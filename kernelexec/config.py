@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 Profile = Literal["strict", "standard", "trusted"]
 Preset = Literal["all", "plugin", "safe-executor"]
 Transport = Literal["stdio", "http"]
+InstallPolicy = Literal["auto", "off", "allowlist", "any"]
 
 _toml_file: ContextVar[str | None] = ContextVar("kernelexec_toml_file", default=None)
 
@@ -127,12 +128,24 @@ class Settings(BaseSettings):
         1, ge=0, description="Sessions (the most recently used) that keep a warm spare kernel, started inside their own "
         "sandbox, for their next restart (restart_session, timeout, death); 0 = none.",
     )
+    install_policy: InstallPolicy = Field(
+        "auto", description="Who may install packages for a session (install_packages, `%pip install` in a cell): off, "
+        "allowlist (--install-allow), any; auto = off in strict, any in standard and trusted. The server installs "
+        "wheels only; the kernel never gets the network.",
+    )
+    install_allow: list[str] = Field(default_factory=list, description="Package names --install-policy allowlist permits.")
+    index_url: str | None = Field(None, description="Package index installs use (default: pip's own configuration).")
+    find_links: Path | None = Field(None, description="A directory of wheels (an offline wheelhouse) installs may use; "
+                                    "without --index-url, the only source.")
+    install_timeout: float = Field(300.0, gt=0, description="Longest an install may take, in seconds.")
+    install_connect_timeout: float = Field(5.0, gt=0, description="Seconds before an unreachable index fails an install "
+                                           "(no retries).")
     transport: Transport = Field("stdio", description="MCP transport.")
     host: str = Field("127.0.0.1", description="HTTP bind address.")
     port: int = Field(8765, ge=0, le=65535, description="HTTP port.")
     config: Path | None = Field(None, description="A TOML file with any of these settings.")
 
-    @field_validator("allow_imports", "env_pass", "work_roots", "read_dirs", "disable_layers", "warm_imports", mode="before")
+    @field_validator("allow_imports", "env_pass", "work_roots", "read_dirs", "disable_layers", "install_allow", "warm_imports", mode="before")
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -174,6 +187,11 @@ class Settings(BaseSettings):
     def effective_profile(self) -> Profile:
         """The safe-executor preset always runs strict."""
         return "strict" if self.preset == "safe-executor" else self.profile
+
+    def effective_install_policy(self, profile: Profile) -> InstallPolicy:
+        if self.install_policy != "auto":
+            return self.install_policy
+        return "off" if profile == "strict" else "any"
 
     @property
     def sessions_dir(self) -> Path:

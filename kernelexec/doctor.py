@@ -5,6 +5,11 @@ never ask it.
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+from typing import Any
+
 from .config import Profile, Settings
 from .environments import explain, prepare
 from .errors import KernelexecError, SandboxUnavailable
@@ -69,4 +74,86 @@ def report(settings: Settings) -> str:
         lines += ["", "status: ok" if not warnings else "status: " + "; ".join(warnings)]
     except KernelexecError as exc:
         lines += ["", f"status: REFUSED: {exc}"]
+    lines += ["", *claude_code_report()]
     return safe("\n".join(lines))  # paths, kernelspec names and config text: no terminal controls
+
+
+# --- Claude Code: is kernelexec registered twice in this project? ------------------------------------------
+
+#: The marketplace's plugins that start the kernelexec server (kept in step with kernelexec.hook.PLUGIN_NAMES).
+CLAUDE_PLUGINS = ("kernelexec", "kernelexec-code-only")
+_MAX_CONFIG_BYTES = 32 * 1024 * 1024
+
+
+def _read_json(path: Path) -> Any:
+    """A config file's JSON, or None when it is missing, unreadable, too big or not JSON. Never writes."""
+    try:
+        if not path.is_file() or path.stat().st_size > _MAX_CONFIG_BYTES:
+            return None
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return None
+
+
+def _runs_kernelexec(name: str, entry: Any) -> bool:
+    """An MCP server entry that starts kernelexec: its command, or ``uvx``/``pipx run`` of it, or its name."""
+    if not isinstance(entry, dict):
+        return False
+    args = entry.get("args")
+    words = [w for w in [entry.get("command"), *(args if isinstance(args, list) else [])] if isinstance(w, str)]
+    return name == "kernelexec" or any(Path(w).name == "kernelexec" for w in words)
+
+
+def _servers(config: Any) -> list[str]:
+    servers = config.get("mcpServers") if isinstance(config, dict) else None
+    if not isinstance(servers, dict):
+        return []
+    return [str(name) for name, entry in servers.items() if _runs_kernelexec(str(name), entry)]
+
+
+def claude_code_registrations(project: Path | None = None, home: Path | None = None) -> tuple[list[str], list[str]]:
+    """Where Claude Code would start kernelexec for ``project``: (MCP server registrations, enabled plugins).
+
+    Reads, never writes: the project's ``.mcp.json``; ``~/.claude.json`` (``claude mcp add``'s local
+    scope under ``projects[<dir>]``, its user scope at the top); ``enabledPlugins`` in
+    ``~/.claude/settings.json``, ``.claude/settings.json`` and ``.claude/settings.local.json`` (later
+    ones override earlier). Missing or malformed files count as empty. ``--plugin-dir`` is not seen.
+    """
+    project = (project or Path.cwd()).resolve()
+    home = home or Path(os.environ.get("HOME") or Path.home())
+    registrations = [f"{name} in {project / '.mcp.json'}" for name in _servers(_read_json(project / ".mcp.json"))]
+    user_config = _read_json(home / ".claude.json")
+    if isinstance(user_config, dict):
+        projects = user_config.get("projects")
+        local = projects.get(str(project)) if isinstance(projects, dict) else None
+        registrations += [f"{name} in ~/.claude.json (local scope, claude mcp add)" for name in _servers(local)]
+        registrations += [f"{name} in ~/.claude.json (user scope)" for name in _servers(user_config)]
+    enabled: dict[str, tuple[bool, str]] = {}
+    for path, shown in ((home / ".claude" / "settings.json", "~/.claude/settings.json"),
+                        (project / ".claude" / "settings.json", ".claude/settings.json"),
+                        (project / ".claude" / "settings.local.json", ".claude/settings.local.json")):
+        settings = _read_json(path)
+        plugins = settings.get("enabledPlugins") if isinstance(settings, dict) else None
+        if isinstance(plugins, dict):
+            for plugin_id, on in plugins.items():
+                if isinstance(plugin_id, str) and plugin_id.split("@", 1)[0] in CLAUDE_PLUGINS:
+                    enabled[plugin_id] = (on is True, shown)
+    plugins_on = [f"{plugin_id} ({shown})" for plugin_id, (on, shown) in enabled.items() if on]
+    return registrations, plugins_on
+
+
+def claude_code_report(project: Path | None = None, home: Path | None = None) -> list[str]:
+    """doctor's lines on Claude Code: each registration of kernelexec, and a warning when there are two."""
+    registrations, plugins = claude_code_registrations(project, home)
+    lines = ["Claude Code (this project):"]
+    lines += [f"  MCP server: {r}" for r in registrations] or ["  MCP server: none outside plugins"]
+    lines += [f"  plugin:     {p}" for p in plugins] or ["  plugin:     none enabled"]
+    if len(registrations) + len(plugins) > 1:
+        lines.append(
+            "  WARNING: kernelexec is configured more than once here. Claude Code then starts or shows only "
+            "one of them (a plugin server that duplicates a configured one is dropped silently), so tool names "
+            "change (mcp__kernelexec__execute_code vs mcp__plugin_kernelexec_kernelexec__execute_code). Keep "
+            "one: remove the .mcp.json entry or `claude mcp remove kernelexec`, or `claude plugin disable "
+            "<plugin>`. (Servers added with --plugin-dir are not seen here.)"
+        )
+    return lines

@@ -48,6 +48,7 @@ class Kernel(ABC):
     """A running kernel for one session. Not safe for concurrent ``execute`` calls: the session serialises them."""
 
     supports_spares: ClassVar[bool] = False  # a warm spare (spares.py) can take over its restarts
+    supports_packages: ClassVar[bool] = False  # the server can install into its session's overlay (packages.py)
     liveness_every: ClassVar[float] = _POLL  # seconds between liveness checks while a request runs
 
     def __init__(self, spec: LaunchSpec, *, startup_timeout: float = 60.0, slot: str = SLOTS[0]) -> None:
@@ -427,6 +428,7 @@ class LocalKernel(Kernel):
     """A kernel on this machine, launched by our provisioner inside the session's sandbox plan."""
 
     supports_spares = True
+    supports_packages = True
 
     def create_manager(self) -> AsyncKernelManager:
         return kernel_manager(self.spec, self.slot)

@@ -213,14 +213,15 @@ class SessionKernelManager(AsyncMappingKernelManager):
 
             try:
                 _, fed = session.feed_identities(msg_list)
-                msg = session.deserialize(fed)
+                msg = session.deserialize(fed, content=False)  # a flood costs a header parse each
                 header = msg["header"]
                 kernel_session = str(header.get("session"))
+                content = json.loads(msg["content"]) if header.get("msg_type") == "status" else None
             except Exception:  # noqa: BLE001 - a hostile kernel's garbage
                 return
             km.last_activity = utcnow()
-            if header.get("msg_type") == "status" and isinstance(msg.get("content"), dict):
-                state = msg["content"].get("execution_state")
+            if isinstance(content, dict):
+                state = content.get("execution_state")
                 if state in ("busy", "idle", "starting"):
                     km.execution_state = "idle" if state == "starting" else state
             previous = seen.get("session")

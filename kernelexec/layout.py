@@ -103,6 +103,11 @@ class SessionDirs:
         return self.root / "journal.jsonl"
 
     @property
+    def packages(self) -> Path:
+        """The session's package overlay: written only by the server, read-only to the kernel."""
+        return self.root / "packages"
+
+    @property
     def meta(self) -> Path:
         """``session.json``: who owns the session, its working directory, whether it was closed."""
         return self.root / "session.json"
@@ -110,6 +115,7 @@ class SessionDirs:
     def create(self) -> None:
         for d in (self.root, self.outputs, self.ipc, *kernel_writable(self.root), *self.ipython_profile_dirs()):
             d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.packages.mkdir(mode=0o755, exist_ok=True)  # readable by a kernel under its own uid, never writable
         # unix socket paths are limited to 107 bytes; "-<port>" is appended to the prefix
         if len(str(self.ipc_prefix)) > 90:
             raise InvalidRequest(

@@ -81,6 +81,7 @@ def kernel_policy(
     protected: list[str] | None = None,
     warm_imports: list[str] | None = None,
     environment_modules: list[str] | None = None,
+    packages_dir: Path | None = None,
 ) -> dict[str, Any]:
     """The JSON the kernel's startup code reads (``KERNELEXEC_POLICY``). ``environment_paths``: what
     the kernel's interpreter reads (default: kernelexec's own); ``protected``: the environment a cell
@@ -90,6 +91,7 @@ def kernel_policy(
     base: dict[str, Any] = {
         "profile": profile,
         "spill_dir": str(spill_dir),
+        "packages_dir": str(packages_dir) if packages_dir is not None else None,
         "result_cap": result_cap,
         "stream_cap": stream_cap,
         "disk_cap": disk_cap,

@@ -34,7 +34,7 @@ from .wire import clean
 
 logger = logging.getLogger(__name__)
 
-Event = Literal["restart", "restore", "revive"]
+Event = Literal["restart", "restore", "revive", "install"]
 
 
 def _iso(seconds: float) -> str:

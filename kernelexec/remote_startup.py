@@ -102,7 +102,7 @@ def remote_policy(policy: dict[str, Any]) -> dict[str, Any]:
     """The session's policy with the server's paths taken out: the remote kernel puts its own session
     directory (``<session>``) and its own Python's library paths (``<python>``) in their place. The
     server's ``--work-roots`` and ``--read-dirs`` do not exist there and are left out."""
-    remote = {k: v for k, v in policy.items() if k != "spill_dir"}
+    remote = {k: v for k, v in policy.items() if k not in ("spill_dir", "packages_dir")}
     if "write_roots" in remote:
         remote["write_roots"] = ["<session>"] if remote["write_roots"] else []
     if "read_roots" in remote:

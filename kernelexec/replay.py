@@ -31,9 +31,12 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 
 from .environments import Environment, prepare
+from .errors import InvalidRequest, KernelexecError
 from .layout import SessionDirs
+from .packages import parse_specs, pip_lines
 from .recording import Recorder, cell_event, notebook_meta, read_session_meta
 from .restore import cell_meta, cell_timeout, first_line, rerun
+from .sessions import Session
 from .terminal import safe
 from .wire import harden
 
@@ -41,7 +44,6 @@ if TYPE_CHECKING:
     from nbformat import NotebookNode
 
     from .config import Profile, Settings
-    from .kernel import Kernel
 
 logger = logging.getLogger(__name__)
 
@@ -186,11 +188,14 @@ def _session_roots(nb: NotebookNode) -> list[str]:
 class _Replayer:
     """One replay: a throwaway session's kernel driven by nbclient, one cell at a time."""
 
-    def __init__(self, nb: NotebookNode, settings: Settings, kernel: Kernel, roots: list[str]) -> None:
+    def __init__(self, nb: NotebookNode, settings: Settings, session: Session, roots: list[str]) -> None:
         from nbclient import NotebookClient
 
+        kernel = session.kernel
+        assert kernel is not None
         self.nb = nb
         self.settings = settings
+        self.session = session
         self.kernel = kernel
         self.roots = roots
         # timeouts are ours (per cell, with escalation), so nbclient waits without its own
@@ -233,11 +238,26 @@ class _Replayer:
         return reports
 
     async def _redo(self, event: str, index: int) -> None:
-        """A marker: the live kernel was restarted here (and, for a restore or revival, refilled)."""
+        """A marker: the live kernel was restarted here (and, for a restore or revival, refilled), or
+        packages were installed (installed again here, from the index the current settings name)."""
+        if event == "install":
+            specs = cell_meta(self.nb.cells[index]).get("specs")
+            await self._install(specs if isinstance(specs, list) else [])
+            return
         await self._restart()
         if event in ("restore", "revive"):
             await rerun(self.kernel, self.nb.cells[:index], default_timeout=self.settings.default_timeout,
                         max_timeout=self.settings.max_timeout, grace=self.settings.interrupt_grace)
+
+    async def _install(self, specs: list[str], *, upgrade: bool = False) -> str | None:
+        """Install recorded specs into the replay session's overlay; the answer's summary, or None
+        (said on the console) when it cannot: the cells that need them then differ."""
+        try:
+            outcome = await self.session._install(self.kernel, parse_specs(specs), upgrade=upgrade)
+        except KernelexecError as exc:
+            logger.warning("replay could not install %s: %s", specs, exc)
+            return None
+        return outcome.summary()
 
     async def _restart(self) -> None:
         await self.kernel.restart()
@@ -286,7 +306,22 @@ class _Replayer:
         never_ran = cell.get("execution_count") is None and not recorded_outputs and not meta
         recorded_ending = meta.get("ending", "completed")
         timeout = cell_timeout(meta, self.settings.default_timeout, self.settings.max_timeout)
-        ending = await self._execute(index, cell, timeout)
+        source = cell.source
+        try:
+            request, runnable = pip_lines(source)
+        except InvalidRequest as exc:
+            request, runnable = None, source
+            logger.warning("cell %d: %s", index + 1, exc)
+        installed = await self._install(request.specs, upgrade=request.upgrade) if request is not None else None
+        cell.source = runnable  # the kernel cannot run pip; the install was done here, as live
+        try:
+            ending = await self._execute(index, cell, timeout)
+        finally:
+            cell.source = source
+        if installed and request is not None and not request.quiet:
+            from nbformat.v4 import new_output
+
+            cell.outputs.insert(0, new_output("stream", name="stdout", text=installed + "\n"))
         cell.metadata.setdefault("kernelexec", {})["replay_ending"] = ending
         report = CellReport(index + 1, first_line(cell.source), "same", recorded_ending, ending)
         if never_ran:
@@ -313,7 +348,6 @@ async def replay_notebook(
 
     Always a local kernel: nbclient drives it through its kernel manager (``--kernel-gateway`` and ``--kernel-spec`` are ignored),
     in ``environment`` (default: what the current settings choose; a notebook never chooses its interpreter)."""
-    from .sessions import Session
 
     base = Path(tempfile.mkdtemp(prefix="kxr"))
     session = None
@@ -323,9 +357,9 @@ async def replay_notebook(
         if environment is None:
             environment = await anyio.to_thread.run_sync(prepare, settings.python, settings.working_dir, settings.cache_dir)
         session = Session(f"replay-{secrets.token_urlsafe(6)}", scratch, environment=environment)
-        kernel = await session.ensure_kernel()
+        await session.ensure_kernel()
         roots = [*_session_roots(nb), str(session.dirs.root)]
-        return await _Replayer(nb, scratch, kernel, roots).run(on_cell)
+        return await _Replayer(nb, scratch, session, roots).run(on_cell)
     finally:
         with anyio.CancelScope(shield=True):
             if session is not None:

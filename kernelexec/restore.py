@@ -11,7 +11,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .errors import InvalidRequest
 from .models import ReplayedCell
+from .packages import pip_lines
 from .recording import cell_event
 
 if TYPE_CHECKING:
@@ -85,7 +87,11 @@ async def rerun(
             if cwd != session.cwd and cwd.is_dir():
                 await kernel.evaluate(f"_kernelexec_chdir({str(cwd)!r})")
                 session.cwd = cwd
-        ex = await kernel.execute(source, timeout=cell_timeout(meta, default_timeout, max_timeout), grace=grace)
+        try:  # pip lines: the session's overlay already has what they installed (replay installs again)
+            _, runnable = pip_lines(source)
+        except InvalidRequest:
+            runnable = source
+        ex = await kernel.execute(runnable, timeout=cell_timeout(meta, default_timeout, max_timeout), grace=grace)
         if session is not None and ex.ending in ("restarted", "kernel_died"):
             session.cwd = session.default_cwd
         done.append(ReplayedCell(cell=number, first_line=first_line(source), ok=ex.success, error=_failure(ex)))

@@ -29,6 +29,7 @@ from .kernel import Kernel, LocalKernel, OnOutput
 from .launch import LaunchSpec
 from .layout import SessionDirs
 from .models import Execution, ReplayedCell
+from .packages import InstallError, InstallOutcome, check_allowed, install, installed_record, parse_specs, pip_lines
 from .policy import kernel_policy
 from .recording import Recorder, mark_closed, read_session_meta, rebuild_stale
 from .render import Rendered, Renderer
@@ -141,6 +142,7 @@ class Session:
             protected=env.protected_paths() if env is not None else None,
             warm_imports=s.warm_imports,
             environment_modules=project_modules(env, self.default_cwd) if env is not None and not env.own else None,
+            packages_dir=self.dirs.packages,
         )
         rw = [] if self.profile == "strict" else [p for p in s.work_roots if p.is_dir()]
         plan = plan_for(s, self.profile, session_dir=self.dirs.root, rw=rw, ro=[p for p in s.read_dirs if p.is_dir()],
@@ -193,8 +195,10 @@ class Session:
         return path
 
     async def run(self, code: str, *, timeout: float, working_dir: str | None = None, on_output: OnOutput | None = None) -> Rendered:
-        """Run one cell in this session and return the rendered answer; record it in the notebook."""
+        """Run one cell in this session and return the rendered answer; record it in the notebook.
+        ``pip install`` lines in the cell are served by the server's installer first (packages.py)."""
         cwd = self.resolve_working_dir(working_dir)
+        request, runnable = pip_lines(code)  # an unsupported pip line is refused before anything runs
         async with self.lock:
             if self.closed:
                 raise SessionError.unknown(self.handle)
@@ -205,14 +209,30 @@ class Session:
                 if cwd is not None and cwd != self.cwd:
                     await kernel.evaluate(f"_kernelexec_chdir({str(cwd)!r})")
                     self.cwd = cwd
-                ex = await kernel.execute(code, timeout=timeout, grace=self.settings.interrupt_grace, on_output=on_output)
+                installed: dict[str, Any] | None = None
+                if request is not None:
+                    try:
+                        outcome = await self._install(kernel, request.specs, upgrade=request.upgrade)
+                    except InstallError as exc:
+                        ex = _install_failed(code, str(exc))
+                        await anyio.to_thread.run_sync(self.record, ex, timeout)
+                        return self.renderer.render(ex, notebook=str(self.dirs.notebook), layers=kernel.spec.plan.layers)
+                    installed = installed_record(outcome, request.specs)
+                ex = await kernel.execute(runnable, timeout=timeout, grace=self.settings.interrupt_grace, on_output=on_output)
+                if request is not None:
+                    ex.code = code  # the record shows the cell as written; replay installs again from its pip lines
+                    ex.notes.insert(0, outcome.summary())
+                    if not request.quiet:
+                        line = outcome.summary() + "\n"
+                        ex.stdout = line + ex.stdout
+                        ex.outputs.insert(0, {"output_type": "stream", "name": "stdout", "text": line})
                 if ex.ending in ("restarted", "kernel_died") or ex.restart_reason:
                     self.cwd = self.default_cwd
                 if self.notice is not None:
                     ex.restart_reason = ex.restart_reason or self.notice
                     self.notice = None
                 # the journal line is fsynced before the answer goes out, off the event loop
-                await anyio.to_thread.run_sync(self.record, ex, timeout)
+                await anyio.to_thread.run_sync(self.record, ex, timeout, installed)
                 return self.renderer.render(ex, notebook=str(self.dirs.notebook), layers=kernel.spec.plan.layers)
             finally:
                 self.busy = False
@@ -250,9 +270,48 @@ class Session:
         await self.kernel.interrupt()
         return True
 
-    def record(self, ex: Execution, timeout: float | None = None) -> None:
+    def record(self, ex: Execution, timeout: float | None = None, installed: dict[str, Any] | None = None) -> None:
         layers = self.kernel.spec.plan.layers if self.kernel is not None else []
-        self.recorder.append(ex, {"session": self.handle, "profile": self.profile, "cwd": str(self.cwd), "layers": layers, "timeout": timeout})
+        meta: dict[str, Any] = {"session": self.handle, "profile": self.profile, "cwd": str(self.cwd), "layers": layers,
+                                "timeout": timeout}
+        if installed is not None:
+            meta["installed"] = installed
+        self.recorder.append(ex, meta)
+
+    async def _install(self, kernel: Kernel, specs: list[str], *, upgrade: bool = False) -> InstallOutcome:
+        """Install into this session's overlay (outside the sandbox) and make it importable in ``kernel``
+        now. Caller holds the lock. A warm spare started before the install is given up (its allowlist
+        predates it); the next one starts with the overlay as it is."""
+        check_allowed(self.settings, self.profile, specs)
+        if not kernel.supports_packages:
+            raise InstallError("packages on demand need a local kernel: with --kernel-gateway or --kernel-spec, install "
+                               "packages into the remote kernel's image")
+        environment = getattr(self, "environment", None)  # the kernel's interpreter, when not kernelexec's own
+        python = environment.python if environment is not None and not getattr(environment, "own", True) else None
+        outcome = await install(self.settings, specs, self.dirs.packages, upgrade=upgrade, python=python)
+        report = await kernel.evaluate("_kernelexec_packages_added()")
+        if not isinstance(report, dict) or "modules" not in report:
+            raise InstallError(f"installed, but the kernel did not take the new packages: {report!r}")
+        if kernel.spares is not None:
+            await kernel.spares.drop()
+        return outcome
+
+    async def install(self, specs: list[str], *, upgrade: bool = False) -> InstallOutcome:
+        """``install_packages``: validated specs into this session's overlay, importable at once; recorded."""
+        specs = parse_specs(specs)
+        async with self.lock:
+            if self.closed:
+                raise SessionError.unknown(self.handle)
+            self.busy = True
+            try:
+                kernel = await self.ensure_kernel()
+                outcome = await self._install(kernel, specs, upgrade=upgrade)
+                await anyio.to_thread.run_sync(lambda: self.recorder.mark(
+                    "install", f"install_packages: {outcome.summary()}", **installed_record(outcome, specs)))
+                return outcome
+            finally:
+                self.busy = False
+                self.last_used = time.monotonic()
 
     async def restart(self, *, replay: bool = False) -> list[ReplayedCell]:
         """A fresh kernel; with ``replay``, refilled by running the journal's successful cells since the
@@ -582,3 +641,11 @@ class SessionManager:
 
     def remove_dir(self, session: Session) -> None:
         shutil.rmtree(session.dirs.root, ignore_errors=True)
+
+
+def _install_failed(code: str, why: str) -> Execution:
+    """A cell whose pip line could not be served: it fails as pip would, and nothing of it ran."""
+    ex = Execution(code=code)
+    ex.error = {"ename": "InstallError", "evalue": why, "traceback": [f"InstallError: {why}", "(the cell's code did not run)"]}
+    ex.outputs.append({"output_type": "error", **ex.error})
+    return ex

@@ -21,7 +21,7 @@ from pydantic import Field
 from .auth import current_principal
 from .config import Settings
 from .errors import InvalidRequest, KernelexecError
-from .models import ExecuteResult, RunPythonResult, SessionInfo, Variable, VariablesResult
+from .models import ExecuteResult, InstalledPackage, InstallResult, RunPythonResult, SessionInfo, Variable, VariablesResult
 from .render import Rendered
 from .restore import describe_replayed
 from .runs import Run
@@ -274,6 +274,21 @@ def register(mcp: MCPServer, app: App) -> None:
         """Shut the session's kernel down and forget its handle (its notebook stays on disk)."""
         return info(await app.sessions.close(session, owner=app.owner()), "closed")
 
+    @translated
+    async def install_packages(
+        ctx: Context,
+        packages: Annotated[list[str], Field(description="PEP 508 names with optional extras and version specifiers, "
+                                             "e.g. [\"seaborn\", \"tabulate>=0.9\"]; wheels only")],
+        session: SessionArg = None,
+        upgrade: Annotated[bool, Field(description="Upgrade what the session's overlay already has")] = False,
+    ) -> InstallResult:
+        """Install packages for a session (the server fetches wheels; the kernel stays offline); importable at once."""
+        target = await app.resolve(ctx, session)
+        outcome = await target.install(packages, upgrade=upgrade)
+        return InstallResult(
+            session=target.handle, duration_ms=outcome.duration_ms, index=outcome.index, summary=outcome.summary(),
+            installed=[InstalledPackage(name=i.name, version=i.version, size=i.size) for i in outcome.installed])
+
     acting = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
     reading = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
     destroying = ToolAnnotations(destructive_hint=True, open_world_hint=False)
@@ -286,6 +301,8 @@ def register(mcp: MCPServer, app: App) -> None:
         "close_session": (close_session, destroying, "Close session"),
         "get_run": (get_run, reading, "Get a background run"),
         "interrupt": (interrupt, acting, "Interrupt running code"),
+        "install_packages": (install_packages, ToolAnnotations(read_only_hint=False, destructive_hint=False,
+                                                               idempotent_hint=True, open_world_hint=True), "Install packages"),
     }
     exposed = {"plugin": ["execute_code"], "safe-executor": ["run_python"]}.get(settings.preset, list(tools))
     for name in exposed:

@@ -84,9 +84,7 @@ def install(policy: dict[str, Any]) -> Callable[[], Any]:
     ``write_roots``, ``deny_process``, ``deny_network``, ``deny_tamper``.
     """
     profile: str = policy["profile"]
-    allowed: frozenset[str] | None = (
-        None if policy.get("allowed_imports") is None else frozenset(policy["allowed_imports"])
-    )
+    allowed: set[str] | None = None if policy.get("allowed_imports") is None else set(policy["allowed_imports"])
     file_io: str = policy.get("file_io", "all")
     write_roots = tuple(os.path.realpath(p) for p in policy.get("write_roots", ()))
     read_roots = write_roots + tuple(os.path.realpath(p) for p in policy.get("read_roots", ()))
@@ -122,6 +120,13 @@ def install(policy: dict[str, Any]) -> Callable[[], Any]:
         if level == 0 and allowed is not None and from_user_code(2):
             check_import(name)
         return real_import(name, globals, locals, fromlist, level)
+
+    def allow_more(names: Any) -> None:
+        """Allow top-level modules the server installed into the session's overlay (kernel_init calls it)."""
+        if allowed is not None:
+            allowed.update(n for n in names if isinstance(n, str) and n not in sys.stdlib_module_names)
+
+    policy["_allow_more"] = allow_more
 
     if allowed is not None:
         builtins.__import__ = guarded_import

@@ -79,6 +79,32 @@ def _kernelexec_boot() -> None:
             return done
 
         builtins._kernelexec_warm = warm
+
+        packages = policy.get("packages_dir")
+        allow_more = policy.pop("_allow_more", None)
+
+        def packages_added():
+            """The server installed into the session's overlay (read-only here): make it importable now."""
+            with runtime.bypass():  # our own look at a server-written directory, under any profile
+                entries = os.listdir(packages) if packages and os.path.isdir(packages) else None
+            if entries is None:
+                return runtime_mod._Report({"modules": []})
+            if packages not in sys.path:
+                sys.path.append(packages)  # after the environment's own site-packages: the environment wins
+            names = []
+            for entry in entries:
+                if entry.startswith((".", "_")) or entry.endswith((".dist-info", ".data", ".egg-info")) or entry == "bin":
+                    continue
+                name = entry.split(".")[0]
+                if name.isidentifier():
+                    names.append(name)
+            if allow_more is not None:
+                allow_more(names)
+            importlib.invalidate_caches()
+            return runtime_mod._Report({"modules": sorted(set(names))})
+
+        packages_added()
+        builtins._kernelexec_packages_added = packages_added
         builtins._kernelexec_policy = lambda: runtime_mod._Report({"profile": policy["profile"], "active": True})
     except BaseException as exc:  # fail closed: no kernel without its policy
         sys.__stderr__.write(f"kernelexec startup failed: {exc!r}\n")

@@ -143,3 +143,73 @@ def http_server(state_dir: Path, *args: str) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         stop(proc)
+
+
+# --- a real package index on 127.0.0.1 (installs: tests/test_packages.py, benchmarks/packages.py) -----------
+def build_wheel(dest: Path, name: str, version: str, body: str, requires: list[str] | None = None) -> Path:
+    """A real, minimal pure-Python wheel (PEP 427), written directly: a module, METADATA, WHEEL, RECORD."""
+    import base64
+    import hashlib
+    import zipfile
+
+    info = f"{name}-{version}.dist-info"
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires or [])
+    files = {
+        f"{name}/__init__.py": body,
+        f"{info}/METADATA": metadata,
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: kernelexec-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{info}/top_level.txt": f"{name}\n",
+    }
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    record.append(f"{info}/RECORD,,")
+    files[f"{info}/RECORD"] = "\n".join(record) + "\n"
+    dest.mkdir(parents=True, exist_ok=True)
+    wheel = dest / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for path, text in files.items():
+            zf.writestr(path, text)
+    return wheel
+
+
+
+def build_sdist(dest: Path, name: str, version: str, setup_py: str) -> Path:
+    """An sdist-only release (a tar.gz with a setup.py and PKG-INFO)."""
+    import io
+    import tarfile
+
+    path = dest / f"{name}-{version}.tar.gz"
+    pkg_info = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    with tarfile.open(path, "w:gz") as tar:
+        for member, text in ((f"{name}-{version}/setup.py", setup_py), (f"{name}-{version}/PKG-INFO", pkg_info)):
+            data = text.encode()
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+@contextmanager
+def package_index(root: Path, files: list[Path]) -> Iterator[str]:
+    """A PEP 503 simple index of ``files`` served by a real HTTP server on 127.0.0.1; yields its URL."""
+    simple = root / "simple"
+    projects: dict[str, list[Path]] = {}
+    for path in files:
+        projects.setdefault(path.name.split("-")[0].lower(), []).append(path)
+    for project, paths in projects.items():
+        folder = simple / project
+        folder.mkdir(parents=True, exist_ok=True)
+        for path in paths:
+            (folder / path.name).write_bytes(path.read_bytes())
+        (folder / "index.html").write_text("<html><body>" + "".join(f'<a href="{p.name}">{p.name}</a>' for p in paths) + "</body></html>")
+    (simple / "index.html").write_text("".join(f'<a href="{p}/">{p}</a>' for p in projects))
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port), "--directory", str(root)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, server)
+        yield f"http://127.0.0.1:{port}/simple"
+    finally:
+        stop(server)
