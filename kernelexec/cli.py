@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from . import hook as _hook  # stdlib only
 
-    hook = sub.add_parser("hook", help="Claude Code hook for the plugin's opt-in code-only mode (reads the event JSON on stdin)")
+    hook = sub.add_parser("hook", help="Claude Code hook of the kernelexec-code-only plugin: denies every tool but kernelexec's (reads the event JSON on stdin)")
     _hook.add_arguments(hook)
     return parser
 

@@ -129,7 +129,7 @@ class Settings(BaseSettings):
         "sandbox, for their next restart (restart_session, timeout, death); 0 = none.",
     )
     install_policy: InstallPolicy = Field(
-        "auto", description="Who may install packages for a session (install_packages, `%pip install` in a cell): off, "
+        "auto", description="Who may install packages for a session (install_packages, pip install lines in a cell): off, "
         "allowlist (--install-allow), any; auto = off in strict, any in standard and trusted. The server installs "
         "wheels only; the kernel never gets the network.",
     )

@@ -12,7 +12,8 @@ from typing import Any
 
 from .config import Profile, Settings
 from .environments import explain, prepare
-from .errors import KernelexecError, SandboxUnavailable
+from .errors import InvalidRequest, KernelexecError, SandboxUnavailable
+from .layout import check_socket_room
 from .provisioned import provisioner_of
 from .sandbox import available, describe_layers, plan_for, probe
 from .terminal import safe
@@ -27,6 +28,12 @@ def preflight(settings: Settings, *, environment: bool = True) -> list[str]:
     or is too old raises ``EnvironmentUnusable`` naming it, and a missing ipykernel overlay is built.
     """
     profile = settings.effective_profile
+    try:
+        check_socket_room(settings.sessions_dir / ("x" * 16))  # a session's handle is 16 characters
+    except InvalidRequest:
+        raise InvalidRequest(f"the state directory {settings.state_dir} is too long for the kernels' unix socket paths "
+                             "(107 bytes at most): pass a shorter --state-dir (KERNELEXEC_STATE_DIR), e.g. ~/.kernelexec "
+                             "or /var/tmp/kernelexec-$USER") from None
     warnings: list[str] = []
     if environment and not (settings.kernel_spec or settings.kernel_gateway):
         env = prepare(settings.python, settings.working_dir, settings.cache_dir)

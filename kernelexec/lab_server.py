@@ -334,6 +334,23 @@ class SessionsManager(SessionManager):
 class FilteringConnection(ZMQChannelsWebsocketConnection):
     """The kernel websocket, with every kernel message passed through ``lab_guard.outgoing``."""
 
+    def connect(self) -> Any:
+        """Also tell the page the kernel's state once connected: after a reconnect (the session's kernel
+        was restarted) JupyterLab would show "Unknown" until the next cell."""
+        connected = super().connect()
+
+        def tell(_: Any) -> None:
+            state = getattr(self.kernel_manager, "execution_state", None)
+            if state in ("idle", "busy") and self.channels:
+                try:
+                    self._send_status_message(state)
+                except Exception:  # noqa: BLE001 - closed meanwhile
+                    pass
+
+        if connected is not None:
+            connected.add_done_callback(tell)
+        return connected
+
     def handle_outgoing_message(self, stream: Any, outgoing_msg: list[Any]) -> None:
         if isinstance(stream, str):
             stream = self.channels[stream]

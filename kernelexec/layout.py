@@ -35,6 +35,18 @@ def kernel_writable(session_dir: Path) -> list[Path]:
     return [session_dir / sub for sub in KERNEL_SUBDIRS]
 
 
+MAX_IPC_PREFIX = 90  # unix socket paths hold 107 bytes; "-<n>" goes after a slot's prefix
+
+
+def check_socket_room(session_root: Path) -> None:
+    """Raise InvalidRequest when a session directory is too long for its kernel's unix socket paths."""
+    prefix = session_root / IPC_SUBDIR / SLOTS[0]
+    if len(str(prefix)) > MAX_IPC_PREFIX:
+        raise InvalidRequest(
+            f"the session directory {session_root} is too long for unix socket paths (107 bytes at most): "
+            f"pass a shorter --state-dir (KERNELEXEC_STATE_DIR), e.g. ~/.kernelexec or /var/tmp/kernelexec-$USER")
+
+
 @dataclass
 class SessionDirs:
     """A session's private directory tree. Everything the session owns lives under ``root``."""
@@ -116,9 +128,4 @@ class SessionDirs:
         for d in (self.root, self.outputs, self.ipc, *kernel_writable(self.root), *self.ipython_profile_dirs()):
             d.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.packages.mkdir(mode=0o755, exist_ok=True)  # readable by a kernel under its own uid, never writable
-        # unix socket paths are limited to 107 bytes; "-<port>" is appended to the prefix
-        if len(str(self.ipc_prefix)) > 90:
-            raise InvalidRequest(
-                f"the session directory {self.root} is too long for unix socket paths (107 bytes at most); "
-                "use a shorter --state-dir"
-            )
+        check_socket_room(self.root)

@@ -472,22 +472,29 @@ class SessionManager:
         """Keep ``pool_size`` sessions with started kernels (inside their sandbox) ready for ``create``."""
         while True:
             while len(self.pool) < self.settings.pool_size:
-                session = None
                 try:
                     environment = await self.environment_for(self.settings.working_dir)
+                except Exception:  # --python not usable (now): sessions will say why
+                    logger.exception("the kernels' environment is not usable; no warm pool for 5 s")
+                    await anyio.sleep(5)
+                    continue
+                try:
                     session = Session(secrets.token_urlsafe(12), self.settings, working_dir=self.settings.working_dir,
                                       environment=environment)
-                    session.pooled = True
+                except Exception:  # the state dir cannot hold sessions: calls will say why; the server stays up
+                    logger.exception("cannot create a pooled session; no warm pool")
+                    return
+                session.pooled = True
+                try:
                     await session.ensure_kernel()
                     session.reserved = False  # a pooled kernel counts against the limits once adopted
                     if session.kernel is not None:
                         await session.kernel.warm()
                 except Exception:
                     logger.exception("starting a pooled kernel failed; retrying in 5 s")
-                    if session is not None:
-                        await session.stop_kernel()
-                        session.release()
-                        self.remove_dir(session)
+                    await session.stop_kernel()
+                    session.release()
+                    self.remove_dir(session)
                     await anyio.sleep(5)
                     continue
                 self.pool.append(session)

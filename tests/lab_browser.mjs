@@ -1,6 +1,6 @@
 // Drives real JupyterLab (started by `kernelexec lab`) in headless Chromium, as a user would.
 // Run by tests/test_lab_browser.py: node tests/lab_browser.mjs '<json options>'.
-// After step 1 it waits for a line on stdin (the test plants the attack then).
+// After steps 1 and 4 it waits for a line on stdin (the test plants the attack, then restarts the session).
 // Options: url (with token), handle, display (the kernel's display name), shots (a directory),
 // userDataDir, playwright (path to the playwright-core package). Prints one JSON object per line:
 // {"step": ..., ...}; the last line is {"step": "done", ...} or {"step": "error", "message": ...}.
@@ -132,6 +132,31 @@ try {
   const afterRestart = (await outputs.allInnerTexts()).slice(countBefore);
   await page.screenshot({ path: `${opts.shots}/restart.png` });
   say("restart", { told, status, outputs: afterRestart, answers: restartAnswers });
+
+  // 5. The agent calls restart_session (the test does it now): the console stays on the kernel id and
+  // reaches the session's new kernel.
+  await waitForGo();
+  const seen = [];
+  for (let i = 0; i < 16; i++) { // up to 4 s: what Lab says about it
+    await page.waitForTimeout(250);
+    const dialog = page.locator(".jp-Dialog").first();
+    if (await dialog.count()) {
+      seen.push(await dialog.innerText());
+      await page.locator(".jp-Dialog .jp-mod-accept, .jp-Dialog .jp-mod-reject").first().click();
+    }
+  }
+  const statuses = [];
+  for (let i = 0; i < 30; i++) { // up to 15 s for Lab to reconnect
+    const text = (await page.locator(".jp-StatusBar-TextItem", { hasText: "|" }).allInnerTexts()).join(" ");
+    if (statuses[statuses.length - 1] !== text) statuses.push(text);
+    if (text.endsWith("| Idle")) break;
+    await page.waitForTimeout(500);
+  }
+  await page.screenshot({ path: `${opts.shots}/agent-restart.png` });
+  say("agent restart status", { statuses });
+  const n = await outputs.count();
+  await run("after", n + 1);
+  say("agent restart", { told: seen, outputs: (await outputs.allInnerTexts()).slice(n) });
   say("done", { cspErrors });
 } catch (err) {
   say("error", { message: String(err && err.stack || err), terminalRequests, dialogs });

@@ -48,3 +48,16 @@ def test_bad_setting_is_a_clear_message_not_a_traceback() -> None:
     assert proc.returncode != 0 and "invalid choice" in proc.stderr
     proc = run("config", "--default-timeout", "-3")
     assert proc.returncode != 0 and "default_timeout" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_serve_refuses_a_state_dir_too_long_for_socket_paths_with_what_to_do(tmp_path: Path) -> None:
+    """A long HOME (its default ~/.local/state/kernelexec) used to kill the server at its first session."""
+    import subprocess
+
+    from .conftest import clean_env, kernelexec_cmd
+
+    long_dir = tmp_path / ("d" * 100)
+    done = subprocess.run(kernelexec_cmd("serve", "--state-dir", str(long_dir)), env=clean_env(), stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "too long for the kernels' unix socket paths" in done.stderr and "--state-dir" in done.stderr

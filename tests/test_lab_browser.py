@@ -2,7 +2,8 @@
 
 A user attaches a console to the live session, evaluates what the agent set, runs one cell while a
 hook planted by the kernel tries to run script in the Lab origin (open a terminal, touch a file on the
-host), and opens the session's notebook. Needs Debian's ``chromium`` and npm's ``playwright-core`` in
+host), opens the session's notebook, tries Lab's "Restart Kernel", and keeps working while the agent
+restarts the session. Needs Debian's ``chromium`` and npm's ``playwright-core`` in
 ``.ci/node`` (``.ci/run`` installs both); without them the test skips, except in CI, where it fails.
 """
 
@@ -85,8 +86,8 @@ async def live(short_tmp: Path) -> AsyncIterator[tuple[Harness, str, Lab, str]]:
         await cm.__aexit__(None, None, None)
 
 
-async def drive(options: dict[str, Any], before_attack: Any, log: Path, timeout: float = 250) -> list[dict[str, Any]]:
-    """Run the driver; when it reports step 1, await ``before_attack()`` and let it go on."""
+async def drive(options: dict[str, Any], hooks: dict[str, Any], log: Path, timeout: float = 250) -> list[dict[str, Any]]:
+    """Run the driver; when it reports a step named in ``hooks``, await that hook and let it go on."""
     proc = subprocess.Popen(["node", str(DRIVER), json.dumps(options)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=open(log, "w"), text=True)
     lines: queue.Queue[str | None] = queue.Queue()
@@ -112,8 +113,8 @@ async def drive(options: dict[str, Any], before_attack: Any, log: Path, timeout:
                 if not line.startswith("{"):
                     continue
                 steps.append(json.loads(line))
-                if steps[-1]["step"] == "evaluated":
-                    await before_attack()
+                if steps[-1]["step"] in hooks:
+                    await hooks[steps[-1]["step"]]()
                     assert proc.stdin is not None
                     proc.stdin.write("go\n")
                     proc.stdin.flush()
@@ -122,7 +123,7 @@ async def drive(options: dict[str, Any], before_attack: Any, log: Path, timeout:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert steps and steps[-1]["step"] == "done", (steps, log.read_text()[-3000:])
+    assert steps and steps[-1]["step"] == "done", (steps[-3:], log.read_text()[-3000:])
     return steps
 
 
@@ -135,13 +136,18 @@ async def test_a_user_in_jupyterlab_inspects_the_session_and_the_kernel_cannot_r
         planted = await harness.run(HOOK.replace("MARKER", str(marker)), session=handle)
         assert planted["error_type"] is None, planted
 
+    async def agent_restarts() -> None:
+        await harness.call("restart_session", session=handle)
+        after = await harness.run("after = 'restarted'", session=handle)
+        assert after["restart_reason"] is None and after["error_type"] is None, after
+
     shots = short_tmp / "shots"
     shots.mkdir()
     started = time.monotonic()
     steps = await drive({
         "url": f"http://127.0.0.1:{lab.port}/lab?token={token}", "handle": handle, "display": display_name(handle),
         "shots": str(shots), "userDataDir": str(short_tmp / "chromium-profile"), "playwright": str(PLAYWRIGHT),
-    }, plant, short_tmp / "driver.log")
+    }, {"evaluated": plant, "restart": agent_restarts}, short_tmp / "driver.log")
     took = time.monotonic() - started
     by = {s["step"]: s for s in steps}
 
@@ -177,6 +183,10 @@ async def test_a_user_in_jupyterlab_inspects_the_session_and_the_kernel_cannot_r
     assert [a["status"] for a in restart["answers"]] == [409], restart
     assert "restart_session" in json.loads(restart["answers"][0]["body"])["message"]
     assert restart["status"].endswith("| Idle") and "'set over MCP'" in restart["outputs"], restart
+    # 5. the agent's restart_session: Lab is told, and the same console reaches the session's new kernel
+    agent = by["agent restart"]
+    assert agent["outputs"] == ["'restarted'"], agent
+    assert by["agent restart status"]["statuses"][-1].endswith("| Idle"), by["agent restart status"]  # not stuck
     # the README's screenshot is this test's first one (refreshed with KERNELEXEC_UPDATE_DOCS=1)
     assert (shots / "lab.png").stat().st_size > 10_000
     if os.environ.get("KERNELEXEC_UPDATE_DOCS"):
