@@ -277,7 +277,7 @@ async def test_a_pooled_kernel_of_another_environment_is_never_handed_out(
 
 
 def test_an_environment_pinning_what_ipykernel_cannot_live_with_is_refused_naming_both(
-        built_312: str, overlay_cache: Path, tmp_path: Path) -> None:
+        built_312: str, overlay_cache: Path, tmp_path: Path, short_tmp: Path) -> None:
     project = make_project(tmp_path, built_312)
     (site,) = glob.glob(str(project / ".venv/lib/python3.12/site-packages"))
     info = Path(site) / "pyzmq-19.0.0.dist-info"
@@ -288,7 +288,7 @@ def test_an_environment_pinning_what_ipykernel_cannot_live_with_is_refused_namin
     env = clean_env()
     env.pop("VIRTUAL_ENV", None)
     proc = subprocess.run(kernelexec_cmd("serve", "--working-dir", str(project), "--cache-dir", str(overlay_cache),
-                                         "--state-dir", str(tmp_path / "st")),
+                                         "--state-dir", str(short_tmp / "pin")),
                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, env=env)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
     assert "pyzmq 19.0.0" in proc.stderr and "needs pyzmq" in proc.stderr, proc.stderr
