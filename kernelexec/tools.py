@@ -18,6 +18,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
+from . import view
 from .auth import current_principal
 from .config import Settings
 from .errors import InvalidRequest, KernelexecError
@@ -26,6 +27,7 @@ from .render import Rendered
 from .restore import describe_replayed
 from .runs import Run
 from .sessions import Session, SessionManager
+from .view import VIEW_META
 from .wire import clean_text
 
 SessionArg = Annotated[
@@ -307,4 +309,8 @@ def register(mcp: MCPServer, app: App) -> None:
     exposed = {"plugin": ["execute_code"], "safe-executor": ["run_python"]}.get(settings.preset, list(tools))
     for name in exposed:
         fn, annotations, title = tools[name]
-        mcp.add_tool(fn, name=name, title=title, annotations=annotations)
+        # the run view (view.py) for hosts that render MCP Apps; others ignore the _meta and get the same answer
+        meta = VIEW_META if name in ("execute_code", "get_run") else None
+        mcp.add_tool(fn, name=name, title=title, annotations=annotations, meta=meta)
+    if "execute_code" in exposed:
+        view.register(mcp, app, translated=translated, info=info, variables_answer=variables_answer)
