@@ -17,6 +17,10 @@ Sections (each starts and stops its own kernels, so they do not compete for the 
 5. mixed load     4 sessions x 50 calls in parallel in memory vs the same 200 cells serially in one session.
 6. layers         cold ``new_session`` with sandbox off, then adding the OS layers one at a time, and from the
                   warm pool (benchmarks/layers.py; ``python -m benchmarks.layers`` alone).
+   environments   first ``import pandas, matplotlib.pyplot`` + one plot in a new pooled session, with the data
+                  stack imported ahead (--warm-imports, the default) and without; idle pooled kernel RSS/PSS both
+                  ways; cold ``new_session`` per environment kind: own interpreter, a project .venv on 3.12 (ipykernel
+                  from the overlay), --python 3.13 (benchmarks/environments.py; 2 rounds with --quick)
 7. baselines      one pure-Python loop in ``python -c``, ``execute_code`` and smolagents' ``LocalPythonExecutor``
                   (benchmarks/baselines.py; smolagents from ``pip install 'kernelexec[bench]'``).
 8. load           20 HTTP clients x 100 calls with bearer tokens and leak checks (benchmarks/load.py; 5 x 20
@@ -71,6 +75,7 @@ from benchmarks.common import (
     stdio_server_pid,
     tree_rss_mb,
 )
+from benchmarks.environments import bench_environments_section
 from benchmarks.flood import bench_flood
 from benchmarks.layers import bench_layers_section
 from benchmarks.packages import bench_packages
@@ -456,6 +461,7 @@ SECTIONS = {
     "memory": [bench_memory],
     "mixed": [bench_mixed],
     "layers": [bench_layers_section],
+    "environments": [bench_environments_section],
     "baselines": [bench_smolagents],
     "load": [bench_load],
     "recording": [bench_recording],

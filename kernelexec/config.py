@@ -22,6 +22,11 @@ InstallPolicy = Literal["auto", "off", "allowlist", "any"]
 _toml_file: ContextVar[str | None] = ContextVar("kernelexec_toml_file", default=None)
 
 
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "kernelexec"
+
+
 def default_state_dir() -> Path:
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return Path(base) / "kernelexec"
@@ -43,6 +48,21 @@ class Settings(BaseSettings):
         "safe-executor (only run_python under the strict profile).",
     )
     state_dir: Path = Field(default_factory=default_state_dir, description="Where session directories live.")
+    python: str = Field(
+        "auto",
+        description="The kernels' Python: an executable, or a venv/conda prefix directory. auto: a .venv/venv in the "
+        "working directory or its project root (pyproject.toml, setup.py, .git), then the server's VIRTUAL_ENV or "
+        "CONDA_PREFIX, else kernelexec's own interpreter. Python 3.10+; the environment is never modified.",
+    )
+    cache_dir: Path = Field(
+        default_factory=default_cache_dir,
+        description="Where kernelexec keeps what it builds once, such as the ipykernel overlay for environments without ipykernel.",
+    )
+    warm_imports: list[str] = Field(
+        default_factory=lambda: ["numpy", "pandas", "matplotlib.pyplot"],
+        description="Modules warm kernels (the pool and restart spares) import ahead when installed and allowed, "
+        "so a session's first plot does not pay for them; empty = none.",
+    )
     work_roots: list[Path] = Field(
         default_factory=list,
         description="Directories a call's working_dir may lie in (and, in standard, where files may be written). "
@@ -125,7 +145,7 @@ class Settings(BaseSettings):
     port: int = Field(8765, ge=0, le=65535, description="HTTP port.")
     config: Path | None = Field(None, description="A TOML file with any of these settings.")
 
-    @field_validator("allow_imports", "env_pass", "work_roots", "read_dirs", "disable_layers", "install_allow", mode="before")
+    @field_validator("allow_imports", "env_pass", "work_roots", "read_dirs", "disable_layers", "install_allow", "warm_imports", mode="before")
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
         if isinstance(value, str):

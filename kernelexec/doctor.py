@@ -10,7 +10,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .config import Settings
+from .config import Profile, Settings
+from .environments import explain, prepare
 from .errors import InvalidRequest, KernelexecError, SandboxUnavailable
 from .layout import check_socket_room
 from .provisioned import provisioner_of
@@ -18,11 +19,13 @@ from .sandbox import available, describe_layers, plan_for, probe
 from .terminal import safe
 
 
-def preflight(settings: Settings) -> list[str]:
+def preflight(settings: Settings, *, environment: bool = True) -> list[str]:
     """Check at server start that the profile's boundary exists here; return warnings to log.
 
     strict and standard refuse to start when neither Landlock nor bubblewrap works, unless
-    ``--allow-degraded`` is given: an in-kernel guard alone would be theatre.
+    ``--allow-degraded`` is given: an in-kernel guard alone would be theatre. With ``environment``,
+    the kernels' Python (``--python``) must be usable too: a path that does not exist, is not Python
+    or is too old raises ``EnvironmentUnusable`` naming it, and a missing ipykernel overlay is built.
     """
     profile = settings.effective_profile
     try:
@@ -31,6 +34,15 @@ def preflight(settings: Settings) -> list[str]:
         raise InvalidRequest(f"the state directory {settings.state_dir} is too long for the kernels' unix socket paths "
                              "(107 bytes at most): pass a shorter --state-dir (KERNELEXEC_STATE_DIR), e.g. ~/.kernelexec "
                              "or /var/tmp/kernelexec-$USER") from None
+    warnings: list[str] = []
+    if environment and not (settings.kernel_spec or settings.kernel_gateway):
+        env = prepare(settings.python, settings.working_dir, settings.cache_dir)
+        if not env.own:
+            warnings.append(f"kernels run in {env.describe()}: {env.reason}")
+    return warnings + _boundary(settings, profile)
+
+
+def _boundary(settings: Settings, profile: Profile) -> list[str]:
     if settings.kernel_spec:
         provisioner = provisioner_of(settings.kernel_spec)  # raises KernelSpecError with what to do
         return [f"kernels are launched by {provisioner} (kernelspec {settings.kernel_spec}): the engine it launches "
@@ -62,8 +74,10 @@ def report(settings: Settings) -> str:
         marker = " (selected)" if profile == settings.effective_profile else ""
         lines.append(f"  {profile:<9}{marker:<11} {describe_layers(plan.layers)}")
         lines += [f"  {'':<20} missing: {d}" for d in plan.degraded]
+    lines += ["", "kernel environment (--python; for --working-dir " + str(settings.working_dir or "none") + "):"]
+    lines += explain(settings.python, settings.working_dir, settings.cache_dir)
     try:
-        warnings = preflight(settings)
+        warnings = preflight(settings, environment=False)
         lines += ["", "status: ok" if not warnings else "status: " + "; ".join(warnings)]
     except KernelexecError as exc:
         lines += ["", f"status: REFUSED: {exc}"]

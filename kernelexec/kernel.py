@@ -127,6 +127,13 @@ class Kernel(ABC):
         """Where this kernel's connection info is (published for ``kernelexec lab``)."""
         return self.spec.dirs.connection_file_for(self.slot)
 
+    async def warm(self) -> None:
+        """Import ``--warm-imports`` ahead (startup/kernel_init.py): pooled kernels and spares."""
+        try:
+            await self.evaluate("_kernelexec_warm()", timeout=self.startup_timeout)
+        except Exception:  # noqa: BLE001 - a kernel that cannot warm up is still a kernel
+            logger.warning("warm imports failed", exc_info=True)
+
     async def _wait_ready(self) -> None:
         """Wait for the kernel to answer, then check that the startup code installed the policy."""
         while True:

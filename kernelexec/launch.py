@@ -39,6 +39,8 @@ def kernel_arguments() -> list[str]:
         "--HistoryManager.enabled=False",
         "--IPCompleter.use_jedi=False",
         "--IPKernelApp.trio_loop=False",
+        # no '' (the writable working directory) on sys.path while ipykernel starts: kernel_init.py adds it after the guard
+        "--InteractiveShellApp.ignore_cwd=True",
         "--Application.log_level=WARN",
     ]
 

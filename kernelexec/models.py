@@ -55,6 +55,16 @@ class OutputRef(BaseModel):
 ANY_JSON: dict[str, Any] = {"anyOf": [{"type": t} for t in ("string", "number", "boolean", "object", "array", "null")]}
 
 
+class EnvironmentInfo(BaseModel):
+    """The Python a kernel runs in, and why that one (environments.py)."""
+
+    python: str = Field(description="The interpreter the kernel was started with")
+    version: str = Field(description="Its Python version, e.g. 3.12.1")
+    source: str = Field(description="Where the choice came from: flag (--python), project .venv, VIRTUAL_ENV, conda, or own (kernelexec's)")
+    prefix: str | None = Field(None, description="The environment's prefix (sys.prefix); read-only to the kernel")
+    ipykernel: str | None = Field(None, description="Whose ipykernel: the environment's own, or kernelexec's overlay (the environment is never modified)")
+
+
 class ExecuteResult(BaseModel):
     """The structured answer of execute_code (the old plugin's fields, extended)."""
 
@@ -85,6 +95,7 @@ class ExecuteResult(BaseModel):
     profile: str = Field(description="Policy profile in force")
     layers: list[str] = Field(default_factory=list, description="Isolation layers around this kernel "
                               "(env, rlimits, landlock, seccomp, bubblewrap, netns, cgroup, guard)")
+    environment: EnvironmentInfo | None = Field(None, description="The Python environment this ran in (None: a remote backend's own)")
     notes: list[str] = Field(default_factory=list, description="What the server did to this cell's output "
                              "(caps it applied, malformed kernel messages it dropped)")
 

@@ -77,9 +77,17 @@ def kernel_policy(
     result_cap: int,
     stream_cap: int,
     disk_cap: int,
+    environment_paths: list[str] | None = None,
+    protected: list[str] | None = None,
+    warm_imports: list[str] | None = None,
+    environment_modules: list[str] | None = None,
     packages_dir: Path | None = None,
 ) -> dict[str, Any]:
-    """The JSON the kernel's startup code reads (``KERNELEXEC_POLICY``)."""
+    """The JSON the kernel's startup code reads (``KERNELEXEC_POLICY``). ``environment_paths``: what
+    the kernel's interpreter reads (default: kernelexec's own); ``protected``: the environment a cell
+    must not write; ``warm_imports``: modules a warm kernel imports ahead (those the profile allows);
+    ``environment_modules``: a project environment's own top-level modules and the project's code,
+    which standard allows too (environments.project_modules)."""
     base: dict[str, Any] = {
         "profile": profile,
         "spill_dir": str(spill_dir),
@@ -90,9 +98,11 @@ def kernel_policy(
         "figure_formats": ["png", "svg"],
     }
     if profile == "trusted":
-        return base | {"allowed_imports": None, "file_io": "all"}
-    guarded = {"deny_process": True, "deny_network": True, "deny_tamper": True}
+        return base | {"allowed_imports": None, "file_io": "all", "warm_imports": list(warm_imports or ())}
+    guarded = {"deny_process": True, "deny_network": True, "deny_tamper": True, "readonly_roots": list(protected or ())}
     python_roots = python_read_roots()
+    if environment_paths:
+        python_roots = sorted({*python_roots, *environment_paths})
     if profile == "strict":
         return base | guarded | {
             "allowed_imports": sorted(STRICT_IMPORTS | set(allow_imports)),
@@ -100,11 +110,18 @@ def kernel_policy(
             "write_roots": [],
             "read_roots": python_roots,
         }
+    # a project file named like a refused stdlib module (subprocess.py) does not unlock that module
+    project = set(environment_modules or ()) - (set(sys.stdlib_module_names) - STANDARD_STDLIB)
+    allowed = STANDARD_STDLIB | DATA_STACK | set(allow_imports) | project
+    hint = ("most of the standard library (not subprocess, socket, ctypes, multiprocessing, signal, "
+            "importlib, sqlite3) and the data stack: numpy, pandas, scipy, matplotlib, seaborn, sympy, PIL, sklearn, "
+            "statsmodels, networkx, IPython.display")
+    if project:
+        hint += "; and the project's environment and code: " + ", ".join(sorted(project)[:40])
     return base | guarded | {
-        "allowed_imports": sorted(STANDARD_STDLIB | DATA_STACK | set(allow_imports)),
-        "imports_hint": "most of the standard library (not subprocess, socket, ctypes, multiprocessing, signal, "
-        "importlib, sqlite3) and the data stack: numpy, pandas, scipy, matplotlib, seaborn, sympy, PIL, sklearn, "
-        "statsmodels, networkx, IPython.display",
+        "allowed_imports": sorted(allowed),
+        "warm_imports": [m for m in warm_imports or () if m.partition(".")[0] in allowed],
+        "imports_hint": hint,
         "file_io": "roots",
         "write_roots": [*map(str, kernel_writable(session_dir)), *map(str, work_roots)],
         "read_roots": [str(session_dir), *map(str, read_dirs), *python_roots],

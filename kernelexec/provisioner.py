@@ -85,7 +85,8 @@ class KernelexecSpecManager(KernelSpecManager):
         return KernelSpec(
             # -s: no user site-packages. HOME is the session's writable home, and a .pth planted in its
             # ~/.local site-packages would run in the next kernel before the startup code.
-            argv=[sys.executable, "-s", str(startup_file("kernel_main.py")), "-f", "{connection_file}"],
+            # -S: no site at startup (kernel_main.py does its work, without sitecustomize): see setup_path there.
+            argv=[self._plan.python or sys.executable, "-s", "-S", str(startup_file("kernel_main.py")), "-f", "{connection_file}"],
             display_name="Python 3 (kernelexec)",
             language="python",
             interrupt_mode="signal",

@@ -149,6 +149,9 @@ def notebook_meta(session_dir: Path) -> dict[str, Any]:
     """The notebook-level ``kernelexec`` metadata of a session directory, from its ``session.json``."""
     meta = read_session_meta(session_dir) or {}
     kept: dict[str, Any] = {k: meta[k] for k in ("session", "profile", "created") if k in meta and isinstance(meta[k], (str, int, float))}
+    environment = meta.get("environment")
+    if isinstance(environment, dict):
+        kept["environment"] = {k: v for k, v in environment.items() if isinstance(v, str)}
     return kept or {"session": session_dir.name}
 
 
@@ -177,11 +180,20 @@ class Recorder:
         """Everything before the first cell: the notebook's metadata on one line, then ``"cells": [``."""
         metadata = {
             "kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"},
-            "language_info": {"name": "python"},
+            "language_info": self._language_info(),
             "kernelexec": self.session_meta,
         }
         head = json.dumps({"metadata": metadata, "nbformat": 4, "nbformat_minor": 5}, ensure_ascii=False)
         return head[:-1].encode("utf-8") + b', "cells": ['
+
+    def _language_info(self) -> dict[str, Any]:
+        """The kernel's Python, as ipykernel itself would report it (``version``), when the session knows it."""
+        environment = self.session_meta.get("environment")
+        version = environment.get("version") if isinstance(environment, dict) else None
+        info: dict[str, Any] = {"name": "python"}
+        if isinstance(version, str):
+            info.update(version=version, mimetype="text/x-python", file_extension=".py")
+        return info
 
     def _cell_line(self, record: dict[str, Any], number: int) -> bytes:
         return _line({**record, "id": f"cell-{number}"})

@@ -85,8 +85,10 @@ class Rendered:
 class Renderer:
     """Renders executions for one session; owns the naming of its spill files."""
 
-    def __init__(self, session: str, outputs_dir: Path, *, result_chars: int, stream_chars: int, profile: str) -> None:
+    def __init__(self, session: str, outputs_dir: Path, *, result_chars: int, stream_chars: int, profile: str,
+                 environment: dict[str, Any] | None = None) -> None:
         self.session = session
+        self.environment = environment  # environments.Environment.summary() of the session's interpreter
         self.outputs_dir = outputs_dir
         self.result_chars = result_chars
         self.stream_chars = stream_chars
@@ -199,6 +201,7 @@ class Renderer:
             notebook=notebook,
             profile=self.profile,
             layers=layers or [],
+            environment=self.environment,
             notes=list(ex.notes),
             **fields,
         )
@@ -257,7 +260,11 @@ def summary_text(r: ExecuteResult) -> str:
     esc = escape_tags
 
     status = "ok" if r.success else ("error" if r.ending == "completed" else r.ending)
-    parts = [f"[{status}] session={r.session} cell={r.execution_count} {r.duration_ms:.0f} ms profile={r.profile} layers={'+'.join(r.layers) or 'none'}"]
+    python = ""
+    if r.environment is not None:
+        python = f" python={r.environment.version}" + ("" if r.environment.source == "own" else f"({r.environment.source})")
+    layers = "+".join(r.layers) or "none"
+    parts = [f"[{status}] session={r.session} cell={r.execution_count} {r.duration_ms:.0f} ms profile={r.profile}{python} layers={layers}"]
     if r.restart_reason:
         parts.append(f"NOTE: {r.restart_reason}")
     parts.extend(f"NOTE: {note}" for note in r.notes)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
+from .environments import Environment, prepare
 from .errors import InvalidRequest, KernelexecError
 from .layout import SessionDirs
 from .packages import parse_specs, pip_lines
@@ -341,16 +342,21 @@ async def replay_notebook(
     *,
     profile: Profile,
     on_cell: Callable[[CellReport], None] | None = None,
+    environment: Environment | None = None,
 ) -> list[CellReport]:
     """Execute ``nb`` (in place) in a fresh kernel launched as a live session's, under ``profile``.
 
-    Always a local kernel: nbclient drives it through its kernel manager (``--kernel-gateway`` and ``--kernel-spec`` are ignored)."""
+    Always a local kernel: nbclient drives it through its kernel manager (``--kernel-gateway`` and ``--kernel-spec`` are ignored),
+    in ``environment`` (default: what the current settings choose; a notebook never chooses its interpreter)."""
+
     base = Path(tempfile.mkdtemp(prefix="kxr"))
     session = None
     try:
         scratch = settings.model_copy(update={"state_dir": base, "profile": profile, "kernel_gateway": None,
                                                   "kernel_spec": None})
-        session = Session(f"replay-{secrets.token_urlsafe(6)}", scratch)
+        if environment is None:
+            environment = await anyio.to_thread.run_sync(prepare, settings.python, settings.working_dir, settings.cache_dir)
+        session = Session(f"replay-{secrets.token_urlsafe(6)}", scratch, environment=environment)
         await session.ensure_kernel()
         roots = [*_session_roots(nb), str(session.dirs.root)]
         return await _Replayer(nb, scratch, session, roots).run(on_cell)
@@ -433,7 +439,19 @@ async def replay_command(settings: Settings, notebook: str, *, output: str | Non
         print(safe(f"note: cell {', '.join(map(str, capped[:20]))}{' …' if len(capped) > 20 else ''}: recorded timeout "
                    f"not usable or above --max-timeout ({settings.max_timeout:g} s); capped"), flush=True)
     try:
-        reports = await replay_notebook(nb, settings, profile=chosen, on_cell=lambda r: print(safe(_line(r)), flush=True))
+        environment = await anyio.to_thread.run_sync(prepare, settings.python, settings.working_dir, settings.cache_dir)
+    except KernelexecError as exc:
+        print(safe(f"kernelexec replay: {exc}"), file=sys.stderr)
+        return 2
+    print(safe(f"environment: {environment.describe()}: {environment.reason}"), flush=True)
+    was = recorded.get("environment") if isinstance(recorded, dict) else None
+    if isinstance(was, dict) and (was.get("python"), was.get("version")) != (environment.python, environment.version):
+        print(safe(f"note: recorded in Python {str(was.get('version'))[:20]} at {str(was.get('python'))[:200]}; replayed in "
+                   f"Python {environment.version} at {environment.python}, which your flags and config choose (--python; "
+                   "a notebook never chooses its interpreter)"), flush=True)
+    try:
+        reports = await replay_notebook(nb, settings, profile=chosen, on_cell=lambda r: print(safe(_line(r)), flush=True),
+                                        environment=environment)
     except KernelexecError as exc:
         print(safe(f"kernelexec replay: {exc}"), file=sys.stderr)
         return 2
@@ -446,7 +464,8 @@ async def replay_command(settings: Settings, notebook: str, *, output: str | Non
         summary += " (cell " + ", ".join(map(str, different)) + ")"
     print(safe(summary), flush=True)
     if output:
-        nb.metadata.setdefault("kernelexec", {})["replay"] = {"profile": chosen, "different": different}
+        nb.metadata.setdefault("kernelexec", {})["replay"] = {"profile": chosen, "different": different,
+                                                              "environment": environment.summary()}
         nbformat.write(nb, output)
         print(safe(f"wrote {output}"), flush=True)
     return 1 if different else 0

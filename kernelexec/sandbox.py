@@ -22,10 +22,13 @@ import sys
 import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .config import Profile, Settings
 from .layout import IPC_SUBDIR, IPYTHON_SUBDIR, kernel_writable, startup_file
+
+if TYPE_CHECKING:
+    from .environments import Environment
 
 logger = logging.getLogger(__name__)
 
@@ -45,12 +48,14 @@ def kernel_uid(key: str) -> int:
     return KERNEL_UID_BASE + int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 100_000_000
 
 
-@functools.lru_cache(maxsize=1)
-def interpreter_world_readable() -> bool:
-    """Can another uid run our interpreter? Bind mounts keep their own modes (a 0700 venv stays 0700)."""
+@functools.lru_cache(maxsize=32)
+def interpreter_world_readable(extra: tuple[str, ...] = ()) -> bool:
+    """Can another uid run our interpreter (and the kernel's, ``extra``)? Bind mounts keep their own
+    modes (a 0700 venv stays 0700)."""
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(_startup("kernel_init.py")).parent)}
     paths.update(p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and os.path.isdir(p))
     paths.update(interpreter_files())
+    paths.update(extra)
     for p in paths:
         try:
             mode = os.stat(p).st_mode
@@ -158,16 +163,36 @@ def system_read_paths() -> list[str]:
     return sorted(p for p in paths if p and os.path.exists(p))
 
 
-def interpreter_files() -> list[str]:
-    """What execve() of the kernel's Python needs to execute: the binary and the ELF loader."""
+def interpreter_files(python: str | None = None) -> list[str]:
+    """What execve() of the kernel's Python needs to execute: the binary and the ELF loader (and the
+    pre-exec wrapper's Python, kernelexec's own)."""
     import glob
 
     found = {sys.executable, os.path.realpath(sys.executable)}
+    if python:
+        found.update(_link_chain(python))
     for pattern in ("/lib64/ld-linux*.so*", "/lib/ld-linux*.so*", "/lib/*-linux-gnu/ld-linux*.so*",
                     "/usr/lib64/ld-linux*.so*", "/usr/lib/*-linux-gnu/ld-linux*.so*", "/lib/ld-musl*.so*"):
         for path in glob.glob(pattern):
             found.update({path, os.path.realpath(path)})
     return sorted(found)
+
+
+def _link_chain(path: str) -> list[str]:
+    """A path and every symlink on the way to its target (a venv's python -> python3.12 -> /usr/bin/...)."""
+    out = [path]
+    seen = 0
+    while os.path.islink(path) and seen < 16:
+        target = os.readlink(path)
+        path = os.path.normpath(os.path.join(os.path.dirname(path), target))
+        out.append(path)
+        seen += 1
+    out.append(os.path.realpath(path))
+    return out
+
+
+def _inside(path: str, roots: list[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
 NETWORK_READ_PATHS = ["/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/ssl", "/etc/ca-certificates",
@@ -188,6 +213,7 @@ class SandboxPlan:
     cgroup_dirs: list[str] = field(default_factory=list)
     cgroup_limits: dict[str, str] = field(default_factory=dict)
     degraded: list[str] = field(default_factory=list)
+    python: str = ""  # the kernel's interpreter (environments.Environment.python); empty: kernelexec's own
 
     def wrap(self, kernel_cmd: list[str]) -> list[str]:
         """``sh`` shim (joins the cgroups, ignores SIGINT so an interrupt reaches only the kernel),
@@ -284,8 +310,37 @@ def network_allowed(settings: Settings, profile: Profile) -> bool:
     return settings.network if settings.network is not None else profile == "trusted"
 
 
-def plan_for(settings: Settings, profile: Profile, *, session_dir: Path, rw: list[Path], ro: list[Path], cwd: Path, key: str) -> SandboxPlan:
-    """The layers for one session's kernel under ``profile`` on this machine."""
+def own_protected_paths() -> list[str]:
+    """kernelexec's own environment as ``Environment.protected_paths`` would list it."""
+    paths = {sys.prefix, *(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))}
+    return sorted(p for p in paths if os.path.isdir(p))
+
+
+def plan_for(settings: Settings, profile: Profile, *, session_dir: Path, rw: list[Path], ro: list[Path], cwd: Path, key: str,
+             environment: Environment | None = None) -> SandboxPlan:
+    """The layers for one session's kernel under ``profile`` on this machine, in ``environment``
+    (default: kernelexec's own interpreter). The environment is readable and never writable: where it
+    lies inside a writable directory (a project's .venv), bubblewrap binds it read-only over that."""
+    env_read = list(environment.read_paths) if environment is not None else []
+    protected = environment.protected_paths() if environment is not None else own_protected_paths()
+    protected = sorted({*protected, str(Path(_startup("kernel_init.py")).parent)})
+    if environment is not None and environment.overlay:
+        env_read.append(environment.overlay)
+    python = environment.python if environment is not None else ""
+    plan = _plan_for(settings, profile, session_dir=session_dir, rw=rw, ro=ro, cwd=cwd, key=key,
+                     env_read=env_read, protected=protected, python=python)
+    plan.python = python
+    writable = [*map(str, kernel_writable(session_dir)), *map(str, rw)]
+    plan.kernel_options.update(writable=writable, protected=protected)
+    if environment is not None:
+        plan.kernel_options["site_dirs"] = list(environment.site_packages)
+        if environment.overlay:
+            plan.kernel_options["overlay"] = environment.overlay
+    return plan
+
+
+def _plan_for(settings: Settings, profile: Profile, *, session_dir: Path, rw: list[Path], ro: list[Path], cwd: Path, key: str,
+              env_read: list[str], protected: list[str], python: str) -> SandboxPlan:
     if settings.sandbox == "off":
         plan = SandboxPlan(layers=["env"], degraded=["sandbox disabled (--sandbox off)"])
         if profile != "trusted":
@@ -306,7 +361,7 @@ def plan_for(settings: Settings, profile: Profile, *, session_dir: Path, rw: lis
     if not f.root and settings.max_processes:
         rlimits["nproc"] = settings.max_processes
     plan.wrapper["rlimits"] = rlimits
-    if f.root and f.bwrap and not rw and settings.kernel_uids and interpreter_world_readable():
+    if f.root and f.bwrap and not rw and settings.kernel_uids and interpreter_world_readable(tuple(env_read)):
         # its own uid: root-specific powers gone for good, DAC between sessions, RLIMIT_NPROC enforced.
         # Only with bubblewrap (the interpreter may live under a 0700 /root that the mount namespace
         # re-exposes) and only when no shared --work-roots must stay writable.
@@ -324,14 +379,17 @@ def plan_for(settings: Settings, profile: Profile, *, session_dir: Path, rw: lis
     if f.root:
         plan.wrapper["drop_caps"] = True
         layers.append("no-capabilities")
-    read_paths = system_read_paths() + [str(session_dir), *map(str, ro)] + (NETWORK_READ_PATHS if network else [])
+    read_paths = sorted({*system_read_paths(), *(p for p in env_read if os.path.exists(p))}) + [str(session_dir), *map(str, ro)] \
+        + (NETWORK_READ_PATHS if network else [])
     write_paths = [*map(str, kernel_writable(session_dir)), *map(str, rw)]
+    # the environment inside a writable directory: bound read-only again on top of that directory
+    shadowed = [p for p in protected if _inside(os.path.realpath(p), [os.path.realpath(w) for w in write_paths])]
     ipc_dir = str(session_dir / IPC_SUBDIR)
     if f.landlock_abi:
         plan.wrapper["landlock"] = {"abi": f.landlock_abi, "ro": read_paths, "rw": write_paths, "sock": [ipc_dir],
                                     "deny_tcp": not network}
         if guarded:  # no subprocesses: the interpreter is the only file the kernel may execute
-            plan.wrapper["landlock"]["exec"] = interpreter_files()
+            plan.wrapper["landlock"]["exec"] = interpreter_files(python)
         layers.append(f"landlock-abi{f.landlock_abi}")
     else:
         plan.degraded.append("Landlock not available: no kernel-enforced file access limits outside bubblewrap")
@@ -344,12 +402,16 @@ def plan_for(settings: Settings, profile: Profile, *, session_dir: Path, rw: lis
     if not network:
         plan.kernel_options["no_iopub_pipe"] = True
     if f.bwrap:
-        plan.prefix = [f.bwrap, *_bwrap_args(f, read_paths, [*write_paths, ipc_dir], cwd, network, plan.uid), "--"]
+        plan.prefix = [f.bwrap, *_bwrap_args(f, read_paths, [*write_paths, ipc_dir], cwd, network, plan.uid, shadowed), "--"]
         layers.append("bubblewrap")
         if not network:
             layers.append("netns")
     else:
         plan.degraded.append("bubblewrap not available: other kernels' sockets and host paths stay visible (Landlock ABI < 8 cannot hide unix sockets)")
+        if shadowed:
+            plan.degraded.append(f"the kernel's Python environment ({', '.join(shadowed[:3])}) lies inside a writable "
+                                 "directory and without bubblewrap stays writable to cells (Landlock only adds rights); "
+                                 "the in-kernel guard refuses such writes in strict/standard")
         if not network and f.netns:
             plan.wrapper["netns"] = True
             layers.append("netns")
@@ -365,7 +427,7 @@ def plan_for(settings: Settings, profile: Profile, *, session_dir: Path, rw: lis
 
 
 def _bwrap_args(f: Features, read_paths: list[str], write_paths: list[str], cwd: Path, network: bool,
-                uid: int | None = None) -> list[str]:
+                uid: int | None = None, read_again: list[str] | None = None) -> list[str]:
     args = ["--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--cap-drop", "ALL"]
     if f.root:
@@ -391,6 +453,9 @@ def _bwrap_args(f: Features, read_paths: list[str], write_paths: list[str], cwd:
     for p in write_paths:
         if os.path.isdir(p):
             args += ["--bind", p, p]
+    for p in read_again or ():  # after the writable binds, so these stay read-only inside them
+        if os.path.exists(p):
+            args += ["--ro-bind", p, p]
     args += ["--chdir", str(cwd)]
     return args
 

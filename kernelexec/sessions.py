@@ -23,6 +23,7 @@ import anyio
 
 from . import connections
 from .config import Settings
+from .environments import Environment, prepare, project_modules
 from .errors import InvalidRequest, SessionError
 from .kernel import Kernel, LocalKernel, OnOutput
 from .launch import LaunchSpec
@@ -62,6 +63,10 @@ def _claim(root: Path, handle: str) -> int:
     return fd
 
 
+def same_environment(a: Environment | None, b: Environment | None) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and a.key == b.key and a.overlay == b.overlay)
+
+
 def kernel_class(settings: Settings) -> type[Kernel]:
     """Local kernels, kernels on a remote gateway, or kernels a kernelspec's provisioner launches
     (the last two imported only when configured)."""
@@ -79,8 +84,11 @@ def kernel_class(settings: Settings) -> type[Kernel]:
 class Session:
     """One client's kernel, directory, renderer and notebook record."""
 
-    def __init__(self, handle: str, settings: Settings, *, owner: str | None = None, working_dir: Path | None = None) -> None:
+    def __init__(self, handle: str, settings: Settings, *, owner: str | None = None, working_dir: Path | None = None,
+                 environment: Environment | None = None) -> None:
         self.handle = handle
+        # the Python its kernels run in, for the session's whole life (None: a remote backend's own)
+        self.environment = environment
         self.settings = settings
         self.profile = settings.effective_profile
         self.owner = owner
@@ -97,8 +105,11 @@ class Session:
         self.renderer = Renderer(
             handle, self.dirs.outputs, result_chars=settings.result_chars,
             stream_chars=settings.stream_chars, profile=self.profile,
+            environment=environment.summary() if environment is not None else None,
         )
         meta = {"session": handle, "profile": self.profile, "created": time.time()}
+        if environment is not None:
+            meta["environment"] = environment.summary()
         self.recorder = Recorder(self.dirs.journal, self.dirs.notebook, meta)
         if not self.dirs.journal.exists():
             self.recorder.start()  # an empty notebook now, so every answer's `notebook` names a file
@@ -116,6 +127,7 @@ class Session:
 
     def launch_spec(self) -> LaunchSpec:
         s = self.settings
+        env = self.environment
         policy = kernel_policy(
             self.profile,
             session_dir=self.dirs.root,
@@ -126,11 +138,15 @@ class Session:
             result_cap=max(s.result_chars * 20, 1_000_000),
             stream_cap=s.kernel_stream_cap,
             disk_cap=s.kernel_disk_cap,
+            environment_paths=[*env.read_paths, *([env.overlay] if env.overlay else [])] if env is not None else None,
+            protected=env.protected_paths() if env is not None else None,
+            warm_imports=s.warm_imports,
+            environment_modules=project_modules(env, self.default_cwd) if env is not None and not env.own else None,
             packages_dir=self.dirs.packages,
         )
         rw = [] if self.profile == "strict" else [p for p in s.work_roots if p.is_dir()]
         plan = plan_for(s, self.profile, session_dir=self.dirs.root, rw=rw, ro=[p for p in s.read_dirs if p.is_dir()],
-                        cwd=self.default_cwd, key=self.handle)
+                        cwd=self.default_cwd, key=self.handle, environment=env)
         return LaunchSpec(dirs=self.dirs, cwd=self.default_cwd, policy=policy, plan=plan, env_pass=s.env_pass)
 
     async def ensure_kernel(self) -> Kernel:
@@ -415,17 +431,35 @@ class SessionManager:
         self.sessions[session.handle] = session
         return session
 
+    async def environment_for(self, working_dir: Path | None) -> Environment | None:
+        """The Python a new session working in ``working_dir`` runs in (``--python``; its ipykernel overlay
+        built once when it has none), off the event loop. None for remote backends: they bring their own."""
+        if self.settings.kernel_gateway or self.settings.kernel_spec:
+            return None
+        return await anyio.to_thread.run_sync(prepare, self.settings.python, working_dir, self.settings.cache_dir)
+
     async def create(self, *, owner: str | None = None, working_dir: Path | None = None) -> Session:
-        """Mint a new session, its place reserved at once (the kernel starts on first use, or is pooled)."""
+        """Mint a new session, its place reserved at once (the kernel starts on first use, or is pooled).
+        A pooled kernel is handed out only to a session of its own environment and working directory."""
+        environment = await self.environment_for(working_dir)
         async with self._create_lock:
-            if self.pool and working_dir == self.settings.working_dir:
+            stale = [s for s in self.pool if not same_environment(s.environment, environment)]
+            if stale and working_dir == self.settings.working_dir:  # the project's environment changed since
+                self.pool = [s for s in self.pool if s not in stale]
+                self._pool_changed.set()
+                for session in stale:
+                    await session.stop_kernel()
+                    session.release()
+                    self.remove_dir(session)
+            if self.pool and working_dir == self.settings.working_dir and same_environment(self.pool[0].environment, environment):
                 session = self.pool[0]
                 self.admit(session, owner)
                 self.pool.pop(0)  # popped under the lock: one kernel never goes to two sessions
                 self._pool_changed.set()
                 session.adopt(owner)
             else:
-                session = Session(secrets.token_urlsafe(12), self.settings, owner=owner, working_dir=working_dir)
+                session = Session(secrets.token_urlsafe(12), self.settings, owner=owner, working_dir=working_dir,
+                                  environment=environment)
                 try:
                     self.admit(session)
                 except SessionError:
@@ -439,7 +473,14 @@ class SessionManager:
         while True:
             while len(self.pool) < self.settings.pool_size:
                 try:
-                    session = Session(secrets.token_urlsafe(12), self.settings, working_dir=self.settings.working_dir)
+                    environment = await self.environment_for(self.settings.working_dir)
+                except Exception:  # --python not usable (now): sessions will say why
+                    logger.exception("the kernels' environment is not usable; no warm pool for 5 s")
+                    await anyio.sleep(5)
+                    continue
+                try:
+                    session = Session(secrets.token_urlsafe(12), self.settings, working_dir=self.settings.working_dir,
+                                      environment=environment)
                 except Exception:  # the state dir cannot hold sessions: calls will say why; the server stays up
                     logger.exception("cannot create a pooled session; no warm pool")
                     return
@@ -447,8 +488,11 @@ class SessionManager:
                 try:
                     await session.ensure_kernel()
                     session.reserved = False  # a pooled kernel counts against the limits once adopted
+                    if session.kernel is not None:
+                        await session.kernel.warm()
                 except Exception:
                     logger.exception("starting a pooled kernel failed; retrying in 5 s")
+                    await session.stop_kernel()
                     session.release()
                     self.remove_dir(session)
                     await anyio.sleep(5)
@@ -481,7 +525,8 @@ class SessionManager:
             if handle not in self.sessions:
                 if self.live_count() >= self.settings.max_sessions:
                     raise SessionError.limit(self.settings.max_sessions)
-                session = Session(handle, self.settings, owner=owner)
+                session = Session(handle, self.settings, owner=owner,
+                                  environment=await self.environment_for(self.settings.working_dir))
                 recorded = meta.get("working_dir")
                 if isinstance(recorded, str) and Path(recorded) != session.default_cwd:
                     try:  # a session file is data: its directory must pass the same checks a call's does

@@ -53,6 +53,7 @@ class Spares:
         try:
             with anyio.CancelScope() as self._scope:
                 await spare.start()
+                await spare.warm()  # the data stack imported ahead, before it can be swapped in
         except Exception:
             logger.exception("starting a warm spare kernel failed")
             self.failed()

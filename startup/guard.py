@@ -88,6 +88,8 @@ def install(policy: dict[str, Any]) -> Callable[[], Any]:
     file_io: str = policy.get("file_io", "all")
     write_roots = tuple(os.path.realpath(p) for p in policy.get("write_roots", ()))
     read_roots = write_roots + tuple(os.path.realpath(p) for p in policy.get("read_roots", ()))
+    # the kernel's Python environment, even where it lies in a writable directory (a project's .venv)
+    readonly_roots = tuple(os.path.realpath(p) for p in policy.get("readonly_roots", ()))
     deny_process = bool(policy.get("deny_process"))
     deny_network = bool(policy.get("deny_network"))
     deny_tamper = bool(policy.get("deny_tamper"))
@@ -149,6 +151,8 @@ def install(policy: dict[str, Any]) -> Callable[[], Any]:
             return
         if file_io == "none" and write:
             raise refuse(f"writing files ({path!r})")
+        if write and readonly_roots and _inside(resolved, readonly_roots):
+            raise refuse(f"writing {path!r} (the kernel's Python environment is read-only)")
         roots = write_roots if write else read_roots
         if not _inside(resolved, roots):
             verb = "writing" if write else "reading"

@@ -43,12 +43,43 @@ def _kernelexec_boot() -> None:
 
         tempfile.gettempdir()  # probes by writing a file: cache it before writes may be refused
         runtime.bypass = guard.install(policy)
+        # what a cell could have written is importable only now, after the guard (kernel_main.setup_path),
+        # and the working directory ('' on sys.path) where IPython would have put it (ignore_cwd deferred it)
+        sys.path.extend(p for p in json.loads(os.environ.pop("KERNELEXEC_LATE_PATH", "[]")) if p not in sys.path)
+        if "" not in sys.path:
+            at = next((i for i, p in enumerate(sys.path) if os.path.basename(p) in ("site-packages", "dist-packages")), 0)
+            sys.path.insert(at, "")
         if policy.get("file_io") == "none":
             def deny_open(info: object) -> None:
                 guard.deny_open_in(shell.user_ns, policy["profile"])
 
             deny_open(None)
             shell.events.register("pre_run_cell", deny_open)
+        def warm() -> list:
+            """Import the data stack ahead (warm kernels: pool, spares); whatever is missing is skipped."""
+            done = []
+            for name in policy.get("warm_imports", ()):
+                try:
+                    __import__(name)
+                except Exception:  # noqa: BLE001 - not installed, or refused by the profile
+                    continue
+                done.append(name)
+            if "matplotlib.pyplot" in done:
+                try:  # the font cache and the renderers: a first figure, closed
+                    import io
+
+                    plt = sys.modules["matplotlib.pyplot"]
+                    fig = plt.figure(figsize=(1, 1))
+                    fig.gca().plot([0, 1])
+                    for fmt in policy.get("figure_formats") or ("png",):
+                        fig.savefig(io.BytesIO(), format=fmt)
+                    plt.close(fig)
+                except Exception:  # noqa: BLE001
+                    pass
+            return done
+
+        builtins._kernelexec_warm = warm
+
         packages = policy.get("packages_dir")
         allow_more = policy.pop("_allow_more", None)
 

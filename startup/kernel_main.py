@@ -4,6 +4,13 @@ Before ipykernel is imported it blocks native-code modules the profile refuses (
 otherwise be loaded by the kernel's own imports and left for user code to reach), and, under a
 socket filter, keeps ipykernel's IOPub pipe from binding TCP (libzmq aborts if ``socket()`` fails).
 Options come from ``KERNELEXEC_KERNEL`` (JSON), removed before user code runs.
+
+The kernel's Python runs with ``-S``: ``site`` would import a ``sitecustomize`` from any
+``sys.path`` entry, also one an editable install's ``.pth`` adds inside the (writable) project.
+``setup_path`` does what ``site.main()`` does without that, defers every ``sys.path`` entry a
+cell could write until the guard is installed (``startup/kernel_init.py`` appends them), and puts
+kernelexec's ipykernel overlay, when the environment has no ipykernel, after the environment's
+own site-packages, so the project's packages win. Runs on Python 3.10 and newer.
 """
 
 import json
@@ -28,8 +35,41 @@ def watch_lifeline(fd: int) -> None:
     threading.Thread(target=wait, name="kernelexec-lifeline", daemon=True).start()
 
 
+def _under(path: str, roots: "list[str]") -> bool:
+    real = os.path.realpath(path or ".")
+    return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
+
+
+def setup_path(options: dict) -> None:
+    import site
+
+    try:
+        known = site.removeduppaths()
+        known = site.venv(known)  # 3.10 sets a venv's sys.prefix here, not at startup
+        site.addsitepackages(known)
+    except Exception:  # noqa: BLE001 - an interpreter whose site module differs: the dirs it told the server
+        pass
+    for directory in options.get("site_dirs", ()):
+        if directory not in sys.path and os.path.isdir(directory):
+            site.addsitedir(directory)
+    for name in ("setquit", "setcopyright", "sethelper"):
+        helper = getattr(site, name, None)
+        if helper is not None:
+            helper()
+    writable = [os.path.realpath(p) for p in options.get("writable", ())]
+    protected = [os.path.realpath(p) for p in options.get("protected", ())]
+    late = [p for p in sys.path[1:] if _under(p, writable) and not _under(p, protected)]
+    sys.path[:] = [p for i, p in enumerate(sys.path) if i == 0 or p not in late]
+    overlay = options.get("overlay")
+    if overlay:
+        sys.path.append(overlay)
+    os.environ["KERNELEXEC_LATE_PATH"] = json.dumps(late)
+
+
 def main() -> None:
     options = json.loads(os.environ.pop("KERNELEXEC_KERNEL", "{}"))
+    if sys.flags.no_site:
+        setup_path(options)
     for name in options.get("block_modules", ()):
         sys.modules[name] = None  # type: ignore[assignment]  # `import ctypes` now raises ImportError
     if os.getppid() == 1:

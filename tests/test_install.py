@@ -82,8 +82,8 @@ def test_the_wheel_carries_the_kernel_startup_files_and_the_console_script(wheel
         assert name in names, name
     assert "kernelexec = kernelexec.cli:main" in entry_points
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
-    for dependency in ("mcp", "jupyter_client", "ipykernel"):
-        assert any(line.split()[1].startswith(dependency) for line in requires), dependency
+    for dependency in ("mcp", "jupyter_client", "ipykernel", "numpy", "pandas", "matplotlib"):  # the data stack by default
+        assert any(line.split()[1].startswith(dependency) and "extra ==" not in line for line in requires), dependency
 
 
 def test_the_installed_command_runs_code_from_the_installed_package(installed: Path, tmp_path: Path, short_tmp: Path) -> None:
@@ -103,3 +103,50 @@ def test_the_installed_command_runs_code_from_the_installed_package(installed: P
     hook = subprocess.run([str(kernelexec), "hook", "pre-tool-use"], input="{}", capture_output=True, text=True,
                           timeout=60, env={**env, "KERNELEXEC_CODE_ONLY": "1"})
     assert json.loads(hook.stdout)["hookSpecificOutput"]["permissionDecision"] == "deny"
+
+
+SEED_SORT = """\
+import numpy as np
+rng = np.random.default_rng(42)
+numbers = rng.random(1_000_000)
+ordered = np.sort(numbers)
+print(f'sorted {ordered.size:,} numbers')
+result = {'count': int(ordered.size), 'is_sorted': bool(np.all(ordered[:-1] <= ordered[1:])), 'min_first': bool(ordered[0] == numbers.min())}
+"""
+
+SEED_BINOMIAL = """\
+import math
+import matplotlib.pyplot as plt
+n, p = 20, 0.5
+ks = list(range(n + 1))
+probs = [math.comb(n, k) * p ** k * (1 - p) ** (n - k) for k in ks]
+fig, ax = plt.subplots()
+ax.bar(ks, probs)
+ax.set_title(f'Binomial distribution (n={n}, p={p})')
+fig.savefig('binomial.svg')
+result = round(sum(probs), 9)
+"""
+
+
+def test_the_seeds_examples_run_through_execute_code_on_the_installed_wheel(installed: Path, tmp_path: Path, short_tmp: Path) -> None:
+    """The seeds' first two examples (numpy sorts a million numbers; a binomial bar chart as SVG) on a
+    plain install: the installed ``kernelexec exec`` calls execute_code through a real MCP client."""
+    kernelexec = installed / "kernelexec"
+    env = clean_env(PATH=f"{installed}{os.pathsep}{os.environ.get('PATH', '')}")
+    for name in ("PYTHONPATH", "VIRTUAL_ENV", "CONDA_PREFIX"):
+        env.pop(name, None)
+    project = tmp_path / "work"
+    project.mkdir()
+    state = short_tmp / "seeds"
+    sort = json.loads(run([str(kernelexec), "exec", "--state-dir", str(state), SEED_SORT], env=env, cwd=tmp_path).stdout)
+    assert sort["success"], sort
+    assert sort["stdout"] == "sorted 1,000,000 numbers\n"
+    assert sort["result"] == {"count": 1_000_000, "is_sorted": True, "min_first": True}
+    assert sort["environment"]["source"] == "own" and sort["environment"]["python"].startswith(str(installed))
+    chart = json.loads(run([str(kernelexec), "exec", "--state-dir", str(state), "--working-dir", str(project), SEED_BINOMIAL],
+                           env=env, cwd=tmp_path).stdout)
+    assert chart["success"], chart
+    assert chart["result"] == 1.0
+    head = (project / "binomial.svg").read_text()[:2000]
+    assert head.startswith("<?xml") and "<svg" in head
+    assert {o["mime_type"] for o in chart["outputs"]} == {"image/png", "image/svg+xml"}
