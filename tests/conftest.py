@@ -48,3 +48,10 @@ async def harness(short_tmp: Path) -> AsyncIterator[Harness]:
     """The default server (standard profile, all tools), shared by a module."""
     async with serving(make_settings(short_tmp)) as h:
         yield h
+
+
+@pytest.fixture(scope="session")
+def overlay_cache(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """kernelexec's cache dir for the whole test session (overlays built at most once per interpreter)."""
+    cache = getattr(request.config, "cache", None)
+    return Path(cache.mkdir("kernelexec-cache")) if cache is not None else tmp_path_factory.mktemp("kxcache")

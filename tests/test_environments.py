@@ -50,13 +50,6 @@ def need(minor: str) -> str:
     return python
 
 
-@pytest.fixture(scope="session")
-def overlay_cache(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """kernelexec's cache dir for the whole test session (overlays built at most once per interpreter)."""
-    cache = getattr(request.config, "cache", None)
-    return Path(cache.mkdir("kernelexec-cache")) if cache is not None else tmp_path_factory.mktemp("kxcache")
-
-
 def make_project(base: Path, python: str, name: str = "proj", *, pth_src: bool = False) -> Path:
     """A project: pyproject.toml, a .venv made by ``python -m venv`` (no pip, no ipykernel), a module
     installed in its site-packages, and (``pth_src``) an editable-style .pth naming the project's src/."""

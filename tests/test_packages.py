@@ -19,6 +19,7 @@ import pytest
 
 from .conftest import Harness, clean_env, free_port, kernelexec_cmd, make_settings, serving
 from .support import build_sdist, build_wheel, package_index
+from .test_environments import need
 
 pytestmark = pytest.mark.anyio
 
@@ -177,3 +178,17 @@ async def test_replay_installs_again_from_the_configured_index(h: Harness, index
                           env=clean_env(PIP_CONFIG_FILE=os.devnull), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 cells: 2 same, 0 different" in done.stdout, done.stdout
+
+
+async def test_a_kernel_in_another_interpreter_gets_wheels_for_that_interpreter(
+    short_tmp: Path, index: str, overlay_cache: Path
+) -> None:
+    """pip runs as the kernel's own interpreter (pip --python), so what it picks is importable there."""
+    python = need("3.13")
+    settings = make_settings(short_tmp, python=python, cache_dir=overlay_cache, index_url=index, pool_size=0, restart_spares=0)
+    async with serving(settings) as other:
+        s = await other.new_session()
+        done = await other.call("install_packages", packages=["kxuses"], session=s)
+        assert not done.is_error, done.content
+        r = await other.run("import sys, kxuses\nresult = [list(sys.version_info[:2]), kxuses.USES]", session=s)
+        assert r["result"] == [[3, 13], "dep!"], r
