@@ -67,3 +67,45 @@ async def test_a_pip_line_naming_an_archive_the_kernel_wrote_never_runs_its_buil
         await h.call("execute_code", code="%pip install evil.tar.gz", session=s)
         await h.call("install_packages", packages=["evil.tar.gz"], session=s)
     assert not canary.exists(), f"host code execution outside the sandbox: {canary.read_text()}"
+
+
+async def test_rich_output_metadata_counts_against_the_output_caps(short_tmp: Path) -> None:
+    """The collector sizes a rich output by its ``data`` only; ``metadata`` (and an update's metadata) is
+    kept whatever its size. A 40 MiB ``data`` is dropped (over ``max_output_bytes``) but the same 40 MiB
+    as ``metadata`` is kept, in memory, the journal and the notebook — and 1,000 such outputs per cell
+    (``max_outputs``) would hold tens of GiB in the server."""
+    from kernelexec.collector import Caps
+
+    from .test_hostile_kernel import SENDER
+
+    cap = Caps().max_output_bytes
+    async with serving(make_settings(short_tmp, pool_size=0, restart_spares=0)) as h:
+        s = await h.new_session()
+        await h.run(SENDER, session=s)
+        dropped = await h.run("_send('display_data', {'data': {'text/plain': 'y' * (40 << 20)}, 'metadata': {}})", session=s)
+        assert any("dropped" in n for n in dropped["notes"]), dropped["notes"]
+        r = await h.run("_send('display_data', {'data': {'text/plain': 'small'}, 'metadata': {'pad': 'x' * (40 << 20)}})",
+                        session=s)
+        size = Path(r["notebook"]).stat().st_size
+    assert size < cap, f"a rich output's metadata of 40 MiB was kept (notebook {size:,} bytes; cap {cap:,})"
+
+
+async def test_a_kernels_overflowing_float_never_makes_the_notebook_invalid_json(short_tmp: Path) -> None:
+    """``wire.loads`` maps the ``NaN``/``Infinity`` literals to null, but JSON's ``1e999`` decodes to
+    ``float('inf')``, which ``json.dumps`` writes as ``Infinity``: the notebook file is then not JSON
+    (JupyterLab, GitHub and any strict parser refuse it; Python's json alone accepts it)."""
+    import json
+
+    from .test_hostile_kernel import SENDER
+
+    async with serving(make_settings(short_tmp, pool_size=0, restart_spares=0)) as h:
+        s = await h.new_session()
+        await h.run(SENDER, session=s)
+        r = await h.run("""_send('display_data', '{"data": {"application/json": {"x": 1e999}, "text/plain": "inf"}, '
+                        '"metadata": {"m": -1e999}}', raw=True)""", session=s)
+        text = Path(r["notebook"]).read_text()
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    json.loads(text, parse_constant=refuse)
