@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from .models import Execution
+from .models import CellError, Execution
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
 _MIME = re.compile(r"^[a-zA-Z0-9]+/[a-zA-Z0-9\-\+\.]+$")
@@ -157,9 +157,12 @@ def _bundle(data: Any) -> tuple[dict[str, Any], int]:
     return bundle, size
 
 
-def _metadata(content: dict[str, Any]) -> dict[str, Any]:
+def _metadata(content: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """An output's metadata (an object, else none) and its size in characters (it counts against the caps)."""
     meta = content.get("metadata", {})
-    return meta if isinstance(meta, dict) else {}
+    if not isinstance(meta, dict) or not meta:
+        return {}, 0
+    return meta, len(json.dumps(meta))
 
 
 def _display_id(content: dict[str, Any]) -> str | None:
@@ -278,13 +281,15 @@ class Collector:
 
     def _rich(self, kind: str, content: dict[str, Any]) -> None:
         bundle, size = _bundle(content.get("data"))
+        metadata, meta_size = _metadata(content)
+        size += meta_size
         display_id = _display_id(content)
         self._before_output()
         if not self._room(size):
             return
         self.rich_count += 1
         self.rich_bytes += size
-        out: dict[str, Any] = {"output_type": kind, "data": bundle, "metadata": _metadata(content)}
+        out: dict[str, Any] = {"output_type": kind, "data": bundle, "metadata": metadata}
         if kind == "execute_result":
             out["execution_count"] = _count(content.get("execution_count"))
             self.ex.execution_count = out["execution_count"] or self.ex.execution_count
@@ -294,6 +299,8 @@ class Collector:
 
     def _update(self, content: dict[str, Any]) -> None:
         bundle, size = _bundle(content.get("data"))
+        metadata, meta_size = _metadata(content)
+        size += meta_size
         display_id = _display_id(content)
         self._before_output()
         indexes = self.display_index.get(display_id, []) if display_id else []
@@ -304,7 +311,7 @@ class Collector:
             self.rich_bytes += size
             out = self.ex.outputs[index]
             out["data"] = bundle
-            out["metadata"] = _metadata(content)
+            out["metadata"] = metadata
 
     def _error(self, content: dict[str, Any]) -> None:
         ename = content.get("ename")
@@ -320,9 +327,8 @@ class Collector:
             return
         self.rich_count += 1
         self.rich_bytes += size
-        lines = [strip_ansi(line) for line in traceback]
-        self.ex.error = {"ename": ename, "evalue": evalue, "traceback": lines}
-        self.ex.outputs.append({"output_type": "error", "ename": ename, "evalue": evalue, "traceback": lines})
+        self.ex.error = CellError(ename, evalue, [strip_ansi(line) for line in traceback])
+        self.ex.outputs.append(self.ex.error.output())
 
     def _clear(self) -> None:
         self.clear_before_next = False

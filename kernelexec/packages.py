@@ -40,6 +40,9 @@ _SPEC = re.compile(
     r"(?:\[(?P<extras>[A-Za-z0-9._-]+(?:\s*,\s*[A-Za-z0-9._-]+)*)\])?"
     r"(?P<spec>\s*(?:===|==|!=|<=|>=|~=|<|>)\s*[A-Za-z0-9.*+!_-]+(?:\s*,\s*(?:===|==|!=|<=|>=|~=|<|>)\s*[A-Za-z0-9.*+!_-]+)*)?$"
 )
+# pip takes a requirement that looks like an archive's file name for a local file (and builds an sdist
+# it finds); no package name ends like one
+_FILE_LIKE = re.compile(r"\.(whl|zip|tar|tgz|tbz|txz|gz|bz2|xz|egg|exe|pyz|py|toml|cfg|txt|in|json|lock)$", re.I)
 _PIP_LINE = re.compile(r"^\s*(?:%pip|!\s*pip3?|pip3?|!\s*python3?\s+-m\s+pip|%python\s+-m\s+pip)\s+install(?:\s+(?P<args>.*))?$")
 _QUIET_FLAGS = {"-q", "--quiet", "-qq", "-qqq"}
 _UPGRADE_FLAGS = {"-U", "--upgrade"}
@@ -58,11 +61,12 @@ def parse_specs(specs: list[str]) -> list[str]:
         raise InvalidRequest(f"at most {MAX_SPECS} packages per install; got {len(specs)}")
     clean = []
     for spec in specs:
-        if not isinstance(spec, str) or not _SPEC.match(spec.strip()) or len(spec) > 200:
+        match = _SPEC.match(spec.strip()) if isinstance(spec, str) and len(spec) <= 200 else None
+        if match is None or _FILE_LIKE.search(match.group("name")):
             raise InvalidRequest(
                 f"{str(spec)[:80]!r} is not a package name with optional extras and version specifiers "
-                "(e.g. 'seaborn', 'pandas[excel]>=2.1', 'tabulate==0.9.0'); URLs, paths, VCS links, '@' references, "
-                "markers, options and shell syntax are refused")
+                "(e.g. 'seaborn', 'pandas[excel]>=2.1', 'tabulate==0.9.0'); URLs, paths, file names, VCS links, '@' "
+                "references, markers, options and shell syntax are refused")
         clean.append(spec.strip())
     return clean
 
@@ -217,11 +221,13 @@ async def install(settings: Settings, specs: list[str], overlay: Path, *, upgrad
     overlay.mkdir(parents=True, exist_ok=True)
     cache_dir(settings).mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=overlay.parent))
+    empty = Path(tempfile.mkdtemp(prefix=".pip-cwd-", dir=overlay.parent))
     try:
         cmd = pip_command(settings, specs, staging, upgrade=upgrade, python=python)
         try:
             with anyio.fail_after(settings.install_timeout):
-                done = await anyio.run_process(cmd, env=_pip_env(), check=False, stdin=None)
+                # in an empty directory of its own: nothing a kernel wrote can be taken for a local project or archive
+                done = await anyio.run_process(cmd, env=_pip_env(), check=False, stdin=None, cwd=str(empty))
         except TimeoutError:
             raise InstallError(f"installing {', '.join(specs)} took longer than {settings.install_timeout:g} s "
                                "(--install-timeout); nothing was installed") from None
@@ -232,6 +238,7 @@ async def install(settings: Settings, specs: list[str], overlay: Path, *, upgrad
         await anyio.to_thread.run_sync(_merge, staging, overlay)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(empty, ignore_errors=True)
     for item in installed:
         item.size = _dist_size(overlay, item.name)
     return InstallOutcome(installed, round((time.monotonic() - started) * 1000, 3), index_description(settings))

@@ -162,9 +162,9 @@ def _line(record: dict[str, Any]) -> bytes:
     """One JSON line, valid UTF-8 whatever the strings hold (they are cleaned at the kernel's door,
     but the record must never be the thing that breaks)."""
     try:
-        return json.dumps(record, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    except UnicodeEncodeError:
-        return json.dumps(clean(record), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        return json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    except (UnicodeEncodeError, ValueError):  # a lone surrogate, NaN or infinity: never in the record
+        return json.dumps(clean(record), ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
 class Recorder:

@@ -5,17 +5,21 @@ in-kernel output cap and packer. JSON's ``\\ud800`` escape decodes to a lone sur
 UTF-8 writer accepts (the stdio transport, the notebook file), and ``NaN`` is not JSON at all.
 ``loads`` decodes a message part and cleans it: lone surrogates become U+FFFD (a valid pair is
 joined into its character), ``NaN``/``Infinity`` become ``null``, and nesting deeper than any real
-message is cut. Local and provisioned kernels get it as their wire session's ``unpack``
+message is cut, and a part over ``MAX_PART_BYTES`` is refused before it is decoded. Local and provisioned kernels get it as their wire session's ``unpack``
 (``harden``); the gateway client decodes its WebSocket frames with it.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
 MAX_DEPTH = 64  # deeper structures than any Jupyter message has are replaced by a note
+# One message part decodes to several times its size in objects: a kernel's honest messages (its stream
+# cap forwards 1,000,000 characters; a large figure is a few MB) stay far below this.
+MAX_PART_BYTES = 48 * 1024 * 1024
 _ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -28,9 +32,11 @@ def clean_text(text: str) -> str:
 
 
 def clean(value: Any, depth: int = 0) -> Any:
-    """``value`` (decoded JSON) with every string, keys included, made valid Unicode."""
+    """``value`` (decoded JSON) with every string, keys included, made valid Unicode, and no NaN or infinity."""
     if isinstance(value, str):
         return clean_text(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     if depth >= MAX_DEPTH:
         return "[kernelexec: nested too deep]" if isinstance(value, (dict, list)) else value
     if isinstance(value, dict):
@@ -44,12 +50,19 @@ def _no_constant(name: str) -> None:
     return None  # NaN, Infinity, -Infinity: not JSON; null instead
 
 
+def _finite(text: str) -> float | None:
+    value = float(text)
+    return value if math.isfinite(value) else None  # 1e999 overflows to inf: not JSON either
+
+
 def loads(data: bytes | str) -> Any:
     """Decode one JSON message part from a kernel (see the module docstring). Raises ValueError
     for what is not JSON or is nested beyond the decoder's recursion limit."""
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
+    if len(raw) > MAX_PART_BYTES:
+        raise ValueError(f"a kernel message part of {len(raw):,} bytes (more than {MAX_PART_BYTES:,})")
     try:
-        value = json.loads(raw.decode("utf-8", "replace"), parse_constant=_no_constant)
+        value = json.loads(raw.decode("utf-8", "replace"), parse_constant=_no_constant, parse_float=_finite)
     except RecursionError as exc:
         raise ValueError("a kernel message nested too deep to decode") from exc
     if _ESCAPED_SURROGATE.search(raw) is not None or _depth_exceeds(value):

@@ -192,3 +192,12 @@ async def test_a_stream_flood_past_the_kernel_cap_keeps_the_server_small_and_oth
     assert latencies, "the flood ended before another call could be timed"
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
     assert p99 < 1.0, f"another session's 1+1 p99 was {p99:.2f} s during the flood"
+
+
+def test_the_door_refuses_oversized_parts_and_non_finite_numbers() -> None:
+    from kernelexec import wire
+
+    with pytest.raises(ValueError, match="more than"):
+        wire.loads(b'"' + b"x" * wire.MAX_PART_BYTES + b'"')
+    assert wire.loads(b'{"a": 1e999, "b": -1e999, "c": NaN, "d": 1.5}') == {"a": None, "b": None, "c": None, "d": 1.5}
+    assert wire.loads(b'{"k\\ud800": "\\ud83d\\ude00 \\udfff"}') == {"k\ufffd": "\U0001f600 \ufffd"}

@@ -105,6 +105,7 @@ async def test_a_pip_line_asking_for_anything_else_is_refused_before_anything_ru
 
 
 @pytest.mark.parametrize("spec", ["https://127.0.0.1/x.whl", "../kxdemo", "git+https://x/y", "kxdemo @ file:///tmp/x",
+                                  "evil.tar.gz", "x-1.0-py3-none-any.whl", "x.zip", "setup.py", "requirements.txt",
                                   "--index-url=http://x", "kxdemo; python_version<'4'", "kxdemo && id", "", " ", "a" * 300])
 async def test_bad_specs_are_refused(h: Harness, spec: str) -> None:
     refused = await h.call("install_packages", packages=[spec])
