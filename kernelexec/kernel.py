@@ -23,7 +23,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import IO, Any, ClassVar
+from typing import IO, Any, ClassVar, Literal
 
 import anyio
 import anyio.lowlevel
@@ -33,7 +33,7 @@ from .collector import Caps, Collector, strip_ansi
 from .errors import KernelDied, KernelStartError
 from .launch import LaunchSpec, kernel_manager
 from .layout import SLOTS
-from .models import Execution
+from .models import CellError, CellResult, Execution
 from .spares import Spares
 from .wire import harden
 
@@ -371,11 +371,9 @@ class Kernel(ABC):
             ex.execution_count = count
         if content.get("status") == "error" and ex.error is None:
             traceback = content.get("traceback", [])
-            ex.error = {
-                "ename": str(content.get("ename", "Error")),
-                "evalue": str(content.get("evalue", "")),
-                "traceback": [strip_ansi(t) for t in traceback if isinstance(t, str)] if isinstance(traceback, list) else [],
-            }
+            ex.error = CellError(
+                str(content.get("ename", "Error")), str(content.get("evalue", "")),
+                [strip_ansi(t) for t in traceback if isinstance(t, str)] if isinstance(traceback, list) else [])
         expressions = content.get("user_expressions")
         report = expressions.get("report") if isinstance(expressions, dict) else None
         data = report.get("data") if isinstance(report, dict) and report.get("status") == "ok" else None
@@ -461,16 +459,16 @@ def _streams_cut(report: Any, spill_ok: Callable[[Any], bool]) -> dict[str, Any]
     return kept
 
 
-def _result(payload: dict[str, Any], spill_ok: Callable[[Any], bool]) -> dict[str, Any] | None:
+def _result(payload: dict[str, Any], spill_ok: Callable[[Any], bool]) -> CellResult | None:
     """The runtime's result report, if it has the runtime's shape (kind, format, text, file)."""
-    if payload.get("kind") == "none" or not isinstance(payload.get("text"), str):
+    text = payload.get("text")
+    if payload.get("kind") == "none" or not isinstance(text, str):
         return None
-    if payload.get("format") == "json":
+    fmt: Literal["json", "text"] = "json" if payload.get("format") == "json" else "text"
+    if fmt == "json":
         try:
-            json.loads(payload["text"])
+            json.loads(text)
         except ValueError:
-            payload = {**payload, "format": "text"}
+            fmt = "text"
     path = payload.get("file")
-    if path is not None and not spill_ok(path):
-        payload = {k: v for k, v in payload.items() if k != "file"}
-    return payload
+    return CellResult(text, fmt, path if path is not None and spill_ok(path) else None)

@@ -40,6 +40,7 @@ from tornado import web
 from traitlets import Unicode, default
 
 from . import connections, lab_guard
+from .layout import SessionDirs
 from .sessions import valid_handle
 
 _ID_NAMESPACE = uuid.UUID("6f3c1a52-8d0e-5b7a-9c41-2e6d7f0a9b13")
@@ -397,7 +398,7 @@ class SessionContents(AsyncLargeFileManager):
         except OSError:
             return set()
         # a pooled kernel's session (never handed out) has no journal and no published kernel
-        return {d.name for d in dirs if d.name in live or (d / "journal.jsonl").exists()}
+        return {d.name for d in dirs if d.name in live or SessionDirs(d).journal.exists()}
 
     def visible(self, path: str) -> bool:
         parts = [p for p in path.strip("/").split("/") if p]
@@ -409,8 +410,9 @@ class SessionContents(AsyncLargeFileManager):
         session = root / parts[0]
         if len(parts) == 1:
             return True
-        if len(parts) == 2 and parts[1] == "notebook.ipynb":
-            return os.path.realpath(session / "notebook.ipynb") == str(session / "notebook.ipynb")
+        notebook = SessionDirs(session).notebook
+        if len(parts) == 2 and parts[1] == notebook.name:
+            return os.path.realpath(notebook) == str(notebook)
         if parts[1] not in self.VISIBLE:
             return False
         real = Path(os.path.realpath(session.joinpath(*parts[1:])))

@@ -16,6 +16,33 @@ Ending = Literal["completed", "interrupted", "restarted", "kernel_died"]
 RunEnding = Literal["completed", "interrupted", "restarted", "kernel_died", "running"]
 
 
+@dataclass(frozen=True)
+class CellError:
+    """The exception a cell raised (or kernelexec's stand-in for one), traceback without colour codes."""
+
+    ename: str
+    evalue: str
+    traceback: list[str] = field(default_factory=list)
+
+    def one_line(self) -> str:
+        """"ZeroDivisionError: division by zero": the type and the first line of the message."""
+        first = next(iter(self.evalue.strip().splitlines()), "")
+        return f"{self.ename}: {first}" if first else self.ename
+
+    def output(self) -> dict[str, Any]:
+        """As an nbformat error output."""
+        return {"output_type": "error", "ename": self.ename, "evalue": self.evalue, "traceback": list(self.traceback)}
+
+
+@dataclass(frozen=True)
+class CellResult:
+    """The value of ``result`` or of the cell's last expression, as the kernel runtime reported it."""
+
+    text: str  # JSON text when ``format`` is "json", else the repr (possibly cut by the kernel's cap)
+    format: Literal["json", "text"] = "text"
+    file: str | None = None  # the kernel's spill file with the whole text, when it cut it
+
+
 @dataclass
 class Execution:
     """One cell's outcome, straight from the kernel. No MCP or file concerns here."""
@@ -24,11 +51,11 @@ class Execution:
     stdout: str = ""
     stderr: str = ""
     outputs: list[dict[str, Any]] = field(default_factory=list)  # nbformat v4 output dicts, in order
-    result: dict[str, Any] | None = None  # the kernel runtime's report (kind, format, text, file)
+    result: CellResult | None = None
     streams_cut: dict[str, Any] = field(default_factory=dict)  # what the kernel's stream cap cut
     stream_files: dict[str, str] = field(default_factory=dict)  # the server's spill file of a stream it capped
     notes: list[str] = field(default_factory=list)  # what the server did to the kernel's messages (caps, drops)
-    error: dict[str, Any] | None = None  # ename, evalue, traceback (ANSI stripped)
+    error: CellError | None = None
     execution_count: int | None = None
     duration_ms: float = 0.0
     ending: Ending = "completed"

@@ -25,7 +25,7 @@ from typing import Any
 from mcp_types import Annotations, ContentBlock, EmbeddedResource, ImageContent, ResourceLink, TextContent, TextResourceContents
 
 from .collector import strip_ansi
-from .models import ExecuteResult, Execution, OutputRef
+from .models import CellError, ExecuteResult, Execution, OutputRef
 
 EXTENSIONS = {
     "image/png": "png",
@@ -111,14 +111,14 @@ class Renderer:
         result_value: Any = None
         result_file: str | None = None
         if ex.result is not None:
-            text = ex.result.get("text", "")
-            result_file = ex.result.get("file")
+            text = ex.result.text
+            result_file = ex.result.file
             if len(text) > self.result_chars:
                 if result_file is None:
-                    ext = "json" if ex.result.get("format") == "json" else "txt"
+                    ext = "json" if ex.result.format == "json" else "txt"
                     result_file = str(self._write(f"{stem}-result", ext, text.encode())[0])
                 result_value = text[: self.result_chars] + f"... [cut at {self.result_chars:,} of {len(text):,} characters; whole in result_file]"
-            elif ex.result.get("format") == "json":
+            elif ex.result.format == "json":
                 result_value = json.loads(text)
             else:
                 result_value = text
@@ -189,8 +189,8 @@ class Renderer:
             result=result_value,
             result_file=result_file,
             error=_one_line(ex, error),
-            error_type=(error or {}).get("ename") or (None if ex.success else _ending_type(ex)),
-            traceback=[line for t in (error or {}).get("traceback", []) for line in t.split("\n")],
+            error_type=error.ename if error is not None else (None if ex.success else _ending_type(ex)),
+            traceback=[line for t in (error.traceback if error is not None else []) for line in t.split("\n")],
             session=self.session,
             execution_count=ex.execution_count,
             outputs=refs,
@@ -231,10 +231,9 @@ def _ending_type(ex: Execution) -> str:
     return {"interrupted": "TimeoutError", "restarted": "TimeoutError", "kernel_died": "KernelDied"}.get(ex.ending, "Error")
 
 
-def _one_line(ex: Execution, error: dict[str, Any] | None) -> str | None:
+def _one_line(ex: Execution, error: CellError | None) -> str | None:
     if error is not None and ex.ending == "completed":
-        evalue = str(error.get("evalue", "")).strip().splitlines()
-        return f"{error['ename']}: {evalue[0]}" if evalue else error["ename"]
+        return error.one_line()
     if ex.ending == "completed":
         return None
     if ex.timed_out:

@@ -60,8 +60,7 @@ def cell_timeout(meta: dict[str, Any], default: float, limit: float) -> float:
 
 def _failure(ex: Execution) -> str | None:
     if ex.error is not None:
-        evalue = str(ex.error.get("evalue", "")).strip().splitlines()
-        return f"{ex.error.get('ename')}: {evalue[0]}" if evalue else str(ex.error.get("ename"))
+        return ex.error.one_line()
     if ex.ending != "completed":
         return ex.restart_reason or ex.ending
     return None

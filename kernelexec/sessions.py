@@ -28,7 +28,7 @@ from .errors import InvalidRequest, SessionError
 from .kernel import Kernel, LocalKernel, OnOutput
 from .launch import LaunchSpec
 from .layout import SessionDirs
-from .models import Execution, ReplayedCell
+from .models import CellError, Execution, ReplayedCell
 from .packages import InstallError, InstallOutcome, check_allowed, install, installed_record, parse_specs, pip_lines
 from .policy import kernel_policy
 from .recording import Recorder, mark_closed, read_session_meta, rebuild_stale
@@ -246,11 +246,16 @@ class Session:
             self.default_cwd = self.cwd = cwd
         await self.ensure_kernel()
 
-    async def variables(self) -> Any:
-        """The kernel's list of its user variables (``_kernelexec_variables``), as it answered: untrusted."""
+    async def evaluate(self, expression: str) -> Any:
+        """One silent expression in the kernel, in turn with the session's calls (not a cell: not recorded);
+        the kernel's answer, untrusted. For views of the state (variables, a table page)."""
         async with self.lock:
             kernel = await self.ensure_kernel()
-            return await kernel.evaluate("_kernelexec_variables()")
+            return await kernel.evaluate(expression)
+
+    async def variables(self) -> Any:
+        """The kernel's list of its user variables (``_kernelexec_variables``), as it answered: untrusted."""
+        return await self.evaluate("_kernelexec_variables()")
 
     async def check_alive(self) -> None:
         """Restart a kernel that died between calls (SIGKILL from outside, the OOM killer) and say so."""
@@ -653,6 +658,6 @@ class SessionManager:
 def _install_failed(code: str, why: str) -> Execution:
     """A cell whose pip line could not be served: it fails as pip would, and nothing of it ran."""
     ex = Execution(code=code)
-    ex.error = {"ename": "InstallError", "evalue": why, "traceback": [f"InstallError: {why}", "(the cell's code did not run)"]}
-    ex.outputs.append({"output_type": "error", **ex.error})
+    ex.error = CellError("InstallError", why, [f"InstallError: {why}", "(the cell's code did not run)"])
+    ex.outputs.append(ex.error.output())
     return ex

@@ -145,9 +145,7 @@ def extension(app: App, *, translated: Callable[[Callable[..., Any]], Callable[.
         if not name.isidentifier() or name.startswith("_"):
             raise ToolError(f"{name!r} is not a variable name")
         target = await idle_session(ctx, session)
-        async with target.lock:
-            kernel = await target.ensure_kernel()
-            found = parse_page(await kernel.evaluate(page_expression(name, page, page_size, sort_column, descending)))
+        found = parse_page(await target.evaluate(page_expression(name, page, page_size, sort_column, descending)))
         total = found["total"]
         return TablePage(session=target.handle, name=name, columns=found["columns"], index_name=found["index_name"],
                          rows=found["rows"], total_rows=total, page=page, page_size=page_size,
