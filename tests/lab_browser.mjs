@@ -146,7 +146,7 @@ try {
     }
   }
   const statuses = [];
-  for (let i = 0; i < 30; i++) { // up to 15 s for Lab to reconnect
+  for (let i = 0; i < 60; i++) { // up to 30 s for Lab to reconnect (a loaded CI machine)
     const text = (await page.locator(".jp-StatusBar-TextItem", { hasText: "|" }).allInnerTexts()).join(" ");
     if (statuses[statuses.length - 1] !== text) statuses.push(text);
     if (text.endsWith("| Idle")) break;
