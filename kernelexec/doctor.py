@@ -13,8 +13,8 @@ from typing import Any
 from .config import Profile, Settings
 from .environments import explain, prepare
 from .errors import InvalidRequest, KernelexecError, SandboxUnavailable
+from .kernelspecs import provisioner_of
 from .layout import check_socket_room
-from .provisioned import provisioner_of
 from .sandbox import available, describe_layers, plan_for, probe
 from .terminal import safe
 

@@ -5,7 +5,7 @@ diagnostics. Where the kernel runs is a backend's business, declared as a few ho
 jupyter_client's ``KernelProvisionerBase``): ``create_manager`` and ``start_kwargs`` (abstract),
 ``install_startup``, ``exit_code`` and ``log_tail`` (safe defaults), and the class attributes
 ``supports_spares`` and ``liveness_every``. Backends: ``LocalKernel`` here (our provisioner inside
-the sandbox), ``provisioned.ProvisionedKernel`` (a kernelspec's provisioner), ``gateway.GatewayKernel``.
+the sandbox), ``kernelspecs.ProvisionedKernel`` (a kernelspec's provisioner), ``gateway.GatewayKernel``.
 
 ``Kernel.execute`` sends one request, reads IOPub (filtered by ``parent_header.msg_id``) and the
 shell reply against one monotonic deadline, and races that against ``is_alive()`` so a dead kernel

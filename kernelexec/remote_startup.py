@@ -1,6 +1,6 @@
 """kernelexec's startup code for a kernel that does not run on this machine's files.
 
-A kernel on a gateway (``gateway.py``) or launched by a remote provisioner (``provisioned.py``)
+A kernel on a gateway (``gateway.py``) or launched by a remote provisioner (``kernelspecs.py``)
 cannot run ``startup/kernel_init.py`` through ``exec_files``: the file is not there. So one silent
 execute carries the policy and the source of ``startup/guard.py``, ``startup/runtime.py`` and
 ``startup/kernel_init.py``; the kernel writes them to ``<its temp dir>/kernelexec-<handle>.startup/``

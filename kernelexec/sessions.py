@@ -71,7 +71,7 @@ def kernel_class(settings: Settings) -> type[Kernel]:
     """Local kernels, kernels on a remote gateway, or kernels a kernelspec's provisioner launches
     (the last two imported only when configured)."""
     if settings.kernel_spec:
-        from .provisioned import ProvisionedKernel
+        from .kernelspecs import ProvisionedKernel
 
         return ProvisionedKernel.for_settings(settings)
     if settings.kernel_gateway:

@@ -5,7 +5,8 @@ in-kernel output cap and packer. JSON's ``\\ud800`` escape decodes to a lone sur
 UTF-8 writer accepts (the stdio transport, the notebook file), and ``NaN`` is not JSON at all.
 ``loads`` decodes a message part and cleans it: lone surrogates become U+FFFD (a valid pair is
 joined into its character), ``NaN``/``Infinity`` become ``null``, and nesting deeper than any real
-message is cut, and a part over ``MAX_PART_BYTES`` is refused before it is decoded. Local and provisioned kernels get it as their wire session's ``unpack``
+message is cut, and a part over ``MAX_PART_BYTES`` is refused before it is decoded. Local and
+provisioned kernels get it as their wire session's ``unpack``
 (``harden``); the gateway client decodes its WebSocket frames with it.
 """
 
