@@ -107,3 +107,48 @@ def live(directory: Path) -> dict[str, Path]:
         return {p.stem.split(".")[0]: p for p in sorted(directory.iterdir()) if p.suffix == ".json" and p.is_file()}
     except OSError:
         return {}
+
+
+# --- restart requests from `kernelexec lab` -------------------------------------------------------------
+RESTART_SUFFIX = ".restart"
+
+
+def request_restart(directory: Path, handle: str) -> None:
+    """Ask the server holding ``handle`` to restart its kernel (JupyterLab's "Restart Kernel"). The
+    server's housekeeping takes the request (``take_restart_request``) and restarts through the session,
+    so the notebook record and the agent's next answer say so."""
+    path = directory / f"{handle}{RESTART_SUFFIX}"
+    tmp = directory / f".{handle}{RESTART_SUFFIX}.tmp"
+    tmp.write_text("")
+    os.replace(tmp, path)
+
+
+def take_restart_request(directory: Path, handle: str) -> bool:
+    """True (and the request gone) when ``kernelexec lab`` asked to restart ``handle``'s kernel."""
+    try:
+        (directory / f"{handle}{RESTART_SUFFIX}").unlink()
+    except OSError:
+        return False
+    return True
+
+
+def cancel_restart_request(directory: Path, handle: str) -> None:
+    (directory / f"{handle}{RESTART_SUFFIX}").unlink(missing_ok=True)
+
+
+def restart_done(directory: Path, handle: str, outcome: str) -> None:
+    """The server's answer to a restart request: "ok" or what went wrong."""
+    tmp = directory / f".{handle}{RESTART_SUFFIX}d.tmp"
+    tmp.write_text(outcome[:2000])
+    os.replace(tmp, directory / f"{handle}{RESTART_SUFFIX}d")
+
+
+def take_restart_done(directory: Path, handle: str) -> str | None:
+    """The server's answer to this handle's restart request, once there (and then gone)."""
+    path = directory / f"{handle}{RESTART_SUFFIX}d"
+    try:
+        outcome = path.read_text()
+    except OSError:
+        return None
+    path.unlink(missing_ok=True)
+    return outcome

@@ -11,7 +11,7 @@ kernel messages are filtered at the websocket (plain renderings only, no comms),
 sanitized and read-only, there are no terminals, no other server extensions, no nbconvert pages, and
 no kernel is ever started here (no kernelspec this server offers starts one). What Jupyter can do to an
 attached kernel: run code, inspect, complete, interrupt (sent as an ``interrupt_request`` message).
-Restarting is refused with a message (use ``restart_session``); shutting it down only detaches it.
+Restarting goes through the session (its server restarts it and says so); shutting it down only detaches it.
 """
 
 from __future__ import annotations

@@ -18,10 +18,12 @@ ever started, the kernel websocket filtered (``lab_guard``), a read-only view of
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any, cast
@@ -48,8 +50,10 @@ SPEC_PREFIX = "kernelexec-"
 _REFUSE = "import sys; sys.exit('kernelexec lab attaches to session kernels; it never starts one')"
 NO_START = ("kernelexec lab does not start kernels: it attaches to the live kernels of kernelexec sessions. "
             "Pick a 'kernelexec session …' kernel (Launcher, Kernel menu, or Running panel → New Console for Kernel).")
-RESTART_REFUSED = ("kernelexec lab does not restart session kernels: the kernel belongs to kernelexec session {handle}. "
-                   "Ask the agent to call restart_session (Lab stays attached: the kernel keeps its id).")
+RESTART_WAIT = 30.0  # seconds a restart from Lab waits for the kernelexec server to restart the session's kernel
+RESTART_REFUSED = ("no kernelexec server restarted session {handle}'s kernel within 30 s (is `kernelexec serve` running "
+                   "on this state dir?); the kernel was not restarted. Ask the agent to call restart_session "
+                   "(Lab stays attached: the kernel keeps its id).")
 
 
 def kernel_id_for(handle: str) -> str:
@@ -248,8 +252,27 @@ class SessionKernelManager(AsyncMappingKernelManager):
         raise web.HTTPError(403, NO_START)
 
     async def restart_kernel(self, kernel_id: str, now: bool = False) -> None:  # type: ignore[override]
+        """Restart through the session: ask the kernelexec server holding it (a request file it picks up
+        within a second) and wait until the session's new kernel is here under the same id. No server
+        taking it within ``RESTART_WAIT``: refused with a message (Lab stays on the old kernel)."""
         self._check_kernel_id(kernel_id)
-        raise web.HTTPError(409, RESTART_REFUSED.format(handle=self.handles.get(kernel_id, "?")))
+        handle = self.handles.get(kernel_id, "?")
+        directory = Path(self.connections_dir)
+        connections.take_restart_done(directory, handle)  # an answer to an older request, never collected
+        connections.request_restart(directory, handle)
+        deadline = time.monotonic() + RESTART_WAIT
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.25)
+            outcome = connections.take_restart_done(directory, handle)
+            if outcome is None:
+                continue
+            if outcome != "ok":
+                raise web.HTTPError(409, f"session {handle}: {outcome}")
+            self.sync()  # a warm spare took over: its connection info
+            self.tell_restarted(kernel_id)  # in place: same connection info, a new kernel behind it
+            return
+        connections.cancel_restart_request(directory, handle)
+        raise web.HTTPError(409, RESTART_REFUSED.format(handle=handle))
 
     async def shutdown_kernel(self, kernel_id: str, now: bool = False, restart: bool = False) -> None:  # type: ignore[override]
         """Detach only: the kernel is the session's, and the next scan attaches it again."""
@@ -340,13 +363,20 @@ class FilteringConnection(ZMQChannelsWebsocketConnection):
         was restarted) JupyterLab would show "Unknown" until the next cell."""
         connected = super().connect()
 
-        def tell(_: Any) -> None:
+        def tell(_: Any, tries: int = 0) -> None:
             state = getattr(self.kernel_manager, "execution_state", None)
             if state in ("idle", "busy") and self.channels:
                 try:
                     self._send_status_message(state)
                 except Exception:  # noqa: BLE001 - closed meanwhile
-                    pass
+                    return
+                # Busy when the page connects: the idle that ends it may come before this connection's
+                # own iopub socket is subscribed, and the page would show Busy until the next cell. The
+                # watcher's socket, connected long before, sees it: tell the page again until then.
+                if state == "busy" and tries < 30:
+                    from tornado.ioloop import IOLoop
+
+                    IOLoop.current().call_later(1.0, tell, None, tries + 1)
 
         if connected is not None:
             connected.add_done_callback(tell)
@@ -486,8 +516,10 @@ class SessionContents(AsyncLargeFileManager):
 
 
 class RestartHandler(APIHandler):
-    """``POST /api/kernels/<id>/restart``: refused with a message (Jupyter's own handler turns every
-    refusal into a bare 500), and the page told that the kernel is idle again, so it stays usable."""
+    """``POST /api/kernels/<id>/restart``: the session's kernel restarted through its kernelexec server
+    (``SessionKernelManager.restart_kernel``); the kernel model, as Jupyter answers. When no server takes
+    it: refused with a message (Jupyter's own handler turns every refusal into a bare 500), and the page
+    told that the kernel is idle again, so it stays usable."""
 
     auth_resource = "kernels"
 
@@ -498,16 +530,20 @@ class RestartHandler(APIHandler):
         km.list_kernel_ids()
         if kernel_id not in km:
             raise web.HTTPError(404, f"Kernel does not exist: {kernel_id}")
-        handle = km.handles.get(kernel_id, "?")
-        message = RESTART_REFUSED.format(handle=handle)
-        for conn in _connections_of(kernel_id):
-            try:
-                conn.write_stderr(message, {})
-                conn._send_status_message("idle")
-            except Exception:  # noqa: BLE001
-                pass
-        self.set_status(409)
-        self.finish(json.dumps({"message": message, "reason": "refused"}))
+        try:
+            await km.restart_kernel(kernel_id)
+        except web.HTTPError as exc:
+            message = str(exc.log_message or exc.reason or "refused")
+            for conn in _connections_of(kernel_id):
+                try:
+                    conn.write_stderr(message, {})
+                    conn._send_status_message("idle")
+                except Exception:  # noqa: BLE001
+                    pass
+            self.set_status(exc.status_code)
+            self.finish(json.dumps({"message": message, "reason": "refused"}))
+            return
+        self.finish(json.dumps(km.kernel_model(kernel_id), default=str))
 
 
 class GoneHandler(JupyterHandler):

@@ -318,7 +318,7 @@ class Session:
                 self.busy = False
                 self.last_used = time.monotonic()
 
-    async def restart(self, *, replay: bool = False) -> list[ReplayedCell]:
+    async def restart(self, *, replay: bool = False, by: str = "restart_session") -> list[ReplayedCell]:
         """A fresh kernel; with ``replay``, refilled by running the journal's successful cells since the
         last plain restart again (``restore.restorable``). Returns what was replayed."""
         async with self.lock:
@@ -330,7 +330,10 @@ class Session:
             self.cwd = self.default_cwd
             self.publish()
             if not replay:
-                self.recorder.mark("restart", "kernel restarted by restart_session; variables cleared")
+                self.recorder.mark("restart", f"kernel restarted by {by}; variables cleared")
+                if by != "restart_session":
+                    self.notice = (f"between calls the kernel was restarted from {by}; "
+                                   "variables from earlier calls are lost")
                 return []
             replayed = await restore(self)
             self.recorder.mark("restore", f"kernel restarted by restart_session; {describe_replayed(replayed)}",
@@ -595,6 +598,7 @@ class SessionManager:
     async def _housekeeping(self) -> None:
         while True:
             await anyio.sleep(0.5)
+            self._lab_restarts()
             await self._restart_dead()
             await self._reap()
             await self._keep_spares()
@@ -638,6 +642,25 @@ class SessionManager:
             await spares.prepare()  # a failure backs off (Spares.failed)
         finally:
             self._spare_task_running = False
+
+    def _lab_restarts(self) -> None:
+        """Restart the kernels ``kernelexec lab`` asked to restart (connections.request_restart), through
+        their sessions: in turn with their calls, recorded, and said in the next answer."""
+        directory = connections.connections_dir(self.settings.state_dir)
+        for session in list(self.sessions.values()):
+            if session.kernel is not None and not session.closed and connections.take_restart_request(directory, session.handle):
+                logger.info("restarting the kernel of %s for JupyterLab", session.handle)
+                self._tg.start_soon(self._restart_for_lab, session)
+
+    async def _restart_for_lab(self, session: Session) -> None:
+        directory = connections.connections_dir(self.settings.state_dir)
+        try:
+            await session.restart(by="JupyterLab (kernelexec lab)")
+        except Exception as exc:
+            logger.exception("restarting %s for JupyterLab failed", session.handle)
+            connections.restart_done(directory, session.handle, f"the restart failed: {exc}")
+        else:
+            connections.restart_done(directory, session.handle, "ok")
 
     async def _restart_dead(self) -> None:
         """Notice kernels that died while idle (killed from outside, OOM) and restart them at once."""

@@ -111,7 +111,7 @@ try {
   await page.screenshot({ path: `${opts.shots}/notebook.png` });
   say("notebook", { kernelName: await kernelName.innerText(), cells, top, inside, sessions, dialogs, terminalRequests });
 
-  // 4. "Restart Kernel" from Lab's Kernel menu, on the console: refused with a message, and Lab stays usable.
+  // 4. "Restart Kernel" from Lab's Kernel menu, on the console: the session restarts its kernel, and Lab stays on it.
   await page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", { hasText: "Console 1" }).first().click();
   await page.locator(".lm-MenuBar-item", { hasText: "Kernel" }).first().click();
   await page.locator(".lm-Menu-item", { hasText: "Restart Kernel…" }).first().click();

@@ -13,6 +13,7 @@ from typing import Any
 
 import anyio
 import httpx
+import nbformat
 import pytest
 
 pytest.importorskip("jupyter_server")
@@ -359,26 +360,30 @@ async def test_interrupt_from_jupyter_stops_a_running_mcp_call(session: tuple[Ha
     assert (await harness.run("shared", session=handle))["result"] == "set over MCP"
 
 
-async def test_restart_from_jupyter_is_refused_with_a_message_and_the_page_stays_usable(session: tuple[Harness, str],
-                                                                                      lab: tuple[Lab, str, str]) -> None:
-    harness, handle = session
-    server, token, kernel_id = lab
+async def test_restart_from_jupyter_restarts_through_the_session_and_the_agent_is_told(session: tuple[Harness, str],
+                                                                                     lab: tuple[Lab, str, str]) -> None:
+    """JupyterLab's "Restart Kernel" asks the kernelexec server holding the session (a request file it picks
+    up); the session restarts its kernel in turn with its calls, records it, and its next answer says so;
+    Lab gets the session's new kernel under the same id."""
+    harness, _ = session
+    server, token, _ = lab
+    handle = await harness.new_session()
+    await harness.run("before = 1", session=handle)
+    kernel_id = (await server.line(f"attached session {handle} as kernel ")).rsplit(" ", 1)[1]
+    async with httpx.AsyncClient(params={"token": token}, timeout=60) as client:
+        restart = await client.post(api(server.port, f"kernels/{kernel_id}/restart"))
+    assert restart.status_code == 200 and restart.json()["id"] == kernel_id, restart.text
+    after = await harness.run("'before' in dir()", session=handle)
+    assert after["result"] is False, after
+    assert "restarted from JupyterLab" in (after["restart_reason"] or ""), after
+    marker = [c for c in nbformat.read(after["notebook"], as_version=4).cells if c.cell_type == "markdown"][-1]
+    assert "JupyterLab" in marker.source and marker.metadata.kernelexec["event"] == "restart"
     ws = await connect(server.port, token, kernel_id)
     try:
-        await execute(ws, "1")  # the websocket is fully set up
-        async with httpx.AsyncClient(params={"token": token}) as client:
-            restart = await client.post(api(server.port, f"kernels/{kernel_id}/restart"))
-        assert restart.status_code == 409 and "restart_session" in restart.json()["message"] and handle in restart.json()["message"]
-        told: list[dict[str, Any]] = []
-        with anyio.fail_after(10):
-            while not any(m["msg_type"] == "status" and m["content"]["execution_state"] == "idle" for m in told):
-                told.append(decode(await ws.read_message())[0])
-        # JupyterLab set the kernel 'restarting' when it asked: the idle status puts it back
-        assert any(m["msg_type"] == "stream" and "restart_session" in m["content"]["text"] for m in told), told
-        assert plain(await execute(ws, "shared")) == ["'set over MCP'"]  # not restarted, still usable
+        assert plain(await execute(ws, "1 + 1")) == ["2"]  # the new kernel, same id
     finally:
         ws.close()
-    assert (await harness.run("shared", session=handle))["restart_reason"] is None
+    await harness.call("close_session", session=handle)
 
 
 async def test_after_restart_session_jupyter_keeps_the_kernel_id_and_is_told(session: tuple[Harness, str],
