@@ -19,10 +19,8 @@ Pools are refilled (and the warm imports finished) before each measured call.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import logging
-import os
 import subprocess
 import sys
 import time
@@ -35,6 +33,7 @@ import anyio
 
 from benchmarks.common import call, has_setting, in_memory, log, make_settings, pss_mb, rss_mb, session_kernel_pid, short_tmp
 from benchmarks.stats import Measurement, table, to_json
+from tests.support import pyenv_python
 
 PLOT = """\
 import pandas as pd, matplotlib.pyplot as plt
@@ -42,21 +41,6 @@ df = pd.DataFrame({"x": range(10), "y": [i * i for i in range(10)]})
 df.plot(x="x", y="y")
 plt.show()
 """
-
-
-def pyenv_python(minor: str) -> str | None:
-    """A pyenv interpreter of this minor version (e.g. "3.12"), or None."""
-    roots = []
-    try:
-        roots.append(subprocess.run(["pyenv", "root"], capture_output=True, text=True, timeout=10).stdout.strip())
-    except OSError:
-        pass
-    roots.append(os.path.expanduser("~/.pyenv"))
-    for root in filter(None, roots):
-        for path in sorted(glob.glob(f"{root}/versions/{minor}.*/bin/python{minor}")):
-            if os.access(path, os.X_OK):
-                return path
-    return None
 
 
 async def _wait_pool(sessions, timeout: float = 120.0) -> None:

@@ -7,6 +7,7 @@ helpers live in tests/conftest.py, which re-exports them for the test modules th
 
 from __future__ import annotations
 
+import glob
 import os
 import socket
 import subprocess
@@ -213,3 +214,18 @@ def package_index(root: Path, files: list[Path]) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}/simple"
     finally:
         stop(server)
+
+
+def pyenv_python(minor: str) -> str | None:
+    """A pyenv interpreter of this minor version (e.g. "3.12"), or None."""
+    roots = []
+    try:
+        roots.append(subprocess.run(["pyenv", "root"], capture_output=True, text=True, timeout=10).stdout.strip())
+    except OSError:
+        pass
+    roots.append(os.path.expanduser("~/.pyenv"))
+    for root in filter(None, roots):
+        for path in sorted(glob.glob(f"{root}/versions/{minor}.*/bin/python{minor}")):
+            if os.access(path, os.X_OK):
+                return path
+    return None

@@ -24,23 +24,10 @@ from mcp.client.stdio import StdioServerParameters
 from kernelexec.environments import EnvironmentUnusable, overlay_path, overlay_ready, prepare, resolve
 
 from .conftest import clean_env, kernelexec_cmd, make_settings, serving
+from .support import pyenv_python
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.anyio
-
-
-def pyenv_python(minor: str) -> str | None:
-    roots = []
-    try:
-        roots.append(subprocess.run(["pyenv", "root"], capture_output=True, text=True, timeout=10).stdout.strip())
-    except OSError:
-        pass
-    roots.append("/root/.pyenv")
-    for root in filter(None, roots):
-        for path in sorted(glob.glob(f"{root}/versions/{minor}.*/bin/python{minor}")):
-            if os.access(path, os.X_OK):
-                return path
-    return None
 
 
 def need(minor: str) -> str:

@@ -386,6 +386,17 @@ async def test_restart_from_jupyter_restarts_through_the_session_and_the_agent_i
     await harness.call("close_session", session=handle)
 
 
+async def told_restarting(ws: WebSocketClientConnection) -> None:
+    """Read the websocket until Jupyter's 'restarting' status (JupyterLab then reconnects)."""
+    with anyio.fail_after(15):
+        while True:
+            raw = await ws.read_message()
+            assert raw is not None, "closed without saying why"
+            msg = decode(raw)[0]
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "restarting":
+                return
+
+
 async def test_after_restart_session_jupyter_keeps_the_kernel_id_and_is_told(session: tuple[Harness, str],
                                                                            lab: tuple[Lab, str, str]) -> None:
     """A warm spare (new ports and key) takes over: same kernel id, the open websocket hears 'restarting'
@@ -403,13 +414,7 @@ async def test_after_restart_session_jupyter_keeps_the_kernel_id_and_is_told(ses
         assert kernel.spare_takeovers == 1
         await harness.run("shared = 'set over MCP'\nafter = 'restarted'", session=handle)
         assert (await server.line(f"session {handle} has a new kernel")).endswith(kernel_id)
-        with anyio.fail_after(15):
-            while True:
-                raw = await ws.read_message()
-                assert raw is not None, "closed without saying why"
-                msg = decode(raw)[0]
-                if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "restarting":
-                    break
+        await told_restarting(ws)
     finally:
         ws.close()
     ws = await connect(server.port, token, kernel_id)
@@ -435,13 +440,7 @@ async def test_a_plain_restart_session_is_told_too(session: tuple[Harness, str],
         await harness.call("restart_session", session=handle)
         assert harness.sessions.sessions[handle].kernel.spare_takeovers == 0  # a plain restart, no spare yet
         await harness.run("after = 2", session=handle)  # the new kernel speaks on iopub
-        with anyio.fail_after(15):
-            while True:
-                raw = await ws.read_message()
-                assert raw is not None, "closed without saying why"
-                msg = decode(raw)[0]
-                if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "restarting":
-                    break
+        await told_restarting(ws)
     finally:
         ws.close()
     ws = await connect(server.port, token, kernel_id)
