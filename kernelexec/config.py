@@ -74,6 +74,11 @@ class Settings(BaseSettings):
         "the plugin preset uses the directory the server was started in).",
     )
     read_dirs: list[Path] = Field(default_factory=list, description="Extra read-only data directories.")
+    protect: list[str] = Field(
+        default_factory=list,
+        description="More names (glob patterns) at the top of a writable working directory that kernels may read but "
+        "never change, beside the built-in ones (.git, .claude, .vscode, .idea, .mcp.json, .envrc, .venv, shell files).",
+    )
     allow_imports: list[str] = Field(
         default_factory=list, description="Extra top-level modules to allow in strict/standard."
     )
@@ -145,7 +150,7 @@ class Settings(BaseSettings):
     port: int = Field(8765, ge=0, le=65535, description="HTTP port.")
     config: Path | None = Field(None, description="A TOML file with any of these settings.")
 
-    @field_validator("allow_imports", "env_pass", "work_roots", "read_dirs", "disable_layers", "install_allow", "warm_imports", mode="before")
+    @field_validator("allow_imports", "env_pass", "work_roots", "read_dirs", "protect", "disable_layers", "install_allow", "warm_imports", mode="before")
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
         if isinstance(value, str):

@@ -13,9 +13,10 @@ from typing import Any
 from .config import Profile, Settings
 from .environments import explain, prepare
 from .errors import InvalidRequest, KernelexecError, SandboxUnavailable
+from .host import check_reach
 from .kernelspecs import provisioner_of
 from .layout import check_socket_room
-from .sandbox import available, describe_layers, plan_for, probe
+from .sandbox import available, describe_layers, kernel_reach, plan_for, probe
 from .terminal import safe
 
 
@@ -28,6 +29,8 @@ def preflight(settings: Settings, *, environment: bool = True) -> list[str]:
     or is too old raises ``EnvironmentUnusable`` naming it, and a missing ipykernel overlay is built.
     """
     profile = settings.effective_profile
+    reach = kernel_reach(settings)
+    check_reach(settings, reach)  # kernelexec's own state, cache and install, and your home: never within reach
     try:
         check_socket_room(settings.sessions_dir / ("x" * 16))  # a session's handle is 16 characters
     except InvalidRequest:
@@ -36,7 +39,7 @@ def preflight(settings: Settings, *, environment: bool = True) -> list[str]:
                              "or /var/tmp/kernelexec-$USER") from None
     warnings: list[str] = []
     if environment and not (settings.kernel_spec or settings.kernel_gateway):
-        env = prepare(settings.python, settings.working_dir, settings.cache_dir)
+        env = prepare(settings.python, settings.working_dir, settings.cache_dir, reach=reach)
         if not env.own:
             warnings.append(f"kernels run in {env.describe()}: {env.reason}")
     return warnings + _boundary(settings, profile)
@@ -75,7 +78,7 @@ def report(settings: Settings) -> str:
         lines.append(f"  {profile:<9}{marker:<11} {describe_layers(plan.layers)}")
         lines += [f"  {'':<20} missing: {d}" for d in plan.degraded]
     lines += ["", "kernel environment (--python; for --working-dir " + str(settings.working_dir or "none") + "):"]
-    lines += explain(settings.python, settings.working_dir, settings.cache_dir)
+    lines += explain(settings.python, settings.working_dir, settings.cache_dir, kernel_reach(settings))
     try:
         warnings = preflight(settings, environment=False)
         lines += ["", "status: ok" if not warnings else "status: " + "; ".join(warnings)]

@@ -4,9 +4,12 @@
 a Python executable or a venv/conda prefix given by the flag; or, with ``auto`` (the default), a
 ``.venv``/``venv`` in the working directory or the project root above it (marked by
 ``pyproject.toml``, ``setup.py`` or ``.git``), then the server's active ``VIRTUAL_ENV`` /
-``CONDA_PREFIX``, else kernelexec's own interpreter. The interpreter is asked about itself once
-(version, prefixes, site-packages, installed distributions) by running it; a path that does not
-exist, is not Python or is older than 3.10 is refused with an ``EnvironmentUnusable`` naming it.
+``CONDA_PREFIX``, else kernelexec's own interpreter. ``auto`` never adopts an environment a kernel
+could have written (host.KernelReach). The environment is described without running it on the host
+(SECURITY-NOTES §8): its base interpreter, a real installation outside every kernel-writable
+directory, answers once, isolated (``-I -S``), for the environment's prefix; its distributions and
+``.pth`` lines are read as files. A path that does not exist, is not Python or is older than 3.10 is
+refused with an ``EnvironmentUnusable`` naming it.
 
 An environment without ipykernel is never modified: ``ensure_overlay`` builds ipykernel and its
 dependencies once per interpreter version into kernelexec's cache (``pip install --target``,
@@ -35,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import KernelexecError
+from .host import KernelReach, helper_env, run_python
 
 logger = logging.getLogger(__name__)
 
@@ -54,39 +58,35 @@ class EnvironmentUnusable(KernelexecError):
     """The chosen interpreter cannot run kernels (missing, not Python, too old, no ipykernel obtainable)."""
 
 
-# Runs in the candidate interpreter: Python 2 and 3.0+ syntax until the version check, stdlib only.
+# Runs in the environment's BASE interpreter (never the environment's own bin/python, never with
+# ``site``), isolated, from an empty directory: the base is a real installation outside every directory
+# a kernel can write. argv: the environment's prefix ("" for the interpreter itself) and "1" when its
+# pyvenv.cfg includes the system site-packages. Python 2 and 3.0+ syntax until the version check.
 _INSPECT = r"""
 import sys
 if sys.version_info < (3, 10):
     sys.stdout.write('{"old": "%d.%d.%d"}' % tuple(sys.version_info[:3]))
     sys.exit(0)
 import json, os, platform, site, sysconfig
-from importlib import metadata
-paths = sysconfig.get_paths()
-try:
+venv, system_site = sys.argv[1], sys.argv[2] == "1"
+base = sysconfig.get_paths()
+if venv:
+    scheme = "venv" if "venv" in sysconfig.get_scheme_names() else "posix_prefix"
+    own = sysconfig.get_paths(scheme=scheme, vars={"base": venv, "platbase": venv, "installed_base": venv,
+                                                  "installed_platbase": venv})
+    sitedirs = [own["purelib"], own["platlib"]] + (site.getsitepackages() if system_site else [])
+else:
+    own = base
     sitedirs = site.getsitepackages()
-except Exception:
-    sitedirs = []
-dists = {}
-for dist in metadata.distributions():
-    try:
-        name = dist.metadata["Name"]
-        location = str(dist.locate_file(""))
-    except Exception:
-        continue
-    if name and name.lower().replace("_", "-") not in dists:
-        dists[name.lower().replace("_", "-")] = [dist.version, location]
-libc = platform.libc_ver()
+libc = platform.libc_ver(sys.executable)
 info = {
-    "executable": sys.executable, "prefix": sys.prefix, "base_prefix": sys.base_prefix,
-    "exec_prefix": sys.exec_prefix, "base_exec_prefix": sys.base_exec_prefix,
+    "executable": sys.executable, "prefix": venv or sys.prefix, "base_prefix": sys.base_prefix,
+    "exec_prefix": venv or sys.exec_prefix, "base_exec_prefix": sys.base_exec_prefix,
     "version": platform.python_version(), "version_info": list(sys.version_info[:3]),
     "implementation": sys.implementation.name, "cache_tag": sys.implementation.cache_tag,
     "abiflags": getattr(sys, "abiflags", ""), "machine": platform.machine(), "libc": [libc[0], libc[1]],
-    "stdlib": paths.get("stdlib"), "platstdlib": paths.get("platstdlib"),
-    "purelib": paths.get("purelib"), "platlib": paths.get("platlib"),
-    "sitedirs": sitedirs, "sys_path": [p for p in sys.path if p],
-    "distributions": dists,
+    "stdlib": base.get("stdlib"), "platstdlib": base.get("platstdlib"),
+    "purelib": own.get("purelib"), "platlib": own.get("platlib"), "sitedirs": sitedirs,
     "markers": {"python_version": "%d.%d" % sys.version_info[:2], "python_full_version": platform.python_version(),
                 "implementation_name": sys.implementation.name, "os_name": os.name, "sys_platform": sys.platform,
                 "platform_machine": platform.machine(), "platform_system": platform.system(),
@@ -218,8 +218,23 @@ def _same(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
         return False
 
 
-def choose(setting: str, working_dir: Path | None) -> tuple[str, Source, str]:
-    """(interpreter path, source, why) for a ``--python`` setting; no interpreter is run here."""
+def _check_adoptable(prefix: Path, python: Path, why: str, reach: KernelReach | None) -> None:
+    """Auto-detection adopts an environment only when no kernel can have written it: its pyvenv.cfg and
+    its interpreter's real path outside every kernel-writable directory (a .venv at the top of a work
+    root counts as outside when bubblewrap binds it read-only for every kernel)."""
+    if reach is None:
+        return
+    cfg = prefix / "pyvenv.cfg"
+    for path in (cfg, Path(os.path.realpath(python))):
+        if reach.writes(path):
+            raise EnvironmentUnusable(
+                f"auto: {why} ({prefix}) lies where kernels can write ({path}), so it may not be the project's own; "
+                f"name it yourself if you trust it: --python {prefix}")
+
+
+def choose(setting: str, working_dir: Path | None, reach: KernelReach | None = None) -> tuple[str, Source, str]:
+    """(interpreter path, source, why) for a ``--python`` setting; no interpreter is run here. With
+    ``reach``, ``auto`` refuses an environment a kernel could have written (``_check_adoptable``)."""
     setting = (setting or "auto").strip()
     if setting != "auto":
         path = Path(os.path.expanduser(setting))
@@ -242,7 +257,10 @@ def choose(setting: str, working_dir: Path | None) -> tuple[str, Source, str]:
     project = find_project_venv(working_dir)
     if project is not None:
         prefix, why = project
-        return str(_python_in(prefix)), "project .venv", f"auto: {why}"
+        python = _python_in(prefix)
+        assert python is not None  # find_project_venv checked
+        _check_adoptable(prefix, python, why, reach)
+        return str(python), "project .venv", f"auto: {why}"
     own = sys.prefix
     for variable, source in (("VIRTUAL_ENV", "VIRTUAL_ENV"), ("CONDA_PREFIX", "conda")):
         value = os.environ.get(variable)
@@ -255,29 +273,98 @@ def choose(setting: str, working_dir: Path | None) -> tuple[str, Source, str]:
             continue
         if _same(prefix, own):
             return sys.executable, "own", f"auto: {variable} is kernelexec's own environment"
+        _check_adoptable(prefix, python, f"{variable}={value}", reach)
         return str(python), source, f"auto: {variable}={value} of the server's environment"
     where = f" in {working_dir}" if working_dir is not None else ""
     return sys.executable, "own", f"auto: no project .venv{where}, no VIRTUAL_ENV or CONDA_PREFIX: kernelexec's own interpreter"
 
 
-@functools.lru_cache(maxsize=64)
-def _inspect(python: str, stamp: tuple[int, ...]) -> dict[str, Any]:  # noqa: ARG001 - stamp keys the cache
+_CFG_MAX = 64 * 1024
+
+
+def read_pyvenv_cfg(prefix: Path) -> dict[str, str]:
+    """A venv's pyvenv.cfg as data (``key = value`` lines; bounded); {} when absent or unreadable."""
     try:
-        proc = subprocess.run([python, "-E", "-s", "-c", _INSPECT], capture_output=True, text=True,
-                              timeout=INSPECT_TIMEOUT, stdin=subprocess.DEVNULL, env=_child_env())
+        with open(prefix / "pyvenv.cfg", encoding="utf-8", errors="replace") as f:
+            text = f.read(_CFG_MAX)
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            out[key.strip().lower()] = value.strip()
+    return out
+
+
+def venv_prefix(python: str) -> Path | None:
+    """The venv an interpreter path belongs to, found as Python itself finds it (a pyvenv.cfg beside the
+    executable or one directory up), by reading files only."""
+    exe = Path(os.path.abspath(python))
+    for place in (exe.parent, exe.parent.parent):
+        if (place / "pyvenv.cfg").is_file():
+            return place
+    return None
+
+
+def base_interpreter(python: str, reach: KernelReach | None) -> tuple[str, Path | None, dict[str, str]]:
+    """(the interpreter the host may run to describe ``python``, its venv prefix, its pyvenv.cfg).
+
+    The host never runs a venv's own ``bin/python`` (its pyvenv.cfg picks the standard library the
+    interpreter imports at start-up) nor any file a kernel could write: a venv is described by its base
+    interpreter — the real path of its python when that lies outside the venv (the usual symlink), else
+    the ``python3.X``/``python3`` in its pyvenv.cfg's ``home`` — run isolated, with the venv's prefix as
+    an argument. Raises EnvironmentUnusable when that interpreter lies where kernels can write."""
+    prefix = venv_prefix(python)
+    cfg = read_pyvenv_cfg(prefix) if prefix is not None else {}
+    real = os.path.realpath(python)
+    candidates = [real]
+    if prefix is not None:
+        if _inside_dir(real, prefix):
+            candidates = []
+        home = cfg.get("home", "")
+        version = (cfg.get("version_info") or cfg.get("version") or "").split(".")
+        names = ([f"python{version[0]}.{version[1]}"] if len(version) >= 2 else []) + ["python3", "python"]
+        if home and os.path.isabs(home):
+            candidates += [os.path.realpath(os.path.join(home, n)) for n in names if os.path.isfile(os.path.join(home, n))]
+    for candidate in candidates:
+        if prefix is not None and _inside_dir(candidate, prefix):
+            continue
+        if reach is not None and reach.writes(candidate):
+            raise EnvironmentUnusable(f"{python}: its interpreter {candidate} lies where kernels can write; kernelexec "
+                                      "never runs such a file on the host (choose a Python installed outside the "
+                                      "working directory with --python)")
+        if os.access(candidate, os.X_OK) and os.path.isfile(candidate):
+            return candidate, prefix, cfg
+    if prefix is not None:
+        raise EnvironmentUnusable(f"{python}: a venv whose base interpreter cannot be found (pyvenv.cfg home = "
+                                  f"{cfg.get('home', 'missing')!r}); kernelexec never runs a venv's own copy on the host")
+    raise EnvironmentUnusable(f"{python} cannot be run: not an executable file")
+
+
+def _inside_dir(path: str, directory: Path) -> bool:
+    d = os.path.realpath(directory)
+    return path == d or path.startswith(d.rstrip("/") + "/")
+
+
+@functools.lru_cache(maxsize=64)
+def _inspect(base: str, prefix: str, system_site: bool, stamp: tuple[int, ...]) -> dict[str, Any]:  # noqa: ARG001 - stamp keys the cache
+    """The base interpreter's answer about itself and the environment at ``prefix`` (see ``_INSPECT``)."""
+    try:
+        proc = run_python(["-S", "-c", _INSPECT, prefix, "1" if system_site else "0"], python=base, timeout=INSPECT_TIMEOUT)
     except subprocess.TimeoutExpired:
-        raise EnvironmentUnusable(f"{python} did not answer within {INSPECT_TIMEOUT:.0f} s: is it a Python interpreter?") from None
+        raise EnvironmentUnusable(f"{base} did not answer within {INSPECT_TIMEOUT:.0f} s: is it a Python interpreter?") from None
     except OSError as exc:
-        raise EnvironmentUnusable(f"{python} cannot be run: {exc.strerror or exc}") from None
+        raise EnvironmentUnusable(f"{base} cannot be run: {exc.strerror or exc}") from None
     try:
         info = json.loads(proc.stdout)
         if not isinstance(info, dict):
             raise ValueError
     except ValueError:
         detail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
-        raise EnvironmentUnusable(f"{python} is not a Python interpreter kernelexec can use ({detail[0][:200]})") from None
+        raise EnvironmentUnusable(f"{base} is not a Python interpreter kernelexec can use ({detail[0][:200]})") from None
     if "old" in info:
-        raise EnvironmentUnusable(f"{python} is Python {info['old']}; kernels need Python "
+        raise EnvironmentUnusable(f"{base} is Python {info['old']}; kernels need Python "
                                   f"{MIN_VERSION[0]}.{MIN_VERSION[1]} or newer")
     return info
 
@@ -295,37 +382,77 @@ def _stamp(python: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _child_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "KERNELEXEC_"))}
+def _distributions(site_dirs: list[str]) -> dict[str, str]:
+    """Installed distributions (normalised name → version), read from their metadata files: data only."""
+    from importlib import metadata
+
+    found: dict[str, str] = {}
+    for dist in metadata.distributions(path=site_dirs):
+        try:
+            name = dist.metadata["Name"]
+            version = dist.version
+        except Exception:  # noqa: BLE001 - a broken dist-info is not ours to judge
+            continue
+        if isinstance(name, str) and name and _norm(name) not in found:
+            found[_norm(name)] = str(version)
+    return found
 
 
-def inspect(python: str, source: Source, reason: str) -> Environment:
-    info = _inspect(python, _stamp(python))
+def _pth_paths(site_dirs: list[str]) -> list[str]:
+    """The plain directory lines of the site dirs' .pth files (``import`` lines are code: skipped), as
+    ``site`` would add them in the kernel: only to list the project's modules, never to widen reads."""
+    out: list[str] = []
+    for sitedir in site_dirs:
+        for pth in sorted(glob.glob(os.path.join(glob.escape(sitedir), "*.pth")))[:200]:
+            try:
+                with open(pth, encoding="utf-8", errors="replace") as f:
+                    lines = f.read(_CFG_MAX).splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                line = line.strip()
+                if not line or line.startswith(("#", "import ", "import\t")):
+                    continue
+                path = os.path.normpath(os.path.join(sitedir, line))
+                if os.path.isdir(path) and path not in out:
+                    out.append(path)
+    return out
+
+
+def inspect(python: str, source: Source, reason: str, reach: KernelReach | None = None) -> Environment:
+    """Describe ``python``'s environment without running it: its base interpreter answers (isolated),
+    the rest is read from files. What the kernel may read stays within the environment's prefix and
+    the base installation (no path a .pth or pyvenv.cfg names widens it)."""
+    base, prefix, cfg = base_interpreter(python, reach)
+    system_site = cfg.get("include-system-site-packages", "").lower() == "true"
+    info = _inspect(base, str(prefix) if prefix is not None else "", system_site, _stamp(python))
     version_info = tuple(int(x) for x in info["version_info"])
     impl = {"cpython": "cp", "pypy": "pp"}.get(info["implementation"], info["implementation"][:2])
     tag = f"{impl}{version_info[0]}{version_info[1]}{info.get('abiflags') or ''}"
     site_packages = tuple(dict.fromkeys(p for p in [*info["sitedirs"], info["purelib"], info["platlib"]]
                                         if p and os.path.isdir(p)))
+    bounds = [p for p in (info["prefix"], info["base_prefix"], info["base_exec_prefix"]) if p]
     read = {info["prefix"], info["base_prefix"], info["exec_prefix"], info["base_exec_prefix"],
-            info["stdlib"], info["platstdlib"], *site_packages, *info["sys_path"]}
-    real = os.path.realpath(python)
-    read.update({os.path.dirname(real)})
-    in_env = {name: version for name, (version, location) in info["distributions"].items()}
+            info["stdlib"], info["platstdlib"], *site_packages, os.path.dirname(base)}
+    read = {p for p in read if p and any(_inside_dir(os.path.realpath(p), Path(b)) for b in bounds)}
+    stdlib = [p for p in (info["stdlib"], info["platstdlib"]) if p]
+    lib_dynload = [os.path.join(p, "lib-dynload") for p in stdlib]
+    sys_path = [*stdlib, *lib_dynload, *site_packages, *_pth_paths(list(site_packages))]
     own = _same(python, sys.executable) or (_same(info["prefix"], sys.prefix) and source == "own")
     return Environment(
         python=python, prefix=info["prefix"], base_prefix=info["base_prefix"], version=info["version"],
         version_info=version_info, tag=tag, machine=info["machine"], site_packages=site_packages,
-        read_paths=tuple(sorted(p for p in read if p and os.path.exists(p))),
-        sys_path=tuple(p for p in info["sys_path"] if os.path.isabs(p)), source=source, reason=reason,
-        distributions=tuple(sorted(in_env.items())), markers=tuple(sorted(info["markers"].items())),
-        libc=tuple(info.get("libc") or ("", "")), own=own,
+        read_paths=tuple(sorted(p for p in read if os.path.exists(p))),
+        sys_path=tuple(dict.fromkeys(p for p in sys_path if os.path.isabs(p) and os.path.isdir(p))), source=source,
+        reason=reason, distributions=tuple(sorted(_distributions(list(site_packages)).items())),
+        markers=tuple(sorted(info["markers"].items())), libc=tuple(info.get("libc") or ("", "")), own=own,
     )
 
 
-def resolve(setting: str, working_dir: Path | None) -> Environment:
+def resolve(setting: str, working_dir: Path | None, reach: KernelReach | None = None) -> Environment:
     """The environment ``--python`` names for a session working in ``working_dir``; raises EnvironmentUnusable."""
-    python, source, reason = choose(setting, working_dir)
-    env = inspect(python, source, reason)
+    python, source, reason = choose(setting, working_dir, reach)
+    env = inspect(python, source, reason, reach)
     if env.version_info[:2] > MAX_VERSION:
         logger.warning("%s is Python %s, newer than this kernelexec knows (up to %d.%d)", python, env.version, *MAX_VERSION)
     return env
@@ -383,7 +510,7 @@ def _build(env: Environment, path: Path) -> None:
     command = build_command(env, tmp)
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT, stdin=subprocess.DEVNULL,
-                              env=_child_env())
+                              env=helper_env(keep_path=True))
     except subprocess.TimeoutExpired:
         shutil.rmtree(tmp, ignore_errors=True)
         raise EnvironmentUnusable(f"building the ipykernel overlay took longer than {BUILD_TIMEOUT:.0f} s; run it "
@@ -452,17 +579,6 @@ def conflicts(env: Environment) -> list[str]:
     return sorted(set(found))
 
 
-@functools.lru_cache(maxsize=32)
-def _probe(python: str, overlay: str, stamp: tuple[int, ...]) -> str | None:  # noqa: ARG001
-    """Import ipykernel's kernel app the way the kernel will (overlay last on sys.path); None when it works."""
-    code = "import sys; sys.path.append(sys.argv[1]); import ipykernel.kernelapp"
-    proc = subprocess.run([python, "-E", "-s", "-c", code, overlay], capture_output=True, text=True,
-                          timeout=120, stdin=subprocess.DEVNULL, env=_child_env())
-    if proc.returncode == 0:
-        return None
-    return " | ".join(proc.stderr.strip().splitlines()[-2:])[:400]
-
-
 def check_compatible(env: Environment) -> None:
     """Refuse an environment whose own packages break the overlay's ipykernel, naming both."""
     problems = conflicts(env)
@@ -471,22 +587,19 @@ def check_compatible(env: Environment) -> None:
             f"{env.describe()} cannot run kernelexec's ipykernel: it has " + "; ".join(problems)
             + ". Its own copy is used first and kernelexec never changes the environment: upgrade it there "
             f"({shlex.quote(env.python)} -m pip install ...), or choose another --python")
-    failure = _probe(env.python, env.overlay or "", _stamp(env.python))
-    if failure:
-        raise EnvironmentUnusable(f"{env.describe()}: ipykernel from kernelexec's overlay {env.overlay} does not "
-                                  f"import there: {failure}")
 
 
-def prepare(setting: str, working_dir: Path | None, cache_dir: Path, *, build: bool = True) -> Environment:
+def prepare(setting: str, working_dir: Path | None, cache_dir: Path, *, build: bool = True,
+            reach: KernelReach | None = None) -> Environment:
     """Resolve and settle ipykernel: what a session's kernel needs before it can start."""
-    return ensure_overlay(resolve(setting, working_dir), cache_dir, build=build)
+    return ensure_overlay(resolve(setting, working_dir, reach), cache_dir, build=build)
 
 
-def explain(setting: str, working_dir: Path | None, cache_dir: Path) -> list[str]:
+def explain(setting: str, working_dir: Path | None, cache_dir: Path, reach: KernelReach | None = None) -> list[str]:
     """``kernelexec doctor``'s lines: what was chosen and why, and how ipykernel is provided."""
     lines = [f"  setting                              --python {setting or 'auto'}"]
     try:
-        env = resolve(setting, working_dir)
+        env = resolve(setting, working_dir, reach)
     except EnvironmentUnusable as exc:
         return [*lines, f"  REFUSED: {exc}"]
     lines += [f"  interpreter                          {env.python}",

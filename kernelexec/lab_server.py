@@ -305,7 +305,7 @@ class SessionSpecManager(KernelSpecManager):
         if handle is None or handle not in _live(self.connections_dir):
             raise NoSuchKernel(kernel_name)
         return KernelSpec(
-            argv=[sys.executable, "-c", _REFUSE, "{connection_file}"],
+            argv=[sys.executable, "-I", "-c", _REFUSE, "{connection_file}"],
             display_name=display_name(handle), language="python", resource_dir=self.resource_dir,
             metadata={"kernelexec": {"session": handle, "attach_only": True}},
         )

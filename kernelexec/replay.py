@@ -15,6 +15,7 @@ Rebuilding a live session's state (restore, revival) is ``restore.py``'s; replay
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import re
@@ -36,6 +37,7 @@ from .layout import SessionDirs
 from .packages import parse_specs, pip_lines
 from .recording import Recorder, cell_event, notebook_meta, read_session_meta
 from .restore import cell_meta, cell_timeout, first_line, rerun
+from .sandbox import kernel_reach
 from .sessions import Session
 from .terminal import safe
 from .wire import harden
@@ -355,7 +357,8 @@ async def replay_notebook(
         scratch = settings.model_copy(update={"state_dir": base, "profile": profile, "kernel_gateway": None,
                                                   "kernel_spec": None})
         if environment is None:
-            environment = await anyio.to_thread.run_sync(prepare, settings.python, settings.working_dir, settings.cache_dir)
+            environment = await anyio.to_thread.run_sync(
+            functools.partial(prepare, settings.python, settings.working_dir, settings.cache_dir, reach=kernel_reach(settings)))
         session = Session(f"replay-{secrets.token_urlsafe(6)}", scratch, environment=environment)
         await session.ensure_kernel()
         roots = [*_session_roots(nb), str(session.dirs.root)]
@@ -439,7 +442,8 @@ async def replay_command(settings: Settings, notebook: str, *, output: str | Non
         print(safe(f"note: cell {', '.join(map(str, capped[:20]))}{' …' if len(capped) > 20 else ''}: recorded timeout "
                    f"not usable or above --max-timeout ({settings.max_timeout:g} s); capped"), flush=True)
     try:
-        environment = await anyio.to_thread.run_sync(prepare, settings.python, settings.working_dir, settings.cache_dir)
+        environment = await anyio.to_thread.run_sync(
+            functools.partial(prepare, settings.python, settings.working_dir, settings.cache_dir, reach=kernel_reach(settings)))
     except KernelexecError as exc:
         print(safe(f"kernelexec replay: {exc}"), file=sys.stderr)
         return 2

@@ -15,7 +15,6 @@ import functools
 import logging
 import os
 import shlex
-import shutil
 import stat
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .config import Profile, Settings
+from .host import KernelReach, make_placeholders, protected_paths, python_argv, run_python, system_which
 from .layout import IPC_SUBDIR, IPYTHON_SUBDIR, kernel_writable, startup_file
 
 if TYPE_CHECKING:
@@ -102,11 +102,8 @@ class Features:
 def probe() -> Features:
     """Probe once per process; each check is a real attempt, not a guess from versions."""
     root = os.geteuid() == 0
-    check = subprocess.run(
-        [sys.executable, "-S", "-c",
-         "import sys; sys.path.insert(0, sys.argv[1]); import sandbox_exec as s; print(s.landlock_abi())", str(Path(_startup("sandbox_exec.py")).parent)],
-        capture_output=True, text=True, timeout=30,
-    )
+    check = run_python(["-S", "-c", "import sys; sys.path.insert(0, sys.argv[1]); import sandbox_exec as s; print(s.landlock_abi())",
+                        str(Path(_startup("sandbox_exec.py")).parent)], timeout=30)
     abi = int(check.stdout.strip() or 0) if check.returncode == 0 else 0
     try:
         import ctypes
@@ -115,17 +112,23 @@ def probe() -> Features:
         seccomp = True
     except OSError:
         seccomp = False
-    bwrap = shutil.which("bwrap")
+    bwrap = system_which("bwrap")
     if bwrap:
         args = [bwrap, "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid", "--proc", "/proc", "--dev", "/dev"]
         if not root:
             args.append("--unshare-user")
-        if subprocess.run([*args, "true"], capture_output=True, timeout=30).returncode != 0:
+        if subprocess.run([*args, "/bin/true"], capture_output=True, timeout=30).returncode != 0:
             bwrap = None
-    netns = root and shutil.which("unshare") is not None and subprocess.run(
-        ["unshare", "-n", "true"], capture_output=True, timeout=30
-    ).returncode == 0
+    unshare = system_which("unshare")
+    netns = root and unshare is not None and subprocess.run([unshare, "-n", "true"], capture_output=True, timeout=30).returncode == 0
     return Features(root=root, landlock_abi=abi, seccomp=seccomp, bwrap=bwrap, netns=netns or bool(bwrap), cgroup=_cgroup_kind(root))
+
+
+def kernel_reach(settings: Settings) -> KernelReach:
+    """Where this configuration's kernels can write and read (host.KernelReach), with whether bubblewrap
+    keeps the protected names read-only for every one of them."""
+    bound = settings.sandbox != "off" and available(settings).bwrap is not None
+    return KernelReach.of(settings, protected_bound=bound)
 
 
 def available(settings: Settings) -> Features:
@@ -220,7 +223,7 @@ class SandboxPlan:
         then bubblewrap if planned, then the pre-exec wrapper, then the kernel."""
         joins = "".join(f"echo $$ > {shlex.quote(str(Path(d) / 'cgroup.procs'))} && " for d in self.cgroup_dirs)
         shim = ["/bin/sh", "-c", f'{joins}trap "" INT && exec "$@"', "sh"]
-        return [*shim, *self.prefix, sys.executable, "-S", _startup("sandbox_exec.py"), "--", *kernel_cmd]
+        return [*shim, *self.prefix, *python_argv(["-S", _startup("sandbox_exec.py"), "--", *kernel_cmd])]
 
     def for_slot(self, slot: str) -> SandboxPlan:
         """The plan for a kernel in one of its session's slots (see launch.SLOTS): the first slot uses
@@ -383,7 +386,21 @@ def _plan_for(settings: Settings, profile: Profile, *, session_dir: Path, rw: li
         + (NETWORK_READ_PATHS if network else [])
     write_paths = [*map(str, kernel_writable(session_dir)), *map(str, rw)]
     # the environment inside a writable directory: bound read-only again on top of that directory
-    shadowed = [p for p in protected if _inside(os.path.realpath(p), [os.path.realpath(w) for w in write_paths])]
+    env_shadowed = [p for p in protected if _inside(os.path.realpath(p), [os.path.realpath(w) for w in write_paths])]
+    shadowed = list(env_shadowed)
+    # what tools outside the sandbox read from a writable project (.git, .claude, .venv, ...; host.py):
+    # read-only too, the missing directories among them made first (empty) so a kernel cannot create them
+    guarded_names: list[str] = []
+    for root in rw:
+        existing, missing = protected_paths(Path(root), settings.protect)
+        if f.bwrap:
+            unmade = make_placeholders(missing)
+            existing += [m for m in missing if m not in unmade]
+            if unmade:
+                plan.degraded.append(f"could not create the placeholders {', '.join(map(str, unmade[:3]))}: kernels may create them")
+        guarded_names += [str(p) for p in [*existing, *missing]]
+        shadowed += [str(p) for p in existing if str(p) not in shadowed]
+    plan.kernel_options["protected_names"] = guarded_names
     ipc_dir = str(session_dir / IPC_SUBDIR)
     if f.landlock_abi:
         plan.wrapper["landlock"] = {"abi": f.landlock_abi, "ro": read_paths, "rw": write_paths, "sock": [ipc_dir],
@@ -408,8 +425,12 @@ def _plan_for(settings: Settings, profile: Profile, *, session_dir: Path, rw: li
             layers.append("netns")
     else:
         plan.degraded.append("bubblewrap not available: other kernels' sockets and host paths stay visible (Landlock ABI < 8 cannot hide unix sockets)")
-        if shadowed:
-            plan.degraded.append(f"the kernel's Python environment ({', '.join(shadowed[:3])}) lies inside a writable "
+        if guarded_names:
+            plan.degraded.append("bubblewrap not available: .git, .claude, .vscode and the other protected names in writable "
+                                 "directories stay writable at the OS level (Landlock only adds rights); the in-kernel "
+                                 "guard refuses writes to them in strict/standard, nothing does in trusted")
+        if env_shadowed:
+            plan.degraded.append(f"the kernel's Python environment ({', '.join(env_shadowed[:3])}) lies inside a writable "
                                  "directory and without bubblewrap stays writable to cells (Landlock only adds rights); "
                                  "the in-kernel guard refuses such writes in strict/standard")
         if not network and f.netns:

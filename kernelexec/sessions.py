@@ -8,6 +8,7 @@ written in the background.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -35,7 +36,7 @@ from .recording import Recorder, mark_closed, read_session_meta, rebuild_stale
 from .render import Rendered, Renderer
 from .restore import describe_replayed, restore
 from .runs import RunRegistry
-from .sandbox import plan_for
+from .sandbox import kernel_reach, plan_for
 from .spares import Spares
 
 logger = logging.getLogger(__name__)
@@ -128,6 +129,11 @@ class Session:
     def launch_spec(self) -> LaunchSpec:
         s = self.settings
         env = self.environment
+        rw = [] if self.profile == "strict" else [p for p in s.work_roots if p.is_dir()]
+        plan = plan_for(s, self.profile, session_dir=self.dirs.root, rw=rw, ro=[p for p in s.read_dirs if p.is_dir()],
+                        cwd=self.default_cwd, key=self.handle, environment=env)
+        # the guard keeps them read-only too (the only keeper where bubblewrap is missing)
+        protected = [*(env.protected_paths() if env is not None else ()), *plan.kernel_options.get("protected_names", ())]
         policy = kernel_policy(
             self.profile,
             session_dir=self.dirs.root,
@@ -139,14 +145,11 @@ class Session:
             stream_cap=s.kernel_stream_cap,
             disk_cap=s.kernel_disk_cap,
             environment_paths=[*env.read_paths, *([env.overlay] if env.overlay else [])] if env is not None else None,
-            protected=env.protected_paths() if env is not None else None,
+            protected=protected or None,
             warm_imports=s.warm_imports,
             environment_modules=project_modules(env, self.default_cwd) if env is not None and not env.own else None,
             packages_dir=self.dirs.packages,
         )
-        rw = [] if self.profile == "strict" else [p for p in s.work_roots if p.is_dir()]
-        plan = plan_for(s, self.profile, session_dir=self.dirs.root, rw=rw, ro=[p for p in s.read_dirs if p.is_dir()],
-                        cwd=self.default_cwd, key=self.handle, environment=env)
         return LaunchSpec(dirs=self.dirs, cwd=self.default_cwd, policy=policy, plan=plan, env_pass=s.env_pass)
 
     async def ensure_kernel(self) -> Kernel:
@@ -444,7 +447,9 @@ class SessionManager:
         built once when it has none), off the event loop. None for remote backends: they bring their own."""
         if self.settings.kernel_gateway or self.settings.kernel_spec:
             return None
-        return await anyio.to_thread.run_sync(prepare, self.settings.python, working_dir, self.settings.cache_dir)
+        reach = kernel_reach(self.settings)
+        return await anyio.to_thread.run_sync(
+            functools.partial(prepare, self.settings.python, working_dir, self.settings.cache_dir, reach=reach))
 
     async def create(self, *, owner: str | None = None, working_dir: Path | None = None) -> Session:
         """Mint a new session, its place reserved at once (the kernel starts on first use, or is pooled).

@@ -359,15 +359,19 @@ async def test_pooled_kernels_import_the_data_stack_ahead(short_tmp: Path) -> No
 
 async def test_without_bubblewrap_a_venv_inside_the_working_dir_is_said_writable_and_the_guard_refuses(
         built_312: str, overlay_cache: Path, short_tmp: Path, tmp_path: Path) -> None:
-    """Landlock cannot take a right away from a subdirectory of a writable one: without bubblewrap the
+    """Landlock cannot take a right away from a subdirectory of a writable one: without bubblewrap ``auto``
+    refuses a .venv kernels could write (naming the flag), and when the user names it with --python the
     plan says so (degraded), and in standard the guard refuses the write."""
-    from kernelexec.sandbox import plan_for
+    from kernelexec.sandbox import kernel_reach, plan_for
 
     project = make_project(tmp_path, built_312)
     (site,) = glob.glob(str(project / ".venv/lib/python3.12/site-packages"))
     settings = make_settings(short_tmp, working_dir=project, cache_dir=overlay_cache, pool_size=0, restart_spares=0,
                              disable_layers=["bubblewrap"])
-    env = prepare("auto", project, overlay_cache)
+    with pytest.raises(EnvironmentUnusable, match=r"--python .*\.venv"):
+        prepare("auto", project, overlay_cache, reach=kernel_reach(settings))
+    settings = settings.model_copy(update={"python": str(project / ".venv")})
+    env = prepare(settings.python, project, overlay_cache, reach=kernel_reach(settings))
     plan = plan_for(settings, "standard", session_dir=settings.sessions_dir / "x", rw=[project], ro=[], cwd=project, key="x",
                     environment=env)
     assert any("stays writable" in d for d in plan.degraded), plan.degraded
