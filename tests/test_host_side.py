@@ -21,13 +21,11 @@ from typing import Any
 
 import nbformat
 import pytest
-from mcp import Client
 
 from kernelexec import host
 from kernelexec.sandbox import kernel_reach, probe
 
 from .conftest import clean_env, kernelexec_cmd, make_settings, serving
-from .support import stdio_params
 
 pytestmark = pytest.mark.anyio
 
