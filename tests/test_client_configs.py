@@ -121,7 +121,8 @@ async def test_the_snippets_command_lines_start_a_working_server(short_tmp: Path
     async def start(args: list[str]) -> None:
         workspace = Path(tempfile.mkdtemp(prefix="ws", dir=short_tmp))
         filled = [a.replace("${workspaceFolder}", str(workspace)) for a in args]
-        cmd = kernelexec_cmd(*filled, "--state-dir", str(workspace / "state"))
+        # the state directory beside the workspace, never inside it (serve refuses that: host.check_reach)
+        cmd = kernelexec_cmd(*filled, "--state-dir", str(workspace) + "-state")
         params = StdioServerParameters(command=cmd[0], args=cmd[1:], env=clean_env(), cwd=str(workspace))
         async with Client(params) as client:
             found[" ".join(args)] = {t.name for t in (await client.list_tools()).tools}

@@ -234,9 +234,11 @@ async def test_python_310_kernels_start_with_the_guard(overlay_cache: Path, shor
 async def test_a_pooled_kernel_of_another_environment_is_never_handed_out(
         built_312: str, overlay_cache: Path, short_tmp: Path, tmp_path: Path) -> None:
     project = tmp_path / "later"
-    project.mkdir()
+    (project / "notebooks").mkdir(parents=True)
     (project / "pyproject.toml").write_text("[project]\nname='later'\nversion='0'\n")
-    settings = make_settings(short_tmp, working_dir=project, cache_dir=overlay_cache, pool_size=1, restart_spares=0)
+    # kernels write in notebooks/; the project root's .venv, made later by the user, lies outside their reach
+    # (one a kernel could have made is refused: tests/test_host_side.py)
+    settings = make_settings(short_tmp, working_dir=project / "notebooks", cache_dir=overlay_cache, pool_size=1, restart_spares=0)
     async with serving(settings) as h:
         import anyio
 
@@ -380,3 +382,40 @@ async def test_without_bubblewrap_a_venv_inside_the_working_dir_is_said_writable
         assert not a["success"] and "read-only" in a["error"], a
         assert "bubblewrap" not in a["layers"]
     assert not Path(site, "evil.pth").exists()
+
+
+async def test_a_cells_src_sitecustomize_never_runs_on_the_host_at_the_next_start_doctor_or_install(
+        built_312: str, overlay_cache: Path, short_tmp: Path, tmp_path: Path) -> None:
+    """Issue 20, defect 3: an editable install's .pth puts the kernel-writable src/ on the project
+    interpreter's path; a cell's src/sitecustomize.py ran on the host at the next inspection (the
+    interpreter with site on), ipykernel probe or ``pip --python``. The judge: a canary in the test's own
+    directory, which no kernel can reach."""
+    from .support import build_wheel, package_index
+
+    project = make_project(tmp_path, built_312, pth_src=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    canary = outside / "CANARY"
+    (outside / "probe").write_text("writable from the host")  # positive control
+    wheel = build_wheel(tmp_path / "wheels", "kxhost", "1.0", "VALUE = 1\n")
+    with package_index(tmp_path / "index", [wheel]) as index:
+        settings = make_settings(short_tmp, working_dir=project, cache_dir=overlay_cache, pool_size=0, restart_spares=0,
+                                 index_url=index)
+        async with serving(settings) as h:
+            a = await h.run(f"open('src/sitecustomize.py', 'w').write('open({str(canary)!r}, \"a\").write(\"ran\")\\n')\n"
+                            "result = 'planted'")
+            assert a["result"] == "planted", a
+            installed = await h.call("install_packages", packages=["kxhost"])
+            assert not installed.is_error, installed.content
+            b = await h.run("import kxhost\nresult = kxhost.VALUE")
+            assert b["result"] == 1, b
+        assert not canary.exists(), "install_packages ran the project's interpreter with site on the host"
+        out = subprocess.run(kernelexec_cmd("exec", "print(6 * 7)", "--working-dir", str(project), "--cache-dir", str(overlay_cache),
+                                            "--state-dir", str(short_tmp / "s-sc"), "--pool-size", "0", "--restart-spares", "0"),
+                             capture_output=True, text=True, timeout=300, cwd=project, env=clean_env())
+        assert "42" in out.stdout, (out.stdout, out.stderr)
+        doctor = subprocess.run(kernelexec_cmd("doctor", "--working-dir", str(project), "--cache-dir", str(overlay_cache),
+                                               "--state-dir", str(short_tmp / "s-sd")),
+                                capture_output=True, text=True, timeout=120, cwd=project, env=clean_env())
+        assert "project .venv" in doctor.stdout, doctor.stdout
+    assert not canary.exists(), canary.read_text()
