@@ -191,6 +191,16 @@ def _python_in(prefix: Path) -> Path | None:
     return None
 
 
+def _marks_project(path: Path) -> bool:
+    """A project marker; an empty .git directory is kernelexec's own placeholder (host.PROTECTED_DIRS), not a repository."""
+    if path.name == ".git" and path.is_dir() and not path.is_symlink():
+        try:
+            return any(os.scandir(path))
+        except OSError:
+            return False
+    return path.exists()
+
+
 def find_project_venv(working_dir: Path | None) -> tuple[Path, str] | None:
     """A ``.venv``/``venv`` in ``working_dir``, else in the project root above it; (prefix, why)."""
     if working_dir is None:
@@ -198,7 +208,7 @@ def find_project_venv(working_dir: Path | None) -> tuple[Path, str] | None:
     working_dir = Path(working_dir)
     places = [working_dir]
     for d in [working_dir, *working_dir.parents]:
-        if any((d / m).exists() for m in PROJECT_MARKERS):
+        if any(_marks_project(d / m) for m in PROJECT_MARKERS):
             if d != working_dir:
                 places.append(d)
             break
