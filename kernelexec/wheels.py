@@ -51,6 +51,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from .errors import KernelexecError
+from .terminal import safe
 
 MAX_ROUNDS = 8  # resolutions restarted with a narrower specifier before giving up on a conflict
 MAX_WHEELS = 400  # a closure larger than this is refused (a dependency loop an index could serve)
@@ -462,3 +463,65 @@ def install(specs: Sequence[str], staging: Path, target: Target, source: Source,
         return wheels, resolver.commands
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    """An interpreter described by hand (``python -m kernelexec.wheels``): what ``Target.of`` reads."""
+
+    version_info: tuple[int, ...]
+    tag: str
+    machine: str
+    libc: tuple[str, str] = ("", "")
+    markers: tuple[tuple[str, str], ...] = ()
+    own: bool = False
+
+
+def command_line(requirements: Sequence[str], target_dir: Path, env: Described | None) -> list[str]:
+    """The command that does what ``install`` does, to show a user: ``python -I -m kernelexec.wheels ...``."""
+    cmd = [sys.executable, "-I", "-m", "kernelexec.wheels", "--target", str(target_dir)]
+    if env is not None and not env.own:
+        cmd += ["--python-version", ".".join(str(p) for p in env.version_info[:3]), "--tag", env.tag,
+                "--machine", env.machine]
+        if env.libc and env.libc[0] == "glibc":
+            cmd += ["--glibc", env.libc[1]]
+    return [*cmd, "--", *requirements]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -I -m kernelexec.wheels --target DIR [--python-version 3.13.1 --tag cp313 --machine x86_64
+    --glibc 2.36] REQUIREMENT...``: the closure, wheels only, for that interpreter (not run), into DIR."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m kernelexec.wheels", description=main.__doc__)
+    parser.add_argument("--target", required=True, type=Path, help="a directory that does not exist yet")
+    parser.add_argument("--python-version", help="the interpreter's full version, e.g. 3.13.1 (default: this one)")
+    parser.add_argument("--tag", help="its tag with ABI flags, e.g. cp313 or cp313t")
+    parser.add_argument("--machine", default=platform.machine())
+    parser.add_argument("--glibc", default=None, help="its glibc version, e.g. 2.36 (default: this machine's)")
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("requirements", nargs="+")
+    args = parser.parse_args(argv)
+    env: Interpreter | None = None
+    if args.python_version:
+        version = tuple(int(p) for p in args.python_version.split(".")[:3])
+        libc = ("glibc", args.glibc) if args.glibc else platform.libc_ver()
+        env = Interpreter(version, args.tag or f"cp{version[0]}{version[1]}", args.machine, (libc[0], libc[1]))
+    if args.target.exists():
+        parser.error(f"{args.target} exists")
+    args.target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{args.target.name}-", dir=args.target.parent))
+    try:
+        chosen, _ = install(args.requirements, staging, Target.of(env), Source(), timeout=args.timeout,
+                            work_parent=args.target.parent)
+    except (WheelError, TimeoutError) as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        print(safe(f"kernelexec.wheels: {exc or 'timed out'}"), file=sys.stderr)
+        return 1
+    os.rename(staging, args.target)
+    print(safe("installed " + ", ".join(str(w) for w in chosen) + f" into {args.target}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
