@@ -264,6 +264,7 @@ class _Wanted:
     specifier: SpecifierSet = field(default_factory=SpecifierSet)
     extras: set[str] = field(default_factory=set)
     why: list[str] = field(default_factory=list)
+    specifiers: list[tuple[SpecifierSet, str]] = field(default_factory=list)  # each requirement's, with who asked
 
 
 class _Narrow(Exception):  # noqa: N818 - control flow: restart the resolution with a narrower specifier
@@ -316,6 +317,8 @@ class Resolver:
                 want.specifier &= req.specifier
                 want.extras |= set(req.extras)
                 want.why.append(f"{why} needs {req}" if why != "asked for" else f"{req} was asked for")
+                if req.specifier:
+                    want.specifiers.append((req.specifier, want.why[-1]))
                 self._why[key] = want.why
                 if key in chosen:
                     if not want.specifier.contains(chosen[key].version, prereleases=True):
@@ -363,6 +366,22 @@ class Resolver:
                              "and build on the host, running its code: refused. kernelexec installs wheels from the "
                              "package index only, for every dependency")
 
+    def _conflict_or_missing(self, key: str, want: _Wanted) -> None:
+        """Nothing fits several requirements at once: a conflict when each alone has a wheel (raised here), else the
+        requirement that has none (raised by pip's failure here)."""
+        for specifier, why in want.specifiers:
+            self._calls += 1
+            dest = self.work / f"download-{self._calls}"
+            dest.mkdir()
+            try:
+                self.run(download_command([f"{key}{specifier}"], dest, self.target, self.source))
+            except WheelError as exc:
+                if exc.missing is None:
+                    raise
+                exc.needed_by = why
+                raise exc from None
+        raise self._conflict(key, want)
+
     def _conflict(self, key: str, want: _Wanted) -> WheelError:
         return WheelError(f"no version of {key} satisfies every requirement ({'; '.join(want.why)}): the versions "
                           "conflict; pin compatible versions")
@@ -384,9 +403,10 @@ class Resolver:
         except WheelError as exc:
             if exc.missing is not None:
                 key = _key(re.split(r"[<>=!~;\[ ]", exc.missing, maxsplit=1)[0])
-                if key in pins:  # narrowed after a conflict, and nothing fits
-                    raise self._conflict(key, wants.get(key) or _Wanted(why=self._why.get(key, []))) from None
-                exc.needed_by = "; ".join(self._why.get(key, [])) or None
+                want = wants.get(key) or _Wanted(why=self._why.get(key, []))
+                if key in pins or len({str(s) for s in want.specifiers}) > 1:
+                    self._conflict_or_missing(key, want)
+                exc.needed_by = "; ".join(want.why) or None
             raise
         got: dict[str, Wheel] = {}
         for path in sorted(dest.iterdir()):
