@@ -60,7 +60,7 @@ _UNREACHABLE = re.compile(r"Connection refused|Failed to establish a new connect
                           r"Could not fetch URL|ConnectTimeout|Max retries exceeded|NewConnectionError|"
                           r"Temporary failure in name resolution", re.I)
 # pip options that would change what is installed where, or run another interpreter: never taken from PIP_*
-_DROPPED_PIP = {"PIP_TARGET", "PIP_PREFIX", "PIP_ROOT", "PIP_USER", "PIP_NO_BINARY", "PIP_PYTHON", "PIP_CONSTRAINT",
+_DROPPED_PIP = {"PIP_TARGET", "PIP_PREFIX", "PIP_ROOT", "PIP_USER", "PIP_NO_BINARY", "PIP_PYTHON",
                 "PIP_REQUIREMENT", "PIP_EDITABLE", "PIP_SRC", "PIP_PLATFORM", "PIP_PYTHON_VERSION", "PIP_IMPLEMENTATION",
                 "PIP_ABI", "PIP_NO_BUILD_ISOLATION", "PIP_CONFIG_SETTINGS", "PIP_GLOBAL_OPTION", "PIP_BUILD_OPTION",
                 "PIP_REQUIRE_HASHES", "PIP_NO_DEPS", "PIP_DEST", "PIP_REPORT", "PIP_UPGRADE", "PIP_FORCE_REINSTALL",

@@ -225,7 +225,8 @@ def test_pips_environment_keeps_the_machine_configuration_and_nothing_of_ours(mo
     env = wheels.pip_env()
     assert env["PIP_INDEX_URL"] == "http://mirror/simple" and env["HTTPS_PROXY"] == "http://proxy:3128"
     assert not [k for k in env if k.startswith(("PYTHON", "KERNELEXEC_"))]
-    assert "PIP_PYTHON" not in env and "PIP_CONSTRAINT" not in env and "PIP_NO_BINARY" not in env
+    assert "PIP_PYTHON" not in env and "PIP_NO_BINARY" not in env
+    assert env["PIP_CONSTRAINT"] == "/c.txt"  # the machine's constraints stay (pip refuses links in them)
     assert env["PIP_ONLY_BINARY"] == ":all:" and env["_PIP_RUNNING_IN_SUBPROCESS"] == "1"
 
 
