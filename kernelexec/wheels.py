@@ -254,8 +254,11 @@ def read_wheel(path: Path) -> Wheel:
         raise WheelError(f"{path.name}: its METADATA has no Name or Version: refused")
     if _key(path.name.split("-")[0]) != _key(name):
         raise WheelError(f"{path.name}: its METADATA names {name!r}, not the project in its file name: refused")
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    return Wheel(str(name), str(version), path, digest, tuple(str(r) for r in meta.get_all("Requires-Dist") or ()),
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for chunk in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(chunk)
+    return Wheel(str(name), str(version), path, digest.hexdigest(), tuple(str(r) for r in meta.get_all("Requires-Dist") or ()),
                  meta.get("Requires-Python"))
 
 
@@ -388,6 +391,7 @@ class Resolver:
 
     @staticmethod
     def _request(key: str, want: _Wanted, pins: dict[str, SpecifierSet]) -> str:
+        # the canonical name (letters, digits, "-") and specifiers: nothing pip could take for a path or URL
         return f"{key}{want.specifier & pins.get(key, SpecifierSet())}"
 
     def _download(self, wants: dict[str, _Wanted], pins: dict[str, SpecifierSet]) -> None:
@@ -475,7 +479,10 @@ def install(specs: Sequence[str], staging: Path, target: Target, source: Source,
         picked.mkdir()
         lines = []
         for wheel in wheels:
-            os.link(wheel.path, picked / wheel.path.name)
+            try:
+                os.link(wheel.path, picked / wheel.path.name)
+            except OSError:
+                shutil.copyfile(wheel.path, picked / wheel.path.name)
             lines.append(f"{wheel.name}=={wheel.version} --hash=sha256:{wheel.sha256}")
         requirements = work / "requirements.txt"
         requirements.write_text("\n".join(lines) + "\n")
