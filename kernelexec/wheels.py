@@ -5,15 +5,17 @@ not a wheel's direct-URL dependencies (``Requires-Dist: x @ file:///…`` or ``x
 pip fetches and builds on the host — running their build backend, i.e. arbitrary code. Even
 ``pip install --dry-run --report -`` runs it, because the resolver needs a source requirement's
 metadata (measured with pip 23.2 in tests/test_wheels.py: the in-tree backend of a ``file://``
-dependency writes its canary in a dry run too). And ``pip --python X`` re-executes pip under X with
+directory or an ``http://`` sdist dependency writes its canary in a dry run too). And ``pip --python X`` re-executes pip under X with
 ``site`` on, which runs the project's ``.pth`` files and ``sitecustomize`` on the host.
 
 So kernelexec resolves the closure itself (``resolve``), level by level, with its own pip asked only
 for single wheels (``pip download --no-deps --only-binary :all:``, every requirement a plain name and
 specifier, never a URL): each downloaded file must be a wheel; its ``METADATA`` is read here (zipfile
 and the email parser), its ``Requires-Dist`` markers evaluated against the *target* interpreter's
-markers (pip 23.2 evaluates dependency markers against the interpreter pip runs in, even under
-``--python-version``), extras included; a requirement with a URL is refused before anything is
+markers, extras included (pip cannot do this for us: under ``--python-version`` it checks
+``Requires-Python`` against the target, but evaluates dependency markers with ``marker.evaluate({"extra":
+…})`` — ``req_install.match_markers``, ``metadata/importlib/_dists.iter_dependencies`` in pip 23.2 — so
+``python_version`` and the rest are the running interpreter's); a requirement with a URL is refused before anything is
 fetched for it. A later requirement that the version already chosen for a name does not satisfy
 restarts the resolution with the combined specifier for that name (at most ``MAX_ROUNDS`` rounds).
 Then exactly the chosen wheels are installed (``install``): ``pip install --no-deps --no-index
