@@ -79,6 +79,8 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
         build_wheel(w, "kxextra", "1.0", "EXTRA = True\n"),
         build_wheel(w, "kxmid", "1.0", "from kxdep import DEP\n", requires=["kxdep>=0.1", "kxextra; extra == 'more'"]),
         build_wheel(w, "kxtop", "1.0", "import kxmid\n", requires=["kxmid[more]>=1.0", "kxnever; python_version < '3'"]),
+        build_wheel(w, "kxplain", "1.0", "", requires=["kxmid", "kxlate"]),
+        build_wheel(w, "kxlate", "1.0", "", requires=["kxmid[more]"]),
         build_wheel(w, "kxc", "1.0", "C = 1\n"),
         build_wheel(w, "kxc", "2.0", "C = 2\n"),
         build_wheel(w, "kxa", "1.0", "", requires=["kxc>=1"]),
@@ -201,6 +203,12 @@ def test_a_dependency_chain_installs_with_extras_and_markers_each_wheel_pinned_b
     check = subprocess.run([sys.executable, "-I", "-c", "import sys; sys.path.insert(0, sys.argv[1]); import kxtop, kxmid, "
                             "kxextra; print(kxmid.DEP)", str(tmp_path / "staging")], capture_output=True, text=True)
     assert check.stdout.strip() == "0.2", check.stderr
+
+
+def test_an_extra_asked_for_later_adds_its_requirements(index: Index, tmp_path: Path) -> None:
+    """kxmid is chosen without extras first; kxlate, a level later, asks for kxmid[more]: kxextra joins."""
+    chosen, _ = install(index, ["kxplain"], tmp_path / "staging")
+    assert {w.name for w in chosen} == {"kxplain", "kxmid", "kxlate", "kxdep", "kxextra"}
 
 
 def test_a_later_narrower_requirement_picks_an_older_version(index: Index, tmp_path: Path) -> None:
