@@ -37,8 +37,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from . import wheels
 from .errors import KernelexecError
-from .host import KernelReach, helper_env, run_python
+from .host import KernelReach, run_python
 
 logger = logging.getLogger(__name__)
 
@@ -478,11 +479,10 @@ def overlay_ready(path: Path) -> bool:
 
 
 def build_command(env: Environment, target: Path) -> list[str]:
-    """kernelexec's own pip, run for the environment's interpreter (``pip --python``): its markers,
-    tags and ABI; wheels only; into ``target``, never into the environment."""
-    return [sys.executable, "-m", "pip", "--python", env.python, "install", "--quiet", "--disable-pip-version-check",
-            "--no-input", "--no-warn-script-location", "--only-binary", ":all:", "--target", str(target),
-            IPYKERNEL_REQUIREMENT]
+    """What ``_build`` does, as a command a user can run by hand: kernelexec's own pip (``python -I -m
+    kernelexec.wheels``) choosing wheels only for the environment's interpreter from its version, tag,
+    machine and glibc — that interpreter is never run — into ``target``, never into the environment."""
+    return wheels.command_line([IPYKERNEL_REQUIREMENT], target, env)
 
 
 _build_locks: dict[str, threading.Lock] = {}
@@ -514,24 +514,28 @@ def ensure_overlay(env: Environment, cache_dir: Path, *, build: bool = True) -> 
 
 
 def _build(env: Environment, path: Path) -> None:
+    """The overlay: ipykernel's closure, wheels only, for ``env``'s tags and markers (``wheels.install``:
+    direct references and sdists refused, nothing built, the interpreter not run), then moved into place."""
     logger.warning("%s has no ipykernel: building kernelexec's overlay for %s in %s (once)", env.python, env.tag, path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
-    command = build_command(env, tmp)
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT, stdin=subprocess.DEVNULL,
-                              env=helper_env(keep_path=True))
-    except subprocess.TimeoutExpired:
+        wheels.install([IPYKERNEL_REQUIREMENT], tmp, wheels.Target.of(env), wheels.Source(), timeout=BUILD_TIMEOUT,
+                       work_parent=path.parent)
+    except TimeoutError:
         shutil.rmtree(tmp, ignore_errors=True)
         raise EnvironmentUnusable(f"building the ipykernel overlay took longer than {BUILD_TIMEOUT:.0f} s; run it "
                                   f"yourself: {shlex.join(build_command(env, path))}") from None
-    if proc.returncode != 0 or not overlay_ready(tmp):
+    except wheels.WheelError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])[:600]
         raise EnvironmentUnusable(
-            f"{env.describe()} has no ipykernel, and kernelexec could not fetch one for it (no network or package "
-            f"index?): {tail}. The environment itself is never changed; with a package index reachable run: "
-            f"{shlex.join(build_command(env, path))}")
+            f"{env.describe()} has no ipykernel, and kernelexec could not fetch one for it: {str(exc)[:600]}. The "
+            f"environment itself is never changed; once that is fixed (a package index reachable?) run: "
+            f"{shlex.join(build_command(env, path))}") from None
+    if not overlay_ready(tmp):
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise EnvironmentUnusable(f"{env.describe()}: the ipykernel overlay kernelexec built has no ipykernel/kernelapp.py; "
+                                  f"run: {shlex.join(build_command(env, path))}")
     with contextlib.suppress(OSError):
         shutil.rmtree(path)  # a partial copy someone left
     os.rename(tmp, path)

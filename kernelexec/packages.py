@@ -3,10 +3,13 @@
 A session's overlay is ``<session>/packages`` (``SessionDirs.packages``): written only by the
 server, read-only to the kernel (it lies outside the kernel's writable parts), on the kernel's
 ``sys.path`` after the environment's own site-packages, so the environment's packages win. The
-installer runs pip *outside* the sandbox with ``--only-binary :all:`` — a wheel is unpacked, never
-built, so no ``setup.py`` of a package ever runs on the host — into a fresh staging directory that
-is then moved into the overlay; a download cache shared by all sessions makes a second install of
-the same wheel fast. The kernel then allows the overlay's new top-level modules
+installer runs kernelexec's own pip *outside* the sandbox, wheels only for the whole closure
+(``wheels.py``: every dependency must be a wheel from the configured index or wheelhouse — a direct
+URL, a directory or an sdist anywhere in it is refused before anything is fetched for it, so no
+build backend or ``setup.py`` ever runs on the host — and a kernel in another interpreter gets the
+wheels for that interpreter's tags and markers without that interpreter being run), into a fresh
+staging directory that is then moved into the overlay; a download cache shared by all sessions makes
+a second install of the same wheel fast. The kernel then allows the overlay's new top-level modules
 (``_kernelexec_packages_added``) and invalidates its import caches, so no restart is needed.
 
 What may be asked for: PEP 508 names with extras and version specifiers only — no URLs, paths,
@@ -17,12 +20,11 @@ install the usual way (``%pip install``, ``!pip install``, ``pip install`` alone
 
 from __future__ import annotations
 
-import json
+import functools
 import os
 import re
 import shlex
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -31,6 +33,7 @@ from typing import Any
 
 import anyio
 
+from . import wheels
 from .config import Profile, Settings
 from .errors import InvalidRequest, KernelexecError
 
@@ -169,92 +172,57 @@ def cache_dir(settings: Settings) -> Path:
     return settings.state_dir / "pip-cache"
 
 
-def pip_command(settings: Settings, specs: list[str], target: Path, *, upgrade: bool, python: str | None = None) -> list[str]:
-    """kernelexec's own pip; for a kernel in another interpreter, run as that interpreter (``pip --python``),
-    so the wheels chosen are the ones that interpreter can import."""
-    cmd = [sys.executable, "-m", "pip", *(["--python", python] if python and python != sys.executable else []),
-           "install", "--target", str(target), "--only-binary", ":all:",
-           "--no-input", "--disable-pip-version-check", "--no-warn-script-location", "--progress-bar", "off",
-           "--no-compile", "--cache-dir", str(cache_dir(settings)), "--timeout", str(settings.install_connect_timeout),
-           "--retries", "0", "--report", str(target / ".report.json")]
-    if settings.index_url:
-        cmd += ["--index-url", settings.index_url]
-    if settings.find_links:
-        cmd += ["--find-links", str(settings.find_links)]
-        if not settings.index_url:
-            cmd += ["--no-index"]
-    if upgrade:
-        cmd += ["--upgrade"]
-    return [*cmd, "--", *specs]
+def source(settings: Settings) -> wheels.Source:
+    """Where the wheels come from: ``--index-url``/``--find-links``, else pip's configuration of this machine."""
+    return wheels.Source(index_url=settings.index_url, find_links=str(settings.find_links) if settings.find_links else None,
+                         cache_dir=cache_dir(settings), connect_timeout=settings.install_connect_timeout)
 
 
-def _pip_env() -> dict[str, str]:
-    """pip's environment: the user's pip configuration stays (their index), the kernel's does not exist here."""
-    keep = ("PATH", "HOME", "LANG", "LC_ALL", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "HTTPS_PROXY", "HTTP_PROXY",
-            "NO_PROXY", "https_proxy", "http_proxy", "no_proxy", "PIP_CONFIG_FILE", "XDG_CONFIG_HOME")
-    env = {k: v for k, v in os.environ.items() if k in keep or (k.startswith("PIP_") and k not in
-                                                                  ("PIP_TARGET", "PIP_PREFIX", "PIP_USER", "PIP_NO_BINARY"))}
-    env["PIP_ONLY_BINARY"] = ":all:"
-    env["PYTHONNOUSERSITE"] = "1"
-    return env
-
-
-def _failure(settings: Settings, specs: list[str], output: str) -> str:
-    """One clear sentence from pip's output."""
-    text = output.strip()
+def _failure(settings: Settings, specs: list[str], error: wheels.WheelError) -> str:
+    """One clear sentence: a refusal or conflict as wheels.py says it; pip's failures from its output."""
+    if error.output is None:
+        return str(error)
+    text = error.output.strip()
     index = index_description(settings)
-    if re.search(r"No matching distribution found|Could not find a version that satisfies", text):
-        return (f"no wheel of {', '.join(specs)} for this Python and platform on {index}: kernelexec installs wheels only "
-                "and never builds one, so a package published only as an sdist is refused (its setup.py would run on "
-                "the host); pick a version that has a wheel")
     if re.search(r"Connection refused|Failed to establish a new connection|Name or service not known|timed out|"
                  r"Could not fetch URL|ConnectTimeout|Max retries exceeded|NewConnectionError", text, re.I):
         return f"the package index {index} could not be reached: {text.splitlines()[-1][:200] if text else ''}"
+    if error.missing is not None:
+        needed = f" (needed by: {error.needed_by})" if error.needed_by and "was asked for" not in error.needed_by else ""
+        return (f"no wheel of {error.missing}{needed} for this Python and platform on {index}: kernelexec installs wheels "
+                "only and never builds one, so a package published only as an sdist is refused (its setup.py would run "
+                "on the host); pick a version that has a wheel")
     last = [line for line in text.splitlines() if line.strip()][-3:]
     return "pip failed: " + " | ".join(line.strip()[:200] for line in last)
 
 
 async def install(settings: Settings, specs: list[str], overlay: Path, *, upgrade: bool = False,
-                  python: str | None = None) -> InstallOutcome:
-    """Install ``specs`` (validated) into ``overlay``; raises InstallError with pip's reason."""
+                  environment: wheels.Described | None = None) -> InstallOutcome:
+    """Install ``specs`` (validated) and their whole closure, wheels only, for ``environment``'s interpreter
+    (kernelexec's own when None) into ``overlay``; raises InstallError saying why not (see wheels.py).
+    ``upgrade``: what is installed replaces the overlay's copies either way (the staging starts empty)."""
+    del upgrade  # kept in the signature: the tools and pip lines say it; a fresh install replaces anyway
     started = time.monotonic()
     overlay.mkdir(parents=True, exist_ok=True)
     cache_dir(settings).mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=overlay.parent))
-    empty = Path(tempfile.mkdtemp(prefix=".pip-cwd-", dir=overlay.parent))
     try:
-        cmd = pip_command(settings, specs, staging, upgrade=upgrade, python=python)
+        job = functools.partial(wheels.install, specs, staging, wheels.Target.of(environment), source(settings),
+                                timeout=settings.install_timeout, work_parent=overlay.parent)
         try:
-            with anyio.fail_after(settings.install_timeout):
-                # in an empty directory of its own: nothing a kernel wrote can be taken for a local project or archive
-                done = await anyio.run_process(cmd, env=_pip_env(), check=False, stdin=None, cwd=str(empty))
+            chosen, _ = await anyio.to_thread.run_sync(job)
         except TimeoutError:
             raise InstallError(f"installing {', '.join(specs)} took longer than {settings.install_timeout:g} s "
                                "(--install-timeout); nothing was installed") from None
-        output = (done.stdout or b"").decode(errors="replace") + (done.stderr or b"").decode(errors="replace")
-        if done.returncode != 0:
-            raise InstallError(_failure(settings, specs, output))
-        installed = _report(staging)
+        except wheels.WheelError as exc:
+            raise InstallError(_failure(settings, specs, exc)) from None
+        installed = [Installed(wheel.name, wheel.version, 0) for wheel in chosen]
         await anyio.to_thread.run_sync(_merge, staging, overlay)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-        shutil.rmtree(empty, ignore_errors=True)
     for item in installed:
         item.size = _dist_size(overlay, item.name)
     return InstallOutcome(installed, round((time.monotonic() - started) * 1000, 3), index_description(settings))
-
-
-def _report(staging: Path) -> list[Installed]:
-    try:
-        report = json.loads((staging / ".report.json").read_text())
-    except (OSError, ValueError):
-        return []
-    found = []
-    for item in report.get("install", []) if isinstance(report, dict) else []:
-        meta = item.get("metadata", {}) if isinstance(item, dict) else {}
-        if isinstance(meta.get("name"), str):
-            found.append(Installed(meta["name"], str(meta.get("version", "?")), 0))
-    return found
 
 
 def _merge(staging: Path, overlay: Path) -> None:

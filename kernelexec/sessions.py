@@ -294,9 +294,8 @@ class Session:
         if not kernel.supports_packages:
             raise InstallError("packages on demand need a local kernel: with --kernel-gateway or --kernel-spec, install "
                                "packages into the remote kernel's image")
-        environment = getattr(self, "environment", None)  # the kernel's interpreter, when not kernelexec's own
-        python = environment.python if environment is not None and not getattr(environment, "own", True) else None
-        outcome = await install(self.settings, specs, self.dirs.packages, upgrade=upgrade, python=python)
+        environment = getattr(self, "environment", None)  # the kernel's interpreter (wheels for its tags and markers)
+        outcome = await install(self.settings, specs, self.dirs.packages, upgrade=upgrade, environment=environment)
         report = await kernel.evaluate("_kernelexec_packages_added()")
         if not isinstance(report, dict) or "modules" not in report:
             raise InstallError(f"installed, but the kernel did not take the new packages: {report!r}")

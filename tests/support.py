@@ -147,8 +147,10 @@ def http_server(state_dir: Path, *args: str) -> Iterator[str]:
 
 
 # --- a real package index on 127.0.0.1 (installs: tests/test_packages.py, benchmarks/packages.py) -----------
-def build_wheel(dest: Path, name: str, version: str, body: str, requires: list[str] | None = None) -> Path:
-    """A real, minimal pure-Python wheel (PEP 427), written directly: a module, METADATA, WHEEL, RECORD."""
+def build_wheel(dest: Path, name: str, version: str, body: str, requires: list[str] | None = None,
+                tag: str = "py3-none-any") -> Path:
+    """A real, minimal wheel (PEP 427), written directly: a module, METADATA, WHEEL, RECORD; pure Python
+    whatever ``tag`` (e.g. "cp313-cp313-manylinux2014_x86_64") says, which is all pip looks at."""
     import base64
     import hashlib
     import zipfile
@@ -158,7 +160,7 @@ def build_wheel(dest: Path, name: str, version: str, body: str, requires: list[s
     files = {
         f"{name}/__init__.py": body,
         f"{info}/METADATA": metadata,
-        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: kernelexec-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: kernelexec-tests\nRoot-Is-Purelib: true\nTag: {tag}\n",
         f"{info}/top_level.txt": f"{name}\n",
     }
     record = []
@@ -168,7 +170,7 @@ def build_wheel(dest: Path, name: str, version: str, body: str, requires: list[s
     record.append(f"{info}/RECORD,,")
     files[f"{info}/RECORD"] = "\n".join(record) + "\n"
     dest.mkdir(parents=True, exist_ok=True)
-    wheel = dest / f"{name}-{version}-py3-none-any.whl"
+    wheel = dest / f"{name}-{version}-{tag}.whl"
     with zipfile.ZipFile(wheel, "w") as zf:
         for path, text in files.items():
             zf.writestr(path, text)

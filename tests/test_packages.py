@@ -24,14 +24,21 @@ from .test_environments import need
 pytestmark = pytest.mark.anyio
 
 CANARY = Path("/tmp/kernelexec-test-sdist-canary")
+BACKEND_CANARY = Path("/tmp/kernelexec-test-backend-canary")
 
 
 @pytest.fixture(scope="module")
 def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real HTTP package index on 127.0.0.1 with kxdemo 1.0/1.1, kxuses (needs kxdep) and sdist-only kxsdist."""
+    """A real HTTP package index on 127.0.0.1 with kxdemo 1.0/1.1, kxuses (needs kxdep), sdist-only kxsdist, and
+    kxevil, a wheel requiring ``evil @ file:///…`` whose in-tree build backend would write a canary."""
     base = tmp_path_factory.mktemp("index")
     wheels = base / "wheels"
+    evil = base / "evil"
+    evil.mkdir()
+    (evil / "pyproject.toml").write_text('[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n')
+    (evil / "backend.py").write_text(f"open({str(BACKEND_CANARY)!r}, 'w').write('ran on the host')\n")
     files = [
+        build_wheel(wheels, "kxevil", "1.0", "X = 1\n", requires=["kxdep", f"evil @ {evil.as_uri()}"]),
         build_wheel(wheels, "kxdemo", "1.0", "VALUE = 42\n"),
         build_wheel(wheels, "kxdemo", "1.1", "VALUE = 43\n"),
         build_wheel(wheels, "kxdep", "0.1", "DEP = 'dep'\n"),
@@ -121,6 +128,20 @@ async def test_an_sdist_only_package_is_refused_and_its_setup_py_never_runs(h: H
     assert not CANARY.exists()
 
 
+async def test_a_wheel_requiring_a_direct_reference_is_refused_and_nothing_is_built(h: Harness) -> None:
+    """Plain ``pip install --only-binary :all:`` builds ``evil @ file:///…`` on the host (tests/test_wheels.py
+    measures it); install_packages refuses the whole install, naming the package and the requirement."""
+    BACKEND_CANARY.unlink(missing_ok=True)
+    s = await h.new_session()
+    refused = await h.call("install_packages", packages=["kxevil"], session=s)
+    text = refused.content[0].text
+    assert refused.is_error and "kxevil 1.0 requires it as a direct reference (evil @ file://" in text, text
+    cell = await h.call("execute_code", code="%pip install kxevil", session=s)
+    assert cell.structured_content["error_type"] == "InstallError"
+    assert not BACKEND_CANARY.exists()
+    assert (await h.run("import kxdep", session=s))["error_type"] in ("ImportError", "ModuleNotFoundError")
+
+
 async def test_a_package_is_only_importable_in_the_session_that_installed_it(h: Harness, index: str) -> None:
     mine, other = await h.new_session(), await h.new_session()
     await h.call("install_packages", packages=["kxdemo==1.0"], session=mine)
@@ -184,7 +205,8 @@ async def test_replay_installs_again_from_the_configured_index(h: Harness, index
 async def test_a_kernel_in_another_interpreter_gets_wheels_for_that_interpreter(
     short_tmp: Path, index: str, overlay_cache: Path
 ) -> None:
-    """pip runs as the kernel's own interpreter (pip --python), so what it picks is importable there."""
+    """kernelexec's own pip picks wheels for that interpreter's tags and markers (wheels.Target), without running
+    it (tests/test_wheels.py audits that), so what it picks is importable there."""
     python = need("3.13")
     settings = make_settings(short_tmp, python=python, cache_dir=overlay_cache, index_url=index, pool_size=0, restart_spares=0)
     async with serving(settings) as other:
