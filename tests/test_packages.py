@@ -174,7 +174,7 @@ async def test_replay_installs_again_from_the_configured_index(h: Harness, index
     await h.run("import kxuses\nkxuses.USES", session=s)
     r = await h.run("%pip install kxdemo==1.0\nimport kxdemo\nkxdemo.VALUE", session=s)
     session_dir = Path(r["notebook"]).parent
-    done = subprocess.run(kernelexec_cmd("replay", "--state-dir", str(short_tmp / "replay-state"), "--index-url", index,
+    done = subprocess.run(kernelexec_cmd("replay", "--install", "--state-dir", str(short_tmp / "replay-state"), "--index-url", index,
                                          str(session_dir)),
                           env=clean_env(PIP_CONFIG_FILE=os.devnull), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
