@@ -221,6 +221,8 @@ def recorded_installs(nb: NotebookNode) -> list[RecordedInstall]:
 def installs_line(installs: list[RecordedInstall], *, install: bool, policy: str) -> str:
     """The one console line naming the installs a notebook records, and whether replay redoes them."""
     listed = "; ".join(i.describe() for i in installs[:20]) + (f"; … ({len(installs)} in all)" if len(installs) > 20 else "")
+    if install and policy == "off":
+        return f"installs recorded: {listed} — not redone: --install, but --install-policy off refuses them"
     if install:
         return f"installs recorded: {listed} — redone (--install), within --install-policy {policy}, from your index"
     return (f"installs recorded: {listed} — not redone: their cells are skipped; replay with --install to redo them "

@@ -281,7 +281,8 @@ def test_replay_of_a_foreign_notebook_asks_the_index_nothing_unless_told_to_inst
     """The attack: `%pip install beacon-pkg` and an install marker in a notebook someone sent. Replayed
     without --install, the user's index hears nothing (no beacon, no dependency-confusion lever): the
     installs are listed, the %pip cell is skipped with a note, and the cell that needed the other
-    package fails as usual. With --install, both are installed and the replay matches."""
+    package fails as usual. --install stays within --install-policy (off: still nothing asked). With
+    --install, both are installed and the replay matches."""
     url, log = watched_index
     evil = evil_notebook(tmp_path / "evil.ipynb")
     out = tmp_path / "replayed.ipynb"
@@ -304,6 +305,12 @@ def test_replay_of_a_foreign_notebook_asks_the_index_nothing_unless_told_to_inst
         "redone": False, "recorded": [{"cell": 1, "via": "install_packages", "specs": ["kxdep"]},
                                       {"cell": 2, "via": "pip", "specs": ["beacon-pkg"]}]}
     assert report.cells[1].metadata.kernelexec["replay_ending"] == "skipped"
+
+    refused = subprocess.run(kernelexec_cmd("replay", *common, "--install", "--install-policy", "off", str(evil)),
+                             capture_output=True, text=True, timeout=240, env=env)  # --install stays within the policy
+    assert requests_in(log) == [], (requests_in(log), refused.stdout + refused.stderr)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stdout + refused.stderr
+    assert "--install, but --install-policy off" in refused.stdout and "--install-policy off" in refused.stderr, refused.stderr
 
     told = subprocess.run(kernelexec_cmd("replay", *common, "--install", str(evil)),
                           capture_output=True, text=True, timeout=240, env=env)
