@@ -157,7 +157,7 @@ def read_cell_meta(cell: Any) -> CellMeta:
         elif event in EVENTS:
             fields["event"] = event
         else:
-            ignored.append(f"event is {_kind(event) if not isinstance(event, str) else 'not one of ' + ', '.join(EVENTS)}")
+            ignored.append(f"event is {_kind(event)}, not one of {', '.join(EVENTS)}")
     if "specs" in found and fields.get("event") == "install":
         specs = found["specs"]
         if isinstance(specs, list) and all(isinstance(s, str) for s in specs):
@@ -185,7 +185,7 @@ def read_cell_meta(cell: Any) -> CellMeta:
         if found["ending"] in ENDINGS:
             fields["ending"] = found["ending"]
         else:
-            ignored.append(f"ending is {_kind(found['ending']) if not isinstance(found['ending'], str) else 'not one of ' + ', '.join(ENDINGS)}")
+            ignored.append(f"ending is {_kind(found['ending'])}, not one of {', '.join(ENDINGS)}")
     return CellMeta(**fields, ignored=tuple(ignored))
 
 

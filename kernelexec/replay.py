@@ -225,8 +225,8 @@ def installs_line(installs: list[RecordedInstall], *, install: bool, policy: str
         return f"installs recorded: {listed} — not redone: --install, but --install-policy off refuses them"
     if install:
         return f"installs recorded: {listed} — redone (--install), within --install-policy {policy}, from your index"
-    return (f"installs recorded: {listed} — not redone: their cells are skipped; replay with --install to redo them "
-            "(within --install-policy)")
+    return (f"installs recorded: {listed} — not redone (a cell with pip lines is skipped); replay with --install to "
+            "redo them (within --install-policy)")
 
 
 def _annotate(holder: Any, **fields: Any) -> None:
@@ -516,7 +516,7 @@ async def replay_command(settings: Settings, notebook: str, *, output: str | Non
               and (t := read_cell_meta(c).timeout) is not None and t > settings.max_timeout]
     if capped:
         print(safe(f"note: cell {', '.join(map(str, capped[:20]))}{' …' if len(capped) > 20 else ''}: recorded timeout "
-                   f"not usable or above --max-timeout ({settings.max_timeout:g} s); capped"), flush=True)
+                   f"above --max-timeout ({settings.max_timeout:g} s); capped"), flush=True)
     try:
         environment = await anyio.to_thread.run_sync(prepare, settings.python, settings.working_dir, settings.cache_dir)
     except KernelexecError as exc:
@@ -528,9 +528,9 @@ async def replay_command(settings: Settings, notebook: str, *, output: str | Non
         print(safe(f"note: recorded in Python {str(was[1])[:20]} at {str(was[0])[:200]}; replayed in "
                    f"Python {environment.version} at {environment.python}, which your flags and config choose (--python; "
                    "a notebook never chooses its interpreter)"), flush=True)
-    installs = recorded_installs(nb)
+    installs, policy = recorded_installs(nb), settings.effective_install_policy(chosen)
     if installs:
-        print(safe(installs_line(installs, install=install, policy=settings.effective_install_policy(chosen))), flush=True)
+        print(safe(installs_line(installs, install=install, policy=policy)), flush=True)
     try:
         reports = await replay_notebook(nb, settings, profile=chosen, on_cell=lambda r: print(safe(_line(r)), flush=True),
                                         environment=environment, install=install)
@@ -551,7 +551,7 @@ async def replay_command(settings: Settings, notebook: str, *, output: str | Non
     if output:
         _annotate(nb, replay={"profile": chosen, "different": different, "skipped": skipped,
                               "environment": environment.summary(),
-                              "installs": {"redone": install, "recorded": [
+                              "installs": {"redone": install and policy != "off", "recorded": [
                                   {"cell": i.cell, "via": i.via, "specs": i.specs} for i in installs]}})
         nbformat.write(nb, output)
         print(safe(f"wrote {output}"), flush=True)

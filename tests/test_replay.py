@@ -217,7 +217,7 @@ async def test_a_notebook_never_chooses_its_profile_or_lifts_the_timeout_limit(
     out = capsys.readouterr().out
     assert "profile standard" in out.splitlines()[0]
     assert "note: recorded under profile 'trusted'; replayed under standard" in out
-    assert "cell 1, 2: recorded timeout not usable or above --max-timeout (2 s); capped" in out
+    assert "cell 1, 2: recorded timeout above --max-timeout (2 s); capped" in out
     cells = nbformat.read(ran, as_version=4).cells
     assert "not allowed" in cells[0].outputs[0].evalue  # no subprocess under standard
     assert cells[1].metadata.kernelexec["replay_ending"] == "interrupted"  # stopped at 2 s, not 1e9

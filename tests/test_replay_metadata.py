@@ -21,7 +21,7 @@ from kernelexec.recording import ENDINGS, EVENTS, CellMeta, NotebookMeta, read_c
 from kernelexec.replay import _session_roots, ignored_metadata, installs_line, recorded_installs
 from kernelexec.restore import cell_timeout, restorable
 
-from .conftest import clean_env, kernelexec_cmd
+from .conftest import clean_env, kernelexec_cmd, make_settings
 
 # every JSON type, and the awkward values of each (NaN and infinities: Python's json reads them)
 VALUES: list[Any] = [
@@ -142,7 +142,8 @@ def test_what_is_ignored_is_named_by_type_never_echoed() -> None:
     ignored = ignored_metadata(nb)
     assert ignored == ["notebook: profile is a number, not a string", "notebook: environment is a string, not an object",
                        "cell 1: success is a string, not a boolean", "cell 1: timeout is a string, not a positive number",
-                       "cell 2: event is a number", "cell 3: metadata.kernelexec is a string, not an object"]
+                       "cell 2: event is a number, not one of restart, restore, revive, install",
+                       "cell 3: metadata.kernelexec is a string, not an object"]
 
 
 # --- the real command, a few representative notebooks (one kernel each) -----------------------------
@@ -183,12 +184,31 @@ def test_the_command_replays_notebooks_with_foreign_kernelexec_metadata(case: st
     assert written.cells[-1].outputs[0].data["text/plain"] == "4"
 
 
-@pytest.mark.parametrize("text", ['{"cells": "x"}', "[]", "not json", '{"nbformat": 4, "nbformat_minor": 5, "metadata": 5, "cells": []}'])
-def test_a_file_that_is_not_a_notebook_exits_2_with_one_line(text: str, tmp_path: Path, short_tmp: Path) -> None:
+NOT_NOTEBOOKS = ['{"cells": "x"}', "[]", "not json", "", '{"nbformat": true}', '{"nbformat": 4, "nbformat_minor": 5, "metadata": 5, "cells": []}',
+                 '{"nbformat": 3, "nbformat_minor": 0, "metadata": {}, "worksheets": "x"}', '{"nbformat": 1, "cells": ["x"]}']
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("text", NOT_NOTEBOOKS)
+async def test_a_file_that_is_not_a_notebook_exits_2_with_one_line(
+    text: str, tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kernelexec.replay import replay_command
+
     path = tmp_path / "bad.ipynb"
     path.write_text(text)
+    assert await replay_command(make_settings(short_tmp), str(path), output=None, profile=None) == 2
+    said = capsys.readouterr()
+    assert said.out == "" and len(said.err.splitlines()) == 1, said
+    assert said.err.startswith(f"kernelexec replay: cannot read {path}: not a valid notebook ("), said.err
+
+
+@pytest.mark.slow
+def test_the_command_exits_2_with_one_line_and_no_traceback(tmp_path: Path, short_tmp: Path) -> None:
+    path = tmp_path / "bad.ipynb"
+    path.write_text('{"cells": "x"}')  # a traceback from nbformat's converter before
     proc = replay(path, "--state-dir", str(short_tmp / "bad"))
     assert_clean(proc)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    said = [line for line in proc.stderr.splitlines() if "kernelexec" in line and "WARNING" not in line]
+    said = [line for line in proc.stderr.splitlines() if " WARNING " not in line]  # degraded-sandbox warnings aside
     assert len(said) == 1 and said[0].startswith("kernelexec replay: cannot read"), proc.stderr
