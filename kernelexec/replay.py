@@ -464,6 +464,8 @@ def load_notebook(path: Path) -> tuple[NotebookNode, Path, str | None]:
         nbformat.validate(nb)
     except nbformat.ValidationError as exc:
         raise ValueError(f"not a valid notebook ({' '.join(str(exc.message).split())[:200]})") from None
+    except RecursionError:
+        raise ValueError("not a notebook kernelexec reads (JSON nested too deeply)") from None
     except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
         raise ValueError(f"not a valid notebook ({' '.join(str(exc).split())[:200]})") from None
     return nb, path, note
