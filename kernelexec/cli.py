@@ -81,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     replay = sub.add_parser("replay", help="run a recorded notebook again in a fresh kernel under its profile; compare outputs (exit 1 if any differ)")
     replay.add_argument("notebook", help="a notebook, or a session directory (rebuilt from its journal when needed)")
     replay.add_argument("--output", "-o", default=None, help="write the replayed notebook here")
+    replay.add_argument("--install", action="store_true",
+                        help="redo the installs the notebook records (its %%pip lines and install markers), from your "
+                        "index and within --install-policy; without it they are listed, not done: a cell with pip lines "
+                        "is skipped (a notebook from elsewhere must not make your pip ask your index for names it chose)")
     _add_settings_flags(replay, skip=_SERVE_ONLY)  # --profile: default the one the notebook was recorded under
 
     lab = sub.add_parser("lab", help="JupyterLab (or Jupyter Server) on 127.0.0.1 with the live session kernels attached")
@@ -155,7 +159,8 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "replay":
         from .replay import replay_command
 
-        sys.exit(anyio.run(lambda: replay_command(settings, args.notebook, output=args.output, profile=args.profile)))
+        sys.exit(anyio.run(lambda: replay_command(settings, args.notebook, output=args.output, profile=args.profile,
+                                                     install=args.install)))
 
 
 async def _serve(settings: Settings) -> None:

@@ -35,8 +35,8 @@ from .environments import Environment, prepare
 from .errors import InvalidRequest, KernelexecError
 from .layout import SessionDirs
 from .packages import parse_specs, pip_lines
-from .recording import Recorder, cell_event, notebook_meta, read_session_meta
-from .restore import cell_meta, cell_timeout, first_line, rerun
+from .recording import CellMeta, NotebookMeta, Recorder, notebook_meta, read_cell_meta, read_notebook_meta, read_session_meta
+from .restore import cell_timeout, first_line, rerun
 from .sandbox import kernel_reach
 from .sessions import Session
 from .terminal import safe
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Status = Literal["same", "different", "new"]
+Status = Literal["same", "different", "new", "skipped"]
 
 
 # --- comparing outputs -------------------------------------------------------------------------
@@ -152,6 +152,10 @@ def differences(recorded: dict[str, Any], replayed: dict[str, Any]) -> list[str]
                     lines.append(f"{key} #{i}: recorded {_short(x)}")
                     lines.append(f"{' ' * len(key)} #{i}: replayed {_short(y)}")
                     break
+            else:  # one is the other plus more: name the first extra item
+                if len(a) != len(b):
+                    i, side, longer = min(len(a), len(b)) + 1, "recorded" if len(a) > len(b) else "replayed", max(a, b, key=len)
+                    lines.append(f"{key} #{i}: {side} {_short(longer[i - 1])}")
         else:
             lines.append(f"{key}: recorded {_short(a)}")
             lines.append(f"{' ' * len(key)}  replayed {_short(b)}")
@@ -173,13 +177,11 @@ class CellReport:
 
 def _session_roots(nb: NotebookNode) -> list[str]:
     """The recorded session's directory, as it appears in paths in its outputs."""
-    recorded = nb.metadata.get("kernelexec")
-    handle = recorded.get("session") if isinstance(recorded, dict) else None
-    handle = handle if isinstance(handle, str) else None
+    handle = read_notebook_meta(nb.metadata).session
     roots = set()
     for cell in nb.cells:
-        cwd = cell_meta(cell).get("cwd")
-        if not isinstance(cwd, str):
+        cwd = read_cell_meta(cell).cwd
+        if cwd is None:
             continue
         marker = f"/sessions/{handle}" if handle else None
         if marker and marker in cwd:
@@ -187,10 +189,59 @@ def _session_roots(nb: NotebookNode) -> list[str]:
     return sorted(roots, key=len, reverse=True)
 
 
+@dataclass
+class RecordedInstall:
+    """An install a notebook records: an ``install_packages`` marker, or a cell's pip lines."""
+
+    cell: int  # 1-based position in the notebook
+    via: Literal["install_packages", "pip"]
+    specs: list[str]
+
+    def describe(self) -> str:
+        names = ", ".join(s[:60] for s in self.specs[:10]) + (" …" if len(self.specs) > 10 else "")
+        return f"cell {self.cell} {'%pip' if self.via == 'pip' else self.via} {names or '(no names)'}"
+
+
+def recorded_installs(nb: NotebookNode) -> list[RecordedInstall]:
+    """Every install ``nb`` records, in order (a pip line that is refused installs nothing: not listed)."""
+    found = []
+    for number, cell in enumerate(nb.cells, 1):
+        meta = read_cell_meta(cell)
+        if meta.event == "install":
+            if meta.specs:  # a marker without a list of names installs nothing (its specs were ignored)
+                found.append(RecordedInstall(number, "install_packages", list(meta.specs)))
+        elif cell.get("cell_type") == "code":
+            try:
+                request, _ = pip_lines(cell.source)
+            except InvalidRequest:
+                continue
+            if request is not None:
+                found.append(RecordedInstall(number, "pip", request.specs))
+    return found
+
+
+def installs_line(installs: list[RecordedInstall], *, install: bool, policy: str) -> str:
+    """The one console line naming the installs a notebook records, and whether replay redoes them."""
+    listed = "; ".join(i.describe() for i in installs[:20]) + (f"; … ({len(installs)} in all)" if len(installs) > 20 else "")
+    if install and policy == "off":
+        return f"installs recorded: {listed} — not redone: --install, but --install-policy off refuses them"
+    if install:
+        return f"installs recorded: {listed} — redone (--install), within --install-policy {policy}, from your index"
+    return (f"installs recorded: {listed} — not redone (a cell with pip lines is skipped); replay with --install to "
+            "redo them (within --install-policy)")
+
+
+def _annotate(holder: Any, **fields: Any) -> None:
+    """Add replay's fields to a cell's or notebook's ``metadata.kernelexec`` (foreign content there is replaced)."""
+    if not isinstance(holder.metadata.get("kernelexec"), dict):
+        holder.metadata["kernelexec"] = {}
+    holder.metadata["kernelexec"].update(fields)
+
+
 class _Replayer:
     """One replay: a throwaway session's kernel driven by nbclient, one cell at a time."""
 
-    def __init__(self, nb: NotebookNode, settings: Settings, session: Session, roots: list[str]) -> None:
+    def __init__(self, nb: NotebookNode, settings: Settings, session: Session, roots: list[str], *, install: bool) -> None:
         from nbclient import NotebookClient
 
         kernel = session.kernel
@@ -200,6 +251,7 @@ class _Replayer:
         self.session = session
         self.kernel = kernel
         self.roots = roots
+        self.install = install  # redo recorded installs (a notebook's %pip lines and install markers)
         # timeouts are ours (per cell, with escalation), so nbclient waits without its own
         self.client = NotebookClient(nb, km=kernel.km, timeout=None, allow_errors=False,
                                      startup_timeout=int(settings.startup_timeout), record_timing=True)
@@ -224,12 +276,12 @@ class _Replayer:
         async with self.client.async_setup_kernel():
             try:
                 for index, cell in enumerate(self.nb.cells):
-                    event = cell_event(cell)
-                    if event is not None:
-                        await self._redo(event, index)
+                    meta = read_cell_meta(cell)
+                    if meta.event is not None:
+                        await self._redo(meta, index)
                     if cell.cell_type != "code" or not cell.source.strip():
                         continue
-                    report = await self._cell(index, cell)
+                    report = await self._cell(index, cell, meta)
                     reports.append(report)
                     if on_cell is not None:
                         on_cell(report)
@@ -239,15 +291,16 @@ class _Replayer:
                     self.client.kc = None
         return reports
 
-    async def _redo(self, event: str, index: int) -> None:
+    async def _redo(self, meta: CellMeta, index: int) -> None:
         """A marker: the live kernel was restarted here (and, for a restore or revival, refilled), or
-        packages were installed (installed again here, from the index the current settings name)."""
-        if event == "install":
-            specs = cell_meta(self.nb.cells[index]).get("specs")
-            await self._install(specs if isinstance(specs, list) else [])
+        packages were installed (installed again here with --install, from the index the current
+        settings name; listed and left out without it)."""
+        if meta.event == "install":
+            if self.install and meta.specs:
+                await self._install(list(meta.specs))
             return
         await self._restart()
-        if event in ("restore", "revive"):
+        if meta.event in ("restore", "revive"):
             await rerun(self.kernel, self.nb.cells[:index], default_timeout=self.settings.default_timeout,
                         max_timeout=self.settings.max_timeout, grace=self.settings.interrupt_grace)
 
@@ -302,18 +355,25 @@ class _Replayer:
             await self._restart()
         return state["ending"]
 
-    async def _cell(self, index: int, cell: NotebookNode) -> CellReport:
-        meta = cell_meta(cell)
+    def _skip(self, index: int, cell: NotebookNode, meta: CellMeta, note: str) -> CellReport:
+        """A cell not run: said on its report line and in its metadata; its recorded outputs are dropped."""
+        cell.outputs, cell.execution_count = [], None
+        _annotate(cell, replay_ending="skipped", replay_note=note)
+        return CellReport(index + 1, first_line(cell.source), "skipped", meta.ending, "skipped", [note])
+
+    async def _cell(self, index: int, cell: NotebookNode, meta: CellMeta) -> CellReport:
         recorded_outputs = copy.deepcopy(list(cell.get("outputs", [])))
-        never_ran = cell.get("execution_count") is None and not recorded_outputs and not meta
-        recorded_ending = meta.get("ending", "completed")
-        timeout = cell_timeout(meta, self.settings.default_timeout, self.settings.max_timeout)
+        never_ran = cell.get("execution_count") is None and not recorded_outputs and not meta.recorded
+        recorded_ending = meta.ending
+        timeout = cell_timeout(meta.timeout, self.settings.default_timeout, self.settings.max_timeout)
         source = cell.source
         try:
             request, runnable = pip_lines(source)
-        except InvalidRequest as exc:
-            request, runnable = None, source
-            logger.warning("cell %d: %s", index + 1, exc)
+        except InvalidRequest as exc:  # refused live before anything of the cell ran: not run here either
+            return self._skip(index, cell, meta, f"not run: its pip line is refused, as it is live ({exc})"[:400])
+        if request is not None and not self.install:
+            return self._skip(index, cell, meta, f"not run: it installs {', '.join(request.specs)[:200]}; "
+                              "replay with --install to redo installs")
         installed = await self._install(request.specs, upgrade=request.upgrade) if request is not None else None
         cell.source = runnable  # the kernel cannot run pip; the install was done here, as live
         try:
@@ -324,7 +384,7 @@ class _Replayer:
             from nbformat.v4 import new_output
 
             cell.outputs.insert(0, new_output("stream", name="stdout", text=installed + "\n"))
-        cell.metadata.setdefault("kernelexec", {})["replay_ending"] = ending
+        _annotate(cell, replay_ending=ending)
         report = CellReport(index + 1, first_line(cell.source), "same", recorded_ending, ending)
         if never_ran:
             report.status = "new"
@@ -345,11 +405,14 @@ async def replay_notebook(
     profile: Profile,
     on_cell: Callable[[CellReport], None] | None = None,
     environment: Environment | None = None,
+    install: bool = False,
 ) -> list[CellReport]:
     """Execute ``nb`` (in place) in a fresh kernel launched as a live session's, under ``profile``.
 
     Always a local kernel: nbclient drives it through its kernel manager (``--kernel-gateway`` and ``--kernel-spec`` are ignored),
-    in ``environment`` (default: what the current settings choose; a notebook never chooses its interpreter)."""
+    in ``environment`` (default: what the current settings choose; a notebook never chooses its interpreter).
+    The installs it records (``recorded_installs``) are redone only with ``install`` (within
+    --install-policy, as live); without it, a cell with pip lines is skipped and install markers are left out."""
 
     base = Path(tempfile.mkdtemp(prefix="kxr"))
     session = None
@@ -362,7 +425,7 @@ async def replay_notebook(
         session = Session(f"replay-{secrets.token_urlsafe(6)}", scratch, environment=environment)
         await session.ensure_kernel()
         roots = [*_session_roots(nb), str(session.dirs.root)]
-        return await _Replayer(nb, scratch, session, roots).run(on_cell)
+        return await _Replayer(nb, scratch, session, roots, install=install).run(on_cell)
     finally:
         with anyio.CancelScope(shield=True):
             if session is not None:
@@ -393,31 +456,46 @@ def load_notebook(path: Path) -> tuple[NotebookNode, Path, str | None]:
         if recorder.stale():
             recorder.write_notebook()
             note = "rebuilt from its journal"
-    nb = nbformat.read(path, as_version=4)
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
     try:
+        found = json.loads(text)
+        if not isinstance(found, dict) or not isinstance(found.get("nbformat"), int) or isinstance(found["nbformat"], bool):
+            raise ValueError("no nbformat version")
+        # nbformat's converters (old versions to 4) raise what they meet on malformed input: this is the one door
+        nb = nbformat.reads(text, as_version=4)
         nbformat.validate(nb)
     except nbformat.ValidationError as exc:
-        raise ValueError(f"not a valid notebook ({str(exc.message)[:200]})") from None
+        raise ValueError(f"not a valid notebook ({' '.join(str(exc.message).split())[:200]})") from None
+    except RecursionError:
+        raise ValueError("not a notebook kernelexec reads (JSON nested too deeply)") from None
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+        raise ValueError(f"not a valid notebook ({' '.join(str(exc).split())[:200]})") from None
     return nb, path, note
 
 
-def _recorded_timeout(cell: dict[str, Any]) -> Any:
-    value = cell_meta(cell).get("timeout")
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+def ignored_metadata(nb: NotebookNode) -> list[str]:
+    """What of ``nb``'s kernelexec metadata is not of kernelexec's shape (ignored by replay), one item a place."""
+    found = [f"notebook: {item}" for item in read_notebook_meta(nb.metadata).ignored]
+    for number, cell in enumerate(nb.cells, 1):
+        found += [f"cell {number}: {item}" for item in read_cell_meta(cell).ignored]
+    return found
 
 
 def _line(report: CellReport) -> str:
-    label = {"same": "same", "different": "DIFFERENT", "new": "new"}[report.status]
+    label = {"same": "same", "different": "DIFFERENT", "new": "new", "skipped": "skipped"}[report.status]
     extra = ""
-    if report.recorded_ending != "completed" or report.replayed_ending != "completed":
+    if report.status != "skipped" and (report.recorded_ending != "completed" or report.replayed_ending != "completed"):
         extra = f"   [{report.recorded_ending} live, {report.replayed_ending} on replay]"
     lines = [f"cell {report.number:<4} {label:<9} {report.first_line}{extra}"]
     lines += [f"           {d}" for d in report.details]
     return "\n".join(lines)
 
 
-async def replay_command(settings: Settings, notebook: str, *, output: str | None, profile: Profile | None) -> int:
-    """``kernelexec replay``: 0 when every cell matches, 1 when one differs, 2 when replay cannot run."""
+async def replay_command(settings: Settings, notebook: str, *, output: str | None, profile: Profile | None,
+                         install: bool = False) -> int:
+    """``kernelexec replay``: 0 when every cell matches, 1 when one differs, 2 when replay cannot run.
+    Cells skipped (their installs not redone without ``install``) are listed but do not differ."""
     import nbformat
 
     from .errors import KernelexecError
@@ -427,20 +505,23 @@ async def replay_command(settings: Settings, notebook: str, *, output: str | Non
     except (OSError, ValueError) as exc:
         print(safe(f"kernelexec replay: cannot read {notebook}: {exc}"), file=sys.stderr)
         return 2
-    recorded = nb.metadata.get("kernelexec")
-    recorded_profile = recorded.get("profile") if isinstance(recorded, dict) else None
+    recorded: NotebookMeta = read_notebook_meta(nb.metadata)
+    recorded_profile = recorded.profile
     chosen: Profile = profile or settings.effective_profile  # the user's flags and config; a notebook is data
     code_cells = sum(1 for c in nb.cells if c.get("cell_type") == "code")
     print(safe(f"replaying {path} ({code_cells} code cells, profile {chosen}{'; ' + note if note else ''})"), flush=True)
     if recorded_profile is not None and recorded_profile != chosen:
         print(safe(f"note: recorded under profile {str(recorded_profile)[:40]!r}; replayed under {chosen}, which your "
                    "flags and config choose (a notebook never chooses its own profile or limits)"), flush=True)
+    ignored = ignored_metadata(nb)
+    if ignored:
+        print(safe(f"note: kernelexec metadata not of kernelexec's shape, ignored: {'; '.join(ignored[:8])}"
+                   f"{f'; … ({len(ignored)} in all)' if len(ignored) > 8 else ''}"), flush=True)
     capped = [i for i, c in enumerate(nb.cells, 1) if c.get("cell_type") == "code"
-              and _recorded_timeout(c) is not None
-              and cell_timeout(cell_meta(c), settings.default_timeout, settings.max_timeout) != _recorded_timeout(c)]
+              and (t := read_cell_meta(c).timeout) is not None and t > settings.max_timeout]
     if capped:
         print(safe(f"note: cell {', '.join(map(str, capped[:20]))}{' …' if len(capped) > 20 else ''}: recorded timeout "
-                   f"not usable or above --max-timeout ({settings.max_timeout:g} s); capped"), flush=True)
+                   f"above --max-timeout ({settings.max_timeout:g} s); capped"), flush=True)
     try:
         environment = await anyio.to_thread.run_sync(
             functools.partial(prepare, settings.python, settings.working_dir, settings.cache_dir, reach=kernel_reach(settings)))
@@ -448,28 +529,36 @@ async def replay_command(settings: Settings, notebook: str, *, output: str | Non
         print(safe(f"kernelexec replay: {exc}"), file=sys.stderr)
         return 2
     print(safe(f"environment: {environment.describe()}: {environment.reason}"), flush=True)
-    was = recorded.get("environment") if isinstance(recorded, dict) else None
-    if isinstance(was, dict) and (was.get("python"), was.get("version")) != (environment.python, environment.version):
-        print(safe(f"note: recorded in Python {str(was.get('version'))[:20]} at {str(was.get('python'))[:200]}; replayed in "
+    was = recorded.environment
+    if was is not None and was != (environment.python, environment.version):
+        print(safe(f"note: recorded in Python {str(was[1])[:20]} at {str(was[0])[:200]}; replayed in "
                    f"Python {environment.version} at {environment.python}, which your flags and config choose (--python; "
                    "a notebook never chooses its interpreter)"), flush=True)
+    installs, policy = recorded_installs(nb), settings.effective_install_policy(chosen)
+    if installs:
+        print(safe(installs_line(installs, install=install, policy=policy)), flush=True)
     try:
         reports = await replay_notebook(nb, settings, profile=chosen, on_cell=lambda r: print(safe(_line(r)), flush=True),
-                                        environment=environment)
+                                        environment=environment, install=install)
     except KernelexecError as exc:
         print(safe(f"kernelexec replay: {exc}"), file=sys.stderr)
         return 2
     different = [r.number for r in reports if r.status == "different"]
+    skipped = [r.number for r in reports if r.status == "skipped"]
     counts = {s: sum(1 for r in reports if r.status == s) for s in ("same", "different", "new")}
     summary = f"{len(reports)} cells: {counts['same']} same, {counts['different']} different"
     if counts["new"]:
         summary += f", {counts['new']} not run before"
     if different:
         summary += " (cell " + ", ".join(map(str, different)) + ")"
+    if skipped:
+        summary += f", {len(skipped)} skipped (cell {', '.join(map(str, skipped))})"
     print(safe(summary), flush=True)
     if output:
-        nb.metadata.setdefault("kernelexec", {})["replay"] = {"profile": chosen, "different": different,
-                                                              "environment": environment.summary()}
+        _annotate(nb, replay={"profile": chosen, "different": different, "skipped": skipped,
+                              "environment": environment.summary(),
+                              "installs": {"redone": install and policy != "off", "recorded": [
+                                  {"cell": i.cell, "via": i.via, "specs": i.specs} for i in installs]}})
         nbformat.write(nb, output)
         print(safe(f"wrote {output}"), flush=True)
     return 1 if different else 0

@@ -6,7 +6,6 @@ again, through the live ``Kernel.execute``. Below sessions (which call it) and n
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import InvalidRequest
 from .models import ReplayedCell
 from .packages import pip_lines
-from .recording import cell_event
+from .recording import read_cell_meta
 
 if TYPE_CHECKING:
     from .kernel import Kernel
@@ -27,12 +26,6 @@ def first_line(source: str, limit: int = 80) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def cell_meta(cell: dict[str, Any]) -> dict[str, Any]:
-    meta = cell.get("metadata") if isinstance(cell, dict) else None
-    found = meta.get("kernelexec") if isinstance(meta, dict) else None
-    return found if isinstance(found, dict) else {}
-
-
 def restorable(cells: Iterable[dict[str, Any]]) -> list[tuple[int, dict[str, Any]]]:
     """(1-based position, cell) of each successful code cell since the last plain restart.
 
@@ -42,20 +35,18 @@ def restorable(cells: Iterable[dict[str, Any]]) -> list[tuple[int, dict[str, Any
     """
     chosen: list[tuple[int, dict[str, Any]]] = []
     for number, cell in enumerate(cells, 1):
-        if cell_event(cell) == "restart":
+        meta = read_cell_meta(cell)
+        if meta.event == "restart":
             chosen = []
-        elif cell.get("cell_type") == "code" and cell_meta(cell).get("success"):
+        elif cell.get("cell_type") == "code" and meta.success:
             chosen.append((number, cell))
     return chosen
 
 
-def cell_timeout(meta: dict[str, Any], default: float, limit: float) -> float:
-    """A recorded cell's timeout, as data: a positive finite number, at most ``limit`` (--max-timeout);
-    anything else gets ``default``. A notebook never lifts the user's limits."""
-    value = meta.get("timeout")
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
-        return min(float(value), limit)
-    return default
+def cell_timeout(recorded: float | None, default: float, limit: float) -> float:
+    """A recorded cell's timeout (``CellMeta.timeout``: a positive finite number or None), at most
+    ``limit`` (--max-timeout); None gets ``default``. A notebook never lifts the user's limits."""
+    return default if recorded is None else min(recorded, limit)
 
 
 def _failure(ex: Execution) -> str | None:
@@ -79,10 +70,10 @@ async def rerun(
     session) in its recorded working directory. Outputs are dropped; what ran is returned."""
     done: list[ReplayedCell] = []
     for number, cell in restorable(cells):
-        meta = cell_meta(cell)
+        meta = read_cell_meta(cell)
         source = "".join(cell.get("source", ""))
-        if session is not None and meta.get("cwd"):
-            cwd = Path(meta["cwd"])
+        if session is not None and meta.cwd:
+            cwd = Path(meta.cwd)
             if cwd != session.cwd and cwd.is_dir():
                 await kernel.evaluate(f"_kernelexec_chdir({str(cwd)!r})")
                 session.cwd = cwd
@@ -90,7 +81,7 @@ async def rerun(
             _, runnable = pip_lines(source)
         except InvalidRequest:
             runnable = source
-        ex = await kernel.execute(runnable, timeout=cell_timeout(meta, default_timeout, max_timeout), grace=grace)
+        ex = await kernel.execute(runnable, timeout=cell_timeout(meta.timeout, default_timeout, max_timeout), grace=grace)
         if session is not None and ex.ending in ("restarted", "kernel_died"):
             session.cwd = session.default_cwd
         done.append(ReplayedCell(cell=number, first_line=first_line(source), ok=ex.success, error=_failure(ex)))

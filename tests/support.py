@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -195,12 +196,13 @@ def build_sdist(dest: Path, name: str, version: str, setup_py: str) -> Path:
 
 
 @contextmanager
-def package_index(root: Path, files: list[Path]) -> Iterator[str]:
-    """A PEP 503 simple index of ``files`` served by a real HTTP server on 127.0.0.1; yields its URL."""
+def package_index(root: Path, files: list[Path], log: Path | None = None) -> Iterator[str]:
+    """A PEP 503 simple index of ``files`` served by a real HTTP server on 127.0.0.1; yields its URL.
+    With ``log``, the server's request log (one line per request, with its path) is written there."""
     simple = root / "simple"
     projects: dict[str, list[Path]] = {}
     for path in files:
-        projects.setdefault(path.name.split("-")[0].lower(), []).append(path)
+        projects.setdefault(re.sub(r"[-_.]+", "-", path.name.split("-")[0]).lower(), []).append(path)
     for project, paths in projects.items():
         folder = simple / project
         folder.mkdir(parents=True, exist_ok=True)
@@ -209,13 +211,16 @@ def package_index(root: Path, files: list[Path]) -> Iterator[str]:
         (folder / "index.html").write_text("<html><body>" + "".join(f'<a href="{p.name}">{p.name}</a>' for p in paths) + "</body></html>")
     (simple / "index.html").write_text("".join(f'<a href="{p}/">{p}</a>' for p in projects))
     port = free_port()
+    log_file = open(log, "ab") if log is not None else None  # noqa: SIM115 - closed below, after the server
     server = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port), "--directory", str(root)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              stdout=subprocess.DEVNULL, stderr=log_file or subprocess.DEVNULL)
     try:
         wait_for_port(port, server)
         yield f"http://127.0.0.1:{port}/simple"
     finally:
         stop(server)
+        if log_file is not None:
+            log_file.close()
 
 
 def pyenv_python(minor: str) -> str | None:

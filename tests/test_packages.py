@@ -164,6 +164,19 @@ async def test_restart_with_replay_keeps_the_installed_packages(h: Harness) -> N
     assert (await h.run("v", session=s))["result"] == 42
 
 
+async def test_a_revived_session_keeps_its_installed_packages(short_tmp: Path, index: str) -> None:
+    """Revival (like restart_session(replay=true)) rebuilds from the server's own record, installs
+    included: kernelexec replay's --install governs only the replay of a notebook file."""
+    settings = make_settings(short_tmp, index_url=index, pool_size=0, restart_spares=0)
+    async with serving(settings) as first:
+        s = await first.new_session()
+        r = await first.run("%pip install -q kxdemo==1.0\nimport kxdemo\nv = kxdemo.VALUE", session=s)
+        assert r["success"], r
+    async with serving(settings) as second:
+        r = await second.run("import kxdemo\n[v, kxdemo.VALUE]", session=s)
+        assert r["result"] == [42, 42] and "revived after a server restart" in r["restart_reason"], r
+
+
 async def test_strict_refuses_installs(short_tmp: Path, index: str) -> None:
     async with serving(make_settings(short_tmp, profile="strict", index_url=index, pool_size=0, restart_spares=0)) as strict:
         refused = await strict.call("install_packages", packages=["kxdemo"])
@@ -195,7 +208,7 @@ async def test_replay_installs_again_from_the_configured_index(h: Harness, index
     await h.run("import kxuses\nkxuses.USES", session=s)
     r = await h.run("%pip install kxdemo==1.0\nimport kxdemo\nkxdemo.VALUE", session=s)
     session_dir = Path(r["notebook"]).parent
-    done = subprocess.run(kernelexec_cmd("replay", "--state-dir", str(short_tmp / "replay-state"), "--index-url", index,
+    done = subprocess.run(kernelexec_cmd("replay", "--install", "--state-dir", str(short_tmp / "replay-state"), "--index-url", index,
                                          str(session_dir)),
                           env=clean_env(PIP_CONFIG_FILE=os.devnull), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
@@ -15,6 +16,7 @@ from kernelexec.replay import comparable, differences, normalise
 from kernelexec.restore import restorable
 
 from .conftest import Harness, clean_env, kernelexec_cmd, make_settings, start_harness
+from .support import build_wheel, package_index
 
 pytestmark = pytest.mark.anyio
 
@@ -215,7 +217,7 @@ async def test_a_notebook_never_chooses_its_profile_or_lifts_the_timeout_limit(
     out = capsys.readouterr().out
     assert "profile standard" in out.splitlines()[0]
     assert "note: recorded under profile 'trusted'; replayed under standard" in out
-    assert "cell 1, 2: recorded timeout not usable or above --max-timeout (2 s); capped" in out
+    assert "cell 1, 2: recorded timeout above --max-timeout (2 s); capped" in out
     cells = nbformat.read(ran, as_version=4).cells
     assert "not allowed" in cells[0].outputs[0].evalue  # no subprocess under standard
     assert cells[1].metadata.kernelexec["replay_ending"] == "interrupted"  # stopped at 2 s, not 1e9
@@ -237,3 +239,82 @@ async def test_replay_takes_the_profile_from_flags_not_from_the_notebook(
     assert await replay_command(settings, str(fresh), output=str(tmp_path / "s.ipynb"), profile="strict") == 0
     ran = nbformat.read(tmp_path / "s.ipynb", as_version=4)
     assert "not allowed in the 'strict' profile" in ran.cells[0].outputs[0].evalue
+
+
+# --- a foreign notebook never installs unasked ----------------------------------------------------
+@pytest.fixture(scope="module")
+def watched_index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """A real package index on 127.0.0.1 (tests/support.package_index) that logs every request it gets."""
+    base = tmp_path_factory.mktemp("watched")
+    files = [build_wheel(base / "wheels", "beacon_pkg", "1.0", "VALUE = 'beacon'\n"),
+             build_wheel(base / "wheels", "kxdep", "0.1", "DEP = 'dep'\n")]
+    log = base / "requests.log"
+    with package_index(base / "root", files, log=log) as url:
+        yield url, log
+
+
+def evil_notebook(path: Path) -> Path:
+    """A foreign notebook: an install marker naming kxdep, then a cell whose %pip line names beacon-pkg,
+    then a cell that needs kxdep. Recorded outputs say what a run with both packages shows."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells.append(nbformat.v4.new_markdown_cell(
+        "*kernelexec: install_packages: installed kxdep-0.1*",
+        metadata={"kernelexec": {"event": "install", "specs": ["kxdep"]}}))
+    beacon = nbformat.v4.new_code_cell("%pip install -q beacon-pkg\nimport beacon_pkg\nbeacon_pkg.VALUE", execution_count=1)
+    beacon.outputs = [nbformat.v4.new_output("execute_result", data={"text/plain": "'beacon'"}, execution_count=1)]
+    nb.cells.append(beacon)
+    dep = nbformat.v4.new_code_cell("import kxdep\nkxdep.DEP", execution_count=2)
+    dep.outputs = [nbformat.v4.new_output("execute_result", data={"text/plain": "'dep'"}, execution_count=2)]
+    nb.cells.append(dep)
+    nbformat.write(nb, path)
+    return path
+
+
+def requests_in(log: Path) -> list[str]:
+    return [line for line in log.read_text().splitlines() if '"GET ' in line] if log.exists() else []
+
+
+@pytest.mark.slow
+def test_replay_of_a_foreign_notebook_asks_the_index_nothing_unless_told_to_install(
+    watched_index: tuple[str, Path], tmp_path: Path, short_tmp: Path
+) -> None:
+    """The attack: `%pip install beacon-pkg` and an install marker in a notebook someone sent. Replayed
+    without --install, the user's index hears nothing (no beacon, no dependency-confusion lever): the
+    installs are listed, the %pip cell is skipped with a note, and the cell that needed the other
+    package fails as usual. --install stays within --install-policy (off: still nothing asked). With
+    --install, both are installed and the replay matches."""
+    url, log = watched_index
+    evil = evil_notebook(tmp_path / "evil.ipynb")
+    out = tmp_path / "replayed.ipynb"
+    env = clean_env(PIP_CONFIG_FILE=os.devnull)
+    common = ["--state-dir", str(short_tmp / "evil"), "--index-url", url, "--pool-size", "0", "--restart-spares", "0"]
+    log.write_text("")
+    plain = subprocess.run(kernelexec_cmd("replay", *common, "-o", str(out), str(evil)),
+                           capture_output=True, text=True, timeout=240, env=env)
+    assert plain.stdout.startswith("replaying"), plain.stdout + plain.stderr
+    assert requests_in(log) == [], (requests_in(log), plain.stdout + plain.stderr)
+    assert plain.returncode == 1 and "Traceback" not in plain.stderr, plain.stdout + plain.stderr
+    listed = [line for line in plain.stdout.splitlines() if line.startswith("installs recorded")]
+    assert len(listed) == 1 and "kxdep" in listed[0] and "beacon-pkg" in listed[0] and "--install" in listed[0], plain.stdout
+    assert "cell 2    skipped" in plain.stdout and "--install" in plain.stdout
+    failed = [line for line in plain.stdout.splitlines() if "errors #1: replayed" in line]  # cell 3, as usual
+    assert len(failed) == 1 and "Error" in failed[0] and "'kxdep'" in failed[0], plain.stdout
+    assert "cell 3    DIFFERENT import kxdep" in plain.stdout
+    report = nbformat.read(out, as_version=4)
+    assert report.metadata.kernelexec["replay"]["installs"] == {
+        "redone": False, "recorded": [{"cell": 1, "via": "install_packages", "specs": ["kxdep"]},
+                                      {"cell": 2, "via": "pip", "specs": ["beacon-pkg"]}]}
+    assert report.cells[1].metadata.kernelexec["replay_ending"] == "skipped"
+
+    refused = subprocess.run(kernelexec_cmd("replay", *common, "--install", "--install-policy", "off", str(evil)),
+                             capture_output=True, text=True, timeout=240, env=env)  # --install stays within the policy
+    assert requests_in(log) == [], (requests_in(log), refused.stdout + refused.stderr)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stdout + refused.stderr
+    assert "--install, but --install-policy off" in refused.stdout and "--install-policy off" in refused.stderr, refused.stderr
+
+    told = subprocess.run(kernelexec_cmd("replay", *common, "--install", str(evil)),
+                          capture_output=True, text=True, timeout=240, env=env)
+    assert told.returncode == 0, told.stdout + told.stderr
+    assert "2 cells: 2 same, 0 different" in told.stdout, told.stdout
+    asked = " ".join(requests_in(log))
+    assert "/simple/kxdep/" in asked and "/simple/beacon-pkg/" in asked, asked
