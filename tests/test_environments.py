@@ -403,8 +403,8 @@ async def test_a_cells_src_sitecustomize_never_runs_on_the_host_at_the_next_star
         settings = make_settings(short_tmp, working_dir=project, cache_dir=overlay_cache, pool_size=0, restart_spares=0,
                                  index_url=index)
         async with serving(settings) as h:
-            a = await h.run(f"open('src/sitecustomize.py', 'w').write('open({str(canary)!r}, \"a\").write(\"ran\")\\n')\n"
-                            "result = 'planted'")
+            payload = f"open({str(canary)!r}, 'a').write('ran')\n"
+            a = await h.run(f"open('src/sitecustomize.py', 'w').write({payload!r})\nresult = 'planted'")
             assert a["result"] == "planted", a
             installed = await h.call("install_packages", packages=["kxhost"])
             assert not installed.is_error, installed.content
@@ -418,5 +418,5 @@ async def test_a_cells_src_sitecustomize_never_runs_on_the_host_at_the_next_star
         doctor = subprocess.run(kernelexec_cmd("doctor", "--working-dir", str(project), "--cache-dir", str(overlay_cache),
                                                "--state-dir", str(short_tmp / "s-sd")),
                                 capture_output=True, text=True, timeout=120, cwd=project, env=clean_env())
-        assert "project .venv" in doctor.stdout, doctor.stdout
+        assert ".venv in the working directory" in doctor.stdout, doctor.stdout
     assert not canary.exists(), canary.read_text()

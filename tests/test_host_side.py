@@ -318,8 +318,13 @@ async def test_every_host_process_the_server_starts_is_isolated_and_runs_nothing
     from kernelexec.doctor import preflight, report
     from kernelexec.replay import replay_notebook
 
+    from .support import build_wheel, package_index
+
     require_bwrap()
-    settings = make_settings(short_tmp, working_dir=project, pool_size=1, restart_spares=1)
+    wheel = build_wheel(tmp_path / "wheels", "kxaudit", "1.0", "VALUE = 7\n")
+    index_cm = package_index(tmp_path / "index", [wheel])
+    index = index_cm.__enter__()
+    settings = make_settings(short_tmp, working_dir=project, pool_size=1, restart_spares=1, index_url=index)
     reach = kernel_reach(settings)
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 2\nx * 21")])
     nb_path = tmp_path / "a.ipynb"
@@ -331,12 +336,15 @@ async def test_every_host_process_the_server_starts_is_isolated_and_runs_nothing
         async with serving(settings) as h:
             a = await h.run("import os\nresult = 6 * 7")
             assert a["result"] == 42, a
+            installed = await h.call("install_packages", packages=["kxaudit"])
+            assert not installed.is_error, installed.content
             await h.call("restart_session")
         report(settings)
         await replay_notebook(nbformat.read(nb_path, as_version=4), settings, profile="standard")
         seen = list(_AUDIT)
     finally:
         _AUDIT = None
+        index_cm.__exit__(None, None, None)
     assert seen, "the audit saw no process at all: the hook is not working"
     kernels = helpers = 0
     for executable, argv, cwd in seen:
@@ -356,4 +364,5 @@ async def test_every_host_process_the_server_starts_is_isolated_and_runs_nothing
             assert cwd is not None and os.path.basename(cwd).startswith("kernelexec-helper-"), (argv, cwd)  # host.empty_directory
             assert not reach.reads(cwd), (argv, cwd)
             assert "--python" not in argv, argv
-    assert kernels >= 2 and helpers >= 1, seen
+    pips = [argv for _, argv, _ in seen if "pip" in argv]
+    assert kernels >= 2 and helpers >= 3 and len(pips) >= 2, seen  # the probe, the inspection, pip download + install
