@@ -82,7 +82,12 @@ class Settings(BaseSettings):
     allow_imports: list[str] = Field(
         default_factory=list, description="Extra top-level modules to allow in strict/standard."
     )
-    default_timeout: float = Field(60.0, gt=0, description="Per-call timeout in seconds when the call gives none.")
+    default_timeout: float = Field(
+        900.0, gt=0, description="Seconds a cell may run when the call gives no timeout (execute_code; run_python waits "
+        "at most 60). A foreground call answers after --yield-after seconds anyway and the cell goes on.")
+    yield_after: float = Field(
+        40.0, ge=0, description="Seconds a foreground execute_code waits before answering with the output so far and a "
+        "run_id (get_run gets the rest; the cell is never cut for it); below the ~60 s that Claude Desktop waits. 0 = wait to the end.")
     max_timeout: float = Field(3600.0, gt=0, description="Largest timeout a call may ask for, in seconds.")
     interrupt_grace: float = Field(3.0, gt=0, description="Seconds to wait after an interrupt before restarting.")
     startup_timeout: float = Field(60.0, gt=0, description="Seconds a kernel may take to start.")
@@ -180,6 +185,8 @@ class Settings(BaseSettings):
                 self.profile = "trusted"
             if self.working_dir is None:
                 self.working_dir = Path.cwd()
+            if "yield_after" not in self.model_fields_set:
+                self.yield_after = 0  # only execute_code is exposed (no get_run); heartbeats keep Claude Code waiting
         if self.kernel_gateway and self.kernel_spec:
             raise ValueError("--kernel-gateway and --kernel-spec both say where kernels run; give one")
         if self.working_dir is not None:

@@ -1,8 +1,9 @@
-"""Background runs: work longer than a client will wait for one tool call.
+"""Runs: work longer than a client will wait for one tool call.
 
-``execute_code(background=True)`` starts the cell as a task in the session manager's task group
-and returns a run id at once; ``get_run(run_id, wait_s)`` waits up to ``wait_s`` for it and returns
-the finished answer, or the output so far. A run holds its session's lock like any call, so calls
+Every ``execute_code`` cell is a run, a task in the session manager's task group: a foreground call
+waits for it up to ``--yield-after`` seconds and then answers with what it has and the run id (the
+cell goes on); ``execute_code(background=True)`` returns the run id at once. ``get_run(run_id,
+wait_s)`` waits up to ``wait_s`` for it and returns the finished answer, or the output so far. A run holds its session's lock like any call, so calls
 to that session queue behind it; ``interrupt(session)`` stops it without waiting for the lock.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -35,10 +37,23 @@ class Run:
     failure: str | None = None
     output_chars: int = 0
     tail: str = ""
+    listener: Callable[[str, str], Awaitable[None]] | None = None  # the waiting call's progress, while it waits
+    scope: anyio.CancelScope | None = None
 
     async def on_output(self, name: str, text: str) -> None:
         self.output_chars += len(text)
         self.tail = (self.tail + text[-2000:])[-2000:]  # never a copy of a whole flood chunk
+        listener = self.listener
+        if listener is not None:
+            try:
+                await listener(name, text)
+            except Exception:  # noqa: BLE001 - a client gone mid-call never stops the cell
+                self.listener = None
+
+    def cancel(self) -> None:
+        """Cancel the cell as a cancelled call would (the kernel is interrupted, the cell recorded)."""
+        if self.scope is not None:
+            self.scope.cancel()
 
     @property
     def elapsed_ms(self) -> float:
@@ -55,16 +70,21 @@ class RunRegistry:
     def attach(self, task_group: Any) -> None:
         self._tg = task_group
 
-    def start(self, session: Session, code: str, *, timeout: float, working_dir: str | None) -> Run:
+    def start(self, session: Session, code: str, *, timeout: float, working_dir: str | None,
+              listener: Callable[[str, str], Awaitable[None]] | None = None) -> Run:
         if self._tg is None:
             raise KernelexecError("background runs need a running session manager")
-        run = Run(id="run-" + secrets.token_urlsafe(9), session=session)
+        run = Run(id="run-" + secrets.token_urlsafe(9), session=session, listener=listener, scope=anyio.CancelScope())
         self._runs[run.id] = run
         self._prune()
 
         async def body() -> None:
+            assert run.scope is not None
             try:
-                run.rendered = await session.run(code, timeout=timeout, working_dir=working_dir, on_output=run.on_output)
+                with run.scope:
+                    run.rendered = await session.run(code, timeout=timeout, working_dir=working_dir, on_output=run.on_output)
+                if run.scope.cancelled_caught:
+                    run.failure = "cancelled by the client; the kernel was interrupted"
             except KernelexecError as exc:
                 run.failure = str(exc)
             except Exception as exc:  # never lose a run silently: the failure is its answer

@@ -7,11 +7,13 @@ session, bad input, dead kernel) are ``KernelexecError``s, which ``translated`` 
 
 import functools
 import json
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
+import anyio
 from anyio import to_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -35,6 +37,7 @@ SessionArg = Annotated[
     Field(description="Session handle from an earlier answer; omit to use this connection's default session"),
 ]
 CodeArg = Annotated[str, Field(description="Python code to run (IPython syntax: magics and top-level await work)")]
+RUN_PYTHON_TIMEOUT = 60.0  # run_python keeps the old tool's contract: one answer, a timeout, no yielding
 MAX_LISTED_VARIABLES = 1000  # list_variables answers at most this many (a namespace can hold millions)
 
 T = TypeVar("T")
@@ -74,15 +77,19 @@ def _check_code(settings: Settings, code: str) -> None:
         raise InvalidRequest(f"code contains a lone UTF-16 surrogate ({code[at]!r} at character {at}); send valid Unicode text")
 
 
+HEARTBEAT = 10.0  # seconds: a working call sends progress at least this often (clients reset idle timers on it)
+
+
 class _Progress:
-    """Forwards output tails as progress notifications, at most every ``interval`` seconds."""
+    """Forwards output tails as progress notifications, at most every ``interval`` seconds, and a
+    heartbeat when a cell prints nothing (``beat``). Without a progress token the SDK sends nothing."""
 
     def __init__(self, ctx: Context, interval: float = 0.5) -> None:
         self.ctx = ctx
         self.interval = interval
         self.chars = 0
         self.tail = ""
-        self.last = 0.0
+        self.started = self.last = time.monotonic()
 
     async def __call__(self, name: str, text: str) -> None:
         self.chars += len(text)
@@ -91,6 +98,18 @@ class _Progress:
         if now - self.last >= self.interval:
             self.last = now
             await self.ctx.report_progress(self.chars, None, self.tail)
+
+    async def beat(self) -> None:
+        now = time.monotonic()
+        if now - self.last >= HEARTBEAT - 0.5:
+            self.last = now
+            await self.ctx.report_progress(self.chars, None, f"still running ({now - self.started:.0f} s)")
+
+    async def beating(self) -> None:
+        """Heartbeats until cancelled."""
+        while True:
+            await anyio.sleep(HEARTBEAT / 2)
+            await self.beat()
 
 
 @dataclass
@@ -121,10 +140,40 @@ class App:
 
     async def run(self, ctx: Context, code: str, session: str | None, timeout: float | None,
                   working_dir: str | None) -> Rendered:
+        """One cell, waited for to its end (run_python: the old tool's contract), with heartbeats."""
+        done = await self.run_or_yield(ctx, code, session, timeout, working_dir, yield_after=0)
+        assert not isinstance(done, Run)
+        return done
+
+    async def run_or_yield(self, ctx: Context, code: str, session: str | None, timeout: float | None,
+                           working_dir: str | None, *, yield_after: float | None = None) -> Rendered | Run:
+        """One cell as a run, waited for up to ``--yield-after`` seconds: its answer, or the run still going
+        (the cell is never cut by a client's patience). A call cancelled before that cancels the cell."""
         _check_code(self.settings, code)
         seconds = _timeout(self.settings, timeout)
         target = await self.resolve(ctx, session)
-        return await target.run(code, timeout=seconds, working_dir=working_dir, on_output=_Progress(ctx))
+        target.resolve_working_dir(working_dir)  # a bad working_dir is answered before anything starts
+        progress = _Progress(ctx)
+        started = self.sessions.runs.start(target, code, timeout=seconds, working_dir=working_dir, listener=progress)
+        try:
+            patience = self.settings.yield_after if yield_after is None else yield_after
+            with anyio.move_on_after(patience or math.inf):
+                while not started.done.is_set():
+                    with anyio.move_on_after(HEARTBEAT / 2):
+                        await started.done.wait()
+                    await progress.beat()
+        except BaseException:
+            if not started.done.is_set():
+                started.cancel()
+            raise
+        finally:
+            started.listener = None
+        if not started.done.is_set():
+            return started
+        if started.failure is not None:
+            raise KernelexecError(started.failure)
+        assert started.rendered is not None
+        return started.rendered
 
     async def start_background(self, ctx: Context, code: str, session: str | None, timeout: float | None,
                                working_dir: str | None) -> CallToolResult:
@@ -142,14 +191,15 @@ def answer(rendered: Rendered) -> CallToolResult:
 
 
 def running(started: Run, what: str) -> CallToolResult:
-    """The answer for a background run that is still going."""
+    """The answer for a run that is still going (started in the background, or yielded by a foreground call)."""
     s = started.session
     structured = ExecuteResult(
         success=True, session=s.handle, ending="running", run_id=started.id, stdout=started.tail,
         duration_ms=started.elapsed_ms, notebook=str(s.dirs.notebook), profile=s.profile,
     )
     text = (f"[running] run_id={started.id} session={s.handle}: {what}; {started.elapsed_ms / 1000:.1f} s so far, "
-            f"{started.output_chars:,} characters of output. Call get_run(run_id) for the answer, interrupt(session) to stop it.")
+            f"{started.output_chars:,} characters of output. Next: get_run(run_id={started.id!r}) waits for the answer; "
+            "interrupt(session) stops it.")
     if started.tail:
         text += f"\n<kernelexec-stdout>\n{started.tail[-1000:]}\n</kernelexec-stdout>"
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured.model_dump(mode="json"))
@@ -211,7 +261,11 @@ def register(mcp: MCPServer, app: App) -> None:
         """Run Python code in a persistent Jupyter kernel and return its result, output, rich outputs and errors."""
         if background:
             return await app.start_background(ctx, code, session, timeout, working_dir)
-        return answer(await app.run(ctx, code, session, timeout, working_dir))
+        done = await app.run_or_yield(ctx, code, session, timeout, working_dir)
+        if isinstance(done, Run):
+            return running(done, f"still running after {settings.yield_after:g} s (--yield-after); it goes on in the "
+                                 "background, nothing was cut")
+        return answer(done)
 
     @translated
     async def get_run(
@@ -239,7 +293,7 @@ def register(mcp: MCPServer, app: App) -> None:
     @translated
     async def run_python(code: CodeArg, ctx: Context, session: SessionArg = None) -> RunPythonResult:
         """Run Python code and return {result, logs}. Errors raised by the code are reported as tool errors."""
-        r = (await app.run(ctx, code, session, None, None)).structured
+        r = (await app.run(ctx, code, session, min(settings.default_timeout, RUN_PYTHON_TIMEOUT), None)).structured
         if not r.success:
             raise ToolError(f"{r.error}\n{chr(10).join(r.traceback[-8:])}".strip())
         logs = r.stdout + (("\n" if r.stdout and not r.stdout.endswith("\n") else "") + r.stderr if r.stderr else "")
