@@ -387,7 +387,7 @@ async def test_without_bubblewrap_a_venv_inside_the_working_dir_is_said_writable
 
 async def test_a_cells_src_sitecustomize_never_runs_on_the_host_at_the_next_start_doctor_or_install(
         built_312: str, overlay_cache: Path, short_tmp: Path, tmp_path: Path) -> None:
-    """Issue 20, defect 3: an editable install's .pth puts the kernel-writable src/ on the project
+    """An editable install's .pth puts the kernel-writable src/ on the project
     interpreter's path; a cell's src/sitecustomize.py ran on the host at the next inspection (the
     interpreter with site on), ipykernel probe or ``pip --python``. The judge: a canary in the test's own
     directory, which no kernel can reach."""

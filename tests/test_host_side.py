@@ -1,4 +1,4 @@
-"""The host side (issue 20): nothing a kernel can write is ever run, imported or trusted outside the sandbox.
+"""The host side: nothing a kernel can write is ever run, imported or trusted outside the sandbox.
 
 Each test is the attack: a cell (or, standing in for one, the test writing where a cell can) plants a
 file in the working directory; then what used to run it on the host runs — a new session, the next
@@ -93,7 +93,7 @@ def plant_venv_cell(canary: Path, secret_dir: Path, project: Path, kind: str) ->
 @pytest.mark.parametrize("kind", ["script", "real-interpreter-and-pth"])
 async def test_a_venv_a_cell_plants_is_never_run_by_new_sessions_serve_doctor_or_replay(
         kind: str, short_tmp: Path, tmp_path: Path, project: Path, canary: Path) -> None:
-    """Defect 1: the cell's .venv/bin/python3 (a script, or the real interpreter with a .pth of code and of a
+    """the cell's .venv/bin/python3 (a script, or the real interpreter with a .pth of code and of a
     host directory) would run on the host at the next probe, and widen what the next kernel reads."""
     require_bwrap()
     secret = tmp_path / "secret"
@@ -142,7 +142,7 @@ async def test_a_venv_a_cell_plants_is_never_run_by_new_sessions_serve_doctor_or
 
 def test_the_servers_helpers_never_import_a_planted_module_from_its_working_directory(
         short_tmp: Path, project: Path, canary: Path) -> None:
-    """Defect 2: `python -c` helpers put the cwd first on sys.path; the server runs in the project."""
+    """`python -c` helpers put the cwd first on sys.path; the server runs in the project."""
     for name in ("json", "os", "ctypes", "sysconfig", "platform", "site", "encodings", "pip"):
         (project / f"{name}.py").write_text(f"open({str(canary)!r}, 'a').write('{name} imported\\n')\n")
     (project / "pip").mkdir()
@@ -198,7 +198,7 @@ result = results
 @pytest.mark.parametrize("existing", [True, False], ids=["in-a-git-repo", "nothing-there-yet"])
 async def test_a_cell_cannot_plant_what_git_claude_code_and_editors_run(
         existing: bool, short_tmp: Path, project: Path, canary: Path) -> None:
-    """Defect 4: .git/config fsmonitor, hooks, .claude/, .vscode/, .mcp.json, .envrc in a writable project,
+    """.git/config fsmonitor, hooks, .claude/, .vscode/, .mcp.json, .envrc in a writable project,
     whether they exist yet or not; `git status` on the host afterwards runs nothing planted."""
     require_bwrap()
     if existing:
@@ -246,7 +246,7 @@ def test_placeholders_are_empty_directories_that_git_walks_past(tmp_path: Path) 
 @pytest.mark.parametrize("where", ["home", "state-inside", "inside-state", "cache-inside"])
 def test_a_working_directory_that_reaches_kernelexecs_own_state_or_your_home_is_refused_at_start(
         where: str, short_tmp: Path) -> None:
-    """Defect 5: Claude Code started in ~ with --working-dir . exposed every session's secrets."""
+    """Claude Code started in ~ with --working-dir . exposed every session's secrets."""
     tmp_path = Path(tempfile.mkdtemp(prefix="r", dir=short_tmp))
     home = tmp_path / "home"
     home.mkdir()

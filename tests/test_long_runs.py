@@ -1,4 +1,4 @@
-"""Long cells the way clients wait (issue 24, parts 1-2): a foreground call yields instead of cutting, and a
+"""Long cells the way clients wait: a foreground call yields instead of cutting, and a
 working call sends a heartbeat. Real kernels, real clients: in memory, stdio and streamable HTTP."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Any valid nbformat notebook replays, whatever its ``metadata.kernelexec`` holds (issue 20, defect 8).
+"""Any valid nbformat notebook replays, whatever its ``metadata.kernelexec`` holds.
 
 The metadata is data from anywhere (another tool, a hand edit, an attacker): every JSON type at every
 place kernelexec reads it goes through the readers in ``kernelexec/recording.py``. The full fuzz matrix
