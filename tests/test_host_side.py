@@ -93,7 +93,7 @@ def plant_venv_cell(canary: Path, secret_dir: Path, project: Path, kind: str) ->
 @pytest.mark.parametrize("kind", ["script", "real-interpreter-and-pth"])
 async def test_a_venv_a_cell_plants_is_never_run_by_new_sessions_serve_doctor_or_replay(
         kind: str, short_tmp: Path, tmp_path: Path, project: Path, canary: Path) -> None:
-    """the cell's .venv/bin/python3 (a script, or the real interpreter with a .pth of code and of a
+    """A cell's .venv/bin/python3 (a script, or the real interpreter with a .pth of code and of a
     host directory) would run on the host at the next probe, and widen what the next kernel reads."""
     require_bwrap()
     secret = tmp_path / "secret"
