@@ -101,6 +101,11 @@ class RunRegistry:
             raise InvalidRequest(f"unknown run {str(run_id)[:80]!r} (finished runs are kept for the last {KEEP_FINISHED} runs)")
         return run
 
+    def forget(self, run: Run) -> None:
+        """Drop a run whose answer its own call returned (no get_run will ask), so the finished runs kept
+        for get_run are the ones that yielded or ran in the background."""
+        self._runs.pop(run.id, None)
+
     async def wait(self, run: Run, wait_s: float) -> bool:
         with anyio.move_on_after(wait_s):
             await run.done.wait()

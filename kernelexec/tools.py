@@ -170,6 +170,7 @@ class App:
             started.listener = None
         if not started.done.is_set():
             return started
+        self.sessions.runs.forget(started)
         if started.failure is not None:
             raise KernelexecError(started.failure)
         assert started.rendered is not None
