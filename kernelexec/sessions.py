@@ -29,7 +29,7 @@ from .errors import InvalidRequest, SessionError
 from .kernel import Kernel, LocalKernel, OnOutput
 from .launch import LaunchSpec
 from .layout import SessionDirs
-from .models import CellError, Execution, ReplayedCell
+from .models import CellError, Execution, ReplayedCell, ResultRule
 from .packages import InstallError, InstallOutcome, check_allowed, install, installed_record, parse_specs, pip_lines
 from .policy import kernel_policy
 from .recording import Recorder, mark_closed, read_session_meta, rebuild_stale
@@ -197,9 +197,11 @@ class Session:
             raise InvalidRequest(f"working_dir {working_dir!r} is outside the allowed roots ({allowed}); see --work-roots")
         return path
 
-    async def run(self, code: str, *, timeout: float, working_dir: str | None = None, on_output: OnOutput | None = None) -> Rendered:
+    async def run(self, code: str, *, timeout: float, working_dir: str | None = None, on_output: OnOutput | None = None,
+                  result_rule: ResultRule = "variable") -> Rendered:
         """Run one cell in this session and return the rendered answer; record it in the notebook.
-        ``pip install`` lines in the cell are served by the server's installer first (packages.py)."""
+        ``pip install`` lines in the cell are served by the server's installer first (packages.py).
+        ``result_rule``: which value is the result (Kernel.execute)."""
         cwd = self.resolve_working_dir(working_dir)
         request, runnable = pip_lines(code)  # an unsupported pip line is refused before anything runs
         async with self.lock:
@@ -221,7 +223,8 @@ class Session:
                         await anyio.to_thread.run_sync(self.record, ex, timeout)
                         return self.renderer.render(ex, notebook=str(self.dirs.notebook), layers=kernel.spec.plan.layers)
                     installed = installed_record(outcome, request.specs)
-                ex = await kernel.execute(runnable, timeout=timeout, grace=self.settings.interrupt_grace, on_output=on_output)
+                ex = await kernel.execute(runnable, timeout=timeout, grace=self.settings.interrupt_grace, on_output=on_output,
+                                          result_rule=result_rule)
                 if request is not None:
                     ex.code = code  # the record shows the cell as written; replay installs again from its pip lines
                     ex.notes.insert(0, outcome.summary())

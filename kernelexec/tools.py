@@ -22,7 +22,7 @@ from . import view
 from .auth import current_principal
 from .config import Settings
 from .errors import InvalidRequest, KernelexecError
-from .models import ExecuteResult, InstalledPackage, InstallResult, RunPythonResult, SessionInfo, Variable, VariablesResult
+from .models import ExecuteResult, InstalledPackage, InstallResult, ResultRule, RunPythonResult, SessionInfo, Variable, VariablesResult
 from .render import Rendered
 from .restore import describe_replayed
 from .runs import Run
@@ -120,11 +120,11 @@ class App:
         return await self.sessions.create(owner=owner, working_dir=working_dir)
 
     async def run(self, ctx: Context, code: str, session: str | None, timeout: float | None,
-                  working_dir: str | None) -> Rendered:
+                  working_dir: str | None, result_rule: ResultRule = "variable") -> Rendered:
         _check_code(self.settings, code)
         seconds = _timeout(self.settings, timeout)
         target = await self.resolve(ctx, session)
-        return await target.run(code, timeout=seconds, working_dir=working_dir, on_output=_Progress(ctx))
+        return await target.run(code, timeout=seconds, working_dir=working_dir, on_output=_Progress(ctx), result_rule=result_rule)
 
     async def start_background(self, ctx: Context, code: str, session: str | None, timeout: float | None,
                                working_dir: str | None) -> CallToolResult:
@@ -238,8 +238,9 @@ def register(mcp: MCPServer, app: App) -> None:
 
     @translated
     async def run_python(code: CodeArg, ctx: Context, session: SessionArg = None) -> RunPythonResult:
-        """Run Python code and return {result, logs}. Errors raised by the code are reported as tool errors."""
-        r = (await app.run(ctx, code, session, None, None)).structured
+        """Run Python code and return {result, logs}: result is the value of the last statement (as the safe
+        executor answered: `x = 3` gives 3). Errors raised by the code are reported as tool errors."""
+        r = (await app.run(ctx, code, session, None, None, result_rule="statement")).structured
         if not r.success:
             raise ToolError(f"{r.error}\n{chr(10).join(r.traceback[-8:])}".strip())
         logs = r.stdout + (("\n" if r.stdout and not r.stdout.endswith("\n") else "") + r.stderr if r.stderr else "")

@@ -37,6 +37,8 @@ def _kernelexec_boot() -> None:
         shell.events.register("pre_run_cell", runtime.pre_run_cell)
         shell.events.register("post_run_cell", runtime.post_run_cell)
         builtins._kernelexec_report = runtime.report
+        builtins._kernelexec_note = runtime.note
+        shell.ast_transformers.append(runtime.transformer)
         builtins._kernelexec_variables = runtime.variables
         builtins._kernelexec_chdir = os.chdir
         import tempfile

@@ -2,11 +2,18 @@
 
 The server asks for the last cell's result through ``user_expressions``
 (``_kernelexec_report()``), so nothing extra travels on IOPub or lands in the notebook.
+
+Two result rules. ``execute_code``'s: a variable named ``result`` the cell bound, else the last
+expression. ``run_python``'s (the old safe executor's, asked for in the request's metadata,
+``kernelexec_result: "statement"``): the value of the cell's last statement, computed by the cell
+itself: an AST transform (``LastStatement``) makes the last statement hand its value to
+``_kernelexec_note`` as it runs.
 """
 
 from __future__ import annotations
 
 import ast
+import copy
 import json
 import os
 import sys
@@ -14,6 +21,64 @@ import threading
 from typing import Any
 
 _MISSING = object()
+NOTE = "_kernelexec_note"  # a builtin (kernel_init): what the transformed last statement calls
+
+
+def _call_note(value: ast.expr) -> ast.expr:
+    return ast.Call(func=ast.Name(id=NOTE, ctx=ast.Load()), args=[value], keywords=[])
+
+
+def _as_load(target: ast.expr) -> ast.expr:
+    """A store target (``x``, ``a.b``, ``d[k]``) as an expression reading it again."""
+    expr = copy.deepcopy(target)
+    for node in ast.walk(expr):
+        if hasattr(node, "ctx"):
+            node.ctx = ast.Load()  # type: ignore[attr-defined]
+    return expr
+
+
+def _note_after(stmt: ast.stmt, value: ast.expr) -> ast.stmt:
+    """``if True: _kernelexec_note(value)`` at ``stmt``'s place: a statement IPython does not display
+    (a trailing bare expression would become the cell's Out)."""
+    noted = ast.If(test=ast.Constant(value=True), body=[ast.Expr(value=_call_note(value))], orelse=[])
+    for node in ast.walk(noted):
+        ast.copy_location(node, stmt)
+    return noted
+
+
+def _noted(stmt: ast.stmt) -> list[ast.stmt]:
+    """``stmt`` rewritten to note the value the old executor gave it: an expression's value, an
+    assignment's right-hand side, an augmented assignment's new value, a ``def``'s or ``class``'s
+    object; for ``if`` and ``for``, the last value a statement inside them gave (non-None: a later
+    None does not erase it). ``while``, ``with``, ``try``, ``import``, ``pass``, ``del`` give None."""
+    if isinstance(stmt, (ast.Expr, ast.Assign)) or isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
+        stmt.value = ast.copy_location(_call_note(stmt.value), stmt.value)  # type: ignore[arg-type]
+    elif isinstance(stmt, ast.AugAssign):
+        return [stmt, _note_after(stmt, _as_load(stmt.target))]
+    elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [stmt, _note_after(stmt, ast.Name(id=stmt.name, ctx=ast.Load()))]
+    elif isinstance(stmt, (ast.If, ast.For, ast.AsyncFor)):
+        stmt.body = [n for s in stmt.body for n in _noted(s)]
+        stmt.orelse = [n for s in stmt.orelse for n in _noted(s)]
+    return [stmt]
+
+
+class LastStatement:
+    """An IPython AST transformer (``shell.ast_transformers``): in a cell that asked for the
+    statement rule, the last top-level statement notes its value (``_noted``). Other cells, and
+    everything before the last statement, run untouched. Never raises (IPython would drop it)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    def visit(self, node: Any) -> Any:
+        if self.runtime.rule != "statement" or not isinstance(node, ast.Module) or not node.body:
+            return node
+        try:
+            node.body[-1:] = _noted(copy.deepcopy(node.body[-1]))
+        except Exception:  # noqa: BLE001 - the cell runs as written; its result is then None
+            pass
+        return node
 
 
 def _binds_result(cell: str) -> bool:
@@ -64,6 +129,9 @@ class Runtime:
         self.stream_cap: int = int(policy.get("stream_cap", 1_000_000))
         self.disk_cap: int = int(policy.get("disk_cap", 64_000_000))
         self.last: dict[str, Any] = {"kind": "none"}
+        self.rule = "variable"  # this cell's result rule: "variable" (execute_code) or "statement" (run_python)
+        self.transformer = LastStatement(self)
+        self._noted: Any = None
         self._before: Any = _MISSING
         self._lock = threading.Lock()
         self._streams: dict[str, dict[str, Any]] = {}
@@ -73,14 +141,34 @@ class Runtime:
     def pre_run_cell(self, info: Any) -> None:
         self._cell += 1
         self._before = self.shell.user_ns.get("result", _MISSING)
+        self.rule = self._asked_rule()
+        self._noted = None
         with self._lock:
             self._streams = {}
+
+    def _asked_rule(self) -> str:
+        """The rule the execute request asked for in its metadata (``kernelexec_result``)."""
+        try:
+            parent = self.shell.kernel.get_parent("shell")
+            asked = parent["metadata"].get("kernelexec_result")
+        except Exception:  # noqa: BLE001 - no kernel (tests), no metadata: the default rule
+            return "variable"
+        return "statement" if asked == "statement" else "variable"
+
+    def note(self, value: Any) -> Any:
+        """Called by the transformed last statement (``LastStatement``) with each value it gives."""
+        if value is not None:
+            self._noted = value
+        return value
 
     def post_run_cell(self, outcome: Any) -> None:
         ns = self.shell.user_ns
         cell = getattr(outcome.info, "raw_cell", "") or ""
         value: Any = _MISSING
-        if "result" in ns and (ns["result"] is not self._before or _binds_result(cell)):
+        if self.rule == "statement":
+            value, kind, self._noted = self._noted, "statement", None
+            self.rule = "variable"
+        elif "result" in ns and (ns["result"] is not self._before or _binds_result(cell)):
             value, kind = ns["result"], "variable"
         elif outcome.result is not None:
             value, kind = outcome.result, "expression"
