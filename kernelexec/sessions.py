@@ -149,6 +149,7 @@ class Session:
             warm_imports=s.warm_imports,
             environment_modules=project_modules(env, self.default_cwd) if env is not None and not env.own else None,
             packages_dir=self.dirs.packages,
+            figure_formats=list(s.figure_formats),
         )
         return LaunchSpec(dirs=self.dirs, cwd=self.default_cwd, policy=policy, plan=plan, env_pass=s.env_pass)
 

@@ -29,7 +29,8 @@ def _kernelexec_boot() -> None:
         runtime_mod = load("runtime")
         formats = policy.get("figure_formats")
         if formats:
-            shell.run_line_magic("config", f"InlineBackend.figure_formats = {set(formats)!r}")
+            # a list: the magic line is expanded first, and braces would be read as {expression}
+            shell.run_line_magic("config", f"InlineBackend.figure_formats = {list(formats)!r}")
         runtime = runtime_mod.Runtime(shell, policy, bypass=None)
         for stream in (sys.stdout, sys.stderr):
             if hasattr(stream, "pub_thread"):

@@ -62,7 +62,7 @@ async def test_data_science_works_inside_the_sandbox(boxed: Harness, data_dir: P
     )
     assert r["success"], r["error"]
     assert r["result"] == 6.0
-    assert sorted(o["mime_type"] for o in r["outputs"]) == ["image/png", "image/svg+xml"]
+    assert sorted(o["mime_type"] for o in r["outputs"]) == ["image/png"]
 
 
 async def test_granted_data_is_read_only(boxed: Harness, data_dir: Path) -> None:
