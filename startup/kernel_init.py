@@ -40,6 +40,7 @@ def _kernelexec_boot() -> None:
         builtins._kernelexec_report = runtime.report
         builtins._kernelexec_note = runtime.note
         shell.ast_transformers.append(runtime.transformer)
+        runtime_mod.hide_own_frames(shell.InteractiveTB)
         builtins._kernelexec_variables = runtime.variables
         builtins._kernelexec_chdir = os.chdir
         import tempfile

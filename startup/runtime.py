@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import threading
+import types
 from typing import Any
 
 _MISSING = object()
@@ -103,6 +104,47 @@ def _binds_result(cell: str) -> bool:
             continue
         todo.extend(ast.iter_child_nodes(node))
     return False
+
+
+HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the startup directory: kernelexec's own code
+
+
+def _without_own_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """``tb`` (a new chain; the old one is left as it was) without the frames of kernelexec's startup
+    code (the guard's import and file checks, the runtime), so an error points at the user's line."""
+    kept = []
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(HERE):
+            kept.append(tb)
+        tb = tb.tb_next
+    chain = None
+    for entry in reversed(kept):
+        chain = types.TracebackType(chain, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return chain
+
+
+def hide_own_frames(formatter: Any) -> None:
+    """Make IPython's traceback formatter (``shell.InteractiveTB``) leave out kernelexec's frames, in the
+    exception shown and in those chained to it. IPython's ``__tracebackhide__`` would still show the
+    innermost frame, which is the guard's own for a refused import."""
+    real = formatter.structured_traceback
+
+    def structured_traceback(etype: Any, evalue: Any, etb: Any = None, *args: Any, **kwargs: Any) -> Any:
+        try:
+            etb = _without_own_frames(etb)
+            seen = {id(evalue)}
+            chained = [evalue.__cause__, evalue.__context__] if isinstance(evalue, BaseException) else []
+            while chained and len(seen) < 100:
+                exc = chained.pop()
+                if isinstance(exc, BaseException) and id(exc) not in seen:
+                    seen.add(id(exc))
+                    exc.__traceback__ = _without_own_frames(exc.__traceback__)
+                    chained += [exc.__cause__, exc.__context__]
+        except Exception:  # noqa: BLE001 - never lose a traceback over this
+            pass
+        return real(etype, evalue, etb, *args, **kwargs)
+
+    formatter.structured_traceback = structured_traceback
 
 
 class _Report:
