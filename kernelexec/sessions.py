@@ -26,6 +26,7 @@ from . import connections
 from .config import Settings
 from .environments import Environment, prepare, project_modules
 from .errors import InvalidRequest, SessionError
+from .hints import install_hint
 from .kernel import Kernel, LocalKernel, OnOutput
 from .launch import LaunchSpec
 from .layout import SessionDirs
@@ -240,6 +241,10 @@ class Session:
                     self.notice = None
                 # the journal line is fsynced before the answer goes out, off the event loop
                 await anyio.to_thread.run_sync(self.record, ex, timeout, installed)
+                # a missing module: one line for the model on how to get it here (not in the record)
+                hint = install_hint(self.settings, self.profile, ex.error, local_kernel=kernel.supports_packages)
+                if hint is not None and ex.error is not None:
+                    ex.error.traceback.append(hint)
                 return self.renderer.render(ex, notebook=str(self.dirs.notebook), layers=kernel.spec.plan.layers)
             finally:
                 self.busy = False
