@@ -1,6 +1,6 @@
 """One line added under an import error, saying how to get the module here (or why not).
 
-A ``ModuleNotFoundError`` (and the standard profile's refusal of a module that is not there, which an
+A ``ModuleNotFoundError`` (and a profile's refusal of a module that is not the standard library, which an
 install would allow) gets a line naming the way this server installs packages for a session
 (``install_packages``, a ``%pip install`` line in a cell), or saying that installs are off in this
 profile and why. The rules are the installer's own (``packages.check_allowed``); nothing is installed.
@@ -16,7 +16,7 @@ from .models import CellError
 from .packages import InstallError, check_allowed
 
 _MISSING = re.compile(r"No module named '([^']+)'")
-_REFUSED = re.compile(r"import of '([^']+)' is not allowed in the 'standard' profile")
+_REFUSED = re.compile(r"import of '([^']+)' is not allowed in the '\w+' profile")
 # import names whose distribution is named otherwise (the common ones)
 DISTRIBUTIONS = {
     "PIL": "pillow", "sklearn": "scikit-learn", "skimage": "scikit-image", "yaml": "pyyaml", "cv2": "opencv-python-headless",

@@ -175,3 +175,7 @@ def test_the_install_line_follows_the_install_policy(tmp_path: Path) -> None:
     assert install_hint(make_settings(tmp_path), "standard", CellError("ModuleNotFoundError", "No module named 'tomllib'"),
                         local_kernel=True) is None  # stdlib: nothing to install
     assert install_hint(make_settings(tmp_path), "standard", CellError("ValueError", "No module named 'x'"), local_kernel=True) is None
+    refused = CellError("ImportError", "import of 'numpy' is not allowed in the 'strict' profile. Allowed modules: math")
+    assert install_hint(make_settings(tmp_path), "strict", refused, local_kernel=True) is None  # installs off: no line
+    assert str(install_hint(make_settings(tmp_path, install_policy="any"), "strict", refused, local_kernel=True)).startswith(
+        "kernelexec: if numpy is a package, installing it here allows it")
