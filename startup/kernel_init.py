@@ -39,6 +39,7 @@ def _kernelexec_boot() -> None:
         shell.events.register("post_run_cell", runtime.post_run_cell)
         builtins._kernelexec_report = runtime.report
         builtins._kernelexec_note = runtime.note
+        builtins._kernelexec_if = runtime.note_if
         shell.ast_transformers.append(runtime.transformer)
         runtime_mod.hide_own_frames(shell.InteractiveTB)
         builtins._kernelexec_variables = runtime.variables

@@ -22,11 +22,16 @@ import types
 from typing import Any
 
 _MISSING = object()
-NOTE = "_kernelexec_note"  # a builtin (kernel_init): what the transformed last statement calls
+NOTE = "_kernelexec_note"  # builtins (kernel_init): what the transformed last statement calls
+IF = "_kernelexec_if"
 
 
-def _call_note(value: ast.expr) -> ast.expr:
-    return ast.Call(func=ast.Name(id=NOTE, ctx=ast.Load()), args=[value], keywords=[])
+def _call(name: str, *args: ast.expr) -> ast.expr:
+    return ast.Call(func=ast.Name(id=name, ctx=ast.Load()), args=list(args), keywords=[])
+
+
+def _level(level: int) -> ast.expr:
+    return ast.Constant(value=level)
 
 
 def _as_load(target: ast.expr) -> ast.expr:
@@ -38,29 +43,42 @@ def _as_load(target: ast.expr) -> ast.expr:
     return expr
 
 
-def _note_after(stmt: ast.stmt, value: ast.expr) -> ast.stmt:
-    """``if True: _kernelexec_note(value)`` at ``stmt``'s place: a statement IPython does not display
-    (a trailing bare expression would become the cell's Out)."""
-    noted = ast.If(test=ast.Constant(value=True), body=[ast.Expr(value=_call_note(value))], orelse=[])
-    for node in ast.walk(noted):
+def _placed(stmt: ast.stmt, call: ast.expr) -> ast.stmt:
+    """``if True: <call>`` at ``stmt``'s place: a statement IPython does not display (a trailing bare
+    expression would become the cell's Out)."""
+    placed = ast.If(test=ast.Constant(value=True), body=[ast.Expr(value=call)], orelse=[])
+    for node in ast.walk(placed):
         ast.copy_location(node, stmt)
-    return noted
+    return placed
 
 
-def _noted(stmt: ast.stmt) -> list[ast.stmt]:
-    """``stmt`` rewritten to note the value the old executor gave it: an expression's value, an
-    assignment's right-hand side, an augmented assignment's new value, a ``def``'s or ``class``'s
-    object; for ``if`` and ``for``, the last value a statement inside them gave (non-None: a later
-    None does not erase it). ``while``, ``with``, ``try``, ``import``, ``pass``, ``del`` give None."""
+def _noted(stmt: ast.stmt, level: int = 0) -> list[ast.stmt]:
+    """``stmt`` rewritten to note the value the old executor gave it, at ``level``: an expression's
+    value, an assignment's right-hand side, an augmented assignment's new value, a ``def``'s or
+    ``class``'s object; for ``if`` and ``for``, the last non-None value a statement inside gave.
+    ``while``, ``with``, ``try``, ``import``, ``pass``, ``del`` give None.
+
+    As in the old executor, an ``if`` hands its value on only when its branch runs to the end: the
+    values of a branch left by ``break`` or ``continue`` are dropped (each ``if`` notes at the next
+    level, opened before it and closed at the end of each branch); a ``for`` keeps what its own body
+    gave before a ``break``."""
     if isinstance(stmt, (ast.Expr, ast.Assign)) or isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
-        stmt.value = ast.copy_location(_call_note(stmt.value), stmt.value)  # type: ignore[arg-type]
+        stmt.value = ast.copy_location(_call(NOTE, stmt.value, _level(level)), stmt.value)  # type: ignore[arg-type]
     elif isinstance(stmt, ast.AugAssign):
-        return [stmt, _note_after(stmt, _as_load(stmt.target))]
+        return [stmt, _placed(stmt, _call(NOTE, _as_load(stmt.target), _level(level)))]
     elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return [stmt, _note_after(stmt, ast.Name(id=stmt.name, ctx=ast.Load()))]
-    elif isinstance(stmt, (ast.If, ast.For, ast.AsyncFor)):
-        stmt.body = [n for s in stmt.body for n in _noted(s)]
-        stmt.orelse = [n for s in stmt.orelse for n in _noted(s)]
+        return [stmt, _placed(stmt, _call(NOTE, ast.Name(id=stmt.name, ctx=ast.Load()), _level(level)))]
+    elif isinstance(stmt, ast.If):
+        inner = level + 1
+        for branch in ("body", "orelse"):
+            statements = getattr(stmt, branch)
+            if statements:
+                done = _placed(statements[-1], _call(IF, _level(inner), ast.Constant(value=True)))
+                setattr(stmt, branch, [n for s in statements for n in _noted(s, inner)] + [done])
+        return [_placed(stmt, _call(IF, _level(inner), ast.Constant(value=False))), stmt]
+    elif isinstance(stmt, (ast.For, ast.AsyncFor)):
+        stmt.body = [n for s in stmt.body for n in _noted(s, level)]
+        stmt.orelse = [n for s in stmt.orelse for n in _noted(s, level)]
     return [stmt]
 
 
@@ -173,7 +191,7 @@ class Runtime:
         self.last: dict[str, Any] = {"kind": "none"}
         self.rule = "variable"  # this cell's result rule: "variable" (execute_code) or "statement" (run_python)
         self.transformer = LastStatement(self)
-        self._noted: Any = None
+        self._levels: dict[int, Any] = {}  # level -> the last non-None value noted there; 0: the cell's
         self._before: Any = _MISSING
         self._lock = threading.Lock()
         self._streams: dict[str, dict[str, Any]] = {}
@@ -184,7 +202,7 @@ class Runtime:
         self._cell += 1
         self._before = self.shell.user_ns.get("result", _MISSING)
         self.rule = self._asked_rule()
-        self._noted = None
+        self._levels = {}
         with self._lock:
             self._streams = {}
 
@@ -197,18 +215,27 @@ class Runtime:
             return "variable"
         return "statement" if asked == "statement" else "variable"
 
-    def note(self, value: Any) -> Any:
+    def note(self, value: Any, level: int = 0) -> Any:
         """Called by the transformed last statement (``LastStatement``) with each value it gives."""
         if value is not None:
-            self._noted = value
+            self._levels[level] = value
         return value
+
+    def note_if(self, level: int, done: bool) -> None:
+        """An ``if`` of the last statement: opening its level, or (its branch ran to the end) handing
+        its value, if any, to the level around it."""
+        if not done:
+            self._levels[level] = None
+        elif self._levels.get(level) is not None:
+            self._levels[level - 1] = self._levels[level]
 
     def post_run_cell(self, outcome: Any) -> None:
         ns = self.shell.user_ns
         cell = getattr(outcome.info, "raw_cell", "") or ""
         value: Any = _MISSING
         if self.rule == "statement":
-            value, kind, self._noted = self._noted, "statement", None
+            value, kind = self._levels.get(0), "statement"
+            self._levels = {}
             self.rule = "variable"
         elif "result" in ns and (ns["result"] is not self._before or _binds_result(cell)):
             value, kind = ns["result"], "variable"
