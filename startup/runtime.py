@@ -191,7 +191,7 @@ class Runtime:
         self.last: dict[str, Any] = {"kind": "none"}
         self.rule = "variable"  # this cell's result rule: "variable" (execute_code) or "statement" (run_python)
         self.transformer = LastStatement(self)
-        self._levels: dict[int, Any] = {}  # level -> the last non-None value noted there; 0: the cell's
+        self._levels: dict[int, Any] = {}  # level -> the last non-None value noted there (0: the cell)
         self._before: Any = _MISSING
         self._lock = threading.Lock()
         self._streams: dict[str, dict[str, Any]] = {}
