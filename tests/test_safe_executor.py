@@ -91,6 +91,30 @@ async def test_the_result_is_the_last_statements_value(safe: Harness, code: str,
     assert (await run_python(safe, code))["result"] == expected
 
 
+# the old executor refuses these (starred unpacking, :=); run_python answers as Python does
+UNSUPPORTED_BY_THE_OLD_EXECUTOR = {"first, *rest = [1, 2, 3]", "(w := 4)"}
+
+
+def test_the_cases_are_what_the_old_executor_answers() -> None:
+    """The expectations above, checked against the old tool's engine itself when it is installed
+    (``pip install 'kernelexec[bench]'``): smolagents' LocalPythonExecutor as the old server used it."""
+    executor_module = pytest.importorskip("smolagents.local_python_executor")
+    differ = []
+    for code, expected in CASES:
+        if code in UNSUPPORTED_BY_THE_OLD_EXECUTOR:
+            continue
+        executor = executor_module.LocalPythonExecutor(additional_authorized_imports=[])
+        executor.send_tools({})
+        output = executor(code).output
+        try:
+            answered = json.loads(json.dumps(output))
+        except (TypeError, ValueError):
+            answered = repr(output)
+        if answered != expected:
+            differ.append((code, answered, expected))
+    assert differ == []
+
+
 async def test_a_def_answers_its_function_and_a_class_its_class(safe: Harness) -> None:
     assert re.fullmatch(r"<function double at 0x[0-9a-f]+>",
                         (await run_python(safe, "def double(x):\n    return 2 * x"))["result"])
