@@ -2,8 +2,10 @@
 
     python -m benchmarks --only answers [--quick]       (or: python benchmarks/answers.py [--json FILE])
 
-Three cells, each in a fresh in-memory server: a matplotlib plot, a 50-row DataFrame as the last
-expression (and the same DataFrame through ``display``), and a ``print``. For each answer:
+Ten typical calls, in order, in one session of a fresh in-memory server (standard profile): an
+assignment, an expression, a ``result`` dict, a ``print`` loop, a matplotlib plot, a 50-row DataFrame as
+the last expression (and the same DataFrame through ``display``), an exception raised in a function, a
+refused import and a missing module. For each answer:
 
 - ``text chars``: the characters of every non-image content block as the client receives it (text
   blocks' text, embedded resources' text, resource links' JSON): what the model reads as text;
@@ -18,6 +20,16 @@ tree first on ``PYTHONPATH``: ``benchmarks/`` is found after it, so ``kernelexec
 Measured here (December; before = 216b81d, embedded SVG/HTML; after = lean content, issue 16), text chars
 (~tokens): plot 15,254 (~3,814) -> 571 (~143); DataFrame 6,591 (~1,648) -> 1,580 (~395); display(DataFrame)
 5,478 (~1,370) -> 1,581 (~395); print 288 (~72) -> 288 (~72). Structured content: the same before and after.
+(Those four were measured each in its own server, before the ten below replaced them.)
+
+Measured here (December; before = 09c665d, after = issue 23's answers: the header's profile/python/layers
+once per session, figures PNG only, no kernelexec frames in tracebacks, an install line for a missing
+module), text chars per answer, before -> after: assignment 178 -> 178 (the first answer keeps the header);
+expression 222 -> 86; result dict 256 -> 119; print 302 -> 165; plot 585 -> 139 (no SVG link); DataFrame
+1,594 -> 1,458; display(DataFrame) 1,595 -> 1,459; error 596 -> 461; refused import 1,452 -> 932 (no guard
+frames); missing module 736 -> 550 (no guard frames, one install line added). All ten: 7,516 -> 5,547
+(-26%). Structured chars: the same but plot 1,183 -> 979, refused import 2,052 -> 1,650, missing module
+1,335 -> 1,281.
 """
 
 from __future__ import annotations
@@ -34,13 +46,22 @@ if __package__ in (None, ""):  # ``python benchmarks/answers.py``: the tree on P
 
 import anyio
 
+MISSING = "kxmissingpkg"  # allowed by name (allow_imports), installed nowhere: a ModuleNotFoundError
+# ten typical calls, in order, in one session; the ones that fail on purpose are named in FAILING
 CELLS = {
+    "assignment": "x = 41",
+    "expression": "x + 1",
+    "result dict": "result = {'mean': 2.5, 'n': 4, 'label': 'ok'}",
+    "print": "for i in range(5):\n    print('step', i, 'loss', round(1 / (i + 1), 3))",
     "plot": "import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([1, 3, 2, 5, 4])\nplt.show()",
     "dataframe": "import pandas as pd\ndf = pd.DataFrame({'x': range(50), 'y': [i * i for i in range(50)], "
                  "'name': [f'row {i}' for i in range(50)]})\ndf",
     "dataframe display": "from IPython.display import display\ndisplay(df)",
-    "print": "for i in range(5):\n    print('step', i, 'loss', round(1 / (i + 1), 3))",
+    "error": "def pick(d):\n    return d['missing']\n\npick({})",
+    "refused import": "import subprocess",
+    "missing module": f"import {MISSING}",
 }
+FAILING = {"error", "refused import", "missing module"}
 
 
 def weigh(content: list[Any], structured: dict[str, Any] | None) -> dict[str, int]:
@@ -69,13 +90,13 @@ async def measure() -> dict[str, dict[str, int]]:
 
     found: dict[str, dict[str, int]] = {}
     with tempfile.TemporaryDirectory(prefix="kxa") as base:
-        settings = load_settings(state_dir=Path(base) / "state", pool_size=0)
+        settings = load_settings(state_dir=Path(base) / "state", pool_size=0, allow_imports=[MISSING])
         sessions = SessionManager(settings)
         async with sessions.running():
             async with Client(build_server(settings, sessions)) as client:
                 for name, code in CELLS.items():
                     result = await client.call_tool("execute_code", {"code": code})
-                    assert not result.is_error and (result.structured_content or {}).get("success"), result
+                    assert not result.is_error and bool((result.structured_content or {}).get("success")) is (name not in FAILING), result
                     found[name] = weigh(result.content, result.structured_content)
     return found
 
@@ -85,7 +106,7 @@ async def bench_answers(plan: Any, base: Path, out: list[Any]) -> None:
     from benchmarks.common import log
     from benchmarks.stats import Measurement
 
-    log("[answers] characters per execute_code answer: plot, DataFrame, display(DataFrame), print")
+    log("[answers] characters per execute_code answer: ten typical calls in one session")
     for cell, weights in (await measure()).items():
         out.append(Measurement(f"answer: {cell}, text chars", "chars", [float(weights["text_chars"])],
                                note=f"~{weights['tokens_est']:,} tokens; {weights['images']} image(s)"))

@@ -30,8 +30,8 @@ Sections (each starts and stops its own kernels, so they do not compete for the 
                   ``write_notebook`` (the whole notebook from the journal) at both; no kernel (benchmarks/recording.py).
 10. flood         a stdio server, one session flooding 1 MiB stream messages past the kernel's cap while another
                   runs ``1+1``: its latency vs no flood (p99 included) and the server's VmHWM growth (benchmarks/flood.py).
-11. answers       characters (and a token estimate) per ``execute_code`` answer for a plot, a DataFrame and a
-                  print cell, text blocks vs structured content (benchmarks/answers.py).
+11. answers       characters (and a token estimate) per ``execute_code`` answer for ten typical calls (a plot,
+                  a DataFrame, a print, errors...), text blocks vs structured content (benchmarks/answers.py).
 """
 
 from __future__ import annotations

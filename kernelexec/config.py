@@ -18,6 +18,7 @@ Profile = Literal["strict", "standard", "trusted"]
 Preset = Literal["all", "plugin", "safe-executor"]
 Transport = Literal["stdio", "http"]
 InstallPolicy = Literal["auto", "off", "allowlist", "any"]
+FigureFormat = Literal["png", "retina", "jpeg", "svg", "pdf"]
 
 _toml_file: ContextVar[str | None] = ContextVar("kernelexec_toml_file", default=None)
 
@@ -62,6 +63,11 @@ class Settings(BaseSettings):
         default_factory=lambda: ["numpy", "pandas", "matplotlib.pyplot"],
         description="Modules warm kernels (the pool and restart spares) import ahead when installed and allowed, "
         "so a session's first plot does not pay for them; empty = none.",
+    )
+    figure_formats: list[FigureFormat] = Field(
+        default_factory=lambda: list[FigureFormat](["png"]),
+        description="The forms of each inline matplotlib figure (IPython's InlineBackend.figure_formats): png, as "
+        "Jupyter gives; add svg (png,svg) for a vector form too. A cell may change it (set_matplotlib_formats).",
     )
     work_roots: list[Path] = Field(
         default_factory=list,
@@ -155,7 +161,8 @@ class Settings(BaseSettings):
     port: int = Field(8765, ge=0, le=65535, description="HTTP port.")
     config: Path | None = Field(None, description="A TOML file with any of these settings.")
 
-    @field_validator("allow_imports", "env_pass", "work_roots", "read_dirs", "protect", "disable_layers", "install_allow", "warm_imports", mode="before")
+    @field_validator("allow_imports", "env_pass", "work_roots", "read_dirs", "protect", "disable_layers", "install_allow", "warm_imports",
+                     "figure_formats", mode="before")
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
         if isinstance(value, str):

@@ -33,7 +33,7 @@ from .collector import Caps, Collector, strip_ansi
 from .errors import KernelDied, KernelStartError
 from .launch import LaunchSpec, kernel_manager
 from .layout import SLOTS
-from .models import CellError, CellResult, Execution
+from .models import CellError, CellResult, Execution, ResultRule
 from .spares import Spares
 from .wire import harden
 
@@ -243,8 +243,12 @@ class Kernel(ABC):
         timeout: float,
         grace: float,
         on_output: OnOutput | None = None,
+        result_rule: ResultRule = "variable",
     ) -> Execution:
-        """Run ``code`` as one cell. Never raises for the user's errors; those are in ``Execution.error``."""
+        """Run ``code`` as one cell. Never raises for the user's errors; those are in ``Execution.error``.
+        ``result_rule``: which value is the result (startup/runtime.py): ``variable`` (execute_code's:
+        a variable named ``result`` the cell bound, else the last expression) or ``statement`` (the old
+        safe executor's, run_python's: the value of the last statement)."""
         ex = Execution(code=code)
         started = time.monotonic()
         if not await self.is_alive():
@@ -255,7 +259,7 @@ class Kernel(ABC):
             await self.restart()
             ex.restart_reason = (f"before this code ran, the kernel had died ({status}); it was restarted, "
                                  "so variables from earlier calls are lost")
-        msg_id = self._send(code)
+        msg_id = self._send(code, result_rule)
         collector = Collector(ex, self.caps(), self.spec.dirs.outputs, tag=f"stream-{msg_id[:12]}")
         try:
             state = await self._collect(msg_id, collector, started + timeout, on_output)
@@ -284,14 +288,13 @@ class Kernel(ABC):
         stream_cap = int(policy.get("stream_cap", 1_000_000))
         return Caps(stream_keep=stream_cap + stream_cap // 10 + 1000, spill_cap=max(int(policy.get("disk_cap", 64_000_000)), stream_cap))
 
-    def _send(self, code: str) -> str:
-        return self.kc.execute(
-            code,
-            store_history=True,
-            allow_stdin=False,
-            stop_on_error=False,
-            user_expressions={"report": "_kernelexec_report()"},
-        )
+    def _send(self, code: str, result_rule: ResultRule = "variable") -> str:
+        content = {"code": code, "silent": False, "store_history": True, "user_expressions": {"report": "_kernelexec_report()"},
+                   "allow_stdin": False, "stop_on_error": False}
+        # the rule travels in the request's metadata, which the runtime reads before the cell runs
+        msg = self.kc.session.msg("execute_request", content, metadata={"kernelexec_result": result_rule})
+        self.kc.shell_channel.send(msg)
+        return str(msg["header"]["msg_id"])
 
     async def _collect(
         self, msg_id: str, collector: Collector, deadline: float, on_output: OnOutput | None

@@ -14,6 +14,8 @@ from pydantic import BaseModel, Field
 
 Ending = Literal["completed", "interrupted", "restarted", "kernel_died"]
 RunEnding = Literal["completed", "interrupted", "restarted", "kernel_died", "running"]
+# which value is a cell's result (startup/runtime.py): execute_code's rule or the old safe executor's (run_python)
+ResultRule = Literal["variable", "statement"]
 
 
 @dataclass(frozen=True)

@@ -82,12 +82,14 @@ def kernel_policy(
     warm_imports: list[str] | None = None,
     environment_modules: list[str] | None = None,
     packages_dir: Path | None = None,
+    figure_formats: list[str] | None = None,
 ) -> dict[str, Any]:
     """The JSON the kernel's startup code reads (``KERNELEXEC_POLICY``). ``environment_paths``: what
     the kernel's interpreter reads (default: kernelexec's own); ``protected``: the environment a cell
     must not write; ``warm_imports``: modules a warm kernel imports ahead (those the profile allows);
     ``environment_modules``: a project environment's own top-level modules and the project's code,
-    which standard allows too (environments.project_modules)."""
+    which standard allows too (environments.project_modules); ``figure_formats``: the inline backend's
+    forms of a figure (default png, as Jupyter)."""
     base: dict[str, Any] = {
         "profile": profile,
         "spill_dir": str(spill_dir),
@@ -95,7 +97,7 @@ def kernel_policy(
         "result_cap": result_cap,
         "stream_cap": stream_cap,
         "disk_cap": disk_cap,
-        "figure_formats": ["png", "svg"],
+        "figure_formats": list(figure_formats or ["png"]),  # Jupyter's default: png only
     }
     if profile == "trusted":
         return base | {"allowed_imports": None, "file_io": "all", "warm_imports": list(warm_imports or ())}

@@ -94,6 +94,7 @@ class Renderer:
         self.stream_chars = stream_chars
         self.profile = profile
         self._seq = 0
+        self._context_told: str | None = None  # the header's profile/python/layers, as last shown
 
     def _write(self, stem: str, ext: str, data: bytes) -> tuple[Path, str]:
         self.outputs_dir.mkdir(parents=True, exist_ok=True)
@@ -205,7 +206,10 @@ class Renderer:
             notes=list(ex.notes),
             **fields,
         )
-        text = summary_text(structured)
+        # the header's profile/python/layers once per session: in the first answer and when one changes
+        context = header_context(structured)
+        text = summary_text(structured, context=context != self._context_told)
+        self._context_told = context
         if shown_text:
             text += "".join(f"\n<kernelexec-display>\n{escape_tags(t.rstrip())}\n</kernelexec-display>" for t in shown_text)
         return Rendered(structured, [TextContent(type="text", text=text, annotations=FOR_BOTH), *blocks])
@@ -254,16 +258,24 @@ def escape_tags(text: str) -> str:
     return _TAG.sub(lambda m: m.group(0).replace("<", "&lt;"), text)
 
 
-def summary_text(r: ExecuteResult) -> str:
-    """One text block for the model: what happened, result, output, error. Tags escaped, no base64."""
-    esc = escape_tags
-
-    status = "ok" if r.success else ("error" if r.ending == "completed" else r.ending)
+def header_context(r: ExecuteResult) -> str:
+    """The header's description of where code runs: `` profile=… python=… layers=…``."""
     python = ""
     if r.environment is not None:
         python = f" python={r.environment.version}" + ("" if r.environment.source == "own" else f"({r.environment.source})")
     layers = "+".join(r.layers) or "none"
-    parts = [f"[{status}] session={r.session} cell={r.execution_count} {r.duration_ms:.0f} ms profile={r.profile}{python} layers={layers}"]
+    return f" profile={r.profile}{python} layers={layers}"
+
+
+def summary_text(r: ExecuteResult, *, context: bool = True) -> str:
+    """One text block for the model: what happened, result, output, error. Tags escaped, no base64.
+    ``context``: whether the header says where the code runs (profile, python, layers); the
+    structured content always does."""
+    esc = escape_tags
+
+    status = "ok" if r.success else ("error" if r.ending == "completed" else r.ending)
+    where = header_context(r) if context else ""
+    parts = [f"[{status}] session={r.session} cell={r.execution_count} {r.duration_ms:.0f} ms{where}"]
     if r.restart_reason:
         parts.append(f"NOTE: {r.restart_reason}")
     parts.extend(f"NOTE: {note}" for note in r.notes)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from .errors import InvalidRequest, KernelexecError
+from .models import ResultRule
 
 if TYPE_CHECKING:
     from .render import Rendered
@@ -71,7 +72,7 @@ class RunRegistry:
         self._tg = task_group
 
     def start(self, session: Session, code: str, *, timeout: float, working_dir: str | None,
-              listener: Callable[[str, str], Awaitable[None]] | None = None) -> Run:
+              listener: Callable[[str, str], Awaitable[None]] | None = None, result_rule: ResultRule = "variable") -> Run:
         if self._tg is None:
             raise KernelexecError("background runs need a running session manager")
         run = Run(id="run-" + secrets.token_urlsafe(9), session=session, listener=listener, scope=anyio.CancelScope())
@@ -82,7 +83,8 @@ class RunRegistry:
             assert run.scope is not None
             try:
                 with run.scope:
-                    run.rendered = await session.run(code, timeout=timeout, working_dir=working_dir, on_output=run.on_output)
+                    run.rendered = await session.run(code, timeout=timeout, working_dir=working_dir, on_output=run.on_output,
+                                                     result_rule=result_rule)
                 if run.scope.cancelled_caught:
                     run.failure = "cancelled by the client; the kernel was interrupted"
             except KernelexecError as exc:

@@ -26,10 +26,11 @@ from . import connections
 from .config import Settings
 from .environments import Environment, prepare, project_modules
 from .errors import InvalidRequest, SessionError
+from .hints import install_hint
 from .kernel import Kernel, LocalKernel, OnOutput
 from .launch import LaunchSpec
 from .layout import SessionDirs
-from .models import CellError, Execution, ReplayedCell
+from .models import CellError, Execution, ReplayedCell, ResultRule
 from .packages import InstallError, InstallOutcome, check_allowed, install, installed_record, parse_specs, pip_lines
 from .policy import kernel_policy
 from .recording import Recorder, mark_closed, read_session_meta, rebuild_stale
@@ -149,6 +150,7 @@ class Session:
             warm_imports=s.warm_imports,
             environment_modules=project_modules(env, self.default_cwd) if env is not None and not env.own else None,
             packages_dir=self.dirs.packages,
+            figure_formats=list(s.figure_formats),
         )
         return LaunchSpec(dirs=self.dirs, cwd=self.default_cwd, policy=policy, plan=plan, env_pass=s.env_pass)
 
@@ -197,9 +199,11 @@ class Session:
             raise InvalidRequest(f"working_dir {working_dir!r} is outside the allowed roots ({allowed}); see --work-roots")
         return path
 
-    async def run(self, code: str, *, timeout: float, working_dir: str | None = None, on_output: OnOutput | None = None) -> Rendered:
+    async def run(self, code: str, *, timeout: float, working_dir: str | None = None, on_output: OnOutput | None = None,
+                  result_rule: ResultRule = "variable") -> Rendered:
         """Run one cell in this session and return the rendered answer; record it in the notebook.
-        ``pip install`` lines in the cell are served by the server's installer first (packages.py)."""
+        ``pip install`` lines in the cell are served by the server's installer first (packages.py).
+        ``result_rule``: which value is the result (Kernel.execute)."""
         cwd = self.resolve_working_dir(working_dir)
         request, runnable = pip_lines(code)  # an unsupported pip line is refused before anything runs
         async with self.lock:
@@ -221,7 +225,8 @@ class Session:
                         await anyio.to_thread.run_sync(self.record, ex, timeout)
                         return self.renderer.render(ex, notebook=str(self.dirs.notebook), layers=kernel.spec.plan.layers)
                     installed = installed_record(outcome, request.specs)
-                ex = await kernel.execute(runnable, timeout=timeout, grace=self.settings.interrupt_grace, on_output=on_output)
+                ex = await kernel.execute(runnable, timeout=timeout, grace=self.settings.interrupt_grace, on_output=on_output,
+                                          result_rule=result_rule)
                 if request is not None:
                     ex.code = code  # the record shows the cell as written; replay installs again from its pip lines
                     ex.notes.insert(0, outcome.summary())
@@ -236,6 +241,10 @@ class Session:
                     self.notice = None
                 # the journal line is fsynced before the answer goes out, off the event loop
                 await anyio.to_thread.run_sync(self.record, ex, timeout, installed)
+                # a missing module: one line for the model on how to get it here (not in the record)
+                hint = install_hint(self.settings, self.profile, ex.error, local_kernel=kernel.supports_packages)
+                if hint is not None and ex.error is not None:
+                    ex.error.traceback.append(hint)
                 return self.renderer.render(ex, notebook=str(self.dirs.notebook), layers=kernel.spec.plan.layers)
             finally:
                 self.busy = False

@@ -24,7 +24,7 @@ from . import view
 from .auth import current_principal
 from .config import Settings
 from .errors import InvalidRequest, KernelexecError
-from .models import ExecuteResult, InstalledPackage, InstallResult, RunPythonResult, SessionInfo, Variable, VariablesResult
+from .models import ExecuteResult, InstalledPackage, InstallResult, ResultRule, RunPythonResult, SessionInfo, Variable, VariablesResult
 from .render import Rendered
 from .restore import describe_replayed
 from .runs import Run
@@ -139,14 +139,15 @@ class App:
         return await self.sessions.create(owner=owner, working_dir=working_dir)
 
     async def run(self, ctx: Context, code: str, session: str | None, timeout: float | None,
-                  working_dir: str | None) -> Rendered:
+                  working_dir: str | None, result_rule: ResultRule = "variable") -> Rendered:
         """One cell, waited for to its end (run_python: the old tool's contract), with heartbeats."""
-        done = await self.run_or_yield(ctx, code, session, timeout, working_dir, yield_after=0)
+        done = await self.run_or_yield(ctx, code, session, timeout, working_dir, yield_after=0, result_rule=result_rule)
         assert not isinstance(done, Run)
         return done
 
     async def run_or_yield(self, ctx: Context, code: str, session: str | None, timeout: float | None,
-                           working_dir: str | None, *, yield_after: float | None = None) -> Rendered | Run:
+                           working_dir: str | None, *, yield_after: float | None = None,
+                           result_rule: ResultRule = "variable") -> Rendered | Run:
         """One cell as a run, waited for up to ``--yield-after`` seconds: its answer, or the run still going
         (the cell is never cut by a client's patience). A call cancelled before that cancels the cell."""
         _check_code(self.settings, code)
@@ -154,7 +155,8 @@ class App:
         target = await self.resolve(ctx, session)
         target.resolve_working_dir(working_dir)  # a bad working_dir is answered before anything starts
         progress = _Progress(ctx)
-        started = self.sessions.runs.start(target, code, timeout=seconds, working_dir=working_dir, listener=progress)
+        started = self.sessions.runs.start(target, code, timeout=seconds, working_dir=working_dir, listener=progress,
+                                           result_rule=result_rule)
         try:
             patience = self.settings.yield_after if yield_after is None else yield_after
             with anyio.move_on_after(patience or math.inf):
@@ -293,8 +295,10 @@ def register(mcp: MCPServer, app: App) -> None:
 
     @translated
     async def run_python(code: CodeArg, ctx: Context, session: SessionArg = None) -> RunPythonResult:
-        """Run Python code and return {result, logs}. Errors raised by the code are reported as tool errors."""
-        r = (await app.run(ctx, code, session, min(settings.default_timeout, RUN_PYTHON_TIMEOUT), None)).structured
+        """Run Python code and return {result, logs}: result is the value of the last statement (as the safe
+        executor answered: `x = 3` gives 3). Errors raised by the code are reported as tool errors."""
+        r = (await app.run(ctx, code, session, min(settings.default_timeout, RUN_PYTHON_TIMEOUT), None,
+                           result_rule="statement")).structured
         if not r.success:
             raise ToolError(f"{r.error}\n{chr(10).join(r.traceback[-8:])}".strip())
         logs = r.stdout + (("\n" if r.stdout and not r.stdout.endswith("\n") else "") + r.stderr if r.stderr else "")

@@ -38,7 +38,7 @@ QUICKSTART = [
     ("md", "An exception is a normal answer (`success: false`, `error`, `traceback`), not a failure of the tool. "
            "The recorded cell carries the `raises-exception` tag so a replay goes on past it."),
     ("code", "prices[10]"),
-    ("md", "Figures come back as PNG images for the model (and SVG files)."),
+    ("md", "Figures come back as PNG images, as Jupyter makes them (SVG too when a cell or --figure-formats asks)."),
     ("code", "import matplotlib.pyplot as plt\n\nfig, ax = plt.subplots(figsize=(4, 2.5))\n"
              "ax.bar(['tea', 'bread', 'cheese'], prices)\nax.set_ylabel('price')\nplt.show()"),
     ("md", "State survives errors: `total` is still here."),

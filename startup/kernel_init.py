@@ -29,7 +29,8 @@ def _kernelexec_boot() -> None:
         runtime_mod = load("runtime")
         formats = policy.get("figure_formats")
         if formats:
-            shell.run_line_magic("config", f"InlineBackend.figure_formats = {set(formats)!r}")
+            # a list: the magic line is expanded first, and braces would be read as {expression}
+            shell.run_line_magic("config", f"InlineBackend.figure_formats = {list(formats)!r}")
         runtime = runtime_mod.Runtime(shell, policy, bypass=None)
         for stream in (sys.stdout, sys.stderr):
             if hasattr(stream, "pub_thread"):
@@ -37,6 +38,10 @@ def _kernelexec_boot() -> None:
         shell.events.register("pre_run_cell", runtime.pre_run_cell)
         shell.events.register("post_run_cell", runtime.post_run_cell)
         builtins._kernelexec_report = runtime.report
+        builtins._kernelexec_note = runtime.note
+        builtins._kernelexec_if = runtime.note_if
+        shell.ast_transformers.append(runtime.transformer)
+        runtime_mod.hide_own_frames(shell.InteractiveTB)
         builtins._kernelexec_variables = runtime.variables
         builtins._kernelexec_chdir = os.chdir
         import tempfile

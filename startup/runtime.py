@@ -2,18 +2,102 @@
 
 The server asks for the last cell's result through ``user_expressions``
 (``_kernelexec_report()``), so nothing extra travels on IOPub or lands in the notebook.
+
+Two result rules. ``execute_code``'s: a variable named ``result`` the cell bound, else the last
+expression. ``run_python``'s (the old safe executor's, asked for in the request's metadata,
+``kernelexec_result: "statement"``): the value of the cell's last statement, computed by the cell
+itself: an AST transform (``LastStatement``) makes the last statement hand its value to
+``_kernelexec_note`` as it runs.
 """
 
 from __future__ import annotations
 
 import ast
+import copy
 import json
 import os
 import sys
 import threading
+import types
 from typing import Any
 
 _MISSING = object()
+NOTE = "_kernelexec_note"  # builtins (kernel_init): what the transformed last statement calls
+IF = "_kernelexec_if"
+
+
+def _call(name: str, *args: ast.expr) -> ast.expr:
+    return ast.Call(func=ast.Name(id=name, ctx=ast.Load()), args=list(args), keywords=[])
+
+
+def _level(level: int) -> ast.expr:
+    return ast.Constant(value=level)
+
+
+def _as_load(target: ast.expr) -> ast.expr:
+    """A store target (``x``, ``a.b``, ``d[k]``) as an expression reading it again."""
+    expr = copy.deepcopy(target)
+    for node in ast.walk(expr):
+        if hasattr(node, "ctx"):
+            node.ctx = ast.Load()  # type: ignore[attr-defined]
+    return expr
+
+
+def _placed(stmt: ast.stmt, call: ast.expr) -> ast.stmt:
+    """``if True: <call>`` at ``stmt``'s place: a statement IPython does not display (a trailing bare
+    expression would become the cell's Out)."""
+    placed = ast.If(test=ast.Constant(value=True), body=[ast.Expr(value=call)], orelse=[])
+    for node in ast.walk(placed):
+        ast.copy_location(node, stmt)
+    return placed
+
+
+def _noted(stmt: ast.stmt, level: int = 0) -> list[ast.stmt]:
+    """``stmt`` rewritten to note the value the old executor gave it, at ``level``: an expression's
+    value, an assignment's right-hand side, an augmented assignment's new value, a ``def``'s or
+    ``class``'s object; for ``if`` and ``for``, the last non-None value a statement inside gave.
+    ``while``, ``with``, ``try``, ``import``, ``pass``, ``del`` give None.
+
+    As in the old executor, an ``if`` hands its value on only when its branch runs to the end: the
+    values of a branch left by ``break`` or ``continue`` are dropped (each ``if`` notes at the next
+    level, opened before it and closed at the end of each branch); a ``for`` keeps what its own body
+    gave before a ``break``."""
+    if isinstance(stmt, (ast.Expr, ast.Assign)) or isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
+        stmt.value = ast.copy_location(_call(NOTE, stmt.value, _level(level)), stmt.value)  # type: ignore[arg-type]
+    elif isinstance(stmt, ast.AugAssign):
+        return [stmt, _placed(stmt, _call(NOTE, _as_load(stmt.target), _level(level)))]
+    elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [stmt, _placed(stmt, _call(NOTE, ast.Name(id=stmt.name, ctx=ast.Load()), _level(level)))]
+    elif isinstance(stmt, ast.If):
+        inner = level + 1
+        for branch in ("body", "orelse"):
+            statements = getattr(stmt, branch)
+            if statements:
+                done = _placed(statements[-1], _call(IF, _level(inner), ast.Constant(value=True)))
+                setattr(stmt, branch, [n for s in statements for n in _noted(s, inner)] + [done])
+        return [_placed(stmt, _call(IF, _level(inner), ast.Constant(value=False))), stmt]
+    elif isinstance(stmt, (ast.For, ast.AsyncFor)):
+        stmt.body = [n for s in stmt.body for n in _noted(s, level)]
+        stmt.orelse = [n for s in stmt.orelse for n in _noted(s, level)]
+    return [stmt]
+
+
+class LastStatement:
+    """An IPython AST transformer (``shell.ast_transformers``): in a cell that asked for the
+    statement rule, the last top-level statement notes its value (``_noted``). Other cells, and
+    everything before the last statement, run untouched. Never raises (IPython would drop it)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    def visit(self, node: Any) -> Any:
+        if self.runtime.rule != "statement" or not isinstance(node, ast.Module) or not node.body:
+            return node
+        try:
+            node.body[-1:] = _noted(copy.deepcopy(node.body[-1]))
+        except Exception:  # noqa: BLE001 - the cell runs as written; its result is then None
+            pass
+        return node
 
 
 def _binds_result(cell: str) -> bool:
@@ -40,6 +124,47 @@ def _binds_result(cell: str) -> bool:
     return False
 
 
+HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the startup directory: kernelexec's own code
+
+
+def _without_own_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """``tb`` (a new chain; the old one is left as it was) without the frames of kernelexec's startup
+    code (the guard's import and file checks, the runtime), so an error points at the user's line."""
+    kept = []
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(HERE):
+            kept.append(tb)
+        tb = tb.tb_next
+    chain = None
+    for entry in reversed(kept):
+        chain = types.TracebackType(chain, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return chain
+
+
+def hide_own_frames(formatter: Any) -> None:
+    """Make IPython's traceback formatter (``shell.InteractiveTB``) leave out kernelexec's frames, in the
+    exception shown and in those chained to it. IPython's ``__tracebackhide__`` would still show the
+    innermost frame, which is the guard's own for a refused import."""
+    real = formatter.structured_traceback
+
+    def structured_traceback(etype: Any, evalue: Any, etb: Any = None, *args: Any, **kwargs: Any) -> Any:
+        try:
+            etb = _without_own_frames(etb)
+            seen = {id(evalue)}
+            chained = [evalue.__cause__, evalue.__context__] if isinstance(evalue, BaseException) else []
+            while chained and len(seen) < 100:
+                exc = chained.pop()
+                if isinstance(exc, BaseException) and id(exc) not in seen:
+                    seen.add(id(exc))
+                    exc.__traceback__ = _without_own_frames(exc.__traceback__)
+                    chained += [exc.__cause__, exc.__context__]
+        except Exception:  # noqa: BLE001 - never lose a traceback over this
+            pass
+        return real(etype, evalue, etb, *args, **kwargs)
+
+    formatter.structured_traceback = structured_traceback
+
+
 class _Report:
     """What ``user_expressions`` returns: its JSON mime bundle is the whole answer."""
 
@@ -64,6 +189,9 @@ class Runtime:
         self.stream_cap: int = int(policy.get("stream_cap", 1_000_000))
         self.disk_cap: int = int(policy.get("disk_cap", 64_000_000))
         self.last: dict[str, Any] = {"kind": "none"}
+        self.rule = "variable"  # this cell's result rule: "variable" (execute_code) or "statement" (run_python)
+        self.transformer = LastStatement(self)
+        self._levels: dict[int, Any] = {}  # level -> the last non-None value noted there (0: the cell)
         self._before: Any = _MISSING
         self._lock = threading.Lock()
         self._streams: dict[str, dict[str, Any]] = {}
@@ -73,14 +201,43 @@ class Runtime:
     def pre_run_cell(self, info: Any) -> None:
         self._cell += 1
         self._before = self.shell.user_ns.get("result", _MISSING)
+        self.rule = self._asked_rule()
+        self._levels = {}
         with self._lock:
             self._streams = {}
+
+    def _asked_rule(self) -> str:
+        """The rule the execute request asked for in its metadata (``kernelexec_result``)."""
+        try:
+            parent = self.shell.kernel.get_parent("shell")
+            asked = parent["metadata"].get("kernelexec_result")
+        except Exception:  # noqa: BLE001 - no kernel (tests), no metadata: the default rule
+            return "variable"
+        return "statement" if asked == "statement" else "variable"
+
+    def note(self, value: Any, level: int = 0) -> Any:
+        """Called by the transformed last statement (``LastStatement``) with each value it gives."""
+        if value is not None:
+            self._levels[level] = value
+        return value
+
+    def note_if(self, level: int, done: bool) -> None:
+        """An ``if`` of the last statement: opening its level, or (its branch ran to the end) handing
+        its value, if any, to the level around it."""
+        if not done:
+            self._levels[level] = None
+        elif self._levels.get(level) is not None:
+            self._levels[level - 1] = self._levels[level]
 
     def post_run_cell(self, outcome: Any) -> None:
         ns = self.shell.user_ns
         cell = getattr(outcome.info, "raw_cell", "") or ""
         value: Any = _MISSING
-        if "result" in ns and (ns["result"] is not self._before or _binds_result(cell)):
+        if self.rule == "statement":
+            value, kind = self._levels.get(0), "statement"
+            self._levels = {}
+            self.rule = "variable"
+        elif "result" in ns and (ns["result"] is not self._before or _binds_result(cell)):
             value, kind = ns["result"], "variable"
         elif outcome.result is not None:
             value, kind = outcome.result, "expression"

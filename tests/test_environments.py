@@ -177,8 +177,9 @@ async def test_a_project_venv_on_312_without_ipykernel_runs_the_kernel_and_stays
         assert a["result"] == {"v": [3, 12], "answer": 42, "src": "from src", "prefix": str(venv)}
         assert a["environment"]["source"] == "project .venv" and a["environment"]["version"].startswith("3.12")
         assert a["environment"]["python"].startswith(str(venv)) and a["environment"]["ipykernel"] == "kernelexec overlay"
-        assert "python=3.12.1(project .venv)" in (await h.call("execute_code", code="1")).content[0].text.splitlines()[0] \
-            or "python=3.12" in (await h.call("execute_code", code="1")).content[0].text.splitlines()[0]
+        # a new session's first answer says where it runs
+        header = (await h.call("execute_code", code="1", session=await h.new_session())).content[0].text.splitlines()[0]
+        assert "python=3.12" in header and "(project .venv)" in header
         # the environment is read-only, also inside the writable working directory; the project is not
         planted = await h.run(
             "import os\nout = {}\n"

@@ -65,7 +65,7 @@ async def test_every_call_becomes_a_valid_cell_matching_its_answer(harness: Harn
     assert nb.cells[1].outputs[0].data["text/plain"] == str(answers[1]["result"]) == "42"
     assert nb.cells[2].outputs[0].evalue == "boom"
     plot_mimes = {m for o in nb.cells[3].outputs if o.output_type == "display_data" for m in o.data}
-    assert {"image/png", "image/svg+xml"} <= plot_mimes
+    assert "image/png" in plot_mimes
     assert {o["mime_type"] for o in answers[3]["outputs"]} <= plot_mimes
     timed_out = nb.cells[4]
     assert timed_out.metadata.kernelexec["timed_out"] is True and timed_out.metadata.kernelexec["ending"] == "interrupted"

@@ -80,19 +80,18 @@ async def test_state_survives_an_error(harness: Harness) -> None:
     assert r["result"] == "yes"
 
 
-async def test_matplotlib_gives_png_image_and_svg_file_once(harness: Harness) -> None:
+async def test_matplotlib_gives_one_png_image_as_jupyter_does(harness: Harness) -> None:
     result = await harness.client.call_tool(
         "execute_code",
         {"code": "import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([1, 3, 2])\nfig"},
     )
     s = result.structured_content
     mimes = sorted(o["mime_type"] for o in s["outputs"])
-    assert mimes == ["image/png", "image/svg+xml"]
+    assert mimes == ["image/png"]  # the figure shown once (not its repr and the flush), PNG only
     images = [c for c in result.content if c.type == "image"]
     assert len(images) == 1 and images[0].mime_type == "image/png"
     assert base64.b64decode(images[0].data).startswith(b"\x89PNG")
-    svg = [c for c in result.content if c.type in ("resource", "resource_link")]
-    assert len(svg) == 1
+    assert not [c for c in result.content if c.type in ("resource", "resource_link")]
     for out in s["outputs"]:
         assert Path(out["path"]).stat().st_size == out["size"]
     assert "base64" not in json.dumps(s) and "iVBOR" not in json.dumps(s)

@@ -23,7 +23,9 @@ from .conftest import Harness
 
 pytestmark = pytest.mark.anyio
 
-PLOT = "import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([1, 3, 2])\nplt.show()"
+# a plot in both forms: an SVG beside the PNG is linked, not embedded
+PLOT = ("%config InlineBackend.figure_formats = ['png', 'svg']\n"
+        "import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([1, 3, 2])\nplt.show()")
 FRAME = "import pandas as pd\ndf = pd.DataFrame({'x': range(50), 'y': [i * i for i in range(50)]})\ndf"
 
 
