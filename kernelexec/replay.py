@@ -33,6 +33,7 @@ import anyio
 
 from .environments import Environment, prepare
 from .errors import InvalidRequest, KernelexecError
+from .host import check_reach
 from .layout import SessionDirs
 from .packages import parse_specs, pip_lines
 from .recording import CellMeta, NotebookMeta, Recorder, notebook_meta, read_cell_meta, read_notebook_meta, read_session_meta
@@ -422,7 +423,8 @@ async def replay_notebook(
         if environment is None:
             environment = await anyio.to_thread.run_sync(
             functools.partial(prepare, settings.python, settings.working_dir, settings.cache_dir, reach=kernel_reach(settings)))
-        session = Session(f"replay-{secrets.token_urlsafe(6)}", scratch, environment=environment)
+        session = Session(f"replay-{secrets.token_urlsafe(6)}", scratch, environment=environment,
+                          working_dir=settings.working_dir if profile != "strict" else None)  # strict: no files at all
         await session.ensure_kernel()
         roots = [*_session_roots(nb), str(session.dirs.root)]
         return await _Replayer(nb, scratch, session, roots, install=install).run(on_cell)
@@ -508,8 +510,20 @@ async def replay_command(settings: Settings, notebook: str, *, output: str | Non
     recorded: NotebookMeta = read_notebook_meta(nb.metadata)
     recorded_profile = recorded.profile
     chosen: Profile = profile or settings.effective_profile  # the user's flags and config; a notebook is data
+    if settings.working_dir is None and chosen != "strict" and read_session_meta(path.parent) is None:
+        # as nbclient and papermill do: in the notebook's folder, so it reads the files beside it (what is
+        # writable there follows the profile and the protected names, as for any working directory; strict
+        # has no file access at all)
+        folder = path.parent.resolve()
+        settings = settings.model_copy(update={"working_dir": folder, "work_roots": [*settings.work_roots, folder]})
+        try:
+            check_reach(settings, kernel_reach(settings))
+        except KernelexecError as exc:
+            print(safe(f"kernelexec replay: {exc}; or pass --working-dir DIR for the notebook to run in"), file=sys.stderr)
+            return 2
     code_cells = sum(1 for c in nb.cells if c.get("cell_type") == "code")
-    print(safe(f"replaying {path} ({code_cells} code cells, profile {chosen}{'; ' + note if note else ''})"), flush=True)
+    print(safe(f"replaying {path} ({code_cells} code cells, profile {chosen}{'; ' + note if note else ''})"
+               f"{f' in {settings.working_dir}' if settings.working_dir else ''}"), flush=True)
     if recorded_profile is not None and recorded_profile != chosen:
         print(safe(f"note: recorded under profile {str(recorded_profile)[:40]!r}; replayed under {chosen}, which your "
                    "flags and config choose (a notebook never chooses its own profile or limits)"), flush=True)

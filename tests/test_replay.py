@@ -318,3 +318,26 @@ def test_replay_of_a_foreign_notebook_asks_the_index_nothing_unless_told_to_inst
     assert "2 cells: 2 same, 0 different" in told.stdout, told.stdout
     asked = " ".join(requests_in(log))
     assert "/simple/kxdep/" in asked and "/simple/beacon-pkg/" in asked, asked
+
+
+def test_replay_runs_in_the_notebooks_folder_by_default_and_in_working_dir_when_given(tmp_path: Path, short_tmp: Path) -> None:
+    """As nbclient and papermill do: a notebook that reads the file beside it replays as recorded."""
+    import nbformat
+
+    folder = tmp_path / "analysis"
+    folder.mkdir()
+    (folder / "data.txt").write_text("beside the notebook")
+    cell = nbformat.v4.new_code_cell("open('data.txt').read()", execution_count=1)
+    cell.outputs = [nbformat.v4.new_output("execute_result", {"text/plain": "'beside the notebook'"}, execution_count=1)]
+    nb_path = folder / "read.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[cell]), nb_path)
+    env = clean_env()
+    here = subprocess.run(kernelexec_cmd("replay", str(nb_path), "--state-dir", str(short_tmp / "rf1")),
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert here.returncode == 0, (here.stdout, here.stderr)
+    assert f"in {folder}" in here.stdout and "1 same" in here.stdout, here.stdout
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    there = subprocess.run(kernelexec_cmd("replay", str(nb_path), "--working-dir", str(elsewhere), "--state-dir", str(short_tmp / "rf2")),
+                           capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert there.returncode == 1 and "FileNotFoundError" in there.stdout, (there.stdout, there.stderr)
