@@ -407,6 +407,8 @@ def _plan_for(settings: Settings, profile: Profile, *, session_dir: Path, rw: li
                                     "deny_tcp": not network}
         if guarded:  # no subprocesses: the interpreter is the only file the kernel may execute
             plan.wrapper["landlock"]["exec"] = interpreter_files(python)
+        elif f.bwrap:  # `!cmd` needs a pty: the mount namespace's own devpts instance, never the host's terminals
+            plan.wrapper["landlock"]["dev"] = ["/dev/ptmx", "/dev/pts"]
         layers.append(f"landlock-abi{f.landlock_abi}")
     else:
         plan.degraded.append("Landlock not available: no kernel-enforced file access limits outside bubblewrap")

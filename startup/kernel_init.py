@@ -48,6 +48,14 @@ def _kernelexec_boot() -> None:
 
         tempfile.gettempdir()  # probes by writing a file: cache it before writes may be refused
         runtime.bypass = guard.install(policy)
+        if policy.get("deny_process"):
+            # `!cmd` and %system open a pty before they start anything: say the guard's words, not "out of pty devices"
+            def no_shell(cmd: object) -> None:
+                raise guard.PolicyError(f"running shell commands (!{str(cmd)[:60]}) is not allowed in the "
+                                        f"{policy['profile']!r} profile (kernelexec policy)")
+
+            shell.system = shell.system_piped = shell.system_raw = no_shell
+            shell.getoutput = no_shell
         # what a cell could have written is importable only now, after the guard (kernel_main.setup_path),
         # and the working directory ('' on sys.path) where IPython would have put it (ignore_cwd deferred it)
         sys.path.extend(p for p in json.loads(os.environ.pop("KERNELEXEC_LATE_PATH", "[]")) if p not in sys.path)

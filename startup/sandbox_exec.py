@@ -159,7 +159,8 @@ def apply_landlock(rules: dict[str, list[str]], abi: int) -> None:
     if exec_only is not None:
         read &= ~FS_EXECUTE
     grants = [(read, rules.get("ro", [])), (read | write, rules.get("rw", [])),
-              (FS_READ_FILE | FS_READ_DIR | FS_MAKE_SOCK, rules.get("sock", []))]
+              (FS_READ_FILE | FS_READ_DIR | FS_MAKE_SOCK, rules.get("sock", [])),
+              (FS_READ_FILE | FS_WRITE_FILE | FS_READ_DIR | FS_IOCTL_DEV, rules.get("dev", []))]  # terminals: a pty's ioctls
     if exec_only is not None:
         grants.append((FS_EXECUTE | FS_READ_FILE, exec_only))
     for access, paths in grants:

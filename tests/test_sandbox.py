@@ -212,3 +212,16 @@ def test_the_hand_over_walk_follows_no_symlink_and_opens_no_fifo(tmp_path: Path)
     assert (top / "to_outside").lstat().st_uid == 54321  # the link itself
     for path in (outside, outside / "dir", outside / "file", outside / "fifo"):
         assert path.lstat().st_uid == 0, path
+
+
+async def test_shell_commands_run_where_processes_are_allowed_and_are_refused_in_the_guards_words(
+        boxed: Harness, short_tmp: Path) -> None:
+    """`!cmd` opens a pty first: trusted gets its own devpts (bubblewrap), standard the guard's refusal, never
+    "out of pty devices"."""
+    require_full_machine()
+    refused = await boxed.run("!echo from-the-shell")
+    assert not refused["success"] and "running shell commands" in refused["error"] and "pty" not in refused["error"], refused
+    async with serving(make_settings(short_tmp, profile="trusted", pool_size=0, restart_spares=0)) as trusted:
+        ran = await trusted.run("!echo from-the-shell\nlines = !ls /dev/pts\nresult = sorted(lines)[:3]")
+        assert ran["success"] and "from-the-shell" in ran["stdout"], ran
+        assert "ptmx" in ran["result"], ran  # the sandbox's own devpts instance, not the host's terminals
