@@ -54,10 +54,12 @@ Status = Literal["same", "different", "new", "skipped"]
 
 
 # --- comparing outputs -------------------------------------------------------------------------
-_TIME_UNIT = r"(?:ns|µs|us|ms|s|sec|seconds|min)"
+_TIME_UNIT = r"(?:ns|µs|us|ms|s|sec|seconds|min)"  # µ: MICRO SIGN U+00B5 (GREEK MU U+03BC becomes it first)
 _NORMALISE: list[tuple[re.Pattern[str], str]] = [
+    (re.compile("\u03bc"), "\u00b5"),  # %timeit prints either micro sign, by platform and IPython version
     (re.compile(r"0x[0-9a-fA-F]{4,}"), "0x…"),
     (re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"), "<uuid>"),
+    (re.compile(r"\b[0-9a-f]{32}\b"), "<uuid>"),  # uuid4().hex: display ids, widget and comm ids
     (re.compile(r"\b\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?"), "<datetime>"),
     (re.compile(rf"[\d.]+\s?{_TIME_UNIT} ± [\d.]+\s?{_TIME_UNIT} per loop \([^)]*\)"), "<timeit>"),
     (re.compile(rf"\b(Wall time|CPU times: user|sys|total): [\d.]+\s?{_TIME_UNIT}"), r"\1: <time>"),
@@ -171,9 +173,10 @@ class CellReport:
     number: int  # 1-based position in the notebook
     first_line: str
     status: Status
-    recorded_ending: str = "completed"
+    recorded_ending: str = "completed"  # "unknown" for a notebook kernelexec did not record
     replayed_ending: str = "completed"
     details: list[str] = field(default_factory=list)
+    error: str | None = None  # the error the replayed cell raised, in one line
 
 
 def _session_roots(nb: NotebookNode) -> list[str]:
@@ -252,6 +255,7 @@ class _Replayer:
         self.session = session
         self.kernel = kernel
         self.roots = roots
+        self.compared: list[tuple[CellReport, list[Any], NotebookNode]] = []  # compared by output: settle() again
         self.install = install  # redo recorded installs (a notebook's %pip lines and install markers)
         # timeouts are ours (per cell, with escalation), so nbclient waits without its own
         self.client = NotebookClient(nb, km=kernel.km, timeout=None, allow_errors=False,
@@ -284,6 +288,9 @@ class _Replayer:
                         continue
                     report = await self._cell(index, cell, meta)
                     reports.append(report)
+                    if on_cell is not None:
+                        on_cell(report)
+                for report in self.settle():
                     if on_cell is not None:
                         on_cell(report)
             finally:
@@ -365,7 +372,7 @@ class _Replayer:
     async def _cell(self, index: int, cell: NotebookNode, meta: CellMeta) -> CellReport:
         recorded_outputs = copy.deepcopy(list(cell.get("outputs", [])))
         never_ran = cell.get("execution_count") is None and not recorded_outputs and not meta.recorded
-        recorded_ending = meta.ending
+        recorded_ending = meta.ending if meta.recorded else "unknown"  # Jupyter does not record how a cell ended
         timeout = cell_timeout(meta.timeout, self.settings.default_timeout, self.settings.max_timeout)
         source = cell.source
         try:
@@ -386,17 +393,31 @@ class _Replayer:
 
             cell.outputs.insert(0, new_output("stream", name="stdout", text=installed + "\n"))
         _annotate(cell, replay_ending=ending)
-        report = CellReport(index + 1, first_line(cell.source), "same", recorded_ending, ending)
+        report = CellReport(index + 1, first_line(cell.source), "same", recorded_ending, ending, error=_raised(cell.outputs))
         if never_ran:
             report.status = "new"
-        elif recorded_ending != ending:
+        elif recorded_ending not in (ending, "unknown"):
             report.status = "different"
             report.details.append(f"ending: recorded {recorded_ending}, replayed {ending}")
-        elif ending == "completed":
+        elif ending == "completed" or recorded_ending == "unknown":
+            self.compared.append((report, recorded_outputs, cell))
             report.details = differences(comparable(recorded_outputs, self.roots), comparable(cell.outputs, self.roots))
             report.status = "different" if report.details else "same"
         # a cell cut short both times: its partial output depends on timing, so only endings count
         return report
+
+    def settle(self) -> list[CellReport]:
+        """Compare again the cells a later cell's display update rewrote (as the recorded notebook shows
+        them, in their final state); the reports whose verdict changed."""
+        changed = []
+        for report, recorded_outputs, cell in self.compared:
+            details = differences(comparable(recorded_outputs, self.roots), comparable(cell.outputs, self.roots))
+            status: Status = "different" if details else "same"
+            if (status, details) != (report.status, report.details):
+                report.status, report.details = status, details
+                report.details.append("(after a later cell's display update)")
+                changed.append(report)
+        return changed
 
 
 async def replay_notebook(
@@ -484,11 +505,20 @@ def ignored_metadata(nb: NotebookNode) -> list[str]:
     return found
 
 
+def _raised(outputs: list[Any]) -> str | None:
+    for out in outputs:
+        if isinstance(out, dict) and out.get("output_type") == "error" and out.get("ename") != "KernelexecError":
+            return f"{out.get('ename')}: {str(out.get('evalue', ''))[:160]}".splitlines()[0] if out.get("evalue") else str(out.get("ename"))
+    return None
+
+
 def _line(report: CellReport) -> str:
     label = {"same": "same", "different": "DIFFERENT", "new": "new", "skipped": "skipped"}[report.status]
     extra = ""
-    if report.status != "skipped" and (report.recorded_ending != "completed" or report.replayed_ending != "completed"):
+    if report.status != "skipped" and (report.recorded_ending not in ("completed", "unknown") or report.replayed_ending != "completed"):
         extra = f"   [{report.recorded_ending} live, {report.replayed_ending} on replay]"
+    if report.status == "different" and report.error:
+        extra += f"   raised {report.error}"
     lines = [f"cell {report.number:<4} {label:<9} {report.first_line}{extra}"]
     lines += [f"           {d}" for d in report.details]
     return "\n".join(lines)

@@ -341,3 +341,33 @@ def test_replay_runs_in_the_notebooks_folder_by_default_and_in_working_dir_when_
     there = subprocess.run(kernelexec_cmd("replay", str(nb_path), "--working-dir", str(elsewhere), "--state-dir", str(short_tmp / "rf2")),
                            capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert there.returncode == 1 and "FileNotFoundError" in there.stdout, (there.stdout, there.stderr)
+
+
+async def test_a_jupyter_notebook_matches_after_display_updates_micro_signs_and_hex_ids(
+        tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """What nbclient would call the same: a later update_display rewrote an earlier cell (the recorded
+    notebook holds its final state), either micro sign, uuid4().hex ids; a foreign notebook's cells have no
+    recorded ending; a differing cell's console line names its error."""
+    from kernelexec.replay import replay_command
+
+    def cell(source: str, outputs: list[dict]) -> nbformat.NotebookNode:
+        c = nbformat.v4.new_code_cell(source, execution_count=1)
+        c.outputs = [nbformat.from_dict(o) for o in outputs]
+        return c
+
+    nb = nbformat.v4.new_notebook(cells=[
+        cell("h = display('first', display_id=True)", [
+            {"output_type": "display_data", "data": {"text/plain": "'second'"}, "metadata": {}}]),
+        cell("h.update('second')", []),
+        cell("print('3.1 \\u00b5s per call'); print(__import__('uuid').uuid4().hex)", [
+            {"output_type": "stream", "name": "stdout", "text": "3.1 \u03bcs per call\n0123456789abcdef0123456789abcdef\n"}]),
+        cell("undefined_name", [{"output_type": "execute_result", "data": {"text/plain": "1"}, "metadata": {}, "execution_count": 1}]),
+    ])
+    path = tmp_path / "jupyter.ipynb"
+    nbformat.write(nb, path)
+    code = await replay_command(make_settings(short_tmp), str(path), output=None, profile=None)
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "4 cells: 3 same, 1 different (cell 4)" in out, out
+    assert "raised NameError: name 'undefined_name' is not defined" in out, out
+    assert "after a later cell's display update" in out and "[unknown live" not in out, out
