@@ -23,17 +23,20 @@ STRICT_IMPORTS = frozenset(
     }
 )
 
-# Broad, side-effect-free stdlib. Absent on purpose: subprocess, socket, ssl, ctypes, multiprocessing,
-# signal, pty, importlib (its __import__ bypasses the hook), sqlite3, _posixsubprocess, posix.
+# Broad stdlib, by one rule: refuse at import only what starts processes, opens the network or calls native
+# code (subprocess, socket, ssl, ctypes, multiprocessing, pty, _posixsubprocess, posix), so the model gets the
+# clear early error; everything else the OS layers already keep inside the session (importlib, signal, sqlite3:
+# a module reached through importlib.__import__ still cannot start a process or connect; a signal reaches only
+# the kernel's own PID namespace; sqlite's ATTACH only what Landlock grants). README: "Why standard refuses".
 STANDARD_STDLIB = frozenset(
     {
         "__future__", "abc", "argparse", "array", "ast", "asyncio", "base64", "binascii", "bisect", "builtins",
         "bz2", "calendar", "cmath", "codecs", "collections", "colorsys", "concurrent", "contextlib", "contextvars",
         "copy", "copyreg", "csv", "dataclasses", "datetime", "decimal", "difflib", "dis", "email", "enum", "errno",
         "fnmatch", "fractions", "functools", "gettext", "glob", "graphlib", "gzip", "hashlib", "heapq", "hmac",
-        "html", "inspect", "io", "ipaddress", "itertools", "json", "keyword", "linecache", "locale", "logging",
+        "html", "importlib", "inspect", "io", "ipaddress", "itertools", "json", "keyword", "linecache", "locale", "logging",
         "lzma", "math", "mimetypes", "numbers", "operator", "os", "pathlib", "pickle", "platform", "pprint",
-        "queue", "random", "re", "reprlib", "secrets", "shlex", "shutil", "statistics", "string", "stringprep",
+        "queue", "random", "re", "reprlib", "secrets", "shlex", "shutil", "signal", "sqlite3", "statistics", "string", "stringprep",
         "struct", "sys", "tarfile", "tempfile", "textwrap", "threading", "time", "timeit", "tokenize",
         "tomllib", "traceback", "types", "typing", "typing_extensions", "unicodedata", "urllib", "uuid",
         "warnings", "weakref", "xml", "zipfile", "zlib", "zoneinfo",
@@ -47,6 +50,7 @@ DATA_STACK = frozenset(
         "mpmath", "PIL", "sklearn", "statsmodels", "networkx", "pyarrow", "polars", "dateutil", "pytz",
         "tzdata", "tabulate", "tqdm", "IPython", "openpyxl", "bs4", "lxml", "yaml", "jinja2", "plotly",
         "altair", "bokeh", "numexpr", "bottleneck", "patsy", "xarray",
+        "comm", "ipywidgets",  # ipykernel's own comm library, and widgets on it
     }
 )
 
@@ -115,8 +119,8 @@ def kernel_policy(
     # a project file named like a refused stdlib module (subprocess.py) does not unlock that module
     project = set(environment_modules or ()) - (set(sys.stdlib_module_names) - STANDARD_STDLIB)
     allowed = STANDARD_STDLIB | DATA_STACK | set(allow_imports) | project
-    hint = ("most of the standard library (not subprocess, socket, ctypes, multiprocessing, signal, "
-            "importlib, sqlite3) and the data stack: numpy, pandas, scipy, matplotlib, seaborn, sympy, PIL, sklearn, "
+    hint = ("most of the standard library (not subprocess, socket, ssl, ctypes, multiprocessing, "
+            "pty) and the data stack: numpy, pandas, scipy, matplotlib, seaborn, sympy, PIL, sklearn, "
             "statsmodels, networkx, IPython.display")
     if project:
         hint += "; and the project's environment and code: " + ", ".join(sorted(project)[:40])

@@ -98,7 +98,19 @@ async def test_standard_allows_stdlib_and_data_stack(harness: Harness, module: s
     assert r["success"], r["error"]
 
 
-@pytest.mark.parametrize("module", ["subprocess", "socket", "ctypes", "multiprocessing", "signal", "importlib", "sqlite3", "_posixsubprocess", "pty"])
+@pytest.mark.parametrize("code, expected", [
+    ("import importlib.metadata\nresult = importlib.metadata.version('numpy').count('.') >= 1", True),
+    ("import importlib.util\nresult = importlib.util.find_spec('pandas') is not None", True),
+    ("import signal\nresult = int(signal.SIGINT)", 2),
+    ("from comm import create_comm\nresult = callable(create_comm)", True),
+    ("import sqlite3\ndb = sqlite3.connect(':memory:')\nresult = db.execute('select 40 + 2').fetchone()[0]", 42),
+])
+async def test_standard_allows_what_notebooks_use_and_the_os_layers_keep_inside(harness: Harness, code: str, expected: object) -> None:
+    r = await harness.run(code)
+    assert r["success"] and r["result"] == expected, r
+
+
+@pytest.mark.parametrize("module", ["subprocess", "socket", "ctypes", "multiprocessing", "_posixsubprocess", "pty"])
 async def test_standard_refuses_process_network_and_native_modules(harness: Harness, module: str) -> None:
     r = await harness.run(f"import {module}")
     assert r["error_type"] == "ImportError"
@@ -116,6 +128,9 @@ async def test_standard_refuses_process_network_and_native_modules(harness: Harn
         "import os\nos.kill(os.getppid(), 0)",
         # the module object is reachable (sys.modules), but starting the process is not
         "import sys\nsys.modules['subprocess'].run(['true'])",
+        # importlib is allowed (the OS layers keep it inside): a refused module through it still starts nothing
+        "import importlib\nimportlib.__import__('subprocess').run(['true'])",
+        "import signal, os\nos.kill(1, signal.SIGTERM)",
     ],
 )
 async def test_standard_refuses_processes_by_any_route(harness: Harness, code: str) -> None:
