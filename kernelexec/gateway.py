@@ -454,6 +454,8 @@ class GatewayKernel(Kernel):
     """A session's kernel on a remote gateway. Isolation is the remote engine's job (its pods or
     machines); the in-kernel guard is installed there as locally."""
 
+    answers_stdin = False  # input() is not served through the gateway's websocket yet
+
     url: str = ""
     token: str | None = None
     kernel_name: str = DEFAULT_KERNEL_NAME

@@ -40,6 +40,9 @@ from .wire import harden
 logger = logging.getLogger(__name__)
 
 _POLL = 0.2  # seconds between liveness checks while waiting on output
+# A question a cell asks through input()/getpass(): (prompt, password) -> the answer, or None (declined:
+# the cell gets EOFError, as at the end of a terminal's input)
+Ask = Callable[[str, bool], Awaitable[str | None]]
 
 OnOutput = Callable[[str, str], Awaitable[None]]  # (stream name, text) for progress reporting
 
@@ -244,6 +247,7 @@ class Kernel(ABC):
         grace: float,
         on_output: OnOutput | None = None,
         result_rule: ResultRule = "variable",
+        ask: Ask | None = None,
     ) -> Execution:
         """Run ``code`` as one cell. Never raises for the user's errors; those are in ``Execution.error``.
         ``result_rule``: which value is the result (startup/runtime.py): ``variable`` (execute_code's:
@@ -259,10 +263,11 @@ class Kernel(ABC):
             await self.restart()
             ex.restart_reason = (f"before this code ran, the kernel had died ({status}); it was restarted, "
                                  "so variables from earlier calls are lost")
-        msg_id = self._send(code, result_rule)
+        ask = ask if self.answers_stdin else None
+        msg_id = self._send(code, result_rule, allow_stdin=ask is not None)
         collector = Collector(ex, self.caps(), self.spec.dirs.outputs, tag=f"stream-{msg_id[:12]}")
         try:
-            state = await self._collect(msg_id, collector, started + timeout, on_output)
+            state = await self._collect(msg_id, collector, started + timeout, on_output, ask)
             if state == "timeout":
                 ex.timed_out = True
                 state = await self._escalate(msg_id, collector, grace, ex, f"timed out after {timeout:.3g} s")
@@ -288,20 +293,46 @@ class Kernel(ABC):
         stream_cap = int(policy.get("stream_cap", 1_000_000))
         return Caps(stream_keep=stream_cap + stream_cap // 10 + 1000, spill_cap=max(int(policy.get("disk_cap", 64_000_000)), stream_cap))
 
-    def _send(self, code: str, result_rule: ResultRule = "variable") -> str:
+    def _send(self, code: str, result_rule: ResultRule = "variable", *, allow_stdin: bool = False) -> str:
         content = {"code": code, "silent": False, "store_history": True, "user_expressions": {"report": "_kernelexec_report()"},
-                   "allow_stdin": False, "stop_on_error": False}
+                   "allow_stdin": allow_stdin, "stop_on_error": False}
         # the rule travels in the request's metadata, which the runtime reads before the cell runs
         msg = self.kc.session.msg("execute_request", content, metadata={"kernelexec_result": result_rule})
         self.kc.shell_channel.send(msg)
         return str(msg["header"]["msg_id"])
 
+    answers_stdin: ClassVar[bool] = True  # a backend whose client has no stdin channel says False
+
+    async def _answer_stdin(self, msg_id: str, ask: Ask, ex: Execution) -> None:
+        """Serve the cell's input()/getpass() requests (the stdin channel) through ``ask``."""
+        while await self.kc.stdin_channel.msg_ready():
+            try:
+                msg = await self.kc.get_stdin_msg(timeout=0)
+            except Exception:  # noqa: BLE001 - a message that would not decode: nothing to answer
+                continue
+            parent = msg.get("parent_header") if isinstance(msg, dict) else None
+            content = msg.get("content") if isinstance(msg, dict) else None
+            if (not isinstance(parent, dict) or parent.get("msg_id") != msg_id or msg.get("msg_type") != "input_request"
+                    or not isinstance(content, dict)):
+                continue
+            prompt, password = str(content.get("prompt", ""))[:2000], content.get("password") is True
+            answer = await ask(prompt, password)
+            self.kc.input("\x04" if answer is None else answer)  # ipykernel raises EOFError for \x04
+            ex.inputs.append({"prompt": prompt, "password": password, "answered": answer is not None,
+                              "answer": None if answer is None else ("***" if password else answer)})
+            if answer is None:
+                ex.notes.append(f"{'getpass()' if password else 'input()'} asked {prompt[:80]!r} and got no answer (declined, "
+                                "or this client cannot ask its user): the cell got EOFError")
+
     async def _collect(
-        self, msg_id: str, collector: Collector, deadline: float, on_output: OnOutput | None
+        self, msg_id: str, collector: Collector, deadline: float, on_output: OnOutput | None, ask: Ask | None = None
     ) -> str:
-        """Read IOPub until the request's idle status: returns ``idle``, ``timeout`` or ``dead``."""
+        """Read IOPub until the request's idle status: returns ``idle``, ``timeout`` or ``dead``; meanwhile
+        the cell's questions on the stdin channel go to ``ask``."""
         next_check = time.monotonic() + self.liveness_every
         while True:
+            if ask is not None:
+                await self._answer_stdin(msg_id, ask, collector.ex)
             now = time.monotonic()
             if now >= next_check:
                 if not await self._manager().is_alive():

@@ -19,7 +19,7 @@ from .layout import kernel_writable
 STRICT_IMPORTS = frozenset(
     {
         "collections", "datetime", "itertools", "math", "queue", "random", "re", "stat", "statistics",
-        "time", "unicodedata", "json", "string", "functools", "operator",
+        "time", "unicodedata", "json", "string", "functools", "operator", "getpass",
     }
 )
 
@@ -33,7 +33,7 @@ STANDARD_STDLIB = frozenset(
         "__future__", "abc", "argparse", "array", "ast", "asyncio", "base64", "binascii", "bisect", "builtins",
         "bz2", "calendar", "cmath", "codecs", "collections", "colorsys", "concurrent", "contextlib", "contextvars",
         "copy", "copyreg", "csv", "dataclasses", "datetime", "decimal", "difflib", "dis", "email", "enum", "errno",
-        "fnmatch", "fractions", "functools", "gettext", "glob", "graphlib", "gzip", "hashlib", "heapq", "hmac",
+        "fnmatch", "fractions", "functools", "getpass", "gettext", "glob", "graphlib", "gzip", "hashlib", "heapq", "hmac",
         "html", "importlib", "inspect", "io", "ipaddress", "itertools", "json", "keyword", "linecache", "locale", "logging",
         "lzma", "math", "mimetypes", "numbers", "operator", "os", "pathlib", "pickle", "platform", "pprint",
         "queue", "random", "re", "reprlib", "secrets", "shlex", "shutil", "signal", "sqlite3", "statistics", "string", "stringprep",

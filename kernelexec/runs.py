@@ -51,6 +51,14 @@ class Run:
             except Exception:  # noqa: BLE001 - a client gone mid-call never stops the cell
                 self.listener = None
 
+    def asker(self, ask: Callable[[str, bool], Awaitable[str | None]]) -> Callable[[str, bool], Awaitable[str | None]]:
+        """``ask`` while the call that started the run waits for it; declined (None) once it has yielded,
+        since nobody could answer then."""
+        async def attached(prompt: str, password: bool) -> str | None:
+            return await ask(prompt, password) if self.listener is not None else None
+
+        return attached
+
     def cancel(self) -> None:
         """Cancel the cell as a cancelled call would (the kernel is interrupted, the cell recorded)."""
         if self.scope is not None:
@@ -72,7 +80,8 @@ class RunRegistry:
         self._tg = task_group
 
     def start(self, session: Session, code: str, *, timeout: float, working_dir: str | None,
-              listener: Callable[[str, str], Awaitable[None]] | None = None, result_rule: ResultRule = "variable") -> Run:
+              listener: Callable[[str, str], Awaitable[None]] | None = None, result_rule: ResultRule = "variable",
+              ask: Callable[[str, bool], Awaitable[str | None]] | None = None) -> Run:
         if self._tg is None:
             raise KernelexecError("background runs need a running session manager")
         run = Run(id="run-" + secrets.token_urlsafe(9), session=session, listener=listener, scope=anyio.CancelScope())
@@ -84,7 +93,7 @@ class RunRegistry:
             try:
                 with run.scope:
                     run.rendered = await session.run(code, timeout=timeout, working_dir=working_dir, on_output=run.on_output,
-                                                     result_rule=result_rule)
+                                                     result_rule=result_rule, ask=run.asker(ask) if ask is not None else None)
                 if run.scope.cancelled_caught:
                     run.failure = "cancelled by the client; the kernel was interrupted"
             except KernelexecError as exc:

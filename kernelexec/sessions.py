@@ -27,7 +27,7 @@ from .config import Settings
 from .environments import Environment, prepare, project_modules
 from .errors import InvalidRequest, SessionError
 from .hints import install_hint
-from .kernel import Kernel, LocalKernel, OnOutput
+from .kernel import Ask, Kernel, LocalKernel, OnOutput
 from .launch import LaunchSpec
 from .layout import SessionDirs
 from .models import CellError, Execution, ReplayedCell, ResultRule
@@ -200,7 +200,7 @@ class Session:
         return path
 
     async def run(self, code: str, *, timeout: float, working_dir: str | None = None, on_output: OnOutput | None = None,
-                  result_rule: ResultRule = "variable") -> Rendered:
+                  result_rule: ResultRule = "variable", ask: Ask | None = None) -> Rendered:
         """Run one cell in this session and return the rendered answer; record it in the notebook.
         ``pip install`` lines in the cell are served by the server's installer first (packages.py).
         ``result_rule``: which value is the result (Kernel.execute)."""
@@ -225,7 +225,7 @@ class Session:
                         await anyio.to_thread.run_sync(self.record, ex, timeout)
                         return self.renderer.render(ex, notebook=str(self.dirs.notebook), layers=kernel.spec.plan.layers)
                     installed = installed_record(outcome, request.specs)
-                ex = await kernel.execute(runnable, timeout=timeout, grace=self.settings.interrupt_grace, on_output=on_output,
+                ex = await kernel.execute(runnable, timeout=timeout, grace=self.settings.interrupt_grace, on_output=on_output, ask=ask,
                                           result_rule=result_rule)
                 if request is not None:
                     ex.code = code  # the record shows the cell as written; replay installs again from its pip lines
@@ -293,6 +293,8 @@ class Session:
                                 "timeout": timeout}
         if installed is not None:
             meta["installed"] = installed
+        if ex.inputs:
+            meta["inputs"] = ex.inputs  # a password as ***
         self.recorder.append(ex, meta)
 
     async def _install(self, kernel: Kernel, specs: list[str], *, upgrade: bool = False) -> InstallOutcome:

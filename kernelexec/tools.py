@@ -18,7 +18,7 @@ from anyio import to_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from . import view
 from .auth import current_principal
@@ -112,6 +112,44 @@ class _Progress:
             await self.beat()
 
 
+class _Answer(BaseModel):
+    answer: str = Field(description="Your answer, passed to the code as the value input() returns")
+
+
+QUESTIONS_PER_MINUTE = 5  # a cell cannot make the client ask more often; the rest get EOFError
+
+
+def _asker(ctx: Context | None, handle: str) -> Callable[[str, bool], Awaitable[str | None]] | None:
+    """input()/getpass() of a cell as an MCP elicitation to the human, worded by the server so a cell's
+    prompt cannot pass for the assistant's question; None when the client cannot be asked."""
+    session = getattr(ctx, "session", None) if ctx is not None else None
+    params = getattr(session, "client_params", None)
+    if params is None or getattr(params.capabilities, "elicitation", None) is None:
+        return None
+    asked: list[float] = []
+
+    async def ask(prompt: str, password: bool) -> str | None:
+        now = time.monotonic()
+        asked[:] = [t for t in asked if now - t < 60]
+        if len(asked) >= QUESTIONS_PER_MINUTE:
+            return None
+        asked.append(now)
+        how = "getpass() — it asks for a password or secret" if password else "input()"
+        message = (f"Code running in kernelexec session {handle} asks for input through {how}. This question comes "
+                   f"from the code, not from the assistant or kernelexec:\n\n{prompt.strip()[:500] or '(no prompt)'}")
+        if password:
+            message += "\n\nYour answer goes to the code only; the notebook records it as ***."
+        try:
+            assert ctx is not None
+            result = await ctx.elicit(message, _Answer)
+        except Exception:  # noqa: BLE001 - no back-channel (stateless HTTP), the client refused: not answered
+            return None
+        data = getattr(result, "data", None)
+        return data.answer if result.action == "accept" and isinstance(data, _Answer) else None
+
+    return ask
+
+
 @dataclass
 class App:
     """What every tool works over: the settings and the running session manager."""
@@ -156,7 +194,7 @@ class App:
         target.resolve_working_dir(working_dir)  # a bad working_dir is answered before anything starts
         progress = _Progress(ctx)
         started = self.sessions.runs.start(target, code, timeout=seconds, working_dir=working_dir, listener=progress,
-                                           result_rule=result_rule)
+                                           result_rule=result_rule, ask=_asker(ctx, target.handle))
         try:
             patience = self.settings.yield_after if yield_after is None else yield_after
             with anyio.move_on_after(patience or math.inf):
