@@ -25,7 +25,7 @@ import pytest
 
 from ..support import Harness, make_settings, start_harness
 from .runner import NOT_INSTALLED, attack_cell, install_cell
-from .world import World, digest, drain, kernel_pids, still_alive
+from .world import World, digest, drain, is_kernel_of, kernel_pids, still_alive
 
 PROFILES = ["standard", "strict"]
 MODES = ["guard", "os"]
@@ -50,9 +50,15 @@ class Target:
     _b_pid: int = -1
 
     def b_pid(self) -> int:
+        """Session B's live kernel's host pid (the one behind its current connection file, not a spare).
+        A positive control: fails rather than hand the cross-session payloads a pid that is no kernel's."""
         if self._b_pid <= 0 or not still_alive(self._b_pid):  # scanning /proc costs ms: only when it changed
-            pids = kernel_pids(self.dirs["b"])
-            self._b_pid = pids[0] if pids else -1
+            live = self.h.sessions.get(self.handles["b"]).kernel
+            assert live is not None, "session B has no kernel: the cross-session attacks would have no victim"
+            pids = kernel_pids(self.dirs["b"], live.connection_file)
+            assert len(pids) == 1, f"session B's live kernel ({live.connection_file}) not found in /proc: {pids}"
+            self._b_pid = pids[0]
+        assert is_kernel_of(self._b_pid, self.dirs["b"]), f"pid {self._b_pid} is not session B's kernel"
         return self._b_pid
 
     def leak_tokens(self) -> dict[str, str]:
@@ -194,7 +200,8 @@ async def assert_untouched(world: World, t: Target, *attacks: Attack) -> None:
     if socket.gethostname() != world.hostname:
         problems.append(f"the host's hostname changed to {socket.gethostname()!r}")
     b_pid = attacks[0].params["b_pid"] if attacks else -1
-    if b_pid > 0 and not still_alive(b_pid):
+    assert b_pid > 0, "no victim pid: the attacks on session B's kernel attacked nothing"
+    if not still_alive(b_pid):
         problems.append("session B's kernel was killed")
     results = "\n".join(f"[{a.mode}] {a.result}" for a in attacks)
     assert not problems, f"{results}\n" + "\n".join(problems)
