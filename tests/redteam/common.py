@@ -154,8 +154,8 @@ async def attack(world: World, t: Target, mode: str, payload: str, tag: str, *, 
     result = result if isinstance(result, str) else json.dumps(answer.get("result"))
     if not answer.get("success"):
         result = f"cell failed: {answer.get('error')} ending={answer.get('ending')} {answer.get('restart_reason') or ''}"
-    if mode == "os" and result.startswith("DISARM FAILED"):
-        pytest.skip(f"os mode needs the guard switched off first, and that no longer works (good): {result}")
+    if mode == "os" and result.startswith("DISARM FAILED"):  # a failure, never a skip: os mode that does not run judges nothing
+        pytest.fail(f"os mode could not switch the in-kernel guard off, so the OS layers alone were not attacked: {result}")
     OUTCOMES.append({"category": category, "profile": t.profile, "mode": mode, "payload": name, "result": result[:300]})
     return Attack(answer=answer, result=result, params=params, mode=mode)
 

@@ -145,11 +145,13 @@ GUARD_BYPASSES: dict[str, Any] = {
         out = {'marshal': res, **_attempts()}
     """,
     "sub-interpreter-direct": """
-        si = M('_xxsubinterpreters')
-        try:
-            res = si.run_string(si.create(isolated=False), "open(%r, 'w')" % P['new'])
-        except BaseException as e:
-            res = repr(e)
+        res = {}
+        for name in ('_xxsubinterpreters', '_interpreters'):  # 3.11/3.12, 3.13: whichever this Python has
+            try:
+                si = M(name)
+                res[name] = si.run_string(si.create(), "open(%r, 'w')" % P['new'])
+            except BaseException as e:
+                res[name] = repr(e)
         out = {'subinterpreter': res, **_attempts()}
     """,
     "from-a-thread": """
