@@ -23,6 +23,8 @@ from typing import Any
 import anyio
 import pytest
 
+from kernelexec.layout import IPYTHON_SUBDIR
+
 from ..support import Harness, make_settings, start_harness
 from .runner import NOT_INSTALLED, attack_cell, install_cell
 from .world import World, digest, drain, is_kernel_of, kernel_pids, still_alive
@@ -120,9 +122,11 @@ def params_for(world: World, t: Target, role: str, tag: str) -> dict[str, Any]:
         "mem_addr": id(world.mem_secret) + 32,  # PyBytesObject data in this (the server's) process
         "mem_len": len(world.mem_secret),
         "session_dir": str(me),
+        "ipython_dir": str(me / IPYTHON_SUBDIR),  # IPYTHONDIR (launch.py): where IPython reads start-up files
         "marker": str(me / "work" / f"spawned-{tag}"),
         "shcmd": f"echo spawned > {me / 'work' / f'spawned-{tag}'}",
         "b_dir": str(t.dirs["b"]),
+        "b_ipython_dir": str(t.dirs["b"] / IPYTHON_SUBDIR),
         "b_file": str(t.b_file),
         "b_marker": str(t.dirs["b"] / "work" / f"pwned-{tag}"),
         "b_sockets": t.b_sockets,

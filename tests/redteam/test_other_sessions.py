@@ -10,6 +10,8 @@ from typing import Any
 import anyio
 import pytest
 
+from kernelexec.layout import IPYTHON_SUBDIR
+
 from .common import (
     MODES,
     PROFILES,
@@ -58,7 +60,7 @@ CROSS_SESSION: dict[str, Any] = {
     "write-into-b-dir": "open(P['b_marker'], 'w').write('pwned')",
     "plant-b-ipython-startup": """
         os = M('os')
-        d = P['b_dir'] + '/home/.ipython/profile_default/startup'
+        d = P['b_ipython_dir'] + '/profile_default/startup'  # B's real IPYTHONDIR
         os.makedirs(d, exist_ok=True)
         open(d + '/00-pwn.py', 'w').write('open(%r, "w")' % P['b_marker'])
     """,
@@ -119,7 +121,7 @@ async def test_other_session(world: World, targets: dict[str, Target], profile: 
     t = targets[profile]
     attacks = await run_case(world, targets, "other-session", profile, name, code, modes)
     results = [a.result for a in attacks]
-    planted = t.dirs["b"] / "home/.ipython/profile_default/startup/00-pwn.py"
+    planted = t.dirs["b"] / IPYTHON_SUBDIR / "profile_default/startup/00-pwn.py"
     assert not planted.exists(), f"{results}: a startup file was planted in session B"
     r = await t.h.run("bsecret", session=t.handles["b"])
     assert r["result"] == t.b_var_secret, f"{results}: session B's variable changed: {r}"

@@ -183,7 +183,7 @@ async def test_server_kernel_log_symlink_and_failed_restart(world: World, target
         sd = P['session_dir']
         os.remove(sd + '/kernel.log')
         os.symlink(P['victim'], sd + '/kernel.log')
-        startup = sd + '/home/.ipython/profile_default/startup'
+        startup = P['ipython_dir'] + '/profile_default/startup'  # the real IPYTHONDIR
         os.makedirs(startup, exist_ok=True)
         open(startup + '/00-die.py', 'w').write('import os\\nos.write(2, b"kxrt: appended by the sandboxed kernel\\\\n")\\nos._exit(3)\\n')
         out = 'planted'
