@@ -231,15 +231,16 @@ async def test_trusted_still_has_the_os_filesystem_view(trusted: Harness) -> Non
     assert r["result"] == 2
 
 
-async def test_server_secrets_do_not_reach_the_kernel(trusted: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_server_secrets_do_not_reach_the_kernel(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel started *after* the secret was set (no pool, no spares: a pooled kernel started before it
+    would pass with no scrubbing at all), in the trusted profile (no in-kernel guard)."""
     import os
 
-    os.environ["KERNELEXEC_TEST_SECRET"] = "hunter2"
-    try:
-        s = await trusted.new_session()
-        r = await trusted.run("import os\nresult = {k: v for k, v in os.environ.items() if 'hunter2' in v}", session=s)
-        assert r["result"] == {}
-        r = await trusted.run("import os\nresult = 'KERNELEXEC_POLICY' in os.environ", session=s)
+    secret = f"hunter2-{os.getpid()}"
+    monkeypatch.setenv("KERNELEXEC_TEST_SECRET", secret)
+    async with serving(make_settings(short_tmp, profile="trusted", pool_size=0, restart_spares=0)) as h:
+        r = await h.run("import os\nresult = {k: v for k, v in os.environ.items() if 'hunter2' in v}")
+        assert r["result"] == {}, f"the server's environment reached the kernel: {r['result']}"
+        r = await h.run("import os\nresult = 'KERNELEXEC_POLICY' in os.environ")
         assert r["result"] is False
-    finally:
-        del os.environ["KERNELEXEC_TEST_SECRET"]
+    assert os.environ["KERNELEXEC_TEST_SECRET"] == secret  # the control: the server process had it all along
