@@ -8,6 +8,7 @@ that import them from ``.conftest``.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -55,3 +56,13 @@ def overlay_cache(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     """kernelexec's cache dir for the whole test session (overlays built at most once per interpreter)."""
     cache = getattr(request.config, "cache", None)
     return Path(cache.mkdir("kernelexec-cache")) if cache is not None else tmp_path_factory.mktemp("kxcache")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_pip_environment_leaks() -> Iterator[None]:
+    """pip's settings (PIP_CONFIG_FILE=/dev/null and the like) set for one module must not reach the next
+    module's installs: a module that leaves them changed fails here."""
+    before = {k: v for k, v in os.environ.items() if k.startswith("PIP_")}
+    yield
+    after = {k: v for k, v in os.environ.items() if k.startswith("PIP_")}
+    assert after == before, f"this module leaked pip settings into the environment of the rest: {before} -> {after}"
