@@ -27,7 +27,7 @@ from kernelexec.layout import IPYTHON_SUBDIR
 
 from ..support import Harness, make_settings, start_harness
 from .runner import NOT_INSTALLED, attack_cell, install_cell
-from .world import World, digest, drain, is_kernel_of, kernel_pids, still_alive
+from .world import World, digest, drain, is_kernel_of, kernel_pids, restore, still_alive
 
 PROFILES = ["standard", "strict"]
 MODES = ["guard", "os"]
@@ -189,10 +189,20 @@ async def assert_untouched(world: World, t: Target, *attacks: Attack) -> None:
                 os.unlink(a.params[key])
         if "AssertionError" in a.result:
             problems.append(f"[{a.mode}] the payload saw its own attack succeed (AssertionError/ESCAPE in its result)")
-    if digest(world.ro_canary) != world.ro_state:
-        problems.append("the read-only canary changed")
-    if digest(world.secret_file) != world.secret_state:
-        problems.append("the secret file changed")
+    # (each judged, then put back: the next attack is judged on an untouched world, not on this one's damage)
+    for what, path, content, state in (("the read-only canary", world.ro_canary, world.ro_content, world.ro_state),
+                                       ("the secret file", world.secret_file, world.secret_content, world.secret_state)):
+        try:
+            changed = digest(path) != state
+        except OSError:
+            changed = True
+        if changed:
+            problems.append(f"{what} changed")
+            restore(path, content)
+            if path == world.ro_canary:
+                world.ro_state = digest(path)
+            else:
+                world.secret_state = digest(path)
     world.inotify.events()  # our own globs and digests
     for name, sock in world.listeners.items():
         got = drain(sock)
@@ -203,6 +213,7 @@ async def assert_untouched(world: World, t: Target, *attacks: Attack) -> None:
         world.signals.clear()
     if socket.gethostname() != world.hostname:
         problems.append(f"the host's hostname changed to {socket.gethostname()!r}")
+        socket.sethostname(world.hostname)  # put back at once: it is the whole machine's
     b_pid = attacks[0].params["b_pid"] if attacks else -1
     assert b_pid > 0, "no victim pid: the attacks on session B's kernel attacked nothing"
     if not still_alive(b_pid):

@@ -25,9 +25,13 @@ HOST_HAZARDS = {
     "kill-minus-1": "signals every process the kernel's uid may signal",
     "kill-pid-1-in-namespace": "signals the host's init",
     "ptrace-attach-pid-1": "would stop the host's init",
+    "ptrace-attach-server": "stops the test process itself (the server) for good",
     "umount-private-tmp": "would unmount the host's /tmp",
     "mount-host-root": "would mount the host's disk",
     "cgroup-raise-own-limits": "would raise the limits of the cgroup the server runs in",
+    "proc-sys-hostname": "would rename the host (no UTS namespace without bubblewrap)",
+    "sethostname": "would rename the host (no UTS namespace without bubblewrap)",
+    "killpg-server-group": "signals the test runner's whole process group",
 }
 _LEFT_OUT: list[str] = []
 

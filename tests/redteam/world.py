@@ -70,6 +70,16 @@ class Inotify:
         os.close(self.fd)
 
 
+def restore(path: Path, content: str) -> None:
+    """Put a canary back as it was made (a symlink or a directory an attack left in its place goes first)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        path.unlink()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content)
+
+
 def digest(path: Path) -> tuple[str, int, int]:
     st = path.stat()
     return hashlib.sha256(path.read_bytes()).hexdigest(), st.st_mode, st.st_mtime_ns
@@ -250,6 +260,8 @@ class World:
     inotify: Inotify | None = None
     ro_state: tuple[str, int, int] | None = None
     secret_state: tuple[str, int, int] | None = None
+    ro_content: str = ""
+    secret_content: str = ""
     host_interfaces: list[str] = field(default_factory=list)
     hostname: str = ""
     saved_handlers: dict[int, Any] = field(default_factory=dict)
@@ -332,6 +344,7 @@ def make_world() -> World:
     for path in (root, secret_dir, sockdir, var_root):
         world.inotify.watch(path, IN_ALL)
     world.inotify.watch(ro_dir, IN_CHANGES)
+    world.ro_content, world.secret_content = ro_canary.read_text(), secret_file.read_text()
     world.ro_state = digest(ro_canary)
     world.secret_state = digest(secret_file)
     return world
