@@ -95,11 +95,12 @@ def __kxrt_attack(PAYLOAD, P, SUB):
         how.append('already')
     # (0) a refusal's traceback holds the audit hook's frame (taken before (1) makes the hook refuse nothing)
     # (a write outside, or when an earlier cell switched the file checks off, a ctypes read: both refused by it)
-    frames = []
+    frames, refused = [], False
     for probe in (lambda: bi.open('/kxrt-disarm-probe/x', 'w'), lambda: M('ctypes').string_at(id(frames), 1)):
         try:
             probe()
         except BaseException as e:
+            refused = refused or type(e).__name__ == 'PolicyError'
             tb = e.__traceback__
             while tb is not None:
                 frames.append(tb.tb_frame)
@@ -134,8 +135,10 @@ def __kxrt_attack(PAYLOAD, P, SUB):
                         inner['file_io'].cell_contents = 'all'
             how.append('cells')
             sys_._kxrt_disarmed = True
-        elif 'already' not in how:
+        elif 'already' not in how and not refused:
             how.append('no hook refused the probe')
+        elif 'already' not in how:
+            how.append('a refusal without the hook in its traceback')
     except BaseException as e:
         how.append('cells failed: %r' % (e,))
     armed = not ({'cells', 'already', 'no hook refused the probe'} & set(how))  # (a hook that refuses neither probe stops nothing here)
