@@ -8,13 +8,16 @@ that import them from ``.conftest``.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from . import support
 from .support import (  # noqa: F401 - re-exported
     Harness,
     clean_env,
@@ -28,6 +31,44 @@ from .support import (  # noqa: F401 - re-exported
     stop,
     wait_for_port,
 )
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--weaken", choices=support.WEAKEN_CHOICES, default=None, metavar="LAYER",
+        help="run every in-memory server with one layer removed, to see the security tests go red: "
+        f"{', '.join(support.WEAKEN_CHOICES)} (off = --sandbox off and the guard off)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    support.WEAKEN = config.getoption("--weaken", None)
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if support.WEAKEN:
+        return f"kernelexec: WEAKENED servers (--weaken {support.WEAKEN}): security tests are expected to fail"
+    return None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def weakened_guard() -> Iterator[None]:
+    """--weaken guard/off: the in-kernel guard of every kernel these servers start refuses nothing (its policy
+    as the server hands it over, with every deny off, all imports and all files allowed)."""
+    if support.WEAKEN not in ("guard", "off"):
+        yield
+        return
+    import kernelexec.sessions
+
+    original = kernelexec.sessions.kernel_policy
+
+    def no_guard(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        policy = original(*args, **kwargs)
+        policy.update(deny_process=False, deny_network=False, deny_tamper=False, file_io="all", allowed_imports=None)
+        return policy
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kernelexec.sessions, "kernel_policy", no_guard)
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -55,3 +96,13 @@ def overlay_cache(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     """kernelexec's cache dir for the whole test session (overlays built at most once per interpreter)."""
     cache = getattr(request.config, "cache", None)
     return Path(cache.mkdir("kernelexec-cache")) if cache is not None else tmp_path_factory.mktemp("kxcache")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_pip_environment_leaks() -> Iterator[None]:
+    """pip's settings (PIP_CONFIG_FILE=/dev/null and the like) set for one module must not reach the next
+    module's installs: a module that leaves them changed fails here."""
+    before = {k: v for k, v in os.environ.items() if k.startswith("PIP_")}
+    yield
+    after = {k: v for k, v in os.environ.items() if k.startswith("PIP_")}
+    assert after == before, f"this module leaked pip settings into the environment of the rest: {before} -> {after}"

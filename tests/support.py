@@ -26,10 +26,29 @@ from kernelexec.config import Settings, load_settings
 from kernelexec.server import build_server
 from kernelexec.sessions import SessionManager
 
+# ``pytest --weaken LAYER`` (tests/conftest.py): every in-memory server these helpers start runs with that layer
+# removed, so that the security tests can be seen to go red. LAYER: a name --disable-layers accepts, ``uid``
+# (no per-kernel uid), ``guard`` (the in-kernel guard refuses nothing; conftest patches the policy), or ``off``
+# (--sandbox off and the guard off).
+OS_LAYERS = ("landlock", "seccomp", "bubblewrap", "netns", "cgroup")
+WEAKEN_CHOICES = (*OS_LAYERS, "uid", "guard", "off")
+WEAKEN: str | None = None
+
+
+def weakened(overrides: dict[str, Any]) -> dict[str, Any]:
+    """The settings ``overrides`` with the ``--weaken`` layer removed (unchanged without ``--weaken``)."""
+    if WEAKEN is None or WEAKEN == "guard":
+        return overrides
+    if WEAKEN == "off":
+        return overrides | {"sandbox": "off"}
+    if WEAKEN == "uid":
+        return overrides | {"kernel_uids": False}
+    return overrides | {"disable_layers": sorted({*overrides.get("disable_layers", ()), WEAKEN})}
+
 
 def make_settings(base: Path, **overrides: Any) -> Settings:
     state = Path(tempfile.mkdtemp(prefix="s", dir=base))
-    return load_settings(state_dir=state, **overrides)
+    return load_settings(state_dir=state, **weakened(overrides))
 
 
 class Harness:

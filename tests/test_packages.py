@@ -57,9 +57,10 @@ def no_pip_config(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module")
 async def h(short_tmp: Path, index: str) -> Iterator[Harness]:  # type: ignore[misc]
-    os.environ["PIP_CONFIG_FILE"] = os.devnull
-    async with serving(make_settings(short_tmp, index_url=index, pool_size=0, restart_spares=0)) as harness:
-        yield harness
+    with pytest.MonkeyPatch.context() as mp:  # for this module's server only: it must not leak into later modules
+        mp.setenv("PIP_CONFIG_FILE", os.devnull)
+        async with serving(make_settings(short_tmp, index_url=index, pool_size=0, restart_spares=0)) as harness:
+            yield harness
 
 
 async def test_install_packages_then_import_in_the_same_kernel(h: Harness) -> None:

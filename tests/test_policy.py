@@ -5,7 +5,10 @@ These guards give clear errors; they are not the security boundary (see README, 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+import select
+import socket
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -172,9 +175,45 @@ async def test_standard_reads_and_writes_inside_the_session(harness: Harness) ->
     assert r["result"] == 2
 
 
+def _accepted(listener: socket.socket, window: float) -> list[str]:
+    """Connections waiting on the listener (a connect that completed is in its backlog before the
+    client's connect() returns), each with its first bytes."""
+    got = []
+    while select.select([listener], [], [], window)[0]:
+        window = 0.0
+        conn, peer = listener.accept()
+        with conn:
+            conn.settimeout(0.5)
+            try:
+                first = conn.recv(100)
+            except OSError:
+                first = b""
+        got.append(f"{peer}: {first!r}")
+    return got
+
+
+@contextlib.contextmanager
+def _listener() -> Iterator[socket.socket]:
+    """A TCP listener on 127.0.0.1 that this test owns, proven to see a connection (the positive control)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        with socket.create_connection(listener.getsockname(), timeout=5) as probe:
+            probe.sendall(b"control")
+            assert [x for x in _accepted(listener, 5.0) if "b'control'" in x], "the listener does not see a connection"
+        yield listener
+
+
 async def test_standard_refuses_network(harness: Harness) -> None:
-    r = await harness.run("import urllib.request\nurllib.request.urlopen('http://127.0.0.1:9', timeout=1)")
-    assert r["success"] is False
+    with _listener() as listener:
+        port = listener.getsockname()[1]
+        r = await harness.run(f"import urllib.request\nurllib.request.urlopen('http://127.0.0.1:{port}/kxt-from-kernel', timeout=2)")
+        assert r["success"] is False, r
+        # the kernel's call has returned: a connection it made is in the backlog already (no window to wait for)
+        assert _accepted(listener, 0.0) == [], f"the kernel reached a listener on the host: {r}"
+        with socket.create_connection(listener.getsockname(), timeout=5) as probe:  # and the listener still listens
+            probe.sendall(b"control")
+            assert _accepted(listener, 5.0), "the listener stopped listening: its silence would prove nothing"
     assert "network access" in r["error"] or r["error_type"] == "URLError"
 
 
@@ -207,15 +246,16 @@ async def test_trusted_still_has_the_os_filesystem_view(trusted: Harness) -> Non
     assert r["result"] == 2
 
 
-async def test_server_secrets_do_not_reach_the_kernel(trusted: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_server_secrets_do_not_reach_the_kernel(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel started *after* the secret was set (no pool, no spares: a pooled kernel started before it
+    would pass with no scrubbing at all), in the trusted profile (no in-kernel guard)."""
     import os
 
-    os.environ["KERNELEXEC_TEST_SECRET"] = "hunter2"
-    try:
-        s = await trusted.new_session()
-        r = await trusted.run("import os\nresult = {k: v for k, v in os.environ.items() if 'hunter2' in v}", session=s)
-        assert r["result"] == {}
-        r = await trusted.run("import os\nresult = 'KERNELEXEC_POLICY' in os.environ", session=s)
+    secret = f"hunter2-{os.getpid()}"
+    monkeypatch.setenv("KERNELEXEC_TEST_SECRET", secret)
+    async with serving(make_settings(short_tmp, profile="trusted", pool_size=0, restart_spares=0)) as h:
+        r = await h.run("import os\nresult = {k: v for k, v in os.environ.items() if 'hunter2' in v}")
+        assert r["result"] == {}, f"the server's environment reached the kernel: {r['result']}"
+        r = await h.run("import os\nresult = 'KERNELEXEC_POLICY' in os.environ")
         assert r["result"] is False
-    finally:
-        del os.environ["KERNELEXEC_TEST_SECRET"]
+    assert os.environ["KERNELEXEC_TEST_SECRET"] == secret  # the control: the server process had it all along

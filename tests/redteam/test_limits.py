@@ -5,6 +5,7 @@ status, limits and namespaces, its cgroup files and the server's own limits unch
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +52,18 @@ LIMITS: dict[str, Any] = {
     "nice-minus-20": "os = M('os'); os.setpriority(os.PRIO_PROCESS, 0, -20)",
     "cgroup-move-to-root": "open('/sys/fs/cgroup/pids/cgroup.procs', 'w').write(str(M('os').getpid()))",
     "cgroup-raise-own-limits": """
+        refused = []
         handle = P['session_dir'].rstrip('/').rsplit('/', 1)[1]
-        open('/sys/fs/cgroup/memory/kernelexec/' + handle + '/memory.limit_in_bytes', 'w').write('-1')
-        open('/sys/fs/cgroup/pids/kernelexec/' + handle + '/pids.max', 'w').write('max')
+        where = [line.split(':', 2)[1:] for line in open('/proc/self/cgroup').read().splitlines()]  # (a cgroup ns shows '/')
+        where += [['memory', '/kernelexec/' + handle], ['pids', '/kernelexec/' + handle], ['', '/kernelexec/' + handle]]
+        for controllers, path in where:  # v1 and v2
+            base = '/sys/fs/cgroup/' + (controllers.split(',')[0] + '/' if controllers else '')
+            for name, value in (('memory.limit_in_bytes', '-1'), ('memory.max', 'max'), ('pids.max', 'max')):
+                try:
+                    open(base + path.lstrip('/') + '/' + name, 'w').write(value)
+                except OSError as e:
+                    refused.append(repr(e))
+        out = refused
     """,
     "iopl-3": "check(libc().syscall(172, 3), 'iopl')",
     "bpf-map-create": """
@@ -77,22 +87,48 @@ LIMITS: dict[str, Any] = {
 }
 
 
+def _live_pids(t: Target, mode: str, *, restarted_ok: bool = False) -> list[int]:
+    """The session's live kernel's host pid, as a one-element list. A positive control: no kernel found
+    means the /proc comparisons below would compare nothing, so it fails (unless ``restarted_ok``)."""
+    kernel = t.h.sessions.get(t.handles[mode]).kernel
+    pids = kernel_pids(t.dirs[mode], kernel.connection_file) if kernel is not None else []
+    assert restarted_ok or len(pids) == 1, f"the {mode} session's kernel not found in /proc ({pids}): nothing would be judged"
+    return pids
+
+
+_CGROUP_FILES = ("memory.limit_in_bytes", "memory.max", "pids.max")
+
+
 def _cgroup_values(t: Target, mode: str) -> dict[str, str]:
-    handle = t.handles[mode]
+    """The memory and pids limits of the cgroups the session's kernel is in, found from the kernel's own
+    /proc/<pid>/cgroup (v1 lines ``n:memory:/path``, v2 ``0::/path``), not from where the product says it
+    puts them. A positive control: as root on a machine with a cgroup hierarchy the kernel must be in one
+    of kernelexec's cgroups with limits to read, or ``{} == {}`` would judge nothing."""
+    pids = _live_pids(t, mode, restarted_ok=True)
+    if not pids:
+        return {}
     values = {}
-    for f in (f"/sys/fs/cgroup/memory/kernelexec/{handle}/memory.limit_in_bytes", f"/sys/fs/cgroup/pids/kernelexec/{handle}/pids.max"):
-        try:
-            values[f] = Path(f).read_text()
-        except OSError:
-            pass
+    for line in Path(f"/proc/{pids[0]}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "kernelexec" not in path:
+            continue
+        base = Path("/sys/fs/cgroup") if not controllers else Path("/sys/fs/cgroup") / controllers.split(",")[0]
+        for name in _CGROUP_FILES:
+            f = base / path.lstrip("/") / name
+            try:
+                values[str(f)] = f.read_text()
+            except OSError:
+                pass
+    if os.geteuid() == 0 and any(Path("/sys/fs/cgroup", d).is_dir() for d in ("memory", "pids", "kernelexec")):
+        assert values, f"the {mode} kernel (pid {pids[0]}) is in no kernelexec cgroup with limits: nothing to compare"
     return values
 
 
 @pytest.mark.parametrize(("profile", "name", "code", "modes"), cases(LIMITS))
 async def test_limits_and_privileges(world: World, targets: dict[str, Target], profile: str, name: str, code: str, modes: tuple[str, ...]) -> None:
     t = targets[profile]
-    pids = {mode: kernel_pids(t.dirs[mode]) for mode in modes}
-    before = {mode: process_state(p[0]) for mode, p in pids.items() if p}
+    pids = {mode: _live_pids(t, mode) for mode in modes}
+    before = {mode: process_state(p[0]) for mode, p in pids.items()}
     server_limits = Path("/proc/self/limits").read_text()
     cgroups = {mode: _cgroup_values(t, mode) for mode in modes}
     attacks = await run_case(world, targets, "limits", profile, name, code, modes)
@@ -100,7 +136,7 @@ async def test_limits_and_privileges(world: World, targets: dict[str, Target], p
     assert Path("/proc/self/limits").read_text() == server_limits, f"{results}: the server's limits changed"
     for mode in modes:
         assert _cgroup_values(t, mode) == cgroups[mode], f"{results}: the {mode} session's cgroup limits changed"
-        if mode in before and kernel_pids(t.dirs[mode]) == pids[mode]:
+        if _live_pids(t, mode, restarted_ok=True) == pids[mode]:  # (a kernel the attack crashed was replaced: nothing to compare)
             after = process_state(pids[mode][0])
             assert after == before[mode], f"{results}: the {mode} kernel changed its own limits/privileges/namespaces: {before[mode]} -> {after}"
             assert all(int(x, 16) == 0 for k in ("CapPrm", "CapEff", "CapAmb") for x in after["status"][k]), after
@@ -113,7 +149,9 @@ async def test_kernel_process_holds_no_capabilities_not_even_in_its_bounding_set
     execve from regaining the bounding set today, so this is defence in depth, measured from the host."""
     t = targets[profile]
     for role in ("guard", "os", "b"):
-        for pid in kernel_pids(t.dirs[role]):
+        pids = kernel_pids(t.dirs[role])
+        assert pids, f"session {role} has no kernel process in /proc: nothing would be judged"
+        for pid in pids:
             status = process_state(pid)["status"]
             assert status["NoNewPrivs"] == ["1"] and status["Seccomp"] == ["2"], status
             caps = {k: status[k][0] for k in ("CapInh", "CapPrm", "CapEff", "CapAmb", "CapBnd")}

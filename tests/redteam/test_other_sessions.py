@@ -5,10 +5,16 @@ answer, no file planted in B, B's variable unchanged and B's kernel alive.
 
 from __future__ import annotations
 
+import ast
+import json
+import secrets
 from typing import Any
 
 import anyio
 import pytest
+import zmq
+
+from kernelexec.layout import IPYTHON_SUBDIR
 
 from .common import (
     MODES,
@@ -58,7 +64,7 @@ CROSS_SESSION: dict[str, Any] = {
     "write-into-b-dir": "open(P['b_marker'], 'w').write('pwned')",
     "plant-b-ipython-startup": """
         os = M('os')
-        d = P['b_dir'] + '/home/.ipython/profile_default/startup'
+        d = P['b_ipython_dir'] + '/profile_default/startup'  # B's real IPYTHONDIR
         os.makedirs(d, exist_ok=True)
         open(d + '/00-pwn.py', 'w').write('open(%r, "w")' % P['b_marker'])
     """,
@@ -119,43 +125,116 @@ async def test_other_session(world: World, targets: dict[str, Target], profile: 
     t = targets[profile]
     attacks = await run_case(world, targets, "other-session", profile, name, code, modes)
     results = [a.result for a in attacks]
-    planted = t.dirs["b"] / "home/.ipython/profile_default/startup/00-pwn.py"
+    planted = t.dirs["b"] / IPYTHON_SUBDIR / "profile_default/startup/00-pwn.py"
     assert not planted.exists(), f"{results}: a startup file was planted in session B"
     r = await t.h.run("bsecret", session=t.handles["b"])
     assert r["result"] == t.b_var_secret, f"{results}: session B's variable changed: {r}"
 
 
+SPY_WINDOW = 8.0  # seconds each spy listens after it is ready; the victims print inside it (checked, not assumed)
+
+
 async def test_other_session_iopub_cannot_be_sniffed(world: World, targets: dict[str, Target]) -> None:
-    """A subscribes to B's IOPub socket while B prints its secret (libzmq: no audit events; os-level only)."""
+    """A subscribes to B's IOPub socket while B prints its secret (libzmq: no audit events; os-level only).
+
+    Positive controls, so that silence means something: each spy says "ready" (on its own IOPub, watched from
+    the host) once it has subscribed to B, and the victims print only after every spy is ready; the spies'
+    listening windows are checked to cover the victims' prints; and the same subscription made from the host
+    at the same time (nothing in its way) must see B's secret, or the spies' silence proves nothing. (A spy
+    cannot prove its own socket works from inside: the OS layers refuse it its own kernel's sockets too.)"""
     sniff = """
         # main interpreter (pyzmq is not sub-interpreter safe)
-        zmq = M('zmq'); time = M('time')
-        ctx = zmq.Context(); s = ctx.socket(zmq.SUB); s.setsockopt(zmq.LINGER, 0)
+        zmq = M('zmq'); time = M('time'); sys = M('sys')
+        ctx = zmq.Context()
+        s = ctx.socket(zmq.SUB); s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.SUBSCRIBE, b'')
         s.connect('ipc://' + P['b_sockets']['iopub'])
         got = []
-        deadline = time.time() + 2
-        while time.time() < deadline:
-            if s.poll(100):
+        ready = time.time()
+        until = ready + P['window']
+        while time.time() < until:
+            print(P['token'] + '-ready'); sys.stdout.flush()  # (again and again: the host may subscribe late)
+            if s.poll(200):
                 got.append(s.recv_multipart())
         s.close(); ctx.term()
-        out = got
+        out = {'ready': ready, 'until': time.time(), 'got': got}
     """
     spies: dict[tuple[str, str], Attack] = {}
+    tokens = {(p, m): f"KXRTSPY{secrets.token_hex(6)}" for p in PROFILES for m in MODES}
+    seen: set[tuple[str, str]] = set()
+    printed: dict[str, tuple[float, float]] = {}
+    host_saw: set[str] = set()
+
+    def own_iopub(t: Target, mode: str) -> str:
+        conn = json.loads(t.h.sessions.get(t.handles[mode]).kernel.connection_file.read_text())
+        return f"{conn['ip']}-{conn['iopub_port']}"
+
+    async def watch_ready(t: Target, mode: str) -> None:  # the host, on the spy kernel's own IOPub
+        ctx = zmq.Context()
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect("ipc://" + own_iopub(t, mode))
+        wanted = tokens[t.profile, mode].encode() + b"-ready"
+        try:
+            with anyio.fail_after(60):
+                while (t.profile, mode) not in seen:
+                    try:
+                        if any(wanted in f for f in sub.recv_multipart(zmq.NOBLOCK)):
+                            seen.add((t.profile, mode))
+                    except zmq.Again:
+                        await anyio.sleep(0.02)
+        finally:
+            sub.close()
+            ctx.term()
+
+    async def host_control(t: Target) -> None:  # the same subscription to B, from the host: it must see the secret
+        ctx = zmq.Context()
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect("ipc://" + t.b_sockets["iopub"])
+        try:
+            with anyio.fail_after(90):
+                while t.profile not in printed or t.profile not in host_saw:
+                    try:
+                        if any(t.b_var_secret.encode() in f for f in sub.recv_multipart(zmq.NOBLOCK)):
+                            host_saw.add(t.profile)
+                    except zmq.Again:
+                        await anyio.sleep(0.02)
+        except TimeoutError:
+            pass  # judged below
+        finally:
+            sub.close()
+            ctx.term()
 
     async def spy(t: Target, mode: str) -> None:
-        spies[t.profile, mode] = await attack(world, t, mode, sniff, f"iopub-{t.profile}-{mode}", category="other-session",
-                                              name="zmq-sub-b-iopub", extra={"_main": True})
+        spies[t.profile, mode] = await attack(
+            world, t, mode, sniff, f"iopub-{t.profile}-{mode}", category="other-session", name="zmq-sub-b-iopub",
+            extra={"_main": True, "own_iopub": own_iopub(t, mode), "token": tokens[t.profile, mode], "window": SPY_WINDOW})
 
     async def victim(t: Target) -> None:
-        await anyio.sleep(0.6)  # the spies have subscribed by now
-        r = await t.h.run("import time\nfor _ in range(6):\n    print(bsecret)\n    time.sleep(0.15)", session=t.handles["b"])
+        with anyio.fail_after(60):  # every spy of this profile subscribed to B, as seen from the host
+            while not all((t.profile, m) in seen for m in MODES):
+                await anyio.sleep(0.02)
+        r = await t.h.run("import time\nfirst = time.time()\nfor _ in range(6):\n    print(bsecret)\n    time.sleep(0.15)\n"
+                          "result = [first, time.time()]", session=t.handles["b"])
         assert t.b_var_secret in r["stdout"]  # B really printed it
+        printed[t.profile] = tuple(r["result"])
 
     async with anyio.create_task_group() as tg:  # every spy and both victims at once
         for profile in PROFILES:
             tg.start_soon(victim, targets[profile])
+            tg.start_soon(host_control, targets[profile])
             for mode in MODES:
+                tg.start_soon(watch_ready, targets[profile], mode)
                 tg.start_soon(spy, targets[profile], mode)
-    for (profile, _mode), a in spies.items():
+    for (profile, mode), a in spies.items():
         await assert_untouched(world, targets[profile], a)
+        assert a.result.startswith(("completed:", "[hook disarmed] completed:")), f"[{mode}] the spy did not run: {a.result}"
+        found = ast.literal_eval(a.result.split("completed: ", 1)[1])
+        assert profile in host_saw, f"[{profile}] the control: the host's own subscription to B's IOPub did not see B print"
+        first, last = printed[profile]
+        assert found["ready"] <= first and last <= found["until"], (
+            f"[{profile}/{mode}] the spy did not listen while B printed (listened {found['ready']:.2f}-{found['until']:.2f}, "
+            f"B printed {first:.2f}-{last:.2f})")

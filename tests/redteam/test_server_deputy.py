@@ -7,7 +7,9 @@ and the server not connecting to a host socket.
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ import anyio
 import pytest
 
 from .common import MODES, PROFILES, Target, assert_untouched, attack
-from .world import World, drain
+from .world import World, drain, kernel_pids, still_alive
 
 pytestmark = pytest.mark.anyio
 
@@ -156,12 +158,34 @@ async def test_server_reconnects_through_planted_ipc_symlinks(world: World, targ
             caught.extend(drain(world.unix))
             await anyio.sleep(0.05)
 
+    kernel = t.h.sessions.get(t.handles[mode]).kernel
+    assert kernel is not None
+    old_pids = kernel_pids(t.dirs[mode], kernel.connection_file)
+    assert old_pids, "the attacker's kernel not found in /proc"
+    conn = json.loads(kernel.connection_file.read_text())
+    sockets = [Path(f"{conn['ip']}-{conn[name]}") for name in conn if name.endswith("_port")]
+
+    def window_closed() -> bool:  # a new kernel listens on real sockets at every path again
+        fresh = [p for p in kernel_pids(t.dirs[mode], kernel.connection_file) if p not in old_pids]
+        return bool(fresh) and all(p.is_socket() and not p.is_symlink() for p in sockets)
+
     async with anyio.create_task_group() as tg:
         tg.start_soon(watch)
         a = await attack(world, t, mode, plant, f"ipc-{profile}-{mode}-{secrets.token_hex(3)}", category="server-deputy",
                          name="ipc-socket-symlinks+die", extra={"_main": True})
-        await anyio.sleep(0.5)  # zmq's reconnect interval is 0.1 s
+        # a payload stopped half-way may leave symlinks behind a live kernel: kill it from the host, so that the
+        # server's reconnect-and-restart path runs every time
+        for pid in old_pids:
+            if still_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        # the window closes when the server has restarted the kernel and it has bound real sockets at every path
+        # again (no symlink left to follow) and answered a call: wait for that, not for a guess at zmq's interval
+        with anyio.fail_after(60):
+            while not window_closed() or not await kernel.is_alive():
+                await anyio.sleep(0.05)
+        assert (await t.h.run("1", session=t.handles[mode]))["result"] == 1
         tg.cancel_scope.cancel()
+    caught.extend(drain(world.unix))
     assert not caught, f"[{mode}] {a.result}\nthe server connected to the host unix socket through the kernel's symlinks: {caught}"
     await assert_untouched(world, t, a)
 
@@ -183,7 +207,7 @@ async def test_server_kernel_log_symlink_and_failed_restart(world: World, target
         sd = P['session_dir']
         os.remove(sd + '/kernel.log')
         os.symlink(P['victim'], sd + '/kernel.log')
-        startup = sd + '/home/.ipython/profile_default/startup'
+        startup = P['ipython_dir'] + '/profile_default/startup'  # the real IPYTHONDIR
         os.makedirs(startup, exist_ok=True)
         open(startup + '/00-die.py', 'w').write('import os\\nos.write(2, b"kxrt: appended by the sandboxed kernel\\\\n")\\nos._exit(3)\\n')
         out = 'planted'

@@ -70,6 +70,16 @@ class Inotify:
         os.close(self.fd)
 
 
+def restore(path: Path, content: str) -> None:
+    """Put a canary back as it was made (a symlink or a directory an attack left in its place goes first)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        path.unlink()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content)
+
+
 def digest(path: Path) -> tuple[str, int, int]:
     st = path.stat()
     return hashlib.sha256(path.read_bytes()).hexdigest(), st.st_mode, st.st_mtime_ns
@@ -118,20 +128,85 @@ def drain(sock: socket.socket, window: float = 0.0) -> list[str]:
 
 
 # --- kernels seen from the host ------------------------------------------------------------------
-def kernel_pids(session_dir: Path) -> list[int]:
-    """Host pids of the kernel processes of one session (``python kernel_main.py -f <dir>/kernel.json``)."""
-    connection = os.fsencode(session_dir / "kernel.json")
-    pids = []
+_FLAGS_WITH_VALUE = (b"-X", b"-W", b"--check-hash-based-pycs")
+
+
+def kernel_script_index(argv: list[bytes]) -> int | None:
+    """Where ``kernel_main.py`` is in a kernel's argv: the script a Python interpreter runs, after any
+    interpreter flags (``python -s -S -X dev …/kernel_main.py -f …``); None for any other process.
+
+    Not "any element ending in kernel_main.py": the bubblewrap and sandbox_exec.py wrappers carry the
+    whole kernel command line in their own argv, and they are not the kernel."""
+    if not argv or not os.path.basename(argv[0]).startswith(b"python"):
+        return None
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg.endswith(b"kernel_main.py"):
+            return i
+        if arg in (b"-c", b"-m", b"-", b"--") or not arg.startswith(b"-"):
+            return None  # a command, a module, stdin or another script: not the kernel
+        i += 2 if arg in _FLAGS_WITH_VALUE else 1
+    return None
+
+
+def _connection_file(argv: list[bytes], script: int) -> bytes | None:
+    rest = argv[script + 1 :]
+    for i, arg in enumerate(rest):
+        if arg == b"-f" and i + 1 < len(rest):
+            return rest[i + 1]
+        if arg.startswith(b"--f="):
+            return arg[len(b"--f=") :]
+    return None
+
+
+def _ppid(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("PPid:"):
+            return int(line.split()[1])
+    return 0
+
+
+def kernel_pids(session_dir: Path, connection_file: Path | None = None) -> list[int]:
+    """Host pids of the kernel processes of one session (``python [flags] …/kernel_main.py -f
+    <session>/kernel[-<slot>].json``): every slot's (the live kernel and a warm spare), or only the one
+    whose connection file is ``connection_file``. A process forked by a kernel (same argv) is not a
+    kernel: only the topmost of a chain counts."""
+    wanted = os.fsencode(connection_file) if connection_file is not None else None
+    found: dict[int, bytes] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
         except OSError:
             continue
-        if len(argv) > 3 and argv[1].endswith(b"kernel_main.py") and connection in argv:
-            pids.append(int(entry))
-    return pids
+        script = kernel_script_index(argv)
+        if script is None:
+            continue
+        conn = _connection_file(argv, script)
+        if conn is None:
+            continue
+        path = Path(os.fsdecode(conn))
+        if path.parent != session_dir or not (path.name == "kernel.json" or
+                                              (path.name.startswith("kernel-") and path.suffix == ".json")):
+            continue
+        if wanted is None or conn == wanted:
+            found[int(entry)] = conn
+    out = []
+    for pid in found:
+        try:
+            if _ppid(pid) in found:
+                continue
+        except OSError:
+            continue
+        out.append(pid)
+    return sorted(out)
+
+
+def is_kernel_of(pid: int, session_dir: Path) -> bool:
+    """Whether host pid ``pid`` is one of ``session_dir``'s kernels (a positive control for a victim pid)."""
+    return pid > 0 and pid in kernel_pids(session_dir)
 
 
 def process_state(pid: int) -> dict[str, Any]:
@@ -185,6 +260,8 @@ class World:
     inotify: Inotify | None = None
     ro_state: tuple[str, int, int] | None = None
     secret_state: tuple[str, int, int] | None = None
+    ro_content: str = ""
+    secret_content: str = ""
     host_interfaces: list[str] = field(default_factory=list)
     hostname: str = ""
     saved_handlers: dict[int, Any] = field(default_factory=dict)
@@ -267,6 +344,7 @@ def make_world() -> World:
     for path in (root, secret_dir, sockdir, var_root):
         world.inotify.watch(path, IN_ALL)
     world.inotify.watch(ro_dir, IN_CHANGES)
+    world.ro_content, world.secret_content = ro_canary.read_text(), secret_file.read_text()
     world.ro_state = digest(ro_canary)
     world.secret_state = digest(secret_file)
     return world
