@@ -371,3 +371,32 @@ async def test_a_jupyter_notebook_matches_after_display_updates_micro_signs_and_
     assert "4 cells: 3 same, 1 different (cell 4)" in out, out
     assert "raised NameError: name 'undefined_name' is not defined" in out, out
     assert "after a later cell's display update" in out and "[unknown live" not in out, out
+
+
+async def test_a_notebook_nbclient_ran_replays_as_matching(tmp_path: Path, short_tmp: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Jupyter's own run as the record: nbclient executes a notebook (a plot, %timeit, a file beside it, a
+    display a later cell updates) in a plain ipykernel; kernelexec replay of that notebook says every cell
+    matches (PNG figures as Jupyter makes them, timings and micro signs normalised, final display state)."""
+    from nbclient import NotebookClient
+
+    from kernelexec.replay import replay_command
+
+    folder = tmp_path / "nbc"
+    folder.mkdir()
+    (folder / "numbers.csv").write_text("x\n1\n2\n3\n")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in [
+        "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()",
+        "%timeit sum(range(10))",
+        "import csv\nwith open('numbers.csv') as f:\n    total = sum(int(r['x']) for r in csv.DictReader(f))\ntotal",
+        "h = display('before', display_id=True)",
+        "h.update('after')",
+    ]], metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    await NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(folder)}}).async_execute()
+    assert [o["output_type"] for o in nb.cells[0].outputs] == ["display_data"]
+    assert set(nb.cells[0].outputs[0]["data"]) == {"image/png", "text/plain"}  # Jupyter's default: PNG only
+    path = folder / "ran.ipynb"
+    nbformat.write(nb, path)
+    code = await replay_command(make_settings(short_tmp), str(path), output=None, profile=None)
+    out = capsys.readouterr().out
+    assert code == 0 and "5 cells: 5 same, 0 different" in out, out
