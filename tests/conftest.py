@@ -44,6 +44,33 @@ def pytest_configure(config: pytest.Config) -> None:
     support.WEAKEN = config.getoption("--weaken", None)
 
 
+# Skips a CI run accepts, each reviewed, with its reason (a nodeid prefix). Any other skip fails a run with
+# CI set (.ci/run exports it): a test that did not run is no evidence, and saying so in a log nobody reads
+# is the same as passing silently.
+ALLOWED_SKIPS: dict[str, str] = {}
+_skipped: list[tuple[str, str]] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _skipped.append((report.nodeid, str(reason)))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if not os.environ.get("CI") or support.WEAKEN:  # a weakened run must fail by its judges alone
+        return
+    unexpected = [(n, r) for n, r in _skipped if not any(n.startswith(p) for p in ALLOWED_SKIPS)]
+    if unexpected:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        lines = [f"kernelexec CI: {len(unexpected)} test(s) skipped that tests/conftest.py ALLOWED_SKIPS does not name:"]
+        lines += [f"  {n}: {r[:200]}" for n, r in unexpected[:50]]
+        if reporter is not None:
+            reporter.write_line("\n".join(lines), red=True)
+        if exitstatus == 0:
+            session.exitstatus = 1
+
+
 def pytest_report_header(config: pytest.Config) -> str | None:
     if support.WEAKEN:
         return f"kernelexec: WEAKENED servers (--weaken {support.WEAKEN}): security tests are expected to fail"
