@@ -185,6 +185,12 @@ class RunRegistry:
             raise InvalidRequest(f"unknown run {str(run_id)[:80]!r} (finished runs are kept for the last {KEEP_FINISHED} runs)")
         return run
 
+    def decline_waiting(self, session: Session) -> None:
+        """Decline the question a run of ``session`` waits on (the cell was interrupted: nobody will answer)."""
+        for run in list(self._runs.values()):
+            if run.session is session and run.awaiting is not None:
+                run.answer(None)
+
     def forget(self, run: Run) -> None:
         """Drop a run whose answer its own call returned (no get_run will ask), so the finished runs kept
         for get_run are the ones that yielded or ran in the background."""

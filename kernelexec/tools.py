@@ -435,7 +435,9 @@ def register(mcp: MCPServer, app: App) -> None:
     async def interrupt(ctx: Context, session: SessionArg = None) -> SessionInfo:
         """Interrupt (SIGINT) the code running in a session, e.g. a background run; its answer says it was interrupted."""
         target = await app.resolve(ctx, session)
-        return info(target, "interrupt sent" if await target.interrupt() else "nothing was running")
+        sent = await target.interrupt()
+        app.sessions.runs.decline_waiting(target)  # a cell waiting in input() stops waiting too
+        return info(target, "interrupt sent" if sent else "nothing was running")
 
     @translated
     async def run_python(code: CodeArg, ctx: Context, session: SessionArg = None) -> RunPythonResult:

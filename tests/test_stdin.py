@@ -103,6 +103,22 @@ async def test_an_unanswered_question_ends_at_the_cells_timeout(short_tmp: Path)
             assert r["result"] == 4, r
 
 
+async def test_interrupt_stops_a_cell_waiting_for_input(short_tmp: Path) -> None:
+    settings = make_settings(short_tmp, pool_size=0, restart_spares=0)
+    async with SessionManager(settings).running() as sessions:
+        async with Client(build_server(settings, sessions), mode="legacy") as client:
+            r: Any = (await client.call_tool("execute_code", {"code": "input('q? ')"})).structured_content
+            assert r["ending"] == "awaiting_input", r
+            await client.call_tool("interrupt", {"session": r["session"]})
+            with anyio.fail_after(20):
+                done: Any = (await client.call_tool("get_run", {"run_id": r["run_id"], "wait_s": 15})).structured_content
+            assert not done["success"] and done["error_type"] in ("KeyboardInterrupt", "EOFError"), done
+            r = (await client.call_tool("execute_code", {"code": "input('again? ')"})).structured_content
+            assert r["ending"] == "awaiting_input", r  # no stale answer left behind
+            done = (await client.call_tool("send_input", {"run_id": r["run_id"], "text": "yes"})).structured_content
+            assert done["result"] == "yes", done
+
+
 async def test_run_python_keeps_its_contract_and_gets_eof_without_elicitation(short_tmp: Path) -> None:
     settings = make_settings(short_tmp, pool_size=0, restart_spares=0)
     async with SessionManager(settings).running() as sessions:
