@@ -149,3 +149,45 @@ async def test_the_2026_protocol_asks_through_input_required_and_resumes_the_run
     assert "session" in human.asked[0] and "not from the assistant" in human.asked[0] and "Your name?" in human.asked[0]
     assert "password" in human.asked[1]
     assert "s3cret" not in json.dumps(notebook)
+
+
+async def test_replay_feeds_the_recorded_answers_and_asks_on_its_terminal_with_ask(short_tmp: Path, tmp_path: Path) -> None:
+    """Recorded live through a real client (answers Ada, a secret, then declined), replayed by `kernelexec replay`:
+    the recorded answer is fed back (same output), the password (recorded as ***) cannot be (EOFError, a note),
+    the declined one gets EOFError again; with --ask each question is asked on replay's own terminal."""
+    import subprocess
+
+    from .conftest import clean_env, kernelexec_cmd
+
+    settings = make_settings(short_tmp, pool_size=0, restart_spares=0)
+    human = Human(("accept", "Ada"), ("accept", "s3cret"), ("decline", None))
+    async with SessionManager(settings).running() as sessions:
+        async with Client(build_server(settings, sessions), mode="legacy", elicitation_callback=human) as client:
+            r: Any = (await client.call_tool("execute_code", {"code": "name = input('Your name? ')\nprint('hi', name)"})).structured_content
+            await client.call_tool("execute_code", {"code": "import getpass\nprint(len(getpass.getpass('Token: ')))"})
+            await client.call_tool("execute_code", {"code": "try:\n    input('again? ')\nexcept EOFError:\n    print('no answer')"})
+    notebook = tmp_path / "asked.ipynb"
+    notebook.write_text(Path(r["notebook"]).read_text())
+    env = clean_env()
+    fed = subprocess.run(kernelexec_cmd("replay", str(notebook), "--state-dir", str(short_tmp / "rp1"), "-o", str(tmp_path / "fed.ipynb")),
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL)
+    assert fed.returncode == 1, (fed.stdout, fed.stderr)  # the getpass cell differs: its answer was never recorded
+    lines = fed.stdout.splitlines()
+    cell1 = next(line for line in lines if "name = input" in line)
+    cell2 = next(i for i, line in enumerate(lines) if "import getpass" in line)
+    assert "same" in cell1, fed.stdout
+    assert "DIFFERENT" in lines[cell2] and "recorded as ***" in fed.stdout, fed.stdout
+    assert "after a later cell's display update" not in fed.stdout, fed.stdout
+    assert "no answer" not in "\n".join(lines[:cell2])
+    assert "3 cells: 2 same, 1 different" in fed.stdout, fed.stdout
+    # --ask: replay asks on its own terminal (stdin here: start_new_session drops any controlling tty, so getpass reads it too)
+    asked = subprocess.run(kernelexec_cmd("replay", str(notebook), "--ask", "--state-dir", str(short_tmp / "rp2"), "-o",
+                                          str(tmp_path / "asked-out.ipynb")),
+                           input="Bob\nsecret\n", capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env,
+                           start_new_session=True)
+    assert "cell 1 asks through input(): Your name?" in asked.stdout, (asked.stdout, asked.stderr)
+    assert "cell 2 asks through getpass(): Token:" in asked.stdout, asked.stdout
+    out = json.loads((tmp_path / "asked-out.ipynb").read_text())
+    code = [c for c in out["cells"] if c["cell_type"] == "code"]
+    assert "hi Bob" in "".join(code[0]["outputs"][0]["text"]) and "6" in "".join(code[1]["outputs"][0]["text"]), code
+    assert "no answer" in "".join(code[2]["outputs"][0]["text"])  # input ended: EOFError
