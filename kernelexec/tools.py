@@ -225,7 +225,8 @@ class App:
         progress = _Progress(ctx)
         started = self.sessions.runs.start(target, code, timeout=seconds, working_dir=working_dir, listener=progress,
                                            result_rule=result_rule, ask=_asker(ctx, target.handle),
-                                           wait_for_input=yield_after is None)
+                                           # a question waits for send_input only where there is one (not in the presets)
+                                           wait_for_input=yield_after is None and exposed_tools(self.settings) is None)
         patience = self.settings.yield_after if yield_after is None else yield_after
         return await self.follow(ctx, started, patience or math.inf, progress, cancel=True)
 

@@ -119,6 +119,16 @@ async def test_interrupt_stops_a_cell_waiting_for_input(short_tmp: Path) -> None
             assert done["result"] == "yes", done
 
 
+async def test_the_plugin_preset_has_no_send_input_so_a_question_it_cannot_elicit_is_eof_at_once(short_tmp: Path) -> None:
+    settings = make_settings(short_tmp, pool_size=0, restart_spares=0, preset="plugin")
+    async with SessionManager(settings).running() as sessions:
+        async with Client(build_server(settings, sessions), mode="legacy") as client:
+            assert [t.name for t in (await client.list_tools()).tools] == ["execute_code"]
+            with anyio.fail_after(30):
+                r: Any = (await client.call_tool("execute_code", {"code": "input('x? ')"})).structured_content
+    assert not r["success"] and r["error_type"] == "EOFError" and r["ending"] == "completed", r
+
+
 async def test_run_python_keeps_its_contract_and_gets_eof_without_elicitation(short_tmp: Path) -> None:
     settings = make_settings(short_tmp, pool_size=0, restart_spares=0)
     async with SessionManager(settings).running() as sessions:
