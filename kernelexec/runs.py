@@ -5,6 +5,10 @@ waits for it up to ``--yield-after`` seconds and then answers with what it has a
 cell goes on); ``execute_code(background=True)`` returns the run id at once. ``get_run(run_id,
 wait_s)`` waits up to ``wait_s`` for it and returns the finished answer, or the output so far. A run holds its session's lock like any call, so calls
 to that session queue behind it; ``interrupt(session)`` stops it without waiting for the lock.
+
+A cell's ``input()``/``getpass()`` is asked directly (an elicitation over the back-channel of the call that
+started the run, while it waits) or else waits on the run as a ``Question`` until the cell's timeout:
+``send_input`` answers it, or a 2026-07-28 client's retried call (its ``input_responses``).
 """
 
 from __future__ import annotations
