@@ -87,7 +87,9 @@ class Run:
                 return None
             self.asked.append(now)
             if direct is not None and self.listener is not None:
-                return await direct(prompt, password)
+                with anyio.move_on_after(max(0.0, self.deadline - time.monotonic())):  # unanswered: the cell's timeout
+                    return await direct(prompt, password)
+                return None
             if not self.wait_for_input:
                 return None
             return await self._wait_for_answer(prompt, password)

@@ -201,3 +201,17 @@ async def test_replay_feeds_the_recorded_answers_and_asks_on_its_terminal_with_a
     code = [c for c in out["cells"] if c["cell_type"] == "code"]
     assert "hi Bob" in "".join(code[0]["outputs"][0]["text"]) and "6" in "".join(code[1]["outputs"][0]["text"]), code
     assert "no answer" in "".join(code[2]["outputs"][0]["text"])  # input ended: EOFError
+
+
+async def test_an_elicitation_left_unanswered_ends_at_the_cells_timeout(short_tmp: Path) -> None:
+    settings = make_settings(short_tmp, pool_size=0, restart_spares=0)
+
+    async def away(context: Any, params: Any) -> ElicitResult:
+        await anyio.sleep(3600)  # the human never answers
+        raise AssertionError
+
+    async with SessionManager(settings).running() as sessions:
+        async with Client(build_server(settings, sessions), mode="legacy", elicitation_callback=away) as client:
+            with anyio.fail_after(30):
+                r: Any = (await client.call_tool("execute_code", {"code": "input('q? ')", "timeout": 3})).structured_content
+            assert not r["success"] and r["error_type"] == "EOFError", r
