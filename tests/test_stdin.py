@@ -215,3 +215,13 @@ async def test_an_elicitation_left_unanswered_ends_at_the_cells_timeout(short_tm
             with anyio.fail_after(30):
                 r: Any = (await client.call_tool("execute_code", {"code": "input('q? ')", "timeout": 3})).structured_content
             assert not r["success"] and r["error_type"] == "EOFError", r
+
+
+async def test_the_2026_protocol_asks_two_questions_of_one_cell_in_two_rounds(short_tmp: Path) -> None:
+    settings = make_settings(short_tmp, pool_size=0, restart_spares=0)
+    human = Human(("accept", "Ada"), ("accept", "Lovelace"))
+    async with SessionManager(settings).running() as sessions:
+        async with Client(build_server(settings, sessions), elicitation_callback=human) as client:
+            r: Any = (await client.call_tool("execute_code", {"code": "input('First? ') + ' ' + input('Last? ')"})).structured_content
+    assert r["result"] == "Ada Lovelace", r
+    assert "First?" in human.asked[0] and "Last?" in human.asked[1]
