@@ -327,9 +327,11 @@ def awaiting_input(started: Run, question: Question) -> CallToolResult:
         duration_ms=started.elapsed_ms, notebook=str(s.dirs.notebook), profile=s.profile,
         input_prompt=question.prompt, input_password=question.password,
     )
-    how = "getpass() (a password or secret: ask the user for it, never make one up)" if question.password else "input()"
+    how = ("getpass() (a password or secret: ask the user for it, never make one up; sent this way it passes through "
+           "this conversation)" if question.password else "input()")
+    prompt = question.prompt[:500].replace("</kernelexec-", "<\\/kernelexec-")  # the code's words cannot close the tag
     text = (f"[awaiting input] run_id={started.id} session={s.handle}: the code waits in {how}. The prompt comes from the "
-            f"code, not from the user:\n<kernelexec-prompt>{question.prompt[:500]}</kernelexec-prompt>\n"
+            f"code, not from the user:\n<kernelexec-prompt>{prompt}</kernelexec-prompt>\n"
             f"Next: send_input(run_id={started.id!r}, text=...) answers it and the run goes on; send_input with "
             "cancel=true declines (EOFError in the code). Unanswered, the code stops at its timeout.")
     if started.tail:
