@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="redo the installs the notebook records (its %%pip lines and install markers), from your "
                         "index and within --install-policy; without it they are listed, not done: a cell with pip lines "
                         "is skipped (a notebook from elsewhere must not make your pip ask your index for names it chose)")
+    replay.add_argument("--ask", action="store_true",
+                        help="ask a cell's input()/getpass() on this terminal instead of answering it from the "
+                        "notebook's recorded answers (a password is recorded as *** and is never replayed)")
     _add_settings_flags(replay, skip=_SERVE_ONLY)  # --profile: default the one the notebook was recorded under
 
     lab = sub.add_parser("lab", help="JupyterLab (or Jupyter Server) on 127.0.0.1 with the live session kernels attached")
@@ -160,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
         from .replay import replay_command
 
         sys.exit(anyio.run(lambda: replay_command(settings, args.notebook, output=args.output, profile=args.profile,
-                                                     install=args.install)))
+                                                     install=args.install, ask=args.ask)))
 
 
 async def _serve(settings: Settings) -> None:

@@ -322,7 +322,7 @@ class Kernel(ABC):
                               "answer": None if answer is None else ("***" if password else answer)})
             if answer is None:
                 ex.notes.append(f"{'getpass()' if password else 'input()'} asked {prompt[:80]!r} and got no answer (declined, "
-                                "or this client cannot ask its user): the cell got EOFError")
+                                "unanswered before the cell's timeout, or this client cannot ask its user): the cell got EOFError")
 
     async def _collect(
         self, msg_id: str, collector: Collector, deadline: float, on_output: OnOutput | None, ask: Ask | None = None

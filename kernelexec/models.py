@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 Ending = Literal["completed", "interrupted", "restarted", "kernel_died"]
-RunEnding = Literal["completed", "interrupted", "restarted", "kernel_died", "running"]
+RunEnding = Literal["completed", "interrupted", "restarted", "kernel_died", "running", "awaiting_input"]
 # which value is a cell's result (startup/runtime.py): execute_code's rule or the old safe executor's (run_python)
 ResultRule = Literal["variable", "statement"]
 
@@ -118,9 +118,12 @@ class ExecuteResult(BaseModel):
     stderr_file: str | None = Field(None, description="Full stderr when it was cut")
     timed_out: bool = Field(False, description="The call hit its timeout")
     ending: RunEnding = Field("completed", description="completed, interrupted (SIGINT stopped it), restarted (the kernel was "
-                              "restarted; state lost), kernel_died, or running (a background run still going)")
+                              "restarted; state lost), kernel_died, running (a background run still going), or awaiting_input "
+                              "(the code waits in input()/getpass(): answer with send_input)")
     run_id: str | None = Field(None, description="Background run id (execute_code with background=true); poll it with get_run")
     restart_reason: str | None = Field(None, description="Why the kernel was restarted, when it was")
+    input_prompt: str | None = Field(None, description="awaiting_input: the prompt of the code's input()/getpass() (the code's words)")
+    input_password: bool | None = Field(None, description="awaiting_input: true when the code asks through getpass() (a secret)")
     notebook: str | None = Field(None, description="Path of this session's notebook record")
     profile: str = Field(description="Policy profile in force")
     layers: list[str] = Field(default_factory=list, description="Isolation layers around this kernel "

@@ -136,7 +136,32 @@ class CellMeta:
     success: bool = False
     timeout: float | None = None  # the call's timeout: a positive finite number
     ending: str = "completed"  # one of ENDINGS
+    inputs: tuple[RecordedInput, ...] = ()  # the cell's input()/getpass() answers, in order
     ignored: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RecordedInput:
+    """One recorded answer to a cell's input()/getpass(): None when it was not answered (EOFError);
+    a password's is ``***``, which cannot be replayed."""
+
+    answer: str | None
+    password: bool = False
+
+
+def _read_inputs(value: Any) -> tuple[RecordedInput, ...] | None:
+    if not isinstance(value, list):
+        return None
+    found = []
+    for entry in value:
+        if not isinstance(entry, dict) or not isinstance(entry.get("password", False), bool):
+            return None
+        answer = entry.get("answer")
+        if answer is not None and not isinstance(answer, str):
+            return None
+        found.append(RecordedInput(answer if entry.get("answered", answer is not None) is not False else None,
+                                   entry.get("password", False)))
+    return tuple(found)
 
 
 def read_cell_meta(cell: Any) -> CellMeta:
@@ -186,6 +211,12 @@ def read_cell_meta(cell: Any) -> CellMeta:
             fields["ending"] = found["ending"]
         else:
             ignored.append(f"ending is {_kind(found['ending'])}, not one of {', '.join(ENDINGS)}")
+    if "inputs" in found:
+        inputs = _read_inputs(found["inputs"])
+        if inputs is not None:
+            fields["inputs"] = inputs
+        else:
+            ignored.append(f"inputs is {_kind(found['inputs'])}, not a list of recorded answers")
     return CellMeta(**fields, ignored=tuple(ignored))
 
 

@@ -24,7 +24,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -36,7 +36,7 @@ from .errors import InvalidRequest, KernelexecError
 from .host import check_reach
 from .layout import SessionDirs
 from .packages import parse_specs, pip_lines
-from .recording import CellMeta, NotebookMeta, Recorder, notebook_meta, read_cell_meta, read_notebook_meta, read_session_meta
+from .recording import CellMeta, NotebookMeta, RecordedInput, Recorder, notebook_meta, read_cell_meta, read_notebook_meta, read_session_meta
 from .restore import cell_timeout, first_line, rerun
 from .sandbox import kernel_reach
 from .sessions import Session
@@ -49,6 +49,8 @@ if TYPE_CHECKING:
     from .config import Profile, Settings
 
 logger = logging.getLogger(__name__)
+
+Ask = Callable[[str, bool], Awaitable[str | None]]
 
 Status = Literal["same", "different", "new", "skipped"]
 
@@ -245,7 +247,8 @@ def _annotate(holder: Any, **fields: Any) -> None:
 class _Replayer:
     """One replay: a throwaway session's kernel driven by nbclient, one cell at a time."""
 
-    def __init__(self, nb: NotebookNode, settings: Settings, session: Session, roots: list[str], *, install: bool) -> None:
+    def __init__(self, nb: NotebookNode, settings: Settings, session: Session, roots: list[str], *, install: bool,
+                 ask: Ask | None = None) -> None:
         from nbclient import NotebookClient
 
         kernel = session.kernel
@@ -257,6 +260,9 @@ class _Replayer:
         self.roots = roots
         self.compared: list[tuple[CellReport, list[Any], NotebookNode]] = []  # compared by output: settle() again
         self.install = install  # redo recorded installs (a notebook's %pip lines and install markers)
+        self.ask = ask  # --ask: a cell's input()/getpass() asked on the terminal, not answered from the record
+        self.stdin_notes: list[str] = []  # the current cell's
+        self.notes: dict[int, list[str]] = {}  # by cell number: its stdin notes (kept when settle() compares again)
         # timeouts are ours (per cell, with escalation), so nbclient waits without its own
         self.client = NotebookClient(nb, km=kernel.km, timeout=None, allow_errors=False,
                                      startup_timeout=int(settings.startup_timeout), record_timing=True)
@@ -272,7 +278,7 @@ class _Replayer:
         kc = km.client(session=wire)
         kc.start_channels()
         await kc.wait_for_ready(timeout=self.settings.startup_timeout)
-        kc.allow_stdin = False
+        kc.allow_stdin = True  # input()/getpass(): answered from the record, or asked (--ask); see _serve_stdin
         self.client.km, self.client.kc = km, kc
 
     async def run(self, on_cell: Callable[[CellReport], None] | None) -> list[CellReport]:
@@ -347,6 +353,7 @@ class _Replayer:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(watchdog)
+            tg.start_soon(self._serve_stdin, list(read_cell_meta(cell).inputs), index)
             try:
                 await self.client.async_execute_cell(cell, index)
             except CellExecutionError:
@@ -362,6 +369,41 @@ class _Replayer:
         if state["ending"] in ("restarted", "kernel_died"):
             await self._restart()
         return state["ending"]
+
+    async def _serve_stdin(self, recorded: list[RecordedInput], index: int) -> None:
+        """Answer the cell's input()/getpass() requests: the recorded answers in order (a password recorded as
+        *** cannot be, nor a question beyond the record: EOFError in the cell, with a note), or with --ask
+        the terminal's."""
+        kc = self.client.kc
+        assert kc is not None
+        while True:
+            try:
+                msg = await kc.get_stdin_msg(timeout=0.2)  # type: ignore[attr-defined]  # an async client
+            except Exception:  # noqa: BLE001 - nothing yet (queue.Empty), or a message that would not decode
+                continue
+            content = msg.get("content") if isinstance(msg, dict) else None
+            if not isinstance(msg, dict) or msg.get("msg_type") != "input_request" or not isinstance(content, dict):
+                continue
+            prompt, password = str(content.get("prompt", ""))[:2000], content.get("password") is True
+            how = "getpass()" if password else "input()"
+            answer: str | None
+            if self.ask is not None:
+                answer = await self.ask(f"cell {index + 1} asks through {how}: {prompt}", password)
+                if answer is None:
+                    self.stdin_notes.append(f"{how} {prompt[:80]!r}: not answered on the terminal; the cell got EOFError")
+            elif not recorded:
+                answer = None
+                self.stdin_notes.append(f"{how} {prompt[:80]!r}: no recorded answer; the cell got EOFError (--ask asks)")
+            else:
+                entry = recorded.pop(0)
+                answer = entry.answer
+                if entry.password and answer is not None:
+                    answer = None
+                    self.stdin_notes.append(f"{how} {prompt[:80]!r}: a password is recorded as ***, so it cannot be "
+                                            "replayed; the cell got EOFError (--ask asks for it)")
+                elif answer is None:
+                    self.stdin_notes.append(f"{how} {prompt[:80]!r}: unanswered when recorded; EOFError again")
+            kc.input("\x04" if answer is None else answer)  # ipykernel raises EOFError for \x04
 
     def _skip(self, index: int, cell: NotebookNode, meta: CellMeta, note: str) -> CellReport:
         """A cell not run: said on its report line and in its metadata; its recorded outputs are dropped."""
@@ -384,6 +426,7 @@ class _Replayer:
                               "replay with --install to redo installs")
         installed = await self._install(request.specs, upgrade=request.upgrade) if request is not None else None
         cell.source = runnable  # the kernel cannot run pip; the install was done here, as live
+        self.stdin_notes = []
         try:
             ending = await self._execute(index, cell, timeout)
         finally:
@@ -404,6 +447,10 @@ class _Replayer:
             report.details = differences(comparable(recorded_outputs, self.roots), comparable(cell.outputs, self.roots))
             report.status = "different" if report.details else "same"
         # a cell cut short both times: its partial output depends on timing, so only endings count
+        if self.stdin_notes:
+            report.details.extend(self.stdin_notes)
+            self.notes[report.number] = list(self.stdin_notes)
+            _annotate(cell, replay_note="; ".join(self.stdin_notes)[:1000])
         return report
 
     def settle(self) -> list[CellReport]:
@@ -413,6 +460,7 @@ class _Replayer:
         for report, recorded_outputs, cell in self.compared:
             details = differences(comparable(recorded_outputs, self.roots), comparable(cell.outputs, self.roots))
             status: Status = "different" if details else "same"
+            details += self.notes.get(report.number, [])
             if (status, details) != (report.status, report.details):
                 report.status, report.details = status, details
                 report.details.append("(after a later cell's display update)")
@@ -428,6 +476,7 @@ async def replay_notebook(
     on_cell: Callable[[CellReport], None] | None = None,
     environment: Environment | None = None,
     install: bool = False,
+    ask: Ask | None = None,
 ) -> list[CellReport]:
     """Execute ``nb`` (in place) in a fresh kernel launched as a live session's, under ``profile``.
 
@@ -448,7 +497,7 @@ async def replay_notebook(
                           working_dir=settings.working_dir if profile != "strict" else None)  # strict: no files at all
         await session.ensure_kernel()
         roots = [*_session_roots(nb), str(session.dirs.root)]
-        return await _Replayer(nb, scratch, session, roots, install=install).run(on_cell)
+        return await _Replayer(nb, scratch, session, roots, install=install, ask=ask).run(on_cell)
     finally:
         with anyio.CancelScope(shield=True):
             if session is not None:
@@ -524,8 +573,22 @@ def _line(report: CellReport) -> str:
     return "\n".join(lines)
 
 
+async def terminal_ask(question: str, password: bool) -> str | None:
+    """``--ask``: a cell's question on this terminal (a password not echoed); end of input declines it."""
+    import getpass
+
+    def read() -> str | None:
+        print(safe(question.rstrip()), flush=True)
+        try:
+            return getpass.getpass("(secret, not echoed) ") if password else input("> ")
+        except EOFError:
+            return None
+
+    return await anyio.to_thread.run_sync(read)
+
+
 async def replay_command(settings: Settings, notebook: str, *, output: str | None, profile: Profile | None,
-                         install: bool = False) -> int:
+                         install: bool = False, ask: bool = False) -> int:
     """``kernelexec replay``: 0 when every cell matches, 1 when one differs, 2 when replay cannot run.
     Cells skipped (their installs not redone without ``install``) are listed but do not differ."""
     import nbformat
@@ -583,7 +646,7 @@ async def replay_command(settings: Settings, notebook: str, *, output: str | Non
         print(safe(installs_line(installs, install=install, policy=policy)), flush=True)
     try:
         reports = await replay_notebook(nb, settings, profile=chosen, on_cell=lambda r: print(safe(_line(r)), flush=True),
-                                        environment=environment, install=install)
+                                        environment=environment, install=install, ask=terminal_ask if ask else None)
     except KernelexecError as exc:
         print(safe(f"kernelexec replay: {exc}"), file=sys.stderr)
         return 2

@@ -17,7 +17,15 @@ import anyio
 from anyio import to_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp_types import CallToolResult, TextContent, ToolAnnotations
+from mcp_types import (
+    CallToolResult,
+    ElicitRequest,
+    ElicitRequestFormParams,
+    ElicitResult,
+    InputRequiredResult,
+    TextContent,
+    ToolAnnotations,
+)
 from pydantic import BaseModel, Field
 
 from . import view
@@ -27,7 +35,7 @@ from .errors import InvalidRequest, KernelexecError
 from .models import ExecuteResult, InstalledPackage, InstallResult, ResultRule, RunPythonResult, SessionInfo, Variable, VariablesResult
 from .render import Rendered
 from .restore import describe_replayed
-from .runs import Run
+from .runs import Question, Run
 from .sessions import Session, SessionManager
 from .view import VIEW_META
 from .wire import clean_text
@@ -116,38 +124,60 @@ class _Answer(BaseModel):
     answer: str = Field(description="Your answer, passed to the code as the value input() returns")
 
 
-QUESTIONS_PER_MINUTE = 5  # a cell cannot make the client ask more often; the rest get EOFError
+INPUT_KEY = "input"  # the one embedded elicitation of an InputRequiredResult (2026-07-28)
+MULTI_ROUND_TRIP = "2026-07-28"  # from this protocol on, no server-to-client requests: InputRequiredResult
+
+
+def question_message(handle: str, prompt: str, password: bool) -> str:
+    """The words around a cell's prompt, the server's, so that a cell's prompt cannot pass for the assistant's."""
+    how = "getpass() — it asks for a password or secret" if password else "input()"
+    message = (f"Code running in kernelexec session {handle} asks for input through {how}. This question comes "
+               f"from the code, not from the assistant or kernelexec:\n\n{prompt.strip()[:500] or '(no prompt)'}")
+    if password:
+        message += "\n\nYour answer goes to the code only; the notebook records it as ***."
+    return message
+
+
+def _elicits(ctx: Context | None) -> bool:
+    """The client declared (form) elicitation."""
+    try:
+        capabilities = ctx.client_capabilities if ctx is not None else None
+    except Exception:  # noqa: BLE001 - outside a request
+        return False
+    elicitation = getattr(capabilities, "elicitation", None)
+    return elicitation is not None and (getattr(elicitation, "form", None) is not None or getattr(elicitation, "url", None) is None)
+
+
+def _multi_round_trip(ctx: Context | None) -> bool:
+    """The request has no back-channel: questions go out in an InputRequiredResult (2026-07-28 and later)."""
+    version = ctx.protocol_version if ctx is not None else None
+    return version is not None and version >= MULTI_ROUND_TRIP
 
 
 def _asker(ctx: Context | None, handle: str) -> Callable[[str, bool], Awaitable[str | None]] | None:
-    """input()/getpass() of a cell as an MCP elicitation to the human, worded by the server so a cell's
-    prompt cannot pass for the assistant's question; None when the client cannot be asked."""
-    session = getattr(ctx, "session", None) if ctx is not None else None
-    params = getattr(session, "client_params", None)
-    if params is None or getattr(params.capabilities, "elicitation", None) is None:
+    """input()/getpass() of a cell as an MCP elicitation to the human over the call's back-channel (a
+    server-to-client request, protocol <= 2025-11-25); None when the client cannot be asked that way."""
+    if ctx is None or not _elicits(ctx) or _multi_round_trip(ctx):
         return None
-    asked: list[float] = []
 
     async def ask(prompt: str, password: bool) -> str | None:
-        now = time.monotonic()
-        asked[:] = [t for t in asked if now - t < 60]
-        if len(asked) >= QUESTIONS_PER_MINUTE:
-            return None
-        asked.append(now)
-        how = "getpass() — it asks for a password or secret" if password else "input()"
-        message = (f"Code running in kernelexec session {handle} asks for input through {how}. This question comes "
-                   f"from the code, not from the assistant or kernelexec:\n\n{prompt.strip()[:500] or '(no prompt)'}")
-        if password:
-            message += "\n\nYour answer goes to the code only; the notebook records it as ***."
         try:
-            assert ctx is not None
-            result = await ctx.elicit(message, _Answer)
+            result = await ctx.elicit(question_message(handle, prompt, password), _Answer)
         except Exception:  # noqa: BLE001 - no back-channel (stateless HTTP), the client refused: not answered
             return None
         data = getattr(result, "data", None)
         return data.answer if result.action == "accept" and isinstance(data, _Answer) else None
 
     return ask
+
+
+def _elicitation(run: Run, question: Question) -> InputRequiredResult:
+    """The 2026-07-28 form of the question: an InputRequiredResult the client answers by retrying the call with
+    input_responses; request_state is the run id (sealed by the SDK: signed, bound to this call and caller)."""
+    schema = _Answer.model_json_schema()
+    request = ElicitRequest(params=ElicitRequestFormParams(
+        message=question_message(run.session.handle, question.prompt, question.password), requested_schema=schema))
+    return InputRequiredResult(input_requests={INPUT_KEY: request}, request_state=run.id)
 
 
 @dataclass
@@ -194,27 +224,70 @@ class App:
         target.resolve_working_dir(working_dir)  # a bad working_dir is answered before anything starts
         progress = _Progress(ctx)
         started = self.sessions.runs.start(target, code, timeout=seconds, working_dir=working_dir, listener=progress,
-                                           result_rule=result_rule, ask=_asker(ctx, target.handle))
+                                           result_rule=result_rule, ask=_asker(ctx, target.handle),
+                                           # a question waits for send_input only where there is one (not in the presets)
+                                           wait_for_input=yield_after is None and exposed_tools(self.settings) is None)
+        patience = self.settings.yield_after if yield_after is None else yield_after
+        return await self.follow(ctx, started, patience or math.inf, progress, cancel=True)
+
+    async def follow(self, ctx: Context, started: Run, patience: float, progress: "_Progress | None" = None, *,
+                     cancel: bool = False) -> Rendered | Run:
+        """Wait up to ``patience`` for a run: its answer, or the run (still going, or waiting for input).
+        ``cancel``: the call started the run, so the call cancelled cancels the cell."""
+        progress = progress or _Progress(ctx)
+        if cancel:  # only the call that started the run may ask its client directly (Run.asker)
+            started.listener = progress
         try:
-            patience = self.settings.yield_after if yield_after is None else yield_after
-            with anyio.move_on_after(patience or math.inf):
-                while not started.done.is_set():
-                    with anyio.move_on_after(HEARTBEAT / 2):
-                        await started.done.wait()
+            with anyio.move_on_after(patience):
+                while not started.done.is_set() and started.awaiting is None:
+                    await started.settled(HEARTBEAT / 2)
                     await progress.beat()
         except BaseException:
-            if not started.done.is_set():
+            if cancel and not started.done.is_set():
                 started.cancel()
             raise
         finally:
-            started.listener = None
-        if not started.done.is_set():
-            return started
+            if cancel:
+                started.listener = None
+        if not started.done.is_set() or not cancel:
+            return started  # still going, or finished for a later call (its answer names the run)
         self.sessions.runs.forget(started)
         if started.failure is not None:
             raise KernelexecError(started.failure)
         assert started.rendered is not None
         return started.rendered
+
+    async def resume(self, ctx: Context) -> Rendered | Run:
+        """A 2026-07-28 client's retried call: its input_responses answer the question its run waits on
+        (request_state, the run id, sealed by the SDK), and the call waits for the run again as a new call would."""
+        found = self.sessions.runs.get(str(ctx.request_state), owner=self.owner())
+        response = (ctx.input_responses or {}).get(INPUT_KEY)
+        text = None
+        if isinstance(response, ElicitResult) and response.action == "accept" and isinstance(response.content, dict):
+            value = response.content.get("answer")
+            text = value if isinstance(value, str) else None
+        if found.awaiting is not None:
+            found.answer(text)
+        return await self.follow(ctx, found, self.settings.yield_after or math.inf)
+
+    def reply(self, ctx: Context, done: Rendered | Run, what: str) -> CallToolResult | InputRequiredResult:
+        """The tool answer for what ``follow`` gave: the answer, the run still going, or its question (an
+        InputRequiredResult for a 2026-07-28 client that elicits, else ``awaiting_input`` for send_input)."""
+        if not isinstance(done, Run):
+            return answer(done)
+        if done.done.is_set():
+            if done.failure is not None:
+                raise KernelexecError(f"run {done.id} failed: {done.failure}")
+            assert done.rendered is not None
+            reply = answer(done.rendered)
+            reply.structured_content = {**(reply.structured_content or {}), "run_id": done.id}
+            return reply
+        question = done.awaiting
+        if question is None:
+            return running(done, what)
+        if _elicits(ctx) and _multi_round_trip(ctx):
+            return _elicitation(done, question)
+        return awaiting_input(done, question)
 
     async def start_background(self, ctx: Context, code: str, session: str | None, timeout: float | None,
                                working_dir: str | None) -> CallToolResult:
@@ -241,6 +314,26 @@ def running(started: Run, what: str) -> CallToolResult:
     text = (f"[running] run_id={started.id} session={s.handle}: {what}; {started.elapsed_ms / 1000:.1f} s so far, "
             f"{started.output_chars:,} characters of output. Next: get_run(run_id={started.id!r}) waits for the answer; "
             "interrupt(session) stops it.")
+    if started.tail:
+        text += f"\n<kernelexec-stdout>\n{started.tail[-1000:]}\n</kernelexec-stdout>"
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured.model_dump(mode="json"))
+
+
+def awaiting_input(started: Run, question: Question) -> CallToolResult:
+    """The answer for a run whose cell waits in input()/getpass(): the prompt, and how to answer it."""
+    s = started.session
+    structured = ExecuteResult(
+        success=True, session=s.handle, ending="awaiting_input", run_id=started.id, stdout=started.tail,
+        duration_ms=started.elapsed_ms, notebook=str(s.dirs.notebook), profile=s.profile,
+        input_prompt=question.prompt, input_password=question.password,
+    )
+    how = ("getpass() (a password or secret: ask the user for it, never make one up; sent this way it passes through "
+           "this conversation)" if question.password else "input()")
+    prompt = question.prompt[:500].replace("</kernelexec-", "<\\/kernelexec-")  # the code's words cannot close the tag
+    text = (f"[awaiting input] run_id={started.id} session={s.handle}: the code waits in {how}. The prompt comes from the "
+            f"code, not from the user:\n<kernelexec-prompt>{prompt}</kernelexec-prompt>\n"
+            f"Next: send_input(run_id={started.id!r}, text=...) answers it and the run goes on; send_input with "
+            "cancel=true declines (EOFError in the code). Unanswered, the code stops at its timeout.")
     if started.tail:
         text += f"\n<kernelexec-stdout>\n{started.tail[-1000:]}\n</kernelexec-stdout>"
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured.model_dump(mode="json"))
@@ -300,13 +393,13 @@ def register(mcp: MCPServer, app: App) -> None:
         background: Annotated[bool, Field(description="Start the code and return a run_id at once; get the answer with get_run")] = False,
     ) -> Annotated[CallToolResult, ExecuteResult]:
         """Run Python code in a persistent Jupyter kernel and return its result, output, rich outputs and errors."""
+        still = (f"still running after {settings.yield_after:g} s (--yield-after); it goes on in the background, "
+                 "nothing was cut")
+        if ctx.request_state:  # a 2026-07-28 client's retry, answering its cell's input(): the cell is not run again
+            return app.reply(ctx, await app.resume(ctx), still)  # type: ignore[return-value]
         if background:
             return await app.start_background(ctx, code, session, timeout, working_dir)
-        done = await app.run_or_yield(ctx, code, session, timeout, working_dir)
-        if isinstance(done, Run):
-            return running(done, f"still running after {settings.yield_after:g} s (--yield-after); it goes on in the "
-                                 "background, nothing was cut")
-        return answer(done)
+        return app.reply(ctx, await app.run_or_yield(ctx, code, session, timeout, working_dir), still)  # type: ignore[return-value]
 
     @translated
     async def get_run(
@@ -315,21 +408,39 @@ def register(mcp: MCPServer, app: App) -> None:
         wait_s: Annotated[float, Field(ge=0, le=600, description="Seconds to wait for it to finish (0 = just look)")] = 30,
     ) -> Annotated[CallToolResult, ExecuteResult]:
         """Get a background run's answer, waiting up to wait_s; while it runs, its output so far."""
+        if ctx.request_state:
+            return finished(await app.resume(ctx), ctx)  # type: ignore[return-value]
+        return finished(await app.follow(ctx, app.sessions.runs.get(run_id, owner=app.owner()), wait_s), ctx)  # type: ignore[return-value]
+
+    def finished(done: Rendered | Run, ctx: Context, what: str = "still running") -> CallToolResult | InputRequiredResult:
+        return app.reply(ctx, done, what)
+
+    @translated
+    async def send_input(
+        ctx: Context,
+        run_id: Annotated[str, Field(description="The run_id of the answer that said ending: awaiting_input")],
+        text: Annotated[str | None, Field(description="The user's answer, the value input()/getpass() returns; null declines")] = None,
+        cancel: Annotated[bool, Field(description="Decline the question: the code gets EOFError")] = False,
+        wait_s: Annotated[float, Field(ge=0, le=600, description="Seconds to wait for the run after answering (0 = just look)")] = 30,
+    ) -> Annotated[CallToolResult, ExecuteResult]:
+        """Answer the input()/getpass() a run waits on (ending: awaiting_input) with what the user gave; the run goes on."""
         found = app.sessions.runs.get(run_id, owner=app.owner())
-        if not await app.sessions.runs.wait(found, wait_s):
-            return running(found, "still running")
-        if found.failure is not None:
-            raise ToolError(f"run {run_id} failed: {found.failure}")
-        assert found.rendered is not None
-        done = answer(found.rendered)
-        done.structured_content = {**(done.structured_content or {}), "run_id": found.id}
-        return done
+        question = found.answer(None if cancel else text)
+        said = (f"input sent to run {found.id}" if question.answer is not None
+                else f"input declined for run {found.id}: the code gets EOFError")
+        reply = finished(await app.follow(ctx, found, wait_s), ctx, f"{said}; still running")
+        if isinstance(reply, CallToolResult) and not (isinstance(reply.structured_content, dict)
+                                                      and reply.structured_content.get("ending") == "running"):
+            reply.content = [TextContent(type="text", text=f"[{said}]"), *reply.content]
+        return reply  # type: ignore[return-value]
 
     @translated
     async def interrupt(ctx: Context, session: SessionArg = None) -> SessionInfo:
         """Interrupt (SIGINT) the code running in a session, e.g. a background run; its answer says it was interrupted."""
         target = await app.resolve(ctx, session)
-        return info(target, "interrupt sent" if await target.interrupt() else "nothing was running")
+        sent = await target.interrupt()
+        app.sessions.runs.decline_waiting(target)  # a cell waiting in input() stops waiting too
+        return info(target, "interrupt sent" if sent else "nothing was running")
 
     @translated
     async def run_python(code: CodeArg, ctx: Context, session: SessionArg = None) -> RunPythonResult:
@@ -412,6 +523,7 @@ def register(mcp: MCPServer, app: App) -> None:
         "restart_session": (restart_session, destroying, "Restart session"),
         "close_session": (close_session, destroying, "Close session"),
         "get_run": (get_run, reading, "Get a background run"),
+        "send_input": (send_input, acting, "Answer a run's input()"),
         "interrupt": (interrupt, acting, "Interrupt running code"),
         "install_packages": (install_packages, ToolAnnotations(read_only_hint=False, destructive_hint=False,
                                                                idempotent_hint=True, open_world_hint=True), "Install packages"),

@@ -55,6 +55,43 @@ async def test_a_handle_from_another_token_is_unknown(server: str) -> None:
         await alice.call_tool("close_session", {"session": handle})
 
 
+async def test_only_the_runs_owner_may_answer_its_input_over_stateless_http(server: str) -> None:
+    """A stateless 2026-07-28 HTTP client without elicitation: input() answers awaiting_input; another token's
+    send_input (and get_run) finds no such run; the owner's send_input answers it."""
+    async with client(server, ALICE) as alice, client(server, BOB) as bob:
+        handle = (await alice.call_tool("new_session", {})).structured_content["session"]
+        asked = (await alice.call_tool("execute_code", {"code": "input('pin? ')", "session": handle})).structured_content
+        assert asked["ending"] == "awaiting_input" and asked["input_prompt"] == "pin? ", asked
+        stolen = await bob.call_tool("send_input", {"run_id": asked["run_id"], "text": "bob's"})
+        assert stolen.is_error and "unknown run" in stolen.content[0].text
+        assert (await bob.call_tool("get_run", {"run_id": asked["run_id"], "wait_s": 0})).is_error
+        done = (await alice.call_tool("send_input", {"run_id": asked["run_id"], "text": "1234"})).structured_content
+        assert done["result"] == "1234", done
+        await alice.call_tool("close_session", {"session": handle})
+
+
+async def test_input_is_elicited_through_input_required_over_stateless_http(server: str) -> None:
+    """A stateless HTTP client that declares elicitation: the call returns an input_required result, the SDK
+    client asks its callback and retries with inputResponses + the sealed requestState; the cell runs once."""
+    from mcp_types import ElicitResult
+
+    asked: list[str] = []
+
+    async def human(context: object, params: object) -> ElicitResult:
+        asked.append(params.message)  # type: ignore[attr-defined]
+        return ElicitResult(action="accept", content={"answer": "Ada"})
+
+    headers = {"Authorization": f"Bearer {ALICE}"}
+    async with Client(streamable_http_client(server, http_client=httpx2.AsyncClient(headers=headers, timeout=60)),
+                      elicitation_callback=human) as alice:
+        handle = (await alice.call_tool("new_session", {})).structured_content["session"]
+        code = "runs = globals().get('runs', 0) + 1\nname = input('Your name? ')\n(runs, name)"
+        done = (await alice.call_tool("execute_code", {"code": code, "session": handle})).structured_content
+        assert done["result"] == [1, "Ada"], done
+        await alice.call_tool("close_session", {"session": handle})
+    assert len(asked) == 1 and f"session {handle}" in asked[0] and "Your name?" in asked[0]
+
+
 async def test_sessions_per_token_are_limited(server: str) -> None:
     async with client(server, BOB) as bob:
         handles = [(await bob.call_tool("new_session", {})).structured_content["session"] for _ in range(2)]

@@ -26,7 +26,7 @@ from .conftest import clean_env, kernelexec_cmd
 REPO = Path(__file__).resolve().parent.parent
 HOOKS_FILE = REPO / "plugins" / "kernelexec-code-only" / "hooks" / "hooks.json"
 OUR_TOOLS = ["execute_code", "run_python", "list_variables", "new_session", "restart_session", "close_session",
-             "get_run", "interrupt"]  # any tool of our server, including ones added later
+             "get_run", "send_input", "interrupt"]  # any tool of our server, including ones added later
 
 
 def event(tool_name: Any, tool_input: Any = None, **extra: Any) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from mcp import Client
 from mcp_types import ElicitResult
@@ -54,9 +55,173 @@ async def test_input_and_getpass_are_asked_of_the_human_and_recorded(profile: st
     assert "s3cret" not in json.dumps(notebook)
 
 
-async def test_a_client_without_elicitation_gets_a_clear_eof(short_tmp: Path) -> None:
+async def test_a_client_without_elicitation_gets_awaiting_input_and_answers_with_send_input(short_tmp: Path) -> None:
     settings = make_settings(short_tmp, pool_size=0, restart_spares=0)
     async with SessionManager(settings).running() as sessions:
         async with Client(build_server(settings, sessions), mode="legacy") as client:
-            r: Any = (await client.call_tool("execute_code", {"code": "input('x? ')"})).structured_content
-    assert not r["success"] and r["error_type"] in ("StdinNotImplementedError", "EOFError"), r
+            first = await client.call_tool("execute_code", {"code": "print('before')\nname = input('Your name? ')\nf'hi {name}'"})
+            r: Any = first.structured_content
+            assert r["ending"] == "awaiting_input" and r["input_prompt"] == "Your name? " and r["input_password"] is False, r
+            assert "send_input" in first.content[0].text and "not from the user" in first.content[0].text  # type: ignore[union-attr]
+            looked: Any = (await client.call_tool("get_run", {"run_id": r["run_id"], "wait_s": 0})).structured_content
+            assert looked["ending"] == "awaiting_input", looked  # the run waits, get_run says so
+            sent = await client.call_tool("send_input", {"run_id": r["run_id"], "text": "Ada"})
+            done: Any = sent.structured_content
+            assert done["result"] == "hi Ada" and "before" in done["stdout"] and done["run_id"] == r["run_id"], done
+            assert "input sent" in sent.content[0].text  # type: ignore[union-attr]
+            again = await client.call_tool("send_input", {"run_id": r["run_id"], "text": "late"})
+            assert again.is_error and "not waiting for input" in again.content[0].text  # type: ignore[union-attr]
+
+            r = (await client.call_tool("execute_code", {"code": "import getpass\ngetpass.getpass('Token: ')"})).structured_content
+            assert r["ending"] == "awaiting_input" and r["input_password"] is True, r
+            done = (await client.call_tool("send_input", {"run_id": r["run_id"], "cancel": True})).structured_content
+            assert not done["success"] and done["error_type"] == "EOFError", done
+            r = (await client.call_tool("execute_code", {"code": "input('again? ')", "background": True})).structured_content
+            done = (await client.call_tool("get_run", {"run_id": r["run_id"], "wait_s": 30})).structured_content
+            assert done["ending"] == "awaiting_input" and done["input_prompt"] == "again? ", done  # a background run asks too
+            done = (await client.call_tool("send_input", {"run_id": r["run_id"], "text": None})).structured_content
+            assert done["error_type"] == "EOFError", done
+            r = (await client.call_tool("execute_code", {"code": "1 + 1"})).structured_content
+            assert r["result"] == 2, r  # the kernel stays usable
+            notebook = json.loads(Path(r["notebook"]).read_text())
+    recorded = [c["metadata"]["kernelexec"].get("inputs") for c in notebook["cells"] if c["cell_type"] == "code"]
+    assert recorded[0] == [{"prompt": "Your name? ", "password": False, "answered": True, "answer": "Ada"}], recorded
+    assert recorded[1][0]["answered"] is False and recorded[1][0]["password"] is True, recorded
+
+
+async def test_an_unanswered_question_ends_at_the_cells_timeout(short_tmp: Path) -> None:
+    settings = make_settings(short_tmp, pool_size=0, restart_spares=0)
+    async with SessionManager(settings).running() as sessions:
+        async with Client(build_server(settings, sessions), mode="legacy") as client:
+            r: Any = (await client.call_tool("execute_code", {"code": "input('q? ')", "timeout": 3})).structured_content
+            assert r["ending"] == "awaiting_input", r
+            await anyio.sleep(3.5)  # nobody answers
+            done: Any = (await client.call_tool("get_run", {"run_id": r["run_id"], "wait_s": 30})).structured_content
+            assert not done["success"] and done["error_type"] == "EOFError", done
+            assert any("timeout" in n for n in done["notes"]), done
+            r = (await client.call_tool("execute_code", {"code": "2 + 2"})).structured_content
+            assert r["result"] == 4, r
+
+
+async def test_interrupt_stops_a_cell_waiting_for_input(short_tmp: Path) -> None:
+    settings = make_settings(short_tmp, pool_size=0, restart_spares=0)
+    async with SessionManager(settings).running() as sessions:
+        async with Client(build_server(settings, sessions), mode="legacy") as client:
+            r: Any = (await client.call_tool("execute_code", {"code": "input('q? ')"})).structured_content
+            assert r["ending"] == "awaiting_input", r
+            await client.call_tool("interrupt", {"session": r["session"]})
+            with anyio.fail_after(20):
+                done: Any = (await client.call_tool("get_run", {"run_id": r["run_id"], "wait_s": 15})).structured_content
+            assert not done["success"] and done["error_type"] in ("KeyboardInterrupt", "EOFError"), done
+            r = (await client.call_tool("execute_code", {"code": "input('again? ')"})).structured_content
+            assert r["ending"] == "awaiting_input", r  # no stale answer left behind
+            done = (await client.call_tool("send_input", {"run_id": r["run_id"], "text": "yes"})).structured_content
+            assert done["result"] == "yes", done
+
+
+async def test_the_plugin_preset_has_no_send_input_so_a_question_it_cannot_elicit_is_eof_at_once(short_tmp: Path) -> None:
+    settings = make_settings(short_tmp, pool_size=0, restart_spares=0, preset="plugin")
+    async with SessionManager(settings).running() as sessions:
+        async with Client(build_server(settings, sessions), mode="legacy") as client:
+            assert [t.name for t in (await client.list_tools()).tools] == ["execute_code"]
+            with anyio.fail_after(30):
+                r: Any = (await client.call_tool("execute_code", {"code": "input('x? ')"})).structured_content
+    assert not r["success"] and r["error_type"] == "EOFError" and r["ending"] == "completed", r
+
+
+async def test_run_python_keeps_its_contract_and_gets_eof_without_elicitation(short_tmp: Path) -> None:
+    settings = make_settings(short_tmp, pool_size=0, restart_spares=0)
+    async with SessionManager(settings).running() as sessions:
+        async with Client(build_server(settings, sessions), mode="legacy") as client:
+            r = await client.call_tool("run_python", {"code": "input('x? ')"})
+    assert r.is_error and "EOFError" in r.content[0].text  # type: ignore[union-attr]
+
+
+async def test_the_2026_protocol_asks_through_input_required_and_resumes_the_run(short_tmp: Path) -> None:
+    """The SDK's default (2026-07-28) client: no back-channel, so the call returns an InputRequiredResult; the SDK
+    client asks its elicitation callback and retries with input_responses + request_state; the cell is not run again."""
+    settings = make_settings(short_tmp, pool_size=0, restart_spares=0)
+    human = Human(("accept", "Ada"), ("accept", "s3cret"), ("decline", None))
+    async with SessionManager(settings).running() as sessions:
+        async with Client(build_server(settings, sessions), elicitation_callback=human) as client:
+            assert client.protocol_version >= "2026-07-28"  # no server-to-client requests: ctx.elicit cannot work
+            code = "import itertools\ncount = globals().setdefault('count', itertools.count())\nn = next(count)\nname = input('Your name? ')\n(n, name)"
+            r: Any = (await client.call_tool("execute_code", {"code": code})).structured_content
+            assert r["result"] == [0, "Ada"], r  # run once: the retry did not run the cell again
+            r = (await client.call_tool("execute_code", {"code": "import getpass\nlen(getpass.getpass('Token: '))"})).structured_content
+            assert r["result"] == 6, r
+            r = (await client.call_tool("execute_code", {"code": "input('again? ')"})).structured_content
+            assert not r["success"] and r["error_type"] == "EOFError", r
+            r = (await client.call_tool("execute_code", {"code": "next(count)"})).structured_content
+            assert r["result"] == 1, r
+            notebook = json.loads(Path(r["notebook"]).read_text())
+    assert len(human.asked) == 3
+    assert "session" in human.asked[0] and "not from the assistant" in human.asked[0] and "Your name?" in human.asked[0]
+    assert "password" in human.asked[1]
+    assert "s3cret" not in json.dumps(notebook)
+
+
+async def test_replay_feeds_the_recorded_answers_and_asks_on_its_terminal_with_ask(short_tmp: Path, tmp_path: Path) -> None:
+    """Recorded live through a real client (answers Ada, a secret, then declined), replayed by `kernelexec replay`:
+    the recorded answer is fed back (same output), the password (recorded as ***) cannot be (EOFError, a note),
+    the declined one gets EOFError again; with --ask each question is asked on replay's own terminal."""
+    import subprocess
+
+    from .conftest import clean_env, kernelexec_cmd
+
+    settings = make_settings(short_tmp, pool_size=0, restart_spares=0)
+    human = Human(("accept", "Ada"), ("accept", "s3cret"), ("decline", None))
+    async with SessionManager(settings).running() as sessions:
+        async with Client(build_server(settings, sessions), mode="legacy", elicitation_callback=human) as client:
+            r: Any = (await client.call_tool("execute_code", {"code": "name = input('Your name? ')\nprint('hi', name)"})).structured_content
+            await client.call_tool("execute_code", {"code": "import getpass\nprint(len(getpass.getpass('Token: ')))"})
+            await client.call_tool("execute_code", {"code": "try:\n    input('again? ')\nexcept EOFError:\n    print('no answer')"})
+    notebook = tmp_path / "asked.ipynb"
+    notebook.write_text(Path(r["notebook"]).read_text())
+    env = clean_env()
+    fed = subprocess.run(kernelexec_cmd("replay", str(notebook), "--state-dir", str(short_tmp / "rp1"), "-o", str(tmp_path / "fed.ipynb")),
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL)
+    assert fed.returncode == 1, (fed.stdout, fed.stderr)  # the getpass cell differs: its answer was never recorded
+    lines = fed.stdout.splitlines()
+    cell1 = next(line for line in lines if "name = input" in line)
+    cell2 = next(i for i, line in enumerate(lines) if "import getpass" in line)
+    assert "same" in cell1, fed.stdout
+    assert "DIFFERENT" in lines[cell2] and "recorded as ***" in fed.stdout, fed.stdout
+    assert "after a later cell's display update" not in fed.stdout, fed.stdout
+    assert "no answer" not in "\n".join(lines[:cell2])
+    assert "3 cells: 2 same, 1 different" in fed.stdout, fed.stdout
+    # --ask: replay asks on its own terminal (stdin here: start_new_session drops any controlling tty, so getpass reads it too)
+    asked = subprocess.run(kernelexec_cmd("replay", str(notebook), "--ask", "--state-dir", str(short_tmp / "rp2"), "-o",
+                                          str(tmp_path / "asked-out.ipynb")),
+                           input="Bob\nsecret\n", capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env,
+                           start_new_session=True)
+    assert "cell 1 asks through input(): Your name?" in asked.stdout, (asked.stdout, asked.stderr)
+    assert "cell 2 asks through getpass(): Token:" in asked.stdout, asked.stdout
+    out = json.loads((tmp_path / "asked-out.ipynb").read_text())
+    code = [c for c in out["cells"] if c["cell_type"] == "code"]
+    assert "hi Bob" in "".join(code[0]["outputs"][0]["text"]) and "6" in "".join(code[1]["outputs"][0]["text"]), code
+    assert "no answer" in "".join(code[2]["outputs"][0]["text"])  # input ended: EOFError
+
+
+async def test_an_elicitation_left_unanswered_ends_at_the_cells_timeout(short_tmp: Path) -> None:
+    settings = make_settings(short_tmp, pool_size=0, restart_spares=0)
+
+    async def away(context: Any, params: Any) -> ElicitResult:
+        await anyio.sleep(3600)  # the human never answers
+        raise AssertionError
+
+    async with SessionManager(settings).running() as sessions:
+        async with Client(build_server(settings, sessions), mode="legacy", elicitation_callback=away) as client:
+            with anyio.fail_after(30):
+                r: Any = (await client.call_tool("execute_code", {"code": "input('q? ')", "timeout": 3})).structured_content
+            assert not r["success"] and r["error_type"] == "EOFError", r
+
+
+async def test_the_2026_protocol_asks_two_questions_of_one_cell_in_two_rounds(short_tmp: Path) -> None:
+    settings = make_settings(short_tmp, pool_size=0, restart_spares=0)
+    human = Human(("accept", "Ada"), ("accept", "Lovelace"))
+    async with SessionManager(settings).running() as sessions:
+        async with Client(build_server(settings, sessions), elicitation_callback=human) as client:
+            r: Any = (await client.call_tool("execute_code", {"code": "input('First? ') + ' ' + input('Last? ')"})).structured_content
+    assert r["result"] == "Ada Lovelace", r
+    assert "First?" in human.asked[0] and "Last?" in human.asked[1]
