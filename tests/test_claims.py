@@ -237,20 +237,21 @@ def _hostile_notebook(path: Path) -> None:
 
 @pytest.mark.slow
 def test_replay_of_a_hostile_notebook_prints_no_raw_control_characters(short_tmp: Path) -> None:
-    nb = short_tmp / "hostile.ipynb"
+    (short_tmp / "nbdir").mkdir()
+    nb = short_tmp / "nbdir" / "hostile\x1b[8m\u202egnp.ipynb"  # its name too: printed without repr()
     _hostile_notebook(nb)
     assert RAW.search(nb.read_text(encoding="utf-8").encode().decode("unicode_escape", errors="ignore")), \
         "control: the notebook carries the escapes (the judge would see them)"
     proc = subprocess.run(
-        kernelexec_cmd("replay", str(nb), "--state-dir", str(short_tmp / "replay-state"), "--pool-size", "0",
+        kernelexec_cmd("replay", str(nb), "--working-dir", str(nb.parent), "--state-dir", str(short_tmp / "replay-state"), "--pool-size", "0",
                        "--restart-spares", "0"),
         env=clean_env(), capture_output=True, timeout=180)
     out = proc.stdout.decode("utf-8", errors="replace") + proc.stderr.decode("utf-8", errors="replace")
-    assert "recorded" in out or "print" in out or "cell" in out, out  # it did print the notebook
+    # positive control: the hostile text itself was printed (escaped), from the metadata, the source and both outputs
+    assert out.count(r"\x1b]52;c;ZXZpbA==\x07") >= 4 and r"\u202e" in out and r"\x9b" in out, out
+    assert "hostile" in out and "gnp.ipynb" in out, out
     found = sorted({f"U+{ord(c):04X}" for c in RAW.findall(out)})
     assert not found, f"replay printed raw control characters {found}:\n{out[:2000]!r}"
-    # control: the same bytes printed raw would be seen
-    assert RAW.search("".join(HOSTILE))
 
 
 # --- 7. the HTTP Host check against DNS rebinding --------------------------------------------------
