@@ -177,7 +177,15 @@ async def test_a_display_flood_past_the_kernel_stays_bounded_in_answer_and_noteb
 
 
 @pytest.mark.slow
-async def test_two_hundred_mib_of_rich_output_keeps_128_mib_at_most(short_tmp: Path) -> None:
+@pytest.mark.parametrize("capped", [True, False], ids=["cap", "control-cap-raised"])
+async def test_two_hundred_mib_of_rich_output_keeps_128_mib_at_most(
+        short_tmp: Path, capped: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not capped:
+        import functools
+
+        import kernelexec.kernel
+
+        monkeypatch.setattr(kernelexec.kernel, "Caps", functools.partial(kernelexec.kernel.Caps, max_total_bytes=1 << 30))
     async with serving(make_settings(short_tmp, **QUIET)) as h:
         session = await h.new_session()
         await h.run(SENDER, session=session)
@@ -186,8 +194,12 @@ async def test_two_hundred_mib_of_rich_output_keeps_128_mib_at_most(short_tmp: P
         answer = await h.run(flood, session=session, timeout=300)
         nb = nbformat.read(h.sessions.sessions[session].dirs.notebook, as_version=4)
         kept = sum(len(o.get("data", {}).get("text/plain", "")) for o in nb.cells[-1].outputs)
-        assert kept <= 128 * 1024 * 1024, kept
-        assert any("dropped" in n for n in answer["notes"]), answer["notes"]
+        if not capped:  # control: the cap raised, all 200 MiB land in the notebook
+            assert kept == 200 << 20, kept
+            return
+        assert 100 << 20 <= kept <= 128 << 20, kept  # positive control: the flood did reach the server
+        assert any(re.search(r"dropped 3 rich outputs beyond 134,217,728 characters per cell", n) for n in answer["notes"]), answer["notes"]
+        assert Path(h.sessions.sessions[session].dirs.notebook).stat().st_size < 140 << 20
         assert (await h.run("1 + 1", session=session))["result"] == 2
 
 
