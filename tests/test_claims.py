@@ -294,23 +294,34 @@ def test_http_refuses_a_rebinding_host_and_runs_nothing(short_tmp: Path) -> None
         kernelexec_cmd("serve", "--transport", "http", "--port", str(port), "--state-dir", str(state),
                        "--pool-size", "0", "--restart-spares", "0"),
         env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    canary = short_tmp / "rebinding-canary"
     call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-            "params": {"name": "execute_code", "arguments": {"code": f"open({str(canary)!r}, 'w').write('x')"}}}
+            "params": {"name": "execute_code", "arguments": {"code": "open('rebinding-canary', 'w').write('x')"}}}
+
+    def canaries() -> list[Path]:
+        return list(state.rglob("rebinding-canary"))
+
     try:
         wait_for_port(port, proc)
         url = f"http://127.0.0.1:{port}/mcp"
-        with httpx.Client(timeout=30) as client:
+        with httpx.Client(timeout=60) as client:
             for host in ("evil.example", f"evil.example:{port}", f"rebind.127.0.0.1.nip.io:{port}", f"127.0.0.1.evil.example:{port}"):
                 for body in (INIT, call):
                     r = client.post(url, json=body, headers={**HEADERS, "Host": host})
                     assert 400 <= r.status_code < 500, (host, r.status_code, r.text[:200])
-            for host in (f"127.0.0.1:{port}", f"localhost:{port}"):
+            assert canaries() == []
+            for host in (f"localhost:{port}", f"127.0.0.1:{port}"):
                 r = client.post(url, json=INIT, headers={**HEADERS, "Host": host})
                 assert r.status_code == 200, (host, r.status_code, r.text[:200])  # control: the same request passes
-        assert not canary.exists()
-        assert not list(state.glob("sessions/*/journal.jsonl")) or all(
-            "rebinding-canary" not in p.read_text() for p in state.glob("sessions/*/journal.jsonl"))
+            # positive control: the same call through the accepted host does run, and the judge sees its canary
+            good = {**HEADERS, "Host": f"127.0.0.1:{port}"}
+            sid = r.headers.get("mcp-session-id")
+            if sid:
+                good["mcp-session-id"] = sid
+            good["mcp-protocol-version"] = "2025-06-18"
+            client.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=good)
+            r = client.post(url, json=call, headers=good)
+            assert r.status_code == 200, (r.status_code, r.text[:300])
+        assert len(canaries()) == 1, (canaries(), r.text[:500])
     finally:
         stop(proc)
 
