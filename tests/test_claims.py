@@ -341,14 +341,17 @@ async def test_two_servers_on_one_state_dir_never_share_a_session(
         session = await a.new_session()
         await a.run("x = 'A'", session=session)
         result = await b.call("execute_code", code="import os\n(os.getpid(), globals().get('x'))", session=session)
+        running = kernel_pids(a.sessions.sessions[session].dirs.root)  # judged in the host's /proc
         if locked:
             assert result.is_error, result
             assert "is in use by another kernelexec server" in result.content[0].text, result.content
             assert b.sessions.sessions.get(session) is None
             assert (await a.run("x", session=session))["result"] == "A"
+            assert len(running) == 1, running
         else:  # control: without the lock the second server runs a second kernel in the same session directory
             assert not result.is_error, result
             assert b.sessions.sessions[session].kernel is not None
+            assert len(running) == 2, running  # two kernels writing one session's journal and notebook
 
 
 if __name__ == "__main__":  # pragma: no cover
