@@ -1,9 +1,16 @@
 """One attacking test per README security claim that no other test tried to break (issue 21, item 8).
 
 Each test attacks as a cell or a hostile file would, and judges from outside the product: the host's
-/proc, files on disk, sockets, a real ``kernelexec`` process. Each has a negative control — the same
-attack with that one guard switched off (a setting, or the guard monkeypatched away in this in-memory
-server) — which asserts the attack then *succeeds*, so the judge is shown able to fail.
+/proc, files on disk, sockets, a real ``kernelexec`` process. Where the guard lives in this process, a
+parametrized negative control switches it off (a setting, or the guard monkeypatched away in the in-memory
+server) and asserts the attack then *succeeds*, so the judge is shown able to fail. Where it lives in a
+child process (``replay``'s escaping, ``serve``'s Host check) or in two places at once (fail-closed start-up:
+the kernel's exit 70 and the server's policy probe), it was shown on a mutated tree instead, outside the
+suite: ``terminal.safe`` returning its text unchanged turns the replay test red (ESC, U+202E raw from the
+notebook's file name); ``cli.serve`` passing ``TransportSecuritySettings(enable_dns_rebinding_protection=
+False)`` turns the Host test red (``evil.example`` answered 200); removing both ``os._exit(70)`` in
+startup/kernel_init.py and the probe's raise in ``Kernel.start`` turns the fail-closed test red (its
+canary written by an unguarded cell); removing only one of them still fails closed.
 """
 
 from __future__ import annotations
