@@ -47,7 +47,11 @@ def pytest_configure(config: pytest.Config) -> None:
 # Skips a CI run accepts, each reviewed, with its reason (a nodeid prefix). Any other skip fails a run with
 # CI set (.ci/run exports it): a test that did not run is no evidence, and saying so in a log nobody reads
 # is the same as passing silently.
-ALLOWED_SKIPS: dict[str, str] = {}
+ALLOWED_SKIPS: dict[str, str] = {
+    "tests/test_environments.py::test_bad_python_is_refused_at_start_naming_the_path[python-3.9]":
+        "needs a Python older than 3.10 (pyenv 3.9 or 3.8) to show the refusal; the CI machine kind promises only "
+        "3.10, 3.12 and 3.13 besides 3.11 (it ran here, where pyenv has 3.9)",
+}
 _skipped: list[tuple[str, str]] = []
 
 
