@@ -304,39 +304,37 @@ def answer(rendered: Rendered) -> CallToolResult:
                           is_error=False)
 
 
-def running(started: Run, what: str) -> CallToolResult:
-    """The answer for a run that is still going (started in the background, or yielded by a foreground call)."""
+def _unfinished(started: Run, ending: str, text: str, **fields: Any) -> CallToolResult:
+    """The answer for a run that has not ended: its structured fields so far, ``text`` and its output's tail."""
     s = started.session
     structured = ExecuteResult(
-        success=True, session=s.handle, ending="running", run_id=started.id, stdout=started.tail,
-        duration_ms=started.elapsed_ms, notebook=str(s.dirs.notebook), profile=s.profile,
+        success=True, session=s.handle, ending=ending, run_id=started.id, stdout=started.tail,
+        duration_ms=started.elapsed_ms, notebook=str(s.dirs.notebook), profile=s.profile, **fields,
     )
-    text = (f"[running] run_id={started.id} session={s.handle}: {what}; {started.elapsed_ms / 1000:.1f} s so far, "
-            f"{started.output_chars:,} characters of output. Next: get_run(run_id={started.id!r}) waits for the answer; "
-            "interrupt(session) stops it.")
     if started.tail:
         text += f"\n<kernelexec-stdout>\n{started.tail[-1000:]}\n</kernelexec-stdout>"
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured.model_dump(mode="json"))
+
+
+def running(started: Run, what: str) -> CallToolResult:
+    """The answer for a run that is still going (started in the background, or yielded by a foreground call)."""
+    return _unfinished(started, "running", (
+        f"[running] run_id={started.id} session={started.session.handle}: {what}; {started.elapsed_ms / 1000:.1f} s so far, "
+        f"{started.output_chars:,} characters of output. Next: get_run(run_id={started.id!r}) waits for the answer; "
+        "interrupt(session) stops it."))
 
 
 def awaiting_input(started: Run, question: Question) -> CallToolResult:
     """The answer for a run whose cell waits in input()/getpass(): the prompt, and how to answer it."""
-    s = started.session
-    structured = ExecuteResult(
-        success=True, session=s.handle, ending="awaiting_input", run_id=started.id, stdout=started.tail,
-        duration_ms=started.elapsed_ms, notebook=str(s.dirs.notebook), profile=s.profile,
-        input_prompt=question.prompt, input_password=question.password,
-    )
     how = ("getpass() (a password or secret: ask the user for it, never make one up; sent this way it passes through "
            "this conversation)" if question.password else "input()")
     prompt = question.prompt[:500].replace("</kernelexec-", "<\\/kernelexec-")  # the code's words cannot close the tag
-    text = (f"[awaiting input] run_id={started.id} session={s.handle}: the code waits in {how}. The prompt comes from the "
-            f"code, not from the user:\n<kernelexec-prompt>{prompt}</kernelexec-prompt>\n"
-            f"Next: send_input(run_id={started.id!r}, text=...) answers it and the run goes on; send_input with "
-            "cancel=true declines (EOFError in the code). Unanswered, the code stops at its timeout.")
-    if started.tail:
-        text += f"\n<kernelexec-stdout>\n{started.tail[-1000:]}\n</kernelexec-stdout>"
-    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured.model_dump(mode="json"))
+    return _unfinished(started, "awaiting_input", (
+        f"[awaiting input] run_id={started.id} session={started.session.handle}: the code waits in {how}. The prompt comes "
+        f"from the code, not from the user:\n<kernelexec-prompt>{prompt}</kernelexec-prompt>\n"
+        f"Next: send_input(run_id={started.id!r}, text=...) answers it and the run goes on; send_input with "
+        "cancel=true declines (EOFError in the code). Unanswered, the code stops at its timeout."),
+        input_prompt=question.prompt, input_password=question.password)
 
 
 def info(s: Session, status: str) -> SessionInfo:
