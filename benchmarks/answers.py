@@ -85,8 +85,8 @@ async def measure() -> dict[str, dict[str, int]]:
     from mcp import Client
 
     from kernelexec.config import load_settings
-    from kernelexec.server import build_server
-    from kernelexec.sessions import SessionManager
+    from kernelexec.server.build import build_server
+    from kernelexec.session.manager import SessionManager
 
     found: dict[str, dict[str, int]] = {}
     with tempfile.TemporaryDirectory(prefix="kxa") as base:

@@ -20,8 +20,8 @@ import anyio
 from mcp import Client
 
 from kernelexec.config import Settings
-from kernelexec.server import build_server
-from kernelexec.sessions import SessionManager
+from kernelexec.server.build import build_server
+from kernelexec.session.manager import SessionManager
 from tests.support import clean_env, free_port, kernelexec_cmd, stdio_params  # noqa: F401 - shared with the tests
 from tests.support import make_settings as _make_settings
 

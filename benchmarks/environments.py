@@ -45,7 +45,7 @@ plt.show()
 
 async def _wait_pool(sessions, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
-    while len(sessions.pool) < sessions.settings.pool_size:
+    while len(sessions.pool.sessions) < sessions.settings.pool_size:
         if time.monotonic() > deadline:
             raise RuntimeError("the pool did not fill")
         await anyio.sleep(0.05)

@@ -107,7 +107,7 @@ async def bench_layers(rounds: int, base: Path, out: list[Measurement]) -> None:
                     rss[s.name].append(tree_rss_mb(session_root_pid(sessions, handle)))
                 await call(client, "close_session", session=handle)
             with anyio.fail_after(120):
-                while not pool_sessions.pool:
+                while not pool_sessions.pool.sessions:
                     await anyio.sleep(0.05)
             await anyio.sleep(0.2)
             t0 = time.perf_counter()
@@ -149,8 +149,8 @@ def wrapper_launches(base: Path, reps: int) -> dict[str, list[float]]:
     import uuid
 
     from benchmarks.common import make_settings as _settings
-    from kernelexec.launch import SessionDirs
-    from kernelexec.sandbox import plan_for
+    from kernelexec.kernel.launch import SessionDirs
+    from kernelexec.sandbox.plan import plan_for
 
     samples: dict[str, list[float]] = {s.name: [] for s in STEPS}
     settings = {s.name: _settings(base, **s.overrides) for s in STEPS}
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     rounds = 2 if args.quick else args.rounds
     for name in ("httpx", "httpx2"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    from kernelexec.sandbox import probe
+    from kernelexec.sandbox.plan import probe
 
     load0 = os.getloadavg()
 

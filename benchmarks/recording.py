@@ -2,7 +2,7 @@
 
     python -m benchmarks --only recording [--quick]      (or: python -m benchmarks.recording [--quick])
 
-No kernel: ``kernelexec.recording.Recorder`` is driven directly with a realistic ``Execution``
+No kernel: ``kernelexec.session.recording.Recorder`` is driven directly with a realistic ``Execution``
 (``print`` output plus a ~22 KB PNG as a ``display_data``: a ~30 KB journal line).
 
 Rows (same names on every kernelexec tree, so before/after tables line up):
@@ -42,7 +42,7 @@ CODE = "import matplotlib.pyplot as plt\nplt.plot(range(10))\nprint('step', 42)\
 
 
 def make_execution(i: int) -> Any:
-    from kernelexec.models import Execution
+    from kernelexec.kernel.execution import Execution
 
     png = base64.b64encode(b"\x89PNG\r\n\x1a\n" + random.Random(i).randbytes(PNG_BYTES)).decode()
     stdout = f"step {i}: loss=0.{i % 997:03d}\n" * 3
@@ -59,7 +59,7 @@ META = {"session": "bench", "profile": "standard", "cwd": "/tmp/work", "layers":
 
 def in_place() -> bool:
     """True when this kernelexec's Recorder appends to the notebook in place (it has ``start``)."""
-    from kernelexec.recording import Recorder
+    from kernelexec.session.recording import Recorder
 
     return hasattr(Recorder, "start")
 
@@ -69,7 +69,7 @@ def prepared(directory: Path, cells: int) -> Any:
     The journal lines are written directly (one ``cell_record`` each), the notebook once from them."""
     import json
 
-    from kernelexec.recording import Recorder, cell_record
+    from kernelexec.session.recording import Recorder, cell_record
 
     directory.mkdir(parents=True)
     recorder = Recorder(directory / "journal.jsonl", directory / "notebook.ipynb", {"session": directory.name})

@@ -1,3 +1,3 @@
-from .cli import main
+from kernelexec.cli import main
 
 main()

@@ -13,10 +13,10 @@ import sys
 from collections.abc import Set
 from typing import Any
 
-from . import __version__
-from .config import Settings, load_settings
-from .errors import KernelexecError
-from .terminal import install_excepthook, install_logging, safe
+from kernelexec import __version__
+from kernelexec.config import Settings, load_settings
+from kernelexec.errors import KernelexecError
+from kernelexec.terminal import install_excepthook, install_logging, safe
 
 # Settings that belong to one command only.
 _SERVE_ONLY = {"transport", "host", "port"}
@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--no-browser", dest="open_browser", action="store_false", help="do not open a browser")
     _add_settings_flags(lab, skip=_SERVE_ONLY)
 
-    from . import hook as _hook  # stdlib only
+    from kernelexec import hook as _hook  # stdlib only
 
     hook = sub.add_parser("hook", help="Claude Code hook of the kernelexec-code-only plugin: denies every tool but "
                           "kernelexec's (reads the event JSON on stdin)")
@@ -106,8 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args_in = sys.argv[1:] if argv is None else argv
     if args_in[:1] == ["hook"]:  # the hook runs on every tool call: no settings, no heavy imports
-        from . import hook
-
+        from kernelexec import hook
         hook_parser = argparse.ArgumentParser(prog="kernelexec hook")
         hook.add_arguments(hook_parser)
         sys.exit(hook.run(hook_parser.parse_args(args_in[1:])))
@@ -117,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.print_help()
         sys.exit(2)
     if args.command == "hook":  # before settings: a bad KERNELEXEC_* variable must not stop the hook
-        from .hook import run as run_hook
+        from kernelexec.hook import run as run_hook
 
         sys.exit(run_hook(args))
     settings = _settings(args)
@@ -128,11 +127,11 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.command == "lab":
         try:
-            from .lab import lab_command
+            from kernelexec.lab.app import lab_command
         except ImportError as exc:
             sys.exit(safe(f"kernelexec lab needs Jupyter Server ({exc}): pip install 'kernelexec[lab]'"))
         sys.exit(lab_command(settings, port=args.lab_port, open_browser=args.open_browser))
-    from .doctor import preflight, report
+    from kernelexec.doctor import preflight, report
 
     if args.command == "doctor":
         print(safe(report(settings)))
@@ -143,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     except KernelexecError as exc:
         sys.exit(safe(f"kernelexec: {exc}"))
     if args.command == "serve" and settings.transport == "http":
-        from .auth import LOOPBACK, load_tokens
+        from kernelexec.server.auth import LOOPBACK, load_tokens
 
         try:
             tokens = load_tokens(settings)
@@ -160,16 +159,16 @@ def main(argv: list[str] | None = None) -> None:
         code = sys.stdin.read() if args.code == "-" else args.code
         sys.exit(anyio.run(_exec, settings, code, args.call_timeout, args.call_working_dir))
     elif args.command == "replay":
-        from .replay import replay_command
+        from kernelexec.session.replay import replay_command
 
         sys.exit(anyio.run(lambda: replay_command(settings, args.notebook, output=args.output, profile=args.profile,
                                                      install=args.install, ask=args.ask)))
 
 
 async def _serve(settings: Settings) -> None:
-    from .sandbox import describe_layers, plan_for
-    from .server import build_server
-    from .sessions import SessionManager
+    from kernelexec.sandbox.plan import describe_layers, plan_for
+    from kernelexec.server.build import build_server
+    from kernelexec.session.manager import SessionManager
 
     layers = plan_for(settings, settings.effective_profile, session_dir=settings.sessions_dir, rw=[], ro=[],
                       cwd=settings.sessions_dir, key="serve").layers
@@ -196,8 +195,8 @@ async def _exec(settings: Settings, code: str, timeout: float | None, working_di
     """Run one call through a real in-memory MCP client, exactly as a client would, and print its JSON."""
     from mcp import Client
 
-    from .server import build_server
-    from .sessions import SessionManager
+    from kernelexec.server.build import build_server
+    from kernelexec.session.manager import SessionManager
 
     settings = settings.model_copy(update={"pool_size": 0, "restart_spares": 0})  # one call: a pooled or spare kernel would be wasted work
     sessions = SessionManager(settings)

@@ -10,14 +10,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .config import Profile, Settings
-from .environments import explain, prepare
-from .errors import InvalidRequest, KernelexecError, SandboxUnavailable
-from .host import check_reach
-from .kernelspecs import provisioner_of
-from .layout import check_socket_room
-from .sandbox import available, describe_layers, kernel_reach, plan_for, probe
-from .terminal import safe
+from kernelexec.backends.kernelspecs import provisioner_of
+from kernelexec.config import Profile, Settings
+from kernelexec.environment.interpreter import explain, prepare
+from kernelexec.errors import InvalidRequest, KernelexecError, SandboxUnavailable
+from kernelexec.host import check_reach
+from kernelexec.layout import check_socket_room
+from kernelexec.sandbox.plan import available, describe_layers, kernel_reach, plan_for, probe
+from kernelexec.terminal import safe
 
 
 def preflight(settings: Settings, *, environment: bool = True) -> list[str]:

@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import InvalidRequest
+from kernelexec.errors import InvalidRequest
 
 if TYPE_CHECKING:
-    from .config import Settings
+    from kernelexec.config import Settings
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from .errors import InvalidRequest
+from kernelexec.errors import InvalidRequest
 
 SLOTS = ("k", "s")  # a session's kernel slots: "k" first, "s" for a warm spare while "k" is live, and so on
 
@@ -45,6 +45,14 @@ def check_socket_room(session_root: Path) -> None:
         raise InvalidRequest(
             f"the session directory {session_root} is too long for unix socket paths (107 bytes at most): "
             f"pass a shorter --state-dir (KERNELEXEC_STATE_DIR), e.g. ~/.kernelexec or /var/tmp/kernelexec-$USER")
+
+
+_HANDLE_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
+
+
+def valid_handle(handle: str) -> bool:
+    """A session handle as the server mints them: also the name of its directory under ``sessions/``."""
+    return 8 <= len(handle) <= 64 and set(handle) <= _HANDLE_CHARS
 
 
 @dataclass

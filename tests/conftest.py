@@ -88,9 +88,9 @@ def weakened_guard() -> Iterator[None]:
     if support.WEAKEN not in ("guard", "off"):
         yield
         return
-    import kernelexec.sessions
+    import kernelexec.session.session
 
-    original = kernelexec.sessions.kernel_policy
+    original = kernelexec.session.session.kernel_policy
 
     def no_guard(*args: Any, **kwargs: Any) -> dict[str, Any]:
         policy = original(*args, **kwargs)
@@ -98,7 +98,7 @@ def weakened_guard() -> Iterator[None]:
         return policy
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(kernelexec.sessions, "kernel_policy", no_guard)
+        mp.setattr(kernelexec.session.session, "kernel_policy", no_guard)
         yield
 
 

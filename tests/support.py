@@ -23,8 +23,9 @@ from typing import Any
 from mcp import Client, StdioServerParameters
 
 from kernelexec.config import Settings, load_settings
-from kernelexec.server import build_server
-from kernelexec.sessions import SessionManager
+from kernelexec.server.app import App
+from kernelexec.server.build import build_server
+from kernelexec.session.manager import SessionManager
 
 # ``pytest --weaken LAYER`` (tests/conftest.py): every in-memory server these helpers start runs with that layer
 # removed, so that the security tests can be seen to go red. LAYER: a name --disable-layers accepts, ``uid``
@@ -54,10 +55,11 @@ def make_settings(base: Path, **overrides: Any) -> Settings:
 class Harness:
     """A running server with an in-memory client; ``call`` returns (structured, result)."""
 
-    def __init__(self, client: Client, sessions: SessionManager, settings: Settings) -> None:
+    def __init__(self, client: Client, sessions: SessionManager, settings: Settings, app: App) -> None:
         self.client = client
         self.sessions = sessions
         self.settings = settings
+        self.app = app
 
     async def call(self, tool: str, **arguments: Any) -> Any:
         return await self.client.call_tool(tool, arguments)
@@ -78,10 +80,11 @@ async def start_harness(settings: Settings):
     sessions = SessionManager(settings)
     cm = sessions.running()
     await cm.__aenter__()
-    server = build_server(settings, sessions)
+    app = App(settings, sessions)
+    server = build_server(settings, sessions, app)
     client = Client(server)
     await client.__aenter__()
-    return Harness(client, sessions, settings), cm
+    return Harness(client, sessions, settings, app), cm
 
 
 @asynccontextmanager

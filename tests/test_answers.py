@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from kernelexec.hints import install_hint
-from kernelexec.models import CellError, Execution
-from kernelexec.render import Renderer
+from kernelexec.kernel.execution import CellError, Execution
+from kernelexec.server.render import Renderer
+from kernelexec.session.hints import install_hint
 
 from .conftest import Harness, make_settings, serving
 

@@ -88,7 +88,7 @@ async def test_a_crashing_kernel_leaves_no_core_file(short_tmp: Path, core_off: 
     if Path("/proc/sys/kernel/core_pattern").read_text().startswith("|"):
         pytest.skip("core_pattern pipes cores to a handler: no file to look for")  # pragma: no cover
     if not core_off:  # control: the plan's RLIMIT_CORE raised, the same crash leaves a core
-        import kernelexec.sandbox
+        import kernelexec.sandbox.plan
 
         original = kernelexec.sandbox.plan_for
 
@@ -98,8 +98,8 @@ async def test_a_crashing_kernel_leaves_no_core_file(short_tmp: Path, core_off: 
                 plan.wrapper["rlimits"]["core"] = 1 << 30
             return plan
 
-        monkeypatch.setattr(kernelexec.sandbox, "plan_for", core_allowed)
-        monkeypatch.setattr("kernelexec.sessions.plan_for", core_allowed, raising=False)
+        monkeypatch.setattr(kernelexec.sandbox.plan, "plan_for", core_allowed)
+        monkeypatch.setattr("kernelexec.session.session.plan_for", core_allowed, raising=False)
     async with serving(make_settings(short_tmp, **QUIET)) as h:
         session = await h.new_session()
         await h.run("1", session=session)
@@ -126,9 +126,9 @@ async def test_a_crashing_kernel_leaves_no_core_file(short_tmp: Path, core_off: 
 @pytest.mark.parametrize("broken", [True, False], ids=["broken-policy", "control-valid-policy"])
 async def test_a_policy_the_startup_code_cannot_install_never_runs_a_cell(
         short_tmp: Path, broken: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    import kernelexec.sessions
+    import kernelexec.session.session
 
-    original = kernelexec.sessions.kernel_policy
+    original = kernelexec.session.session.kernel_policy
 
     def bad_policy(*args: Any, **kwargs: Any) -> dict[str, Any]:
         policy = original(*args, **kwargs)
@@ -136,7 +136,7 @@ async def test_a_policy_the_startup_code_cannot_install_never_runs_a_cell(
             policy["allowed_imports"] = 5  # the guard's set(...) of it raises in the kernel's start-up code
         return policy
 
-    monkeypatch.setattr(kernelexec.sessions, "kernel_policy", bad_policy)
+    monkeypatch.setattr(kernelexec.session.session, "kernel_policy", bad_policy)
     async with serving(make_settings(short_tmp, **QUIET)) as h:
         opened = await h.call("new_session")
         ran = await h.call("execute_code", code="open('ran-unguarded', 'w').write('x')\n'ran'", timeout=60)
@@ -171,9 +171,9 @@ async def test_a_display_flood_past_the_kernel_stays_bounded_in_answer_and_noteb
     if not capped:
         import functools
 
-        import kernelexec.kernel
+        import kernelexec.kernel.driver
 
-        monkeypatch.setattr(kernelexec.kernel, "Caps", functools.partial(kernelexec.kernel.Caps, max_outputs=10_000))
+        monkeypatch.setattr(kernelexec.kernel.driver, "Caps", functools.partial(kernelexec.kernel.driver.Caps, max_outputs=10_000))
     async with serving(make_settings(short_tmp, **QUIET)) as h:
         session = await h.new_session()
         await h.run(SENDER, session=session)
@@ -201,9 +201,9 @@ async def test_two_hundred_mib_of_rich_output_keeps_128_mib_at_most(
     if not capped:
         import functools
 
-        import kernelexec.kernel
+        import kernelexec.kernel.driver
 
-        monkeypatch.setattr(kernelexec.kernel, "Caps", functools.partial(kernelexec.kernel.Caps, max_total_bytes=1 << 30))
+        monkeypatch.setattr(kernelexec.kernel.driver, "Caps", functools.partial(kernelexec.kernel.driver.Caps, max_total_bytes=1 << 30))
     async with serving(make_settings(short_tmp, **QUIET)) as h:
         session = await h.new_session()
         await h.run(SENDER, session=session)
@@ -238,7 +238,7 @@ async def test_a_tampered_working_dir_in_session_json_is_not_used_on_revival(
     meta = json.loads(meta_file.read_text())
     meta_file.write_text(json.dumps({**meta, "working_dir": str(target)}))
     if not checked:
-        from kernelexec.sessions import Session
+        from kernelexec.session.session import Session
 
         monkeypatch.setattr(Session, "resolve_working_dir", lambda self, wd: None if wd is None else Path(wd))
     async with serving(settings) as h2:
@@ -340,9 +340,9 @@ def test_http_refuses_a_rebinding_host_and_runs_nothing(short_tmp: Path) -> None
 async def test_two_servers_on_one_state_dir_never_share_a_session(
         short_tmp: Path, locked: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     if not locked:
-        import kernelexec.sessions
+        import kernelexec.session.session
 
-        monkeypatch.setattr(kernelexec.sessions, "_claim", lambda root, handle: os.open(os.devnull, os.O_RDONLY))
+        monkeypatch.setattr(kernelexec.session.session, "_claim", lambda root, handle: os.open(os.devnull, os.O_RDONLY))
     settings = make_settings(short_tmp, **QUIET)
     async with serving(settings) as a, serving(settings) as b:
         session = await a.new_session()

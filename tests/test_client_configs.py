@@ -150,7 +150,6 @@ def test_marketplace_lists_the_two_plugins_in_their_directories() -> None:
 @pytest.mark.parametrize("plugin", PLUGIN_DIRS, ids=lambda p: p.name)
 def test_plugin_manifests_name_their_plugin_and_declare_author_icon_hosts(plugin: Path) -> None:
     from kernelexec import __version__
-
     manifest = json.loads((plugin / ".claude-plugin" / "plugin.json").read_text())
     assert manifest["name"] == plugin.name  # tools arrive as mcp__plugin_<name>_kernelexec__*
     assert manifest["version"] == __version__ and re.fullmatch(r"\d+\.\d+\.\d+", manifest["version"])

@@ -6,7 +6,7 @@ import json
 import socket
 from pathlib import Path
 
-from kernelexec import connections
+from kernelexec.session import connections
 
 
 def connection_file(session: Path) -> Path:

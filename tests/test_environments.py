@@ -21,7 +21,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from kernelexec.environments import EnvironmentUnusable, overlay_path, overlay_ready, prepare, resolve
+from kernelexec.environment.interpreter import EnvironmentUnusable, overlay_path, overlay_ready, prepare, resolve
 
 from .conftest import clean_env, kernelexec_cmd, make_settings, serving
 from .support import pyenv_python
@@ -244,11 +244,11 @@ async def test_a_pooled_kernel_of_another_environment_is_never_handed_out(
         import anyio
 
         for _ in range(1200):
-            if h.sessions.pool:
+            if h.sessions.pool.sessions:
                 break
             await anyio.sleep(0.1)
-        assert h.sessions.pool, "the pool never filled"
-        pooled = h.sessions.pool[0]
+        assert h.sessions.pool.sessions, "the pool never filled"
+        pooled = h.sessions.pool.sessions[0]
         assert pooled.environment.source == "own"
         # the project gets its .venv while the pool holds a kernel of kernelexec's own Python
         subprocess.run([built_312, "-m", "venv", "--without-pip", str(project / ".venv")], check=True, timeout=120)
@@ -256,7 +256,7 @@ async def test_a_pooled_kernel_of_another_environment_is_never_handed_out(
         assert handle != pooled.handle
         a = await h.run("import sys\nresult = list(sys.version_info[:2])", session=handle)
         assert a["result"] == [3, 12] and a["environment"]["source"] == "project .venv", a
-        assert pooled not in h.sessions.pool and pooled.kernel is None  # the stale one was stopped
+        assert pooled not in h.sessions.pool.sessions and pooled.kernel is None  # the stale one was stopped
 
 
 def test_an_environment_pinning_what_ipykernel_cannot_live_with_is_refused_naming_both(
@@ -288,7 +288,7 @@ def test_offline_without_an_overlay_says_exactly_what_to_run(tmp_path: Path, mon
         prepare(python, None, cache)
     message = str(err.value)
     target = str(overlay_path(resolve(python, None), cache))
-    assert "could not fetch" in message and f"--target {target}" in message and "-m kernelexec.wheels" in message, message
+    assert "could not fetch" in message and f"--target {target}" in message and "-m kernelexec.environment.wheels" in message, message
     assert "--python-version 3.10." in message and "--python " not in message, message  # its tags; it is never run
     assert not overlay_ready(Path(target))
     with pytest.raises(EnvironmentUnusable, match="run: "):
@@ -351,7 +351,7 @@ async def test_pooled_kernels_import_the_data_stack_ahead(short_tmp: Path) -> No
     settings = make_settings(short_tmp, pool_size=1, restart_spares=0)
     async with serving(settings) as h:
         with anyio.fail_after(120):
-            while not h.sessions.pool:
+            while not h.sessions.pool.sessions:
                 await anyio.sleep(0.1)
         a = await h.run("import sys\nresult = sorted(m for m in ('numpy', 'pandas', 'matplotlib.pyplot') if m in sys.modules)")
         assert a["result"] == ["matplotlib.pyplot", "numpy", "pandas"], a
@@ -366,7 +366,7 @@ async def test_without_bubblewrap_a_venv_inside_the_working_dir_is_said_writable
     """Landlock cannot take a right away from a subdirectory of a writable one: without bubblewrap ``auto``
     refuses a .venv kernels could write (naming the flag), and when the user names it with --python the
     plan says so (degraded), and in standard the guard refuses the write."""
-    from kernelexec.sandbox import kernel_reach, plan_for
+    from kernelexec.sandbox.plan import kernel_reach, plan_for
 
     project = make_project(tmp_path, built_312)
     (site,) = glob.glob(str(project / ".venv/lib/python3.12/site-packages"))

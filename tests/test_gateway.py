@@ -25,12 +25,12 @@ from typing import Any
 import anyio
 import pytest
 
+from kernelexec.backends.gateway import GatewayKernel, remote_policy, startup_code
 from kernelexec.config import load_settings
 from kernelexec.errors import KernelStartError
-from kernelexec.gateway import GatewayKernel, remote_policy, startup_code
-from kernelexec.launch import LaunchSpec
+from kernelexec.kernel.launch import LaunchSpec
 from kernelexec.layout import SessionDirs
-from kernelexec.policy import kernel_policy
+from kernelexec.sandbox.policy import kernel_policy
 
 from .conftest import Harness, clean_env, free_port, make_settings, wait_for_port
 from .conftest import serving as harness_for

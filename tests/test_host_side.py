@@ -23,7 +23,7 @@ import nbformat
 import pytest
 
 from kernelexec import host
-from kernelexec.sandbox import kernel_reach, probe
+from kernelexec.sandbox.plan import kernel_reach, probe
 
 from .conftest import clean_env, kernelexec_cmd, make_settings, serving
 
@@ -316,7 +316,7 @@ async def test_every_host_process_the_server_starts_is_isolated_and_runs_nothing
     no executable lies where kernels write; kernels are launched only through the sandbox shim."""
     global _AUDIT
     from kernelexec.doctor import preflight, report
-    from kernelexec.replay import replay_notebook
+    from kernelexec.session.replay import replay_notebook
 
     from .support import build_wheel, package_index
 

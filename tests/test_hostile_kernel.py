@@ -195,8 +195,7 @@ async def test_a_stream_flood_past_the_kernel_cap_keeps_the_server_small_and_oth
 
 
 def test_the_door_refuses_oversized_parts_and_non_finite_numbers() -> None:
-    from kernelexec import wire
-
+    from kernelexec.kernel import wire
     with pytest.raises(ValueError, match="more than"):
         wire.loads(b'"' + b"x" * wire.MAX_PART_BYTES + b'"')
     assert wire.loads(b'{"a": 1e999, "b": -1e999, "c": NaN, "d": 1.5}') == {"a": None, "b": None, "c": None, "d": 1.5}

@@ -90,7 +90,7 @@ def test_the_installed_command_runs_code_from_the_installed_package(installed: P
     kernelexec = installed / "kernelexec"
     env = clean_env(PATH=f"{installed}{os.pathsep}{os.environ.get('PATH', '')}")
     env.pop("PYTHONPATH", None)
-    where = run([str(installed / "python"), "-c", "import kernelexec.launch as l; print(l.startup_script())"], env=env, cwd=tmp_path)
+    where = run([str(installed / "python"), "-c", "import kernelexec.kernel.launch as l; print(l.startup_script())"], env=env, cwd=tmp_path)
     startup = Path(where.stdout.strip())
     assert startup.name == "kernel_init.py" and startup.is_file()
     assert str(installed.parent) in str(startup), f"kernelexec was imported from {startup}, not from the wheel"

@@ -22,7 +22,7 @@ import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 
-from kernelexec.kernelspecs import ProvisionedKernel
+from kernelexec.backends.kernelspecs import ProvisionedKernel
 
 from .conftest import Harness, clean_env, kernelexec_cmd, make_settings, pids_with, serving
 

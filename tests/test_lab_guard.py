@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from kernelexec import lab_guard
+from kernelexec.lab import guard as lab_guard
 
 SCRIPT = "<script>fetch('/api/terminals',{method:'POST'})</script>"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from kernelexec.kernel import Kernel
+from kernelexec.kernel.driver import Kernel
 
 from .conftest import Harness, make_settings, serving
 
@@ -26,36 +26,36 @@ async def pooled(short_tmp: Path) -> AsyncIterator[Harness]:
 
 async def pool_full(h: Harness, size: int) -> list[str]:
     with anyio.fail_after(60):
-        while len(h.sessions.pool) < size:
+        while len(h.sessions.pool.sessions) < size:
             await anyio.sleep(0.1)
-    return [s.handle for s in h.sessions.pool]
+    return [s.handle for s in h.sessions.pool.sessions]
 
 
 async def housekeeping_rounds(h: Harness, rounds: int = 3, deadline: float = 60) -> None:
     """Wait (bounded) until the server's housekeeping has run ``rounds`` more times *and* no spare it started is
     still starting: then an absence checked next is not an event that had not happened yet. (Counted by wrapping
-    ``_keep_spares``, the round's last step, on this one manager.)"""
-    sessions = h.sessions
+    ``keep_spares``, the round's last step, on this one manager's upkeep.)"""
+    upkeep = h.sessions.upkeep
     done = 0
-    original = sessions._keep_spares
+    original = upkeep.keep_spares
 
     async def counted() -> None:
         nonlocal done
         await original()
         done += 1
 
-    sessions._keep_spares = counted  # type: ignore[method-assign]
+    upkeep.keep_spares = counted  # type: ignore[method-assign]
     try:
         with anyio.fail_after(deadline):
-            while done < rounds or sessions._spare_task_running:
+            while done < rounds or upkeep._spare_task_running:
                 await anyio.sleep(0.05)
     finally:
-        del sessions._keep_spares
+        del upkeep.keep_spares
 
 
 async def test_a_new_session_gets_a_pooled_kernel_and_the_pool_refills(pooled: Harness) -> None:
     ready = await pool_full(pooled, 2)
-    pooled_kernel = pooled.sessions.pool[0].kernel
+    pooled_kernel = pooled.sessions.pool.sessions[0].kernel
     handle = await pooled.new_session()
     assert handle == ready[0]
     assert pooled.sessions.sessions[handle].kernel is pooled_kernel  # no new kernel was started for it

@@ -14,8 +14,8 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
-from kernelexec.models import Execution
-from kernelexec.recording import Recorder, cell_record, rebuild_stale
+from kernelexec.kernel.execution import Execution
+from kernelexec.session.recording import Recorder, cell_record, rebuild_stale
 
 from .conftest import Harness, clean_env, kernelexec_cmd
 

@@ -74,7 +74,7 @@ async def test_rich_output_metadata_counts_against_the_output_caps(short_tmp: Pa
     kept whatever its size. A 40 MiB ``data`` is dropped (over ``max_output_bytes``) but the same 40 MiB
     as ``metadata`` is kept, in memory, the journal and the notebook — and 1,000 such outputs per cell
     (``max_outputs``) would hold tens of GiB in the server."""
-    from kernelexec.collector import Caps
+    from kernelexec.kernel.collector import Caps
 
     from .test_hostile_kernel import SENDER
 

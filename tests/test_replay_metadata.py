@@ -17,9 +17,9 @@ from typing import Any
 import nbformat
 import pytest
 
-from kernelexec.recording import ENDINGS, EVENTS, CellMeta, NotebookMeta, read_cell_meta, read_notebook_meta
-from kernelexec.replay import _session_roots, ignored_metadata, installs_line, recorded_installs
-from kernelexec.restore import cell_timeout, restorable
+from kernelexec.session.recording import ENDINGS, EVENTS, CellMeta, NotebookMeta, read_cell_meta, read_notebook_meta
+from kernelexec.session.replay import _session_roots, ignored_metadata, installs_line, recorded_installs
+from kernelexec.session.restore import cell_timeout, restorable
 
 from .conftest import clean_env, kernelexec_cmd, make_settings
 
@@ -195,7 +195,7 @@ NOT_NOTEBOOKS = ['{"cells": "x"}', "[]", "not json", "", '{"nbformat": true}', '
 async def test_a_file_that_is_not_a_notebook_exits_2_with_one_line(
     text: str, tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from kernelexec.replay import replay_command
+    from kernelexec.session.replay import replay_command
 
     path = tmp_path / "bad.ipynb"
     path.write_text(text)

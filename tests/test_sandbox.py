@@ -16,7 +16,7 @@ import pytest
 from kernelexec.config import load_settings
 from kernelexec.doctor import preflight
 from kernelexec.errors import SandboxUnavailable
-from kernelexec.sandbox import plan_for, probe
+from kernelexec.sandbox.plan import plan_for, probe
 
 from .conftest import Harness, clean_env, kernelexec_cmd, make_settings, serving
 
@@ -175,7 +175,7 @@ def test_the_hand_over_walk_follows_no_symlink_and_opens_no_fifo(tmp_path: Path)
     must not redirect a chown outside or block the server on a FIFO."""
     import threading
 
-    from kernelexec.sandbox import _chown_tree
+    from kernelexec.sandbox.plan import _chown_tree
 
     if os.geteuid() != 0:
         pytest.fail("chown to another uid needs root (CI runs as root)")

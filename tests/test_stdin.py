@@ -12,8 +12,8 @@ import pytest
 from mcp import Client
 from mcp_types import ElicitResult
 
-from kernelexec.server import build_server
-from kernelexec.sessions import SessionManager
+from kernelexec.server.build import build_server
+from kernelexec.session.manager import SessionManager
 
 from .conftest import make_settings
 

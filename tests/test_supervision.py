@@ -312,7 +312,7 @@ async def test_code_that_kills_its_kernel_is_never_run_twice(h: Harness) -> None
 
 async def test_the_oom_killer_past_the_cgroup_cap_is_reported_and_the_next_call_works(short_tmp: Path) -> None:
     """Shared anonymous memory escapes RLIMIT_DATA; the cgroup's hard cap (memory_mb + 512 MiB) does not."""
-    from kernelexec.sandbox import probe
+    from kernelexec.sandbox.plan import probe
 
     if probe().cgroup is None:
         pytest.fail("needs a writable cgroup hierarchy (run as root, as CI does)")
@@ -329,7 +329,7 @@ async def test_every_kernel_holds_the_servers_lifeline(h: Harness) -> None:
     """Kernels exit when the server is gone, however it went: each holds the read end of a pipe only the
     server can keep open, and a thread waiting on it. (bubblewrap's --die-with-parent alone misses a server
     that dies in the instant a kernel is being launched, e.g. a warm spare during shutdown.)"""
-    from kernelexec.launch import lifeline
+    from kernelexec.kernel.launch import lifeline
 
     s = await h.new_session()
     await h.run("1", session=s)

@@ -151,7 +151,7 @@ def test_the_real_logging_setup_escapes_log_lines(tmp_path: Path) -> None:
         "import logging\n"
         "from kernelexec.terminal import install_logging\n"
         "install_logging()\n"
-        "log = logging.getLogger('kernelexec.kernel')\n"
+        "log = logging.getLogger('kernelexec.kernel.driver')\n"
         "log.warning('the warm spare is dead or lost its policy (%r)', '\\x1b]0;pwned\\x07\\x1b[2J')\n"
         "try:\n"
         "    raise ValueError('\\x1b[8mhidden\\x9b\\u202e\\ud800')\n"

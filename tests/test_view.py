@@ -16,8 +16,8 @@ from mcp import Client
 from mcp.client import advertise
 from mcp.server.apps import APP_MIME_TYPE, EXTENSION_ID
 
-from kernelexec.server import build_server
-from kernelexec.view import APP_ONLY, VIEW_URI, view_html
+from kernelexec.server.build import build_server
+from kernelexec.server.view import APP_ONLY, VIEW_URI, view_html
 
 from .conftest import Harness
 

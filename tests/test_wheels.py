@@ -22,8 +22,9 @@ from typing import Any
 
 import pytest
 
-from kernelexec import environments, packages, wheels
 from kernelexec.config import Settings
+from kernelexec.environment import interpreter as environments
+from kernelexec.environment import packages, wheels
 
 from .support import build_sdist, build_wheel, package_index, pyenv_python
 
@@ -306,7 +307,7 @@ def test_wheels_for_another_interpreter_are_chosen_without_running_it(
 def test_the_command_shown_to_users_does_the_same_for_that_interpreter(index: Index, tmp_path: Path) -> None:
     described = wheels.Interpreter((3, 13, 0), "cp313", ARCH, ("glibc", platform.libc_ver()[1]))
     command = wheels.command_line(["kxnative"], tmp_path / "overlay", described)
-    assert command[:4] == [sys.executable, "-I", "-m", "kernelexec.wheels"] and "--python" not in command
+    assert command[:4] == [sys.executable, "-I", "-m", "kernelexec.environment.wheels"] and "--python" not in command
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYTHON"))} | {
         "PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": index.url}
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)

@@ -72,7 +72,7 @@ def _deputy_cases() -> list[Any]:
 async def test_server_writes_through_planted_symlinks(world: World, targets: dict[str, Target], profile: str, mode: str, name: str) -> None:
     t = targets[profile]
     plant, trigger = SERVER_DEPUTY[name]
-    seq = t.h.sessions.sessions[t.handles[mode]].renderer._seq  # = the attacker's count of its own calls
+    seq = t.h.app.renderer(t.h.sessions.sessions[t.handles[mode]])._seq  # = the attacker's count of its own calls
     tag = f"{name}-{profile}-{mode}-{secrets.token_hex(3)}"
     try:
         a = await attack(world, t, mode, plant, tag, category="server-deputy", name=name,

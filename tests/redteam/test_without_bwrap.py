@@ -32,8 +32,8 @@ pytestmark = pytest.mark.anyio
 async def no_bwrap(world: World, short_tmp: Path) -> AsyncIterator[Target]:
     import dataclasses
 
-    import kernelexec.sandbox as sandbox_mod
-    import kernelexec.sessions as sessions_mod
+    import kernelexec.sandbox.plan as sandbox_mod
+    import kernelexec.session.session as sessions_mod
 
     settings = make_settings(short_tmp, profile="standard", read_dirs=[world.ro_dir])
     real_plan_for = sessions_mod.plan_for

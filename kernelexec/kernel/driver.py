@@ -1,0 +1,507 @@
+"""One IPython kernel, driven through jupyter_client's async API, and the seam its backends fill in.
+
+``Kernel`` is the driver: lifecycle (start, restart, shutdown), the request protocol and
+diagnostics. Where the kernel runs is a backend's business, declared as a few hooks (after
+jupyter_client's ``KernelProvisionerBase``): ``create_manager`` and ``start_kwargs`` (abstract),
+``install_startup``, ``exit_code`` and ``log_tail`` (safe defaults), and the class attributes
+``supports_spares`` and ``liveness_every``. Backends live in ``kernelexec/backends/``: ``local.LocalKernel``
+(our provisioner inside the sandbox), ``kernelspecs.ProvisionedKernel`` (a kernelspec's provisioner),
+``gateway.GatewayKernel``.
+
+``Kernel.execute`` sends one request, reads IOPub (filtered by ``parent_header.msg_id``) and the
+shell reply against one monotonic deadline, and races that against ``is_alive()`` so a dead kernel
+is noticed in well under a second. On timeout it escalates: SIGINT, a short grace, then a restart.
+Callers hold the session lock: at most one request is ever in flight per kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import signal
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import IO, Any, ClassVar, Literal, Protocol
+
+import anyio
+import anyio.lowlevel
+from jupyter_client.manager import AsyncKernelManager
+
+from kernelexec.errors import KernelDied, KernelStartError
+from kernelexec.kernel.collector import Caps, Collector, strip_ansi
+from kernelexec.kernel.execution import CellError, CellResult, Execution, ResultRule
+from kernelexec.kernel.launch import LaunchSpec
+from kernelexec.kernel.wire import harden
+from kernelexec.layout import SLOTS
+
+logger = logging.getLogger(__name__)
+
+_POLL = 0.2  # seconds between liveness checks while waiting on output
+# A question a cell asks through input()/getpass(): (prompt, password) -> the answer, or None (declined:
+# the cell gets EOFError, as at the end of a terminal's input)
+Ask = Callable[[str, bool], Awaitable[str | None]]
+
+OnOutput = Callable[[str, str], Awaitable[None]]  # (stream name, text) for progress reporting
+
+
+
+class SpareKeeper(Protocol):
+    """What the driver and the session manager ask of a kernel's warm spare (``backends.spares.Spares``,
+    which only local kernels have): set by a backend in ``__init__``."""
+
+    ready: Kernel | None
+    takeovers: int
+    retry_at: float
+
+    async def prepare(self) -> bool: ...
+    async def take_over(self) -> bool: ...
+    async def drop(self) -> None: ...
+    async def shutdown(self) -> None: ...
+    def failed(self) -> None: ...
+
+
+class Kernel(ABC):
+    """A running kernel for one session. Not safe for concurrent ``execute`` calls: the session serialises them."""
+
+    supports_spares: ClassVar[bool] = False  # a warm spare (spares.py) can take over its restarts
+    supports_packages: ClassVar[bool] = False  # the server can install into its session's overlay (packages.py)
+    liveness_every: ClassVar[float] = _POLL  # seconds between liveness checks while a request runs
+
+    def __init__(self, spec: LaunchSpec, *, startup_timeout: float = 60.0, slot: str = SLOTS[0]) -> None:
+        self.spec = spec
+        self.startup_timeout = startup_timeout
+        self.slot = slot
+        self.km: AsyncKernelManager | None = None
+        self.kc: Any = None
+        self._log: IO[bytes] | None = None
+        self.restarts = 0
+        # a warm spare for the next restart, for backends whose kernels can have one (backends/spares.py)
+        self.spares: SpareKeeper | None = None
+
+    # --- lifecycle -----------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the kernel and wait until it answers and its policy is installed."""
+        dirs = self.spec.dirs
+        self._log = open(dirs.log, "ab")  # noqa: SIM115 - lives as long as the kernel
+        km = self.create_manager()
+        harden(km.session)  # every message this kernel sends is decoded and cleaned by wire.loads
+        self.km = km
+        try:
+            with anyio.fail_after(self.startup_timeout):
+                await km.start_kernel(**self.start_kwargs())
+                self.kc = km.client()
+                self.kc.start_channels()
+                await self._wait_ready()
+        except BaseException as exc:
+            tail = self.log_tail()
+            with anyio.CancelScope(shield=True):
+                await self.shutdown()
+            if isinstance(exc, KernelStartError):
+                raise
+            if isinstance(exc, Exception):
+                raise KernelStartError(f"kernel failed to start: {exc!r}", tail) from exc
+            raise
+
+    # --- the backend seam ---------------------------------------------------------------------
+    @abstractmethod
+    def create_manager(self) -> AsyncKernelManager:
+        """A kernel manager for this kernel's slot, not started. Called by ``start`` for every cold start."""
+
+    @abstractmethod
+    def start_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``km.start_kernel``. Called by ``start``, after ``create_manager``."""
+
+    async def install_startup(self) -> None:  # noqa: B027 - a hook with a safe default, not abstract
+        """Put kernelexec's startup code into the kernel, once it answers and before its policy is
+        checked. Called by ``start``. Default: nothing (the launch ran it, as locally)."""
+
+    def exit_code(self) -> int | None:
+        """The kernel process's exit code once it ended, else None. Called when reporting a death."""
+        return None
+
+    def log_tail(self, limit: int = 2000) -> str:
+        """The end of the session's ``kernel.log``, for start failures. Called by ``start``."""
+        try:
+            return self.spec.dirs.log.read_bytes()[-limit:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def _manager(self) -> AsyncKernelManager:
+        """The kernel manager, for code that runs only while the kernel is started (as the session lock ensures)."""
+        km = self.km
+        assert km is not None, "the kernel is not started"
+        return km
+
+    def spill_path_ok(self, path: Any) -> bool:
+        """Whether a spill file the kernel reports (a capped stream or result) is where its runtime
+        writes them; anything else a hostile kernel names is dropped from the answer. Called by ``_finish``.
+        Default: the session's own ``spill/``."""
+        return isinstance(path, str) and Path(path).parent == self.spec.dirs.spill
+
+    @property
+    def connection_file(self) -> Path:
+        """Where this kernel's connection info is (published for ``kernelexec lab``)."""
+        return self.spec.dirs.connection_file_for(self.slot)
+
+    async def warm(self) -> None:
+        """Import ``--warm-imports`` ahead (startup/kernel_init.py): pooled kernels and spares."""
+        try:
+            await self.evaluate("_kernelexec_warm()", timeout=self.startup_timeout)
+        except Exception:  # noqa: BLE001 - a kernel that cannot warm up is still a kernel
+            logger.warning("warm imports failed", exc_info=True)
+
+    async def _wait_ready(self) -> None:
+        """Wait for the kernel to answer, then check that the startup code installed the policy."""
+        while True:
+            try:
+                await self.kc.wait_for_ready(timeout=self.startup_timeout)
+                break
+            except RuntimeError as exc:
+                if not await self._manager().is_alive():
+                    raise KernelStartError("kernel exited during startup", self.log_tail()) from exc
+                raise
+        await self.install_startup()
+        report = await self.evaluate("_kernelexec_policy()", timeout=self.startup_timeout)
+        if not (isinstance(report, dict) and report.get("active")):
+            raise KernelStartError(f"kernel started without its policy: {report!r}", self.log_tail())
+
+    async def shutdown(self) -> None:
+        """Stop the kernel (and its spare) and release their sockets and files. Safe to call more than once."""
+        if self.spares is not None:
+            await self.spares.shutdown()
+        if self.kc is not None:
+            self.kc.stop_channels()
+            self.kc = None
+        if self.km is not None:
+            try:
+                if self.km.has_kernel:
+                    await self.km.shutdown_kernel(now=True)
+            except Exception:
+                logger.exception("kernel shutdown failed")
+            finally:
+                await self.km._async_cleanup_resources()  # the sync name warns under a running loop
+                self.km = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    async def restart(self) -> None:
+        """Kill the kernel (and its process group) and start a fresh one; the startup code runs again.
+        A warm spare, if one is ready or being started, takes over instead of a cold start."""
+        assert self.km is not None
+        self.restarts += 1
+        if self.spares is not None and await self.spares.take_over():
+            return
+        try:
+            await self.km.restart_kernel(now=True)
+            await self._wait_ready()
+        except Exception:
+            # a restart that fails leaves us with a broken manager: start over from scratch
+            logger.exception("restart failed; starting a new kernel")
+            await self.shutdown()
+            await self.start()
+        await self._drain()
+
+    @property
+    def spare(self) -> Kernel | None:
+        """The warm spare ready for the next restart, if any."""
+        return self.spares.ready if self.spares is not None else None
+
+    @property
+    def spare_takeovers(self) -> int:
+        return self.spares.takeovers if self.spares is not None else 0
+
+    def adopt(self, other: Kernel) -> None:
+        """Take ``other``'s running kernel (manager, client, log and slot) as this one's; ``other`` is left empty.
+        Used by ``Spares.take_over``: the session's Kernel object stays, its process changes."""
+        self.km, self.kc, self._log, self.slot = other.km, other.kc, other._log, other.slot
+        other.km = other.kc = other._log = None
+
+    async def interrupt(self) -> None:
+        if self.km is not None:
+            await self.km.interrupt_kernel()
+
+    async def is_alive(self) -> bool:
+        return self.km is not None and await self.km.is_alive()
+
+    def exit_status(self) -> str:
+        """How the kernel process ended, for answers: "exit code 3" or "signal SIGKILL (exit code 137)"."""
+        code = self.exit_code()
+        if code is None:
+            return "exit code unknown"
+        number = -code if code < 0 else code - 128 if code > 128 else 0
+        if number:
+            try:
+                return f"signal {signal.Signals(number).name} (exit code {code})"
+            except ValueError:
+                pass
+        return f"exit code {code}"
+
+    def note(self, text: str) -> None:
+        """A timestamped line in the session's ``kernel.log`` (what a remote backend did; the kernel's
+        own stderr goes there too for local kernels)."""
+        if self._log is not None and not self._log.closed:
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
+            self._log.write(f"{stamp} {text}\n".encode())
+            self._log.flush()
+
+    async def _drain(self) -> None:
+        """Drop stale IOPub/shell messages left over from an interrupted or killed request."""
+        for channel in (self.kc.iopub_channel, self.kc.shell_channel):
+            while await channel.msg_ready():
+                await channel.get_msg(timeout=0)
+
+    # --- running code ----------------------------------------------------------------------
+    async def execute(
+        self,
+        code: str,
+        *,
+        timeout: float,
+        grace: float,
+        on_output: OnOutput | None = None,
+        result_rule: ResultRule = "variable",
+        ask: Ask | None = None,
+    ) -> Execution:
+        """Run ``code`` as one cell. Never raises for the user's errors; those are in ``Execution.error``.
+        ``result_rule``: which value is the result (startup/runtime.py): ``variable`` (execute_code's:
+        a variable named ``result`` the cell bound, else the last expression) or ``statement`` (the old
+        safe executor's, run_python's: the value of the last statement)."""
+        ex = Execution(code=code)
+        started = time.monotonic()
+        if not await self.is_alive():
+            # It died before this request (killed between calls, noticed only now): the code has not
+            # run, so run it in a fresh kernel rather than report a death it did not cause. Once sent,
+            # a request is never sent again: a kernel that dies without a word may have run part of it.
+            status = self.exit_status()
+            await self.restart()
+            ex.restart_reason = (f"before this code ran, the kernel had died ({status}); it was restarted, "
+                                 "so variables from earlier calls are lost")
+        ask = ask if self.answers_stdin else None
+        msg_id = self._send(code, result_rule, allow_stdin=ask is not None)
+        collector = Collector(ex, self.caps(), self.spec.dirs.outputs, tag=f"stream-{msg_id[:12]}")
+        try:
+            state = await self._collect(msg_id, collector, started + timeout, on_output, ask)
+            if state == "timeout":
+                ex.timed_out = True
+                state = await self._escalate(msg_id, collector, grace, ex, f"timed out after {timeout:.3g} s")
+            if state == "dead":
+                await self._after_death(ex, silent=not collector.began)
+            elif state == "idle":
+                await self._finish(msg_id, ex, deadline=time.monotonic() + max(grace, 5.0))
+        except anyio.get_cancelled_exc_class():
+            # The client gave up (MCP cancellation): stop the cell so the next call finds a quiet kernel.
+            ex.cancelled = True
+            with anyio.CancelScope(shield=True):
+                await self._escalate(msg_id, collector, grace, ex, "the call was cancelled")
+            raise
+        finally:
+            collector.finish()
+            ex.duration_ms = round((time.monotonic() - started) * 1000, 3)
+        return ex
+
+    def caps(self) -> Caps:
+        """The server's own per-cell caps: a little above what the kernel's cap forwards, so an honest
+        kernel never meets them."""
+        policy = self.spec.policy
+        stream_cap = int(policy.get("stream_cap", 1_000_000))
+        return Caps(stream_keep=stream_cap + stream_cap // 10 + 1000, spill_cap=max(int(policy.get("disk_cap", 64_000_000)), stream_cap))
+
+    def _send(self, code: str, result_rule: ResultRule = "variable", *, allow_stdin: bool = False) -> str:
+        content = {"code": code, "silent": False, "store_history": True, "user_expressions": {"report": "_kernelexec_report()"},
+                   "allow_stdin": allow_stdin, "stop_on_error": False}
+        # the rule travels in the request's metadata, which the runtime reads before the cell runs
+        msg = self.kc.session.msg("execute_request", content, metadata={"kernelexec_result": result_rule})
+        self.kc.shell_channel.send(msg)
+        return str(msg["header"]["msg_id"])
+
+    answers_stdin: ClassVar[bool] = True  # a backend whose client has no stdin channel says False
+
+    async def _answer_stdin(self, msg_id: str, ask: Ask, ex: Execution) -> None:
+        """Serve the cell's input()/getpass() requests (the stdin channel) through ``ask``."""
+        while await self.kc.stdin_channel.msg_ready():
+            try:
+                msg = await self.kc.get_stdin_msg(timeout=0)
+            except Exception:  # noqa: BLE001 - a message that would not decode: nothing to answer
+                continue
+            parent = msg.get("parent_header") if isinstance(msg, dict) else None
+            content = msg.get("content") if isinstance(msg, dict) else None
+            if (not isinstance(parent, dict) or parent.get("msg_id") != msg_id or msg.get("msg_type") != "input_request"
+                    or not isinstance(content, dict)):
+                continue
+            prompt, password = str(content.get("prompt", ""))[:2000], content.get("password") is True
+            answer = await ask(prompt, password)
+            self.kc.input("\x04" if answer is None else answer)  # ipykernel raises EOFError for \x04
+            ex.inputs.append({"prompt": prompt, "password": password, "answered": answer is not None,
+                              "answer": None if answer is None else ("***" if password else answer)})
+            if answer is None:
+                ex.notes.append(f"{'getpass()' if password else 'input()'} asked {prompt[:80]!r} and got no answer (declined, "
+                                "unanswered before the cell's timeout, or this client cannot ask its user): the cell got EOFError")
+
+    async def _collect(
+        self, msg_id: str, collector: Collector, deadline: float, on_output: OnOutput | None, ask: Ask | None = None
+    ) -> str:
+        """Read IOPub until the request's idle status: returns ``idle``, ``timeout`` or ``dead``; meanwhile
+        the cell's questions on the stdin channel go to ``ask``."""
+        next_check = time.monotonic() + self.liveness_every
+        while True:
+            if ask is not None:
+                await self._answer_stdin(msg_id, ask, collector.ex)
+            now = time.monotonic()
+            if now >= next_check:
+                if not await self._manager().is_alive():
+                    return "dead"
+                next_check = now + self.liveness_every
+            remaining = deadline - now
+            if remaining <= 0:
+                return "timeout"
+            try:
+                msg = await self.kc.get_iopub_msg(timeout=min(remaining, _POLL))
+            except queue.Empty:
+                continue
+            except Exception as exc:  # a message that would not decode (see wire.loads): dropped, counted
+                collector.handle({"msg_type": "?", "content": None, "error": repr(exc)})
+                continue
+            await anyio.lowlevel.checkpoint()  # a flood of ready messages must not starve other sessions
+            parent = msg.get("parent_header") if isinstance(msg, dict) else None
+            if not isinstance(parent, dict) or parent.get("msg_id") != msg_id:
+                continue
+            text = collector.handle(msg)
+            if on_output is not None and text:
+                await on_output(msg["content"]["name"], text)
+            if collector.idle:
+                return "idle"
+
+    async def _escalate(self, msg_id: str, collector: Collector, grace: float, ex: Execution, why: str) -> str:
+        """SIGINT, wait ``grace`` for idle; if the cell still runs (C loop, SIGINT ignored), restart."""
+        if not await self.is_alive():
+            await self._after_death(ex)
+            return "dead-handled"
+        await self._manager().interrupt_kernel()
+        state = await self._collect(msg_id, collector, time.monotonic() + grace, None)
+        if state == "idle":
+            ex.ending = "interrupted"
+            await self._finish(msg_id, ex, deadline=time.monotonic() + grace)
+            return "interrupted"
+        if state == "dead":
+            await self._after_death(ex)
+            return "dead-handled"
+        ex.ending = "restarted"
+        ex.restart_reason = f"{why}; the interrupt did not stop it within {grace:g} s, so the kernel was restarted (variables lost)"
+        await self.restart()
+        return "restarted"
+
+    async def _after_death(self, ex: Execution, *, silent: bool = False) -> None:
+        status = self.exit_status()
+        ex.ending = "kernel_died"
+        if silent:  # it may have died just before the request reached it, or run it and died at once
+            ex.restart_reason = (f"the kernel died ({status}) before it reported running this code, which may have "
+                                 "run in part or not at all (it is not run again); it was restarted and its variables are lost")
+        else:
+            ex.restart_reason = (
+                f"the kernel died ({status}) while running this code; it was restarted and its variables are lost"
+            )
+        await self.restart()
+
+    async def _finish(self, msg_id: str, ex: Execution, deadline: float) -> None:
+        """Take the shell reply: execution count, the result report and (if no IOPub error came) the error."""
+        try:
+            reply = await self.reply_to(msg_id, deadline - time.monotonic())
+        except (TimeoutError, KernelDied):
+            logger.warning("no execute_reply for %s", msg_id)
+            return
+        content = reply.get("content") if isinstance(reply, dict) else None
+        if not isinstance(content, dict):
+            ex.notes.append("the server dropped a malformed execute_reply (content is not an object)")
+            return
+        count = content.get("execution_count")
+        if isinstance(count, int) and not isinstance(count, bool):
+            ex.execution_count = count
+        if content.get("status") == "error" and ex.error is None:
+            traceback = content.get("traceback", [])
+            ex.error = CellError(
+                str(content.get("ename", "Error")), str(content.get("evalue", "")),
+                [strip_ansi(t) for t in traceback if isinstance(t, str)] if isinstance(traceback, list) else [])
+        expressions = content.get("user_expressions")
+        report = expressions.get("report") if isinstance(expressions, dict) else None
+        data = report.get("data") if isinstance(report, dict) and report.get("status") == "ok" else None
+        payload = data.get("application/json") if isinstance(data, dict) else None
+        if isinstance(payload, dict):
+            ex.streams_cut = _streams_cut(payload.pop("streams", None), self.spill_path_ok)
+            ex.result = _result(payload, self.spill_path_ok)
+
+    async def reply_to(self, msg_id: str, timeout: float) -> dict[str, Any]:
+        """The shell reply to request ``msg_id``, within ``timeout`` seconds. Replies to other requests
+        and messages that would not decode are skipped; liveness is checked while waiting. The one
+        place a shell reply is awaited (``_finish``, ``evaluate``, remote startup). Raises TimeoutError,
+        or KernelDied when the kernel is gone."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no shell reply to {msg_id}")
+            try:
+                reply = await self.kc.get_shell_msg(timeout=min(remaining, _POLL))
+            except queue.Empty:
+                if not await self._manager().is_alive():
+                    raise KernelDied(self.exit_status()) from None
+                continue
+            except Exception:  # noqa: BLE001 - a reply that would not decode (wire.loads): not one to wait for
+                continue
+            if _parent_id(reply) == msg_id and isinstance(reply, dict):
+                return reply
+
+    async def evaluate(self, expression: str, *, timeout: float = 10.0) -> Any:
+        """Evaluate one expression silently (no history, no IOPub output); return its JSON or text."""
+        msg_id = self.kc.execute("", silent=True, store_history=False, user_expressions={"x": expression})
+        try:
+            reply = await self.reply_to(msg_id, timeout)
+        except TimeoutError:
+            raise TimeoutError(f"no reply evaluating {expression!r}") from None
+        except KernelDied:
+            raise KernelStartError("kernel died", self.log_tail()) from None
+        content = reply.get("content")
+        expressions = content.get("user_expressions") if isinstance(content, dict) else None
+        value = expressions.get("x") if isinstance(expressions, dict) else None
+        if not isinstance(value, dict) or value.get("status") != "ok":
+            value = value if isinstance(value, dict) else {}
+            return {"error": f"{value.get('ename')}: {value.get('evalue')}"}
+        data = value.get("data")
+        return data.get("application/json", data.get("text/plain")) if isinstance(data, dict) else None
+
+
+def _parent_id(msg: Any) -> Any:
+    parent = msg.get("parent_header") if isinstance(msg, dict) else None
+    return parent.get("msg_id") if isinstance(parent, dict) else None
+
+
+def _streams_cut(report: Any, spill_ok: Callable[[Any], bool]) -> dict[str, Any]:
+    """The kernel's report of what its stream cap cut, kept only in the shape the runtime gives it
+    (a file it names must pass ``spill_ok``)."""
+    if not isinstance(report, dict):
+        return {}
+    kept: dict[str, Any] = {}
+    for name in ("stdout", "stderr"):
+        item = report.get(name)
+        if isinstance(item, dict):
+            path = item.get("file")
+            ok = spill_ok(path)
+            kept[name] = {**{k: v for k, v in item.items() if k != "file"}, **({"file": path} if ok else {})}
+    return kept
+
+
+def _result(payload: dict[str, Any], spill_ok: Callable[[Any], bool]) -> CellResult | None:
+    """The runtime's result report, if it has the runtime's shape (kind, format, text, file)."""
+    text = payload.get("text")
+    if payload.get("kind") == "none" or not isinstance(text, str):
+        return None
+    fmt: Literal["json", "text"] = "json" if payload.get("format") == "json" else "text"
+    if fmt == "json":
+        try:
+            json.loads(text)
+        except ValueError:
+            fmt = "text"
+    path = payload.get("file")
+    return CellResult(text, fmt, path if path is not None and spill_ok(path) else None)

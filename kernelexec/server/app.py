@@ -1,0 +1,391 @@
+"""What every tool works over: ``App`` (the settings, the session manager, a renderer per session) and
+the answers it builds from a session's ``Finished`` cell or a ``Run`` still going.
+
+Three error channels: user code raising is a normal result; failures the model can act on (unknown
+session, bad input, dead kernel) are ``KernelexecError``s, which ``translated`` turns into
+``ToolError`` (the one place that happens); protocol faults stay ``MCPError``.
+"""
+
+import functools
+import math
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import anyio
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import (
+    CallToolResult,
+    ElicitRequest,
+    ElicitRequestFormParams,
+    ElicitResult,
+    InputRequiredResult,
+    TextContent,
+)
+from pydantic import BaseModel, Field
+
+from kernelexec.config import Settings
+from kernelexec.errors import InvalidRequest, KernelexecError
+from kernelexec.kernel.execution import (
+    ExecuteResult,
+    ResultRule,
+    SessionInfo,
+    Variable,
+    VariablesResult,
+)
+from kernelexec.kernel.wire import clean_text
+from kernelexec.server.auth import current_principal
+from kernelexec.server.render import Rendered, Renderer
+from kernelexec.session.manager import SessionManager
+from kernelexec.session.runs import KEEP_FINISHED, Finished, Question, Run
+from kernelexec.session.session import Session
+
+RUN_PYTHON_TIMEOUT = 60.0  # run_python keeps the old tool's contract: one answer, a timeout, no yielding
+MAX_LISTED_VARIABLES = 1000  # list_variables answers at most this many (a namespace can hold millions)
+
+T = TypeVar("T")
+
+
+def translated(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """The tool's KernelexecErrors as ToolErrors (messages the model can act on)."""
+
+    @functools.wraps(fn)
+    async def tool(*args: Any, **kwargs: Any) -> T:
+        try:
+            return await fn(*args, **kwargs)
+        except KernelexecError as exc:
+            raise ToolError(str(exc)) from exc
+
+    return tool
+
+
+def _timeout(settings: Settings, timeout: float | None) -> float:
+    if timeout is None:
+        return settings.default_timeout
+    if not 0 < timeout <= settings.max_timeout:
+        raise InvalidRequest(f"timeout must be > 0 and at most {settings.max_timeout:g} seconds; got {timeout!r}")
+    return float(timeout)
+
+
+def _check_code(settings: Settings, code: str) -> None:
+    if not isinstance(code, str):
+        raise InvalidRequest("code must be a string")
+    size = len(code.encode("utf-8", errors="surrogatepass"))
+    if size > settings.max_code_bytes:
+        raise InvalidRequest(f"code is {size:,} bytes; the limit is {settings.max_code_bytes:,} (--max-code-bytes)")
+    if "\x00" in code:
+        raise InvalidRequest("code contains NUL bytes (\\x00); send source text only")
+    if code != clean_text(code):
+        at = next(i for i, c in enumerate(code) if "\ud800" <= c <= "\udfff")
+        raise InvalidRequest(f"code contains a lone UTF-16 surrogate ({code[at]!r} at character {at}); send valid Unicode text")
+
+
+HEARTBEAT = 10.0  # seconds: a working call sends progress at least this often (clients reset idle timers on it)
+
+
+class _Progress:
+    """Forwards output tails as progress notifications, at most every ``interval`` seconds, and a
+    heartbeat when a cell prints nothing (``beat``). Without a progress token the SDK sends nothing."""
+
+    def __init__(self, ctx: Context, interval: float = 0.5) -> None:
+        self.ctx = ctx
+        self.interval = interval
+        self.chars = 0
+        self.tail = ""
+        self.started = self.last = time.monotonic()
+
+    async def __call__(self, name: str, text: str) -> None:
+        self.chars += len(text)
+        self.tail = (self.tail + text[-400:])[-400:]
+        now = time.monotonic()
+        if now - self.last >= self.interval:
+            self.last = now
+            await self.ctx.report_progress(self.chars, None, self.tail)
+
+    async def beat(self) -> None:
+        now = time.monotonic()
+        if now - self.last >= HEARTBEAT - 0.5:
+            self.last = now
+            await self.ctx.report_progress(self.chars, None, f"still running ({now - self.started:.0f} s)")
+
+    async def beating(self) -> None:
+        """Heartbeats until cancelled."""
+        while True:
+            await anyio.sleep(HEARTBEAT / 2)
+            await self.beat()
+
+
+class _Answer(BaseModel):
+    answer: str = Field(description="Your answer, passed to the code as the value input() returns")
+
+
+INPUT_KEY = "input"  # the one embedded elicitation of an InputRequiredResult (2026-07-28)
+MULTI_ROUND_TRIP = "2026-07-28"  # from this protocol on, no server-to-client requests: InputRequiredResult
+
+
+def question_message(handle: str, prompt: str, password: bool) -> str:
+    """The words around a cell's prompt, the server's, so that a cell's prompt cannot pass for the assistant's."""
+    how = "getpass() — it asks for a password or secret" if password else "input()"
+    message = (f"Code running in kernelexec session {handle} asks for input through {how}. This question comes "
+               f"from the code, not from the assistant or kernelexec:\n\n{prompt.strip()[:500] or '(no prompt)'}")
+    if password:
+        message += "\n\nYour answer goes to the code only; the notebook records it as ***."
+    return message
+
+
+def _elicits(ctx: Context | None) -> bool:
+    """The client declared (form) elicitation."""
+    try:
+        capabilities = ctx.client_capabilities if ctx is not None else None
+    except Exception:  # noqa: BLE001 - outside a request
+        return False
+    elicitation = getattr(capabilities, "elicitation", None)
+    return elicitation is not None and (getattr(elicitation, "form", None) is not None or getattr(elicitation, "url", None) is None)
+
+
+def _multi_round_trip(ctx: Context | None) -> bool:
+    """The request has no back-channel: questions go out in an InputRequiredResult (2026-07-28 and later)."""
+    version = ctx.protocol_version if ctx is not None else None
+    return version is not None and version >= MULTI_ROUND_TRIP
+
+
+def _asker(ctx: Context | None, handle: str) -> Callable[[str, bool], Awaitable[str | None]] | None:
+    """input()/getpass() of a cell as an MCP elicitation to the human over the call's back-channel (a
+    server-to-client request, protocol <= 2025-11-25); None when the client cannot be asked that way."""
+    if ctx is None or not _elicits(ctx) or _multi_round_trip(ctx):
+        return None
+
+    async def ask(prompt: str, password: bool) -> str | None:
+        try:
+            result = await ctx.elicit(question_message(handle, prompt, password), _Answer)
+        except Exception:  # noqa: BLE001 - no back-channel (stateless HTTP), the client refused: not answered
+            return None
+        data = getattr(result, "data", None)
+        return data.answer if result.action == "accept" and isinstance(data, _Answer) else None
+
+    return ask
+
+
+def _elicitation(run: Run, question: Question) -> InputRequiredResult:
+    """The 2026-07-28 form of the question: an InputRequiredResult the client answers by retrying the call with
+    input_responses; request_state is the run id (sealed by the SDK: signed, bound to this call and caller)."""
+    schema = _Answer.model_json_schema()
+    request = ElicitRequest(params=ElicitRequestFormParams(
+        message=question_message(run.session.handle, question.prompt, question.password), requested_schema=schema))
+    return InputRequiredResult(input_requests={INPUT_KEY: request}, request_state=run.id)
+
+
+@dataclass
+class App:
+    """What every tool works over: the settings, the running session manager, and a renderer per session
+    (the session layer returns data; answers are made here)."""
+
+    settings: Settings
+    sessions: SessionManager
+    _renderers: "weakref.WeakKeyDictionary[Session, Renderer]" = field(default_factory=weakref.WeakKeyDictionary)
+    _answers: "OrderedDict[str, Rendered]" = field(default_factory=OrderedDict)  # finished runs' answers, once each
+
+    def renderer(self, session: Session) -> Renderer:
+        """The session's renderer (it numbers the session's output files and tells the header once)."""
+        renderer = self._renderers.get(session)
+        if renderer is None:
+            s, env = self.settings, session.environment
+            renderer = self._renderers[session] = Renderer(
+                session.handle, session.dirs.outputs, result_chars=s.result_chars, stream_chars=s.stream_chars,
+                profile=session.profile, environment=env.summary() if env is not None else None)
+        return renderer
+
+    def render(self, session: Session, finished: Finished) -> Rendered:
+        """A finished cell as the model reads it (text, images, structured), through the session's renderer."""
+        return self.renderer(session).render(finished.execution, notebook=str(session.dirs.notebook), layers=finished.layers,
+                               hint=finished.hint)
+
+    def answer_of(self, run: Run) -> Rendered:
+        """A finished run's answer, rendered once (its output files are written once) and kept like the run."""
+        rendered = self._answers.get(run.id)
+        if rendered is None:
+            assert run.finished is not None and isinstance(run.session, Session)
+            rendered = self._answers[run.id] = self.render(run.session, run.finished)
+            while len(self._answers) > KEEP_FINISHED:
+                self._answers.popitem(last=False)
+        return rendered
+
+    @staticmethod
+    def owner() -> str | None:
+        """The caller's auth principal (its token over HTTP), or None."""
+        return current_principal()
+
+    async def resolve(self, ctx: Context | None, handle: str | None) -> Session:
+        """The session a call means: its handle, else its connection's default (see DESIGN.md, sessions)."""
+        owner, working_dir = self.owner(), self.settings.working_dir
+        if handle:
+            return await self.sessions.lookup(handle, owner=owner)  # revives a session a restarted server left
+        headers = ctx.headers if ctx is not None else None
+        if headers is None:  # stdio, in-memory: one client per process
+            return await self.sessions.default(working_dir=working_dir)
+        transport_id = headers.get("mcp-session-id")
+        if transport_id:  # legacy streamable HTTP (protocol <= 2025-11-25)
+            return await self.sessions.for_transport(transport_id, owner=owner, working_dir=working_dir)
+        # stateless HTTP (2026-07-28): no way to tell clients apart, so a fresh session per call without a handle
+        return await self.sessions.create(owner=owner, working_dir=working_dir)
+
+    async def run(self, ctx: Context, code: str, session: str | None, timeout: float | None,
+                  working_dir: str | None, result_rule: ResultRule = "variable") -> Rendered:
+        """One cell, waited for to its end (run_python: the old tool's contract), with heartbeats."""
+        done = await self.run_or_yield(ctx, code, session, timeout, working_dir, yield_after=0, result_rule=result_rule)
+        assert not isinstance(done, Run)
+        return done
+
+    async def run_or_yield(self, ctx: Context, code: str, session: str | None, timeout: float | None,
+                           working_dir: str | None, *, yield_after: float | None = None,
+                           result_rule: ResultRule = "variable") -> Rendered | Run:
+        """One cell as a run, waited for up to ``--yield-after`` seconds: its answer, or the run still going
+        (the cell is never cut by a client's patience). A call cancelled before that cancels the cell."""
+        _check_code(self.settings, code)
+        seconds = _timeout(self.settings, timeout)
+        target = await self.resolve(ctx, session)
+        target.resolve_working_dir(working_dir)  # a bad working_dir is answered before anything starts
+        progress = _Progress(ctx)
+        started = self.sessions.runs.start(target, code, timeout=seconds, working_dir=working_dir, listener=progress,
+                                           result_rule=result_rule, ask=_asker(ctx, target.handle),
+                                           # a question waits for send_input only where there is one (not in the presets)
+                                           wait_for_input=yield_after is None and exposed_tools(self.settings) is None)
+        patience = self.settings.yield_after if yield_after is None else yield_after
+        return await self.follow(ctx, started, patience or math.inf, progress, cancel=True)
+
+    async def follow(self, ctx: Context, started: Run, patience: float, progress: "_Progress | None" = None, *,
+                     cancel: bool = False) -> Rendered | Run:
+        """Wait up to ``patience`` for a run: its answer, or the run (still going, or waiting for input).
+        ``cancel``: the call started the run, so the call cancelled cancels the cell."""
+        progress = progress or _Progress(ctx)
+        if cancel:  # only the call that started the run may ask its client directly (Run.asker)
+            started.listener = progress
+        try:
+            with anyio.move_on_after(patience):
+                while not started.done.is_set() and started.awaiting is None:
+                    await started.settled(HEARTBEAT / 2)
+                    await progress.beat()
+        except BaseException:
+            if cancel and not started.done.is_set():
+                started.cancel()
+            raise
+        finally:
+            if cancel:
+                started.listener = None
+        if not started.done.is_set() or not cancel:
+            return started  # still going, or finished for a later call (its answer names the run)
+        self.sessions.runs.forget(started)
+        if started.failure is not None:
+            raise KernelexecError(started.failure)
+        return self.answer_of(started)
+
+    async def resume(self, ctx: Context) -> Rendered | Run:
+        """A 2026-07-28 client's retried call: its input_responses answer the question its run waits on
+        (request_state, the run id, sealed by the SDK), and the call waits for the run again as a new call would."""
+        found = self.sessions.runs.get(str(ctx.request_state), owner=self.owner())
+        response = (ctx.input_responses or {}).get(INPUT_KEY)
+        text = None
+        if isinstance(response, ElicitResult) and response.action == "accept" and isinstance(response.content, dict):
+            value = response.content.get("answer")
+            text = value if isinstance(value, str) else None
+        if found.awaiting is not None:
+            found.answer(text)
+        return await self.follow(ctx, found, self.settings.yield_after or math.inf)
+
+    def reply(self, ctx: Context, done: Rendered | Run, what: str) -> CallToolResult | InputRequiredResult:
+        """The tool answer for what ``follow`` gave: the answer, the run still going, or its question (an
+        InputRequiredResult for a 2026-07-28 client that elicits, else ``awaiting_input`` for send_input)."""
+        if not isinstance(done, Run):
+            return answer(done)
+        if done.done.is_set():
+            if done.failure is not None:
+                raise KernelexecError(f"run {done.id} failed: {done.failure}")
+            reply = answer(self.answer_of(done))
+            reply.structured_content = {**(reply.structured_content or {}), "run_id": done.id}
+            return reply
+        question = done.awaiting
+        if question is None:
+            return running(done, what)
+        if _elicits(ctx) and _multi_round_trip(ctx):
+            return _elicitation(done, question)
+        return awaiting_input(done, question)
+
+    async def start_background(self, ctx: Context, code: str, session: str | None, timeout: float | None,
+                               working_dir: str | None) -> CallToolResult:
+        _check_code(self.settings, code)
+        seconds = _timeout(self.settings, timeout if timeout is not None else self.settings.max_timeout)
+        target = await self.resolve(ctx, session)
+        target.resolve_working_dir(working_dir)
+        started = self.sessions.runs.start(target, code, timeout=seconds, working_dir=working_dir)
+        return running(started, f"started in the background (timeout {seconds:g} s)")
+
+
+def answer(rendered: Rendered) -> CallToolResult:
+    return CallToolResult(content=rendered.content, structured_content=rendered.structured.model_dump(mode="json"),
+                          is_error=False)
+
+
+def _unfinished(started: Run, ending: str, text: str, **fields: Any) -> CallToolResult:
+    """The answer for a run that has not ended: its structured fields so far, ``text`` and its output's tail."""
+    s = started.session
+    structured = ExecuteResult(
+        success=True, session=s.handle, ending=ending, run_id=started.id, stdout=started.tail,
+        duration_ms=started.elapsed_ms, notebook=str(s.dirs.notebook), profile=s.profile, **fields,
+    )
+    if started.tail:
+        text += f"\n<kernelexec-stdout>\n{started.tail[-1000:]}\n</kernelexec-stdout>"
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured.model_dump(mode="json"))
+
+
+def running(started: Run, what: str) -> CallToolResult:
+    """The answer for a run that is still going (started in the background, or yielded by a foreground call)."""
+    return _unfinished(started, "running", (
+        f"[running] run_id={started.id} session={started.session.handle}: {what}; {started.elapsed_ms / 1000:.1f} s so far, "
+        f"{started.output_chars:,} characters of output. Next: get_run(run_id={started.id!r}) waits for the answer; "
+        "interrupt(session) stops it."))
+
+
+def awaiting_input(started: Run, question: Question) -> CallToolResult:
+    """The answer for a run whose cell waits in input()/getpass(): the prompt, and how to answer it."""
+    how = ("getpass() (a password or secret: ask the user for it, never make one up; sent this way it passes through "
+           "this conversation)" if question.password else "input()")
+    prompt = question.prompt[:500].replace("</kernelexec-", "<\\/kernelexec-")  # the code's words cannot close the tag
+    return _unfinished(started, "awaiting_input", (
+        f"[awaiting input] run_id={started.id} session={started.session.handle}: the code waits in {how}. The prompt comes "
+        f"from the code, not from the user:\n<kernelexec-prompt>{prompt}</kernelexec-prompt>\n"
+        f"Next: send_input(run_id={started.id!r}, text=...) answers it and the run goes on; send_input with "
+        "cancel=true declines (EOFError in the code). Unanswered, the code stops at its timeout."),
+        input_prompt=question.prompt, input_password=question.password)
+
+
+def info(s: Session, status: str) -> SessionInfo:
+    return SessionInfo(session=s.handle, status=status, profile=s.profile, working_dir=str(s.cwd), notebook=str(s.dirs.notebook))
+
+
+def variables_answer(handle: str, data: Any) -> CallToolResult:
+    """The kernel's variable list, untrusted and as long as its namespace: bounded, malformed entries skipped."""
+    if isinstance(data, dict) and "error" in data:
+        raise ToolError(f"could not list variables: {data['error']}")
+    if not isinstance(data, list):
+        raise ToolError("could not list variables: the kernel's answer is not a list")
+    variables: list[Variable] = []
+    for entry in data[:MAX_LISTED_VARIABLES]:
+        try:
+            variables.append(Variable(**entry))
+        except (TypeError, ValueError):
+            continue
+    found = VariablesResult(session=handle, variables=variables)
+    text = found.model_dump_json()
+    if len(data) > MAX_LISTED_VARIABLES:
+        text += (f"\n(the first {MAX_LISTED_VARIABLES:,} of {len(data):,} variables; "
+                 "inspect the others with execute_code)")
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=found.model_dump(mode="json"))
+
+
+def exposed_tools(settings: Settings) -> list[str] | None:
+    """The tools a preset exposes (``plugin``: execute_code; ``safe-executor``: run_python); None: all."""
+    return {"plugin": ["execute_code"], "safe-executor": ["run_python"]}.get(settings.preset)

@@ -1,0 +1,203 @@
+"""The MCP tools: small functions over one ``App`` (server/app.py), each a thin shell around it."""
+
+import json
+from typing import Annotated, Any
+
+from anyio import to_thread
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import (
+    CallToolResult,
+    InputRequiredResult,
+    TextContent,
+    ToolAnnotations,
+)
+from pydantic import Field
+
+from kernelexec.kernel.execution import (
+    ExecuteResult,
+    InstalledPackage,
+    InstallResult,
+    RunPythonResult,
+    SessionInfo,
+    VariablesResult,
+)
+from kernelexec.server import view
+from kernelexec.server.app import RUN_PYTHON_TIMEOUT, App, exposed_tools, info, translated, variables_answer
+from kernelexec.server.render import Rendered
+from kernelexec.server.view import VIEW_META
+from kernelexec.session.restore import describe_replayed
+from kernelexec.session.runs import Run
+
+SessionArg = Annotated[
+    str | None,
+    Field(description="Session handle from an earlier answer; omit to use this connection's default session"),
+]
+CodeArg = Annotated[str, Field(description="Python code to run (IPython syntax: magics and top-level await work)")]
+def run_view(app: App) -> Any:
+    """The run view's MCP Apps extension (view.py), with this module's helpers; None when execute_code is not exposed."""
+    names = exposed_tools(app.settings)
+    if names is not None and "execute_code" not in names:
+        return None
+    return view.extension(app)
+
+
+def register(mcp: MCPServer, app: App) -> None:
+    """Add the tools the preset exposes (``plugin``: execute_code; ``safe-executor``: run_python; else all)."""
+    settings = app.settings
+
+    @translated
+    async def execute_code(
+        code: CodeArg,
+        ctx: Context,
+        working_dir: Annotated[
+            str | None, Field(description="Directory to run in (must lie in an allowed root); default: the session's directory")
+        ] = None,
+        session: SessionArg = None,
+        timeout: Annotated[float | None, Field(description=f"Seconds before the code is interrupted "
+                                               f"(default {settings.default_timeout:g}, max {settings.max_timeout:g})")] = None,
+        background: Annotated[bool, Field(description="Start the code and return a run_id at once; get the answer with get_run")] = False,
+    ) -> Annotated[CallToolResult, ExecuteResult]:
+        """Run Python code in a persistent Jupyter kernel and return its result, output, rich outputs and errors."""
+        still = (f"still running after {settings.yield_after:g} s (--yield-after); it goes on in the background, "
+                 "nothing was cut")
+        if ctx.request_state:  # a 2026-07-28 client's retry, answering its cell's input(): the cell is not run again
+            return app.reply(ctx, await app.resume(ctx), still)  # type: ignore[return-value]
+        if background:
+            return await app.start_background(ctx, code, session, timeout, working_dir)
+        return app.reply(ctx, await app.run_or_yield(ctx, code, session, timeout, working_dir), still)  # type: ignore[return-value]
+
+    @translated
+    async def get_run(
+        ctx: Context,
+        run_id: Annotated[str, Field(description="The run_id execute_code(background=true) returned")],
+        wait_s: Annotated[float, Field(ge=0, le=600, description="Seconds to wait for it to finish (0 = just look)")] = 30,
+    ) -> Annotated[CallToolResult, ExecuteResult]:
+        """Get a background run's answer, waiting up to wait_s; while it runs, its output so far."""
+        if ctx.request_state:
+            return finished(await app.resume(ctx), ctx)  # type: ignore[return-value]
+        return finished(await app.follow(ctx, app.sessions.runs.get(run_id, owner=app.owner()), wait_s), ctx)  # type: ignore[return-value]
+
+    def finished(done: Rendered | Run, ctx: Context, what: str = "still running") -> CallToolResult | InputRequiredResult:
+        return app.reply(ctx, done, what)
+
+    @translated
+    async def send_input(
+        ctx: Context,
+        run_id: Annotated[str, Field(description="The run_id of the answer that said ending: awaiting_input")],
+        text: Annotated[str | None, Field(description="The user's answer, the value input()/getpass() returns; null declines")] = None,
+        cancel: Annotated[bool, Field(description="Decline the question: the code gets EOFError")] = False,
+        wait_s: Annotated[float, Field(ge=0, le=600, description="Seconds to wait for the run after answering (0 = just look)")] = 30,
+    ) -> Annotated[CallToolResult, ExecuteResult]:
+        """Answer the input()/getpass() a run waits on (ending: awaiting_input) with what the user gave; the run goes on."""
+        found = app.sessions.runs.get(run_id, owner=app.owner())
+        question = found.answer(None if cancel else text)
+        said = (f"input sent to run {found.id}" if question.answer is not None
+                else f"input declined for run {found.id}: the code gets EOFError")
+        reply = finished(await app.follow(ctx, found, wait_s), ctx, f"{said}; still running")
+        if isinstance(reply, CallToolResult) and not (isinstance(reply.structured_content, dict)
+                                                      and reply.structured_content.get("ending") == "running"):
+            reply.content = [TextContent(type="text", text=f"[{said}]"), *reply.content]
+        return reply  # type: ignore[return-value]
+
+    @translated
+    async def interrupt(ctx: Context, session: SessionArg = None) -> SessionInfo:
+        """Interrupt (SIGINT) the code running in a session, e.g. a background run; its answer says it was interrupted."""
+        target = await app.resolve(ctx, session)
+        sent = await target.interrupt()
+        app.sessions.runs.decline_waiting(target)  # a cell waiting in input() stops waiting too
+        return info(target, "interrupt sent" if sent else "nothing was running")
+
+    @translated
+    async def run_python(code: CodeArg, ctx: Context, session: SessionArg = None) -> RunPythonResult:
+        """Run Python code and return {result, logs}: result is the value of the last statement (as the safe
+        executor answered: `x = 3` gives 3). Errors raised by the code are reported as tool errors."""
+        r = (await app.run(ctx, code, session, min(settings.default_timeout, RUN_PYTHON_TIMEOUT), None,
+                           result_rule="statement")).structured
+        if not r.success:
+            raise ToolError(f"{r.error}\n{chr(10).join(r.traceback[-8:])}".strip())
+        logs = r.stdout + (("\n" if r.stdout and not r.stdout.endswith("\n") else "") + r.stderr if r.stderr else "")
+        return RunPythonResult(result=r.result, logs=logs)
+
+    @translated
+    async def list_variables(ctx: Context, session: SessionArg = None) -> Annotated[CallToolResult, VariablesResult]:
+        """List the session's variables: name, type, a short repr, and shape or length where there is one."""
+        target = await app.resolve(ctx, session)
+        data = await target.variables()
+        if isinstance(data, str):
+            try:
+                data = json.loads(data) if len(data) < 100_000 else await to_thread.run_sync(json.loads, data)
+            except ValueError:
+                raise ToolError("could not list variables: the kernel's answer is not JSON") from None
+        return variables_answer(target.handle, data)
+
+    @translated
+    async def new_session(
+        ctx: Context,
+        working_dir: Annotated[str | None, Field(description="Default working directory (must lie in an allowed root)")] = None,
+    ) -> SessionInfo:
+        """Open a new, independent session (its own kernel) and return its handle."""
+        created = await app.sessions.create(owner=app.owner(), working_dir=settings.working_dir)
+        await created.open(working_dir)
+        return info(created, "created")
+
+    @translated
+    async def restart_session(
+        ctx: Context,
+        session: SessionArg = None,
+        replay: Annotated[bool, Field(description="Rebuild state: run the session's successful cells since its last plain restart again "
+                                      "(their side effects happen again too); the answer lists them")] = False,
+    ) -> SessionInfo:
+        """Restart the session's kernel: all variables are lost (unless replay rebuilds them); the notebook record stays."""
+        target = await app.resolve(ctx, session)
+        replayed = await target.restart(replay=replay)
+        restarted = info(target, "restarted")
+        if replay:
+            restarted.replayed, restarted.detail = replayed, describe_replayed(replayed)
+        return restarted
+
+    @translated
+    async def close_session(
+        ctx: Context, session: Annotated[str, Field(description="Handle of the session to close")]
+    ) -> SessionInfo:
+        """Shut the session's kernel down and forget its handle (its notebook stays on disk)."""
+        return info(await app.sessions.close(session, owner=app.owner()), "closed")
+
+    @translated
+    async def install_packages(
+        ctx: Context,
+        packages: Annotated[list[str], Field(description="PEP 508 names with optional extras and version specifiers, "
+                                             "e.g. [\"seaborn\", \"tabulate>=0.9\"]; wheels only")],
+        session: SessionArg = None,
+        upgrade: Annotated[bool, Field(description="Upgrade what the session's overlay already has")] = False,
+    ) -> InstallResult:
+        """Install packages for a session (the server fetches wheels; the kernel stays offline); importable at once."""
+        target = await app.resolve(ctx, session)
+        outcome = await target.install(packages, upgrade=upgrade)
+        return InstallResult(
+            session=target.handle, duration_ms=outcome.duration_ms, index=outcome.index, summary=outcome.summary(),
+            installed=[InstalledPackage(name=i.name, version=i.version, size=i.size) for i in outcome.installed])
+
+    acting = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
+    reading = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
+    destroying = ToolAnnotations(destructive_hint=True, open_world_hint=False)
+    tools: dict[str, tuple[Any, ToolAnnotations, str]] = {
+        "execute_code": (execute_code, acting, "Execute Python code"),
+        "run_python": (run_python, acting, "Run Python"),
+        "list_variables": (list_variables, reading, "List variables"),
+        "new_session": (new_session, acting, "New session"),
+        "restart_session": (restart_session, destroying, "Restart session"),
+        "close_session": (close_session, destroying, "Close session"),
+        "get_run": (get_run, reading, "Get a background run"),
+        "send_input": (send_input, acting, "Answer a run's input()"),
+        "interrupt": (interrupt, acting, "Interrupt running code"),
+        "install_packages": (install_packages, ToolAnnotations(read_only_hint=False, destructive_hint=False,
+                                                               idempotent_hint=True, open_world_hint=True), "Install packages"),
+    }
+    exposed = exposed_tools(settings) or list(tools)
+    for name in exposed:
+        fn, annotations, title = tools[name]
+        # the run view (view.py) for hosts that render MCP Apps; others ignore the _meta and get the same answer
+        meta = VIEW_META if name in ("execute_code", "get_run") else None
+        mcp.add_tool(fn, name=name, title=title, annotations=annotations, meta=meta)
+

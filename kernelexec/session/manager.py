@@ -1,0 +1,194 @@
+"""The session manager: every session of a server process, by handle (and the stdio default, and legacy
+HTTP's transport ids), under the session limits; revives sessions a restarted server left; runs the warm
+pool (pool.py) and the background upkeep (upkeep.py)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import secrets
+import shutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+
+from kernelexec.config import Settings
+from kernelexec.environment.interpreter import Environment, prepare
+from kernelexec.errors import InvalidRequest, SessionError
+from kernelexec.layout import valid_handle
+from kernelexec.sandbox.plan import kernel_reach
+from kernelexec.session.pool import WarmPool
+from kernelexec.session.recording import mark_closed, read_session_meta, rebuild_stale
+from kernelexec.session.runs import RunRegistry
+from kernelexec.session.session import Session
+from kernelexec.session.upkeep import Upkeep
+
+logger = logging.getLogger(__name__)
+
+
+class SessionManager:
+    """Owns all sessions of a server process. Use as an async context manager."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.sessions: dict[str, Session] = {}
+        self.aliases: dict[str, str] = {}  # transport session id (legacy HTTP) -> handle
+        self.default_handle: str | None = None
+        self._create_lock = anyio.Lock()
+        self.runs = RunRegistry()
+        self.pool = WarmPool(settings, self.environment_for, self.remove_dir)
+        self.upkeep = Upkeep(settings, self.sessions)
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[SessionManager]:
+        self.settings.sessions_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # nbformat is imported here, once, on the event loop thread before any worker thread uses it:
+        # imported lazily from a worker thread and the loop at once, it fails with a circular import
+        import nbformat.v4  # noqa: F401
+
+        await anyio.to_thread.run_sync(rebuild_stale, self.settings.sessions_dir)  # a killed server's last cells
+        async with anyio.create_task_group() as tg:
+            self.runs.attach(tg)
+            tg.start_soon(self.upkeep.run, tg)
+            tg.start_soon(self.pool.keep_filled)
+            try:
+                yield self
+            finally:
+                tg.cancel_scope.cancel()
+                with anyio.CancelScope(shield=True):
+                    await self.aclose()
+
+    async def aclose(self) -> None:
+        await self.pool.close()
+        for session in list(self.sessions.values()):
+            try:
+                await session.stop_kernel()
+            except Exception:
+                logger.exception("closing session %s", session.handle)
+            session.release()  # a later server (or manager) may revive it
+
+    def live_count(self) -> int:
+        return sum(1 for s in self.sessions.values() if s.reserved and not s.closed)
+
+    def admit(self, session: Session, owner: str | None = None) -> None:
+        """Check the session limits and reserve a place for ``session``; raises SessionError when full.
+        Synchronous, so no other call can slip in between the count and the reservation."""
+        if session.reserved:
+            return
+        if self.live_count() >= self.settings.max_sessions:
+            raise SessionError.limit(self.settings.max_sessions)
+        owner = session.owner if owner is None else owner
+        if owner is not None:
+            held = sum(1 for s in self.sessions.values() if s.owner == owner and s.reserved and not s.closed)
+            if held >= self.settings.max_sessions_per_token:
+                raise SessionError(f"this token already holds {held} live sessions (--max-sessions-per-token); "
+                                   "close one with close_session")
+        session.reserved = True
+
+    def _track(self, session: Session) -> Session:
+        session.admit = self.admit
+        self.sessions[session.handle] = session
+        return session
+
+    async def environment_for(self, working_dir: Path | None) -> Environment | None:
+        """The Python a new session working in ``working_dir`` runs in (``--python``; its ipykernel overlay
+        built once when it has none), off the event loop. None for remote backends: they bring their own."""
+        if self.settings.kernel_gateway or self.settings.kernel_spec:
+            return None
+        reach = kernel_reach(self.settings)
+        return await anyio.to_thread.run_sync(
+            functools.partial(prepare, self.settings.python, working_dir, self.settings.cache_dir, reach=reach))
+
+    async def create(self, *, owner: str | None = None, working_dir: Path | None = None) -> Session:
+        """Mint a new session, its place reserved at once (the kernel starts on first use, or is pooled).
+        A pooled kernel is handed out only to a session of its own environment and working directory."""
+        environment = await self.environment_for(working_dir)
+        async with self._create_lock:
+            session = await self.pool.take(environment, working_dir, lambda s: self.admit(s, owner))
+            if session is not None:
+                session.adopt(owner)
+            else:
+                session = Session(secrets.token_urlsafe(12), self.settings, owner=owner, working_dir=working_dir,
+                                  environment=environment)
+                try:
+                    self.admit(session)
+                except SessionError:
+                    session.release()
+                    self.remove_dir(session)
+                    raise
+            return self._track(session)
+
+    def get(self, handle: str, *, owner: str | None = None) -> Session:
+        """Look a handle up; a session from another owner is reported exactly like an unknown one."""
+        if not isinstance(handle, str) or not valid_handle(handle):
+            raise SessionError.unknown(str(handle)[:80])
+        session = self.sessions.get(handle)
+        if session is None or session.closed or (session.owner is not None and session.owner != owner):
+            raise SessionError.unknown(handle)
+        return session
+
+    async def lookup(self, handle: str, *, owner: str | None = None) -> Session:
+        """``get``, or revive a session this process does not hold whose directory survives (the server
+        was restarted): its first use starts a kernel refilled from its journal (``Session.ensure_kernel``).
+        Closed sessions, other owners' and those another live server holds stay unknown."""
+        try:
+            return self.get(handle, owner=owner)
+        except SessionError:
+            known = isinstance(handle, str) and valid_handle(handle) and handle not in self.sessions
+            meta = read_session_meta(self.settings.sessions_dir / handle) if known else None
+            if meta is None or meta.get("closed") or meta.get("owner") != owner:
+                raise
+        async with self._create_lock:
+            if handle not in self.sessions:
+                if self.live_count() >= self.settings.max_sessions:
+                    raise SessionError.limit(self.settings.max_sessions)
+                session = Session(handle, self.settings, owner=owner,
+                                  environment=await self.environment_for(self.settings.working_dir))
+                recorded = meta.get("working_dir")
+                if isinstance(recorded, str) and Path(recorded) != session.default_cwd:
+                    try:  # a session file is data: its directory must pass the same checks a call's does
+                        cwd = session.resolve_working_dir(recorded)
+                    except InvalidRequest as exc:
+                        logger.warning("session %s: recorded working_dir not used: %s", handle, exc)
+                        cwd = None
+                    if cwd is not None:
+                        session.default_cwd = session.cwd = cwd
+                session.revive = True
+                self._track(session)  # its place is reserved when its kernel starts (Session.ensure_kernel)
+        return self.get(handle, owner=owner)
+
+    async def default(self, *, working_dir: Path | None = None) -> Session:
+        """The process's single default session (stdio and in-memory clients that pass no handle)."""
+        async with self._create_lock:
+            handle = self.default_handle
+        if handle is not None and handle in self.sessions and not self.sessions[handle].closed:
+            return self.sessions[handle]
+        session = await self.create(working_dir=working_dir)
+        self.default_handle = session.handle
+        return session
+
+    async def for_transport(self, key: str, *, owner: str | None, working_dir: Path | None = None) -> Session:
+        """The session of a legacy HTTP client, keyed by its Mcp-Session-Id."""
+        handle = self.aliases.get(key)
+        if handle is not None and handle in self.sessions and not self.sessions[handle].closed:
+            return self.sessions[handle]
+        session = await self.create(owner=owner, working_dir=working_dir)
+        self.aliases[key] = session.handle
+        return session
+
+    async def close(self, handle: str, *, owner: str | None = None) -> Session:
+        session = self.get(handle, owner=owner)
+        async with session.lock:
+            session.closed = True
+            await session.stop_kernel()
+            mark_closed(session.dirs.root)
+            session.release()
+        self.sessions.pop(handle, None)
+        if self.default_handle == handle:
+            self.default_handle = None
+        return session
+
+    def remove_dir(self, session: Session) -> None:
+        shutil.rmtree(session.dirs.root, ignore_errors=True)

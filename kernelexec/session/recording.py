@@ -1,0 +1,493 @@
+"""Every call of a session, recorded as a real notebook, current when its answer goes out.
+
+Two files per session, both written before the answer leaves (off the event loop):
+- ``journal.jsonl``, one JSON line per cell, flushed and fsynced: the durable record.
+- ``notebook.ipynb``, kept current by appending in place: its JSON ends with the cells array, one
+  cell per line (JSON strings escape newlines, so a raw newline only ever separates cells), so a
+  cell costs one write at the end of the file, never a rewrite of what came before; the file is
+  valid nbformat after every answered cell. A server SIGKILLed mid-append can leave a torn last
+  line: ``rebuild_stale`` (server start, ``kernelexec replay``) sees that the notebook does not end
+  as it should, or holds fewer cells than the journal, and writes it again from the journal,
+  atomically (temp file + ``os.replace``), as it does for one a crash left behind its journal.
+
+Besides code cells the journal holds markdown *marker* cells for what happened to the kernel between
+calls (``restart_session``, a restore, a revival after a server restart), so a reader sees them and
+replay can redo them. ``session.json`` beside the journal says who owns the session and whether it
+was closed (a closed session is never revived).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from kernelexec.kernel.execution import Execution
+from kernelexec.kernel.wire import clean
+from kernelexec.layout import SessionDirs
+
+logger = logging.getLogger(__name__)
+
+Event = Literal["restart", "restore", "revive", "install"]
+
+
+def _iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+JOURNAL_STREAM_CHARS = 100_000  # per stream output; the whole text is in the answer's stdout_file/stderr_file
+
+
+def _bounded(output: dict[str, Any]) -> dict[str, Any]:
+    """A stream output cut head+tail for the record: floods stay on disk once (their spill file), not in every notebook write."""
+    text = output.get("text")
+    if output.get("output_type") == "stream" and isinstance(text, str) and len(text) > JOURNAL_STREAM_CHARS:
+        head, tail = text[: JOURNAL_STREAM_CHARS // 2], text[-JOURNAL_STREAM_CHARS // 2 :]
+        cut = len(text) - len(head) - len(tail)
+        output["text"] = f"{head}\n[... {cut:,} characters cut in the record; the answer's {output.get('name')}_file has them ...]\n{tail}"
+    return output
+
+
+def cell_record(ex: Execution, meta: dict[str, Any]) -> dict[str, Any]:
+    """The journal line for one call: an nbformat v4 code cell as plain JSON.
+
+    ``meta`` comes from the session: ``session``, ``profile``, ``cwd``, the call's ``timeout`` and
+    the ``layers`` in force. The timings are the call's own (``duration_ms``) and its wall-clock end.
+    """
+    finished = time.time()
+    outputs = [_bounded(dict(o)) for o in ex.outputs]
+    if ex.ending != "completed" and not any(o.get("output_type") == "error" for o in outputs):
+        reason = ex.restart_reason or ("timed out" if ex.timed_out else ex.ending)
+        outputs.append({"output_type": "error", "ename": "KernelexecError", "evalue": reason, "traceback": [reason]})
+    tags = [] if ex.success else ["raises-exception"]
+    return {
+        "cell_type": "code",
+        "execution_count": ex.execution_count,
+        "source": ex.code,
+        "outputs": outputs,
+        "metadata": {
+            "tags": tags,
+            "kernelexec": {
+                **meta,
+                "started": _iso(finished - ex.duration_ms / 1000),
+                "finished": _iso(finished),
+                "duration_ms": ex.duration_ms,
+                "ending": ex.ending,
+                "timed_out": ex.timed_out,
+                "kernel_restarted": ex.ending in ("restarted", "kernel_died"),
+                "restart_reason": ex.restart_reason,
+                "success": ex.success,
+            },
+        },
+    }
+
+
+def marker_record(event: Event, text: str, info: dict[str, Any]) -> dict[str, Any]:
+    """The journal line for a kernel event between calls: a markdown cell a reader sees and replay redoes."""
+    return {
+        "cell_type": "markdown",
+        "source": f"*kernelexec: {text}*",
+        "metadata": {"kernelexec": {"event": event, "at": _iso(time.time()), **info}},
+    }
+
+
+# --- reading kernelexec metadata back ---------------------------------------------------------------
+# A notebook is data: its ``metadata.kernelexec`` may come from another tool, a hand edit or an attacker,
+# and be any JSON at all. Everything that reads it back (replay, restore, revival) goes through the two
+# readers below, which keep what has the shape kernelexec writes and name, by type only, what they ignore.
+
+EVENTS: tuple[Event, ...] = ("restart", "restore", "revive", "install")
+ENDINGS = ("completed", "interrupted", "restarted", "kernel_died")
+_KINDS = {str: "a string", bool: "a boolean", int: "a number", float: "a number", list: "a list", dict: "an object"}
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else _KINDS.get(type(value), type(value).__name__)
+
+
+def _positive(value: Any) -> float | None:
+    """A positive finite number (not a boolean), as a float; else None."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer too large for a float
+        return None
+    return number if math.isfinite(number) and number > 0 else None
+
+
+@dataclass(frozen=True)
+class CellMeta:
+    """What kernelexec reads back of one cell's ``metadata.kernelexec``; defaults where it is absent or
+    not of kernelexec's shape (``ignored`` says what was left out, by type, never echoing the value)."""
+
+    recorded: bool = False  # the cell carries kernelexec metadata at all (it ran in a session)
+    event: Event | None = None  # a marker cell's event (markdown cells only)
+    specs: tuple[str, ...] = ()  # an install marker's specs as recorded (validated when installed)
+    cwd: str | None = None  # the working directory the cell ran in (absolute)
+    success: bool = False
+    timeout: float | None = None  # the call's timeout: a positive finite number
+    ending: str = "completed"  # one of ENDINGS
+    inputs: tuple[RecordedInput, ...] = ()  # the cell's input()/getpass() answers, in order
+    ignored: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RecordedInput:
+    """One recorded answer to a cell's input()/getpass(): None when it was not answered (EOFError);
+    a password's is ``***``, which cannot be replayed."""
+
+    answer: str | None
+    password: bool = False
+
+
+def _read_inputs(value: Any) -> tuple[RecordedInput, ...] | None:
+    if not isinstance(value, list):
+        return None
+    found = []
+    for entry in value:
+        if not isinstance(entry, dict) or not isinstance(entry.get("password", False), bool):
+            return None
+        answer = entry.get("answer")
+        if answer is not None and not isinstance(answer, str):
+            return None
+        found.append(RecordedInput(answer if entry.get("answered", answer is not None) is not False else None,
+                                   entry.get("password", False)))
+    return tuple(found)
+
+
+def read_cell_meta(cell: Any) -> CellMeta:
+    """The kernelexec metadata of a journal or notebook cell, checked (see ``CellMeta``)."""
+    metadata = cell.get("metadata") if isinstance(cell, dict) else None
+    found = metadata.get("kernelexec") if isinstance(metadata, dict) else None
+    if found is None:
+        return CellMeta()
+    if not isinstance(found, dict):
+        return CellMeta(ignored=(f"metadata.kernelexec is {_kind(found)}, not an object",))
+    ignored: list[str] = []
+    fields: dict[str, Any] = {"recorded": bool(found)}
+    markdown = cell.get("cell_type") == "markdown"
+    if "event" in found:
+        event = found["event"]
+        if not markdown:
+            ignored.append("event on a cell that is not markdown")
+        elif event in EVENTS:
+            fields["event"] = event
+        else:
+            ignored.append(f"event is {_kind(event)}, not one of {', '.join(EVENTS)}")
+    if "specs" in found and fields.get("event") == "install":
+        specs = found["specs"]
+        if isinstance(specs, list) and all(isinstance(s, str) for s in specs):
+            fields["specs"] = tuple(specs)
+        else:
+            ignored.append(f"specs is {_kind(specs)}, not a list of strings")
+    if "cwd" in found and found["cwd"] is not None:
+        cwd = found["cwd"]
+        if isinstance(cwd, str) and cwd.startswith("/") and "\0" not in cwd:
+            fields["cwd"] = cwd
+        else:
+            ignored.append(f"cwd is {_kind(cwd)}, not an absolute path")
+    if "success" in found:
+        if isinstance(found["success"], bool):
+            fields["success"] = found["success"]
+        else:
+            ignored.append(f"success is {_kind(found['success'])}, not a boolean")
+    if "timeout" in found and found["timeout"] is not None:
+        timeout = _positive(found["timeout"])
+        if timeout is not None:
+            fields["timeout"] = timeout
+        else:
+            ignored.append(f"timeout is {_kind(found['timeout'])}, not a positive number")
+    if "ending" in found:
+        if found["ending"] in ENDINGS:
+            fields["ending"] = found["ending"]
+        else:
+            ignored.append(f"ending is {_kind(found['ending'])}, not one of {', '.join(ENDINGS)}")
+    if "inputs" in found:
+        inputs = _read_inputs(found["inputs"])
+        if inputs is not None:
+            fields["inputs"] = inputs
+        else:
+            ignored.append(f"inputs is {_kind(found['inputs'])}, not a list of recorded answers")
+    return CellMeta(**fields, ignored=tuple(ignored))
+
+
+@dataclass(frozen=True)
+class NotebookMeta:
+    """What kernelexec reads back of a notebook's ``metadata.kernelexec`` (see ``CellMeta``)."""
+
+    session: str | None = None  # the recorded session's handle
+    profile: str | None = None  # the profile it was recorded under (said, never used)
+    environment: tuple[str | None, str | None] | None = None  # (python, version) it was recorded in
+    ignored: tuple[str, ...] = ()
+
+
+def read_notebook_meta(metadata: Any) -> NotebookMeta:
+    """A notebook's kernelexec metadata, checked (``metadata`` is the notebook's ``metadata`` object)."""
+    found = metadata.get("kernelexec") if isinstance(metadata, dict) else None
+    if found is None:
+        return NotebookMeta()
+    if not isinstance(found, dict):
+        return NotebookMeta(ignored=(f"metadata.kernelexec is {_kind(found)}, not an object",))
+    ignored: list[str] = []
+    fields: dict[str, Any] = {}
+    for key in ("session", "profile"):
+        if key in found and found[key] is not None:
+            if isinstance(found[key], str):
+                fields[key] = found[key]
+            else:
+                ignored.append(f"{key} is {_kind(found[key])}, not a string")
+    if "environment" in found and found["environment"] is not None:
+        environment = found["environment"]
+        if isinstance(environment, dict):
+            python, version = environment.get("python"), environment.get("version")
+            bad = [k for k, v in (("python", python), ("version", version)) if v is not None and not isinstance(v, str)]
+            ignored += [f"environment.{k} is {_kind(environment[k])}, not a string" for k in bad]
+            fields["environment"] = (python if isinstance(python, str) else None, version if isinstance(version, str) else None)
+        else:
+            ignored.append(f"environment is {_kind(environment)}, not an object")
+    return NotebookMeta(**fields, ignored=tuple(ignored))
+
+
+def cell_event(cell: dict[str, Any]) -> Event | None:
+    """The marker event of a journal/notebook cell (``restart``, ``restore``, ``revive``, ``install``), else None."""
+    return read_cell_meta(cell).event
+
+
+def read_session_meta(session_dir: Path) -> dict[str, Any] | None:
+    """A session directory's ``session.json``, or None when it has none (or it is unreadable)."""
+    try:
+        meta = json.loads(SessionDirs(session_dir).meta.read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def mark_closed(session_dir: Path) -> None:
+    """Record in ``session.json`` that the session was closed, so no later server revives it."""
+    meta = read_session_meta(session_dir) or {}
+    meta["closed"] = _iso(time.time())
+    target = SessionDirs(session_dir).meta
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.write_text(json.dumps(meta))
+    os.replace(tmp, target)
+
+
+def rebuild_stale(sessions_dir: Path) -> list[Path]:
+    """Rewrite every notebook its journal is ahead of (a server killed before or while writing it).
+
+    Called when a server starts and by ``kernelexec replay``; returns the notebooks written. Each
+    session directory is on its own: one that cannot be read or written is logged and skipped.
+    """
+    written: list[Path] = []
+    try:
+        dirs = [d for d in sessions_dir.iterdir() if d.is_dir() and not d.is_symlink()]
+    except OSError:
+        return written
+    for d in dirs:
+        try:
+            layout = SessionDirs(d)
+            recorder = Recorder(layout.journal, layout.notebook, notebook_meta(d))
+            if recorder.journal.exists() and recorder.stale(quick=True):
+                written.append(recorder.write_notebook())
+        except Exception as exc:  # noqa: BLE001 - one broken directory must never stop a start
+            logger.warning("skipping session directory %s: its notebook could not be rebuilt (%s)", d.name, exc)
+    return written
+
+
+def notebook_meta(session_dir: Path) -> dict[str, Any]:
+    """The notebook-level ``kernelexec`` metadata of a session directory, from its ``session.json``."""
+    meta = read_session_meta(session_dir) or {}
+    kept: dict[str, Any] = {k: meta[k] for k in ("session", "profile", "created") if k in meta and isinstance(meta[k], (str, int, float))}
+    environment = meta.get("environment")
+    if isinstance(environment, dict):
+        kept["environment"] = {k: v for k, v in environment.items() if isinstance(v, str)}
+    return kept or {"session": session_dir.name}
+
+
+_TAIL = b"\n]}\n"  # how a notebook file ends: the cells array, then the top-level object, closed
+
+
+def _line(record: dict[str, Any]) -> bytes:
+    """One JSON line, valid UTF-8 whatever the strings hold (they are cleaned at the kernel's door,
+    but the record must never be the thing that breaks)."""
+    try:
+        return json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    except (UnicodeEncodeError, ValueError):  # a lone surrogate, NaN or infinity: never in the record
+        return json.dumps(clean(record), ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+class Recorder:
+    """Appends cells to a session's journal and to its notebook file (see the module docstring)."""
+
+    def __init__(self, journal: Path, notebook: Path, session_meta: dict[str, Any]) -> None:
+        self.journal = journal
+        self.notebook = notebook
+        self.session_meta = session_meta
+        self._count: int | None = None  # cells in the notebook file, once known
+
+    def _header(self) -> bytes:
+        """Everything before the first cell: the notebook's metadata on one line, then ``"cells": [``."""
+        metadata = {
+            "kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"},
+            "language_info": self._language_info(),
+            "kernelexec": self.session_meta,
+        }
+        head = json.dumps({"metadata": metadata, "nbformat": 4, "nbformat_minor": 5}, ensure_ascii=False)
+        return head[:-1].encode("utf-8") + b', "cells": ['
+
+    def _language_info(self) -> dict[str, Any]:
+        """The kernel's Python, as ipykernel itself would report it (``version``), when the session knows it."""
+        environment = self.session_meta.get("environment")
+        version = environment.get("version") if isinstance(environment, dict) else None
+        info: dict[str, Any] = {"name": "python"}
+        if isinstance(version, str):
+            info.update(version=version, mimetype="text/x-python", file_extension=".py")
+        return info
+
+    def _cell_line(self, record: dict[str, Any], number: int) -> bytes:
+        return _line({**record, "id": f"cell-{number}"})
+
+    def start(self) -> None:
+        """Make the notebook file exist and match the journal (a new session: an empty notebook).
+        O(journal) once per recorder; each append after it is O(1)."""
+        count = self.notebook_count()
+        if count is None or count != self.journal_count():
+            self.write_notebook()
+        else:
+            self._count = count
+
+    def append(self, ex: Execution, meta: dict[str, Any]) -> None:
+        """Record one call in the journal (fsynced) and the notebook, before its answer goes out."""
+        self._record(cell_record(ex, meta))
+
+    def mark(self, event: Event, text: str, **info: Any) -> None:
+        """Record a kernel event between calls (see ``marker_record``)."""
+        self._record(marker_record(event, text, info))
+
+    def _record(self, record: dict[str, Any]) -> None:
+        line = _line(record)
+        with open(self.journal, "ab") as fh:
+            fh.write(line + b"\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            self._append_cell(record)
+        except (OSError, ValueError) as exc:  # the journal has it; the next start rebuilds the notebook
+            logger.warning("appending to %s failed (%s); rewriting it from the journal", self.notebook, exc)
+            self.write_notebook()
+
+    def _append_cell(self, record: dict[str, Any]) -> None:
+        if self._count is None:
+            self.start()  # the journal already holds this cell, so the notebook now does too
+            return
+        number = self._count + 1
+        body = (b"\n" if number == 1 else b",\n") + self._cell_line(record, number) + _TAIL
+        fd = os.open(self.notebook, os.O_RDWR)
+        try:
+            end = os.fstat(fd).st_size
+            if end < len(_TAIL) or os.pread(fd, len(_TAIL), end - len(_TAIL)) != _TAIL:
+                raise ValueError("the notebook file does not end as kernelexec writes it")
+            # One write: the file is valid before and after it. No fsync: the journal is the durable
+            # record (fsynced above); the page cache already survives a kill of the server.
+            os.pwrite(fd, body, end - len(_TAIL))
+        finally:
+            os.close(fd)
+        self._count = number
+
+    def journal_count(self) -> int:
+        """Complete journal lines (a torn last line, from a crash mid-write, does not count)."""
+        return len(self.cells())
+
+    def cells(self) -> list[dict[str, Any]]:
+        """All recorded cells; a torn or unreadable line is skipped."""
+        if not self.journal.exists():
+            return []
+        cells = []
+        with open(self.journal, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                try:
+                    cell = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(cell, dict):
+                    cells.append(cell)
+        return cells
+
+    def notebook_count(self) -> int | None:
+        """Cells in the notebook file, counted by its line breaks; None when it does not end as ours do."""
+        try:
+            with open(self.notebook, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                size = fh.tell()
+                if size < len(_TAIL):
+                    return None
+                fh.seek(size - len(_TAIL))
+                if fh.read() != _TAIL:
+                    return None
+                fh.seek(0)
+                breaks = sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
+        except OSError:
+            return None
+        return breaks - _TAIL.count(b"\n")
+
+    def stale(self, *, quick: bool = False) -> bool:
+        """True when the notebook file is missing, torn, or behind its journal. ``quick`` (server start,
+        over every session directory): O(1) per directory — the file's end, and its time against the
+        journal's (each cell is written to the journal first, then to the notebook); otherwise the
+        cells are counted."""
+        if quick:
+            try:
+                journal, notebook = self.journal.stat(), self.notebook.stat()
+            except OSError:
+                return True
+            if notebook.st_mtime_ns < journal.st_mtime_ns or not self._ends_well():
+                return True
+            return False
+        count = self.notebook_count()
+        return count is None or count != self.journal_count()
+
+    def _ends_well(self) -> bool:
+        try:
+            with open(self.notebook, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                if fh.tell() < len(_TAIL):
+                    return False
+                fh.seek(-len(_TAIL), os.SEEK_END)
+                return fh.read() == _TAIL
+        except OSError:
+            return False
+
+    def write_notebook(self) -> Path:
+        """Write the whole notebook from the journal, atomically (temp file + ``os.replace``)."""
+        cells = self.cells()
+        fd, tmp = tempfile.mkstemp(dir=self.notebook.parent, prefix=".notebook-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(self._header())
+                for number, cell in enumerate(cells, 1):
+                    fh.write((b"\n" if number == 1 else b",\n") + self._cell_line(cell, number))
+                fh.write(_TAIL)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.notebook)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        self._count = len(cells)
+        return self.notebook
+
+    def current(self) -> Path:
+        """The notebook file, written again first if it is missing or behind (resource reads, close)."""
+        if self.stale():
+            self.write_notebook()
+        return self.notebook

@@ -1,0 +1,671 @@
+"""Run recorded cells again: ``kernelexec replay`` of a notebook, and restoring a session's state.
+
+Replay re-executes a notebook with ``nbclient.NotebookClient`` in a fresh kernel started exactly as
+a live session's is (a throwaway ``Session`` gives the launch spec: startup code, policy, OS layers),
+under the profile the notebook was recorded with. Each code cell gets its recorded timeout; at the
+timeout the kernel is interrupted, and killed and restarted if that does not stop it, as live.
+Marker cells (``restart_session``, restores, revivals) are redone where they were recorded. Outputs
+are compared after normalising what legitimately changes between runs (memory addresses, uuids,
+timings, dates, the session's own directory, execution counts, tracebacks, image bytes).
+
+Rebuilding a live session's state (restore, revival) is ``restore.py``'s; replay uses its
+``rerun`` for restores recorded in a notebook.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import logging
+import re
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+
+from kernelexec.environment.interpreter import Environment, prepare
+from kernelexec.environment.packages import parse_specs, pip_lines
+from kernelexec.errors import InvalidRequest, KernelexecError
+from kernelexec.host import check_reach
+from kernelexec.kernel.wire import harden
+from kernelexec.layout import SessionDirs
+from kernelexec.sandbox.plan import kernel_reach
+from kernelexec.session.recording import CellMeta, NotebookMeta, RecordedInput, Recorder, notebook_meta, read_cell_meta, read_notebook_meta, read_session_meta
+from kernelexec.session.restore import cell_timeout, first_line, rerun
+from kernelexec.session.session import Session
+from kernelexec.terminal import safe
+
+if TYPE_CHECKING:
+    from nbformat import NotebookNode
+
+    from kernelexec.config import Profile, Settings
+
+logger = logging.getLogger(__name__)
+
+Ask = Callable[[str, bool], Awaitable[str | None]]
+
+Status = Literal["same", "different", "new", "skipped"]
+
+
+# --- comparing outputs -------------------------------------------------------------------------
+_TIME_UNIT = r"(?:ns|µs|us|ms|s|sec|seconds|min)"  # µ: MICRO SIGN U+00B5 (GREEK MU U+03BC becomes it first)
+_NORMALISE: list[tuple[re.Pattern[str], str]] = [
+    (re.compile("\u03bc"), "\u00b5"),  # %timeit prints either micro sign, by platform and IPython version
+    (re.compile(r"0x[0-9a-fA-F]{4,}"), "0x…"),
+    (re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"), "<uuid>"),
+    (re.compile(r"\b[0-9a-f]{32}\b"), "<uuid>"),  # uuid4().hex: display ids, widget and comm ids
+    (re.compile(r"\b\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?"), "<datetime>"),
+    (re.compile(rf"[\d.]+\s?{_TIME_UNIT} ± [\d.]+\s?{_TIME_UNIT} per loop \([^)]*\)"), "<timeit>"),
+    (re.compile(rf"\b(Wall time|CPU times: user|sys|total): [\d.]+\s?{_TIME_UNIT}"), r"\1: <time>"),
+    (re.compile(rf"\b\d+\.\d+\s?{_TIME_UNIT}\b"), "<time>"),
+]
+
+
+def normalise(text: str, roots: Iterable[str] = ()) -> str:
+    """Text with run-to-run noise replaced: session directories, addresses, uuids, dates, timings."""
+    for root in roots:
+        text = text.replace(root, "<session>")
+    for pattern, replacement in _NORMALISE:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, list):
+        return "".join(map(str, value))
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+def comparable(outputs: list[dict[str, Any]], roots: Iterable[str] = ()) -> dict[str, Any]:
+    """What of a cell's outputs must match on replay.
+
+    Streams are compared as each stream's whole text (nbclient and the live collector split and
+    order stream chunks differently); rich outputs in order, images by kind only (their bytes carry
+    dates and random ids, and depend on fonts and library versions); errors by name and message, not
+    traceback. The error
+    kernelexec adds for a timed-out or killed cell is left out: endings are compared on their own.
+    """
+    roots = list(roots)
+    streams: dict[str, str] = {"stdout": "", "stderr": ""}
+    rich: list[str] = []
+    errors: list[str] = []
+    for out in outputs:
+        kind = out.get("output_type")
+        if kind == "stream":
+            name = out.get("name", "stdout")
+            streams[name] = streams.get(name, "") + _text(out.get("text", ""))
+        elif kind == "error":
+            if out.get("ename") != "KernelexecError":
+                errors.append(normalise(f"{out.get('ename')}: {out.get('evalue', '')}", roots))
+        elif kind in ("display_data", "execute_result"):
+            parts = []
+            for mime, value in sorted((out.get("data") or {}).items()):
+                if mime.startswith("image/"):
+                    parts.append(mime)
+                else:
+                    parts.append(f"{mime}: {normalise(_text(value), roots)}")
+            rich.append(f"{kind} " + " | ".join(parts))
+    return {
+        "stdout": normalise(streams.pop("stdout"), roots),
+        "stderr": normalise(streams.pop("stderr"), roots),
+        **{k: normalise(v, roots) for k, v in streams.items()},
+        "outputs": rich,
+        "errors": errors,
+    }
+
+
+# a flood of output is kept head+tail in the record (recording.JOURNAL_STREAM_CHARS)
+_CUT_IN_RECORD = re.compile(r"\n\[\.\.\. [\d,]+ characters cut in the record;[^\n]*\]\n")
+
+
+def _same(recorded: Any, replayed: Any) -> bool:
+    if isinstance(recorded, str) and isinstance(replayed, str):
+        cut = _CUT_IN_RECORD.search(recorded)
+        if cut is not None:
+            head, tail = recorded[: cut.start()], recorded[cut.end() :]
+            return replayed.startswith(head) and replayed.endswith(tail)
+    return recorded == replayed
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def differences(recorded: dict[str, Any], replayed: dict[str, Any]) -> list[str]:
+    """Human-readable lines naming each part of two ``comparable`` results that differ."""
+    lines = []
+    for key in sorted(set(recorded) | set(replayed)):
+        a, b = recorded.get(key, ""), replayed.get(key, "")
+        if _same(a, b):
+            continue
+        if isinstance(a, list) and isinstance(b, list):
+            if len(a) != len(b):
+                lines.append(f"{key}: {len(a)} recorded, {len(b)} replayed")
+            for i, (x, y) in enumerate(zip(a, b, strict=False), 1):
+                if x != y:
+                    lines.append(f"{key} #{i}: recorded {_short(x)}")
+                    lines.append(f"{' ' * len(key)} #{i}: replayed {_short(y)}")
+                    break
+            else:  # one is the other plus more: name the first extra item
+                if len(a) != len(b):
+                    i, side, longer = min(len(a), len(b)) + 1, "recorded" if len(a) > len(b) else "replayed", max(a, b, key=len)
+                    lines.append(f"{key} #{i}: {side} {_short(longer[i - 1])}")
+        else:
+            lines.append(f"{key}: recorded {_short(a)}")
+            lines.append(f"{' ' * len(key)}  replayed {_short(b)}")
+    return lines
+
+
+# --- replaying a notebook ----------------------------------------------------------------------
+@dataclass
+class CellReport:
+    """How one code cell fared on replay."""
+
+    number: int  # 1-based position in the notebook
+    first_line: str
+    status: Status
+    recorded_ending: str = "completed"  # "unknown" for a notebook kernelexec did not record
+    replayed_ending: str = "completed"
+    details: list[str] = field(default_factory=list)
+    error: str | None = None  # the error the replayed cell raised, in one line
+
+
+def _session_roots(nb: NotebookNode) -> list[str]:
+    """The recorded session's directory, as it appears in paths in its outputs."""
+    handle = read_notebook_meta(nb.metadata).session
+    roots = set()
+    for cell in nb.cells:
+        cwd = read_cell_meta(cell).cwd
+        if cwd is None:
+            continue
+        marker = f"/sessions/{handle}" if handle else None
+        if marker and marker in cwd:
+            roots.add(cwd[: cwd.index(marker) + len(marker)])
+    return sorted(roots, key=len, reverse=True)
+
+
+@dataclass
+class RecordedInstall:
+    """An install a notebook records: an ``install_packages`` marker, or a cell's pip lines."""
+
+    cell: int  # 1-based position in the notebook
+    via: Literal["install_packages", "pip"]
+    specs: list[str]
+
+    def describe(self) -> str:
+        names = ", ".join(s[:60] for s in self.specs[:10]) + (" …" if len(self.specs) > 10 else "")
+        return f"cell {self.cell} {'%pip' if self.via == 'pip' else self.via} {names or '(no names)'}"
+
+
+def recorded_installs(nb: NotebookNode) -> list[RecordedInstall]:
+    """Every install ``nb`` records, in order (a pip line that is refused installs nothing: not listed)."""
+    found = []
+    for number, cell in enumerate(nb.cells, 1):
+        meta = read_cell_meta(cell)
+        if meta.event == "install":
+            if meta.specs:  # a marker without a list of names installs nothing (its specs were ignored)
+                found.append(RecordedInstall(number, "install_packages", list(meta.specs)))
+        elif cell.get("cell_type") == "code":
+            try:
+                request, _ = pip_lines(cell.source)
+            except InvalidRequest:
+                continue
+            if request is not None:
+                found.append(RecordedInstall(number, "pip", request.specs))
+    return found
+
+
+def installs_line(installs: list[RecordedInstall], *, install: bool, policy: str) -> str:
+    """The one console line naming the installs a notebook records, and whether replay redoes them."""
+    listed = "; ".join(i.describe() for i in installs[:20]) + (f"; … ({len(installs)} in all)" if len(installs) > 20 else "")
+    if install and policy == "off":
+        return f"installs recorded: {listed} — not redone: --install, but --install-policy off refuses them"
+    if install:
+        return f"installs recorded: {listed} — redone (--install), within --install-policy {policy}, from your index"
+    return (f"installs recorded: {listed} — not redone (a cell with pip lines is skipped); replay with --install to "
+            "redo them (within --install-policy)")
+
+
+def _annotate(holder: Any, **fields: Any) -> None:
+    """Add replay's fields to a cell's or notebook's ``metadata.kernelexec`` (foreign content there is replaced)."""
+    if not isinstance(holder.metadata.get("kernelexec"), dict):
+        holder.metadata["kernelexec"] = {}
+    holder.metadata["kernelexec"].update(fields)
+
+
+class _Replayer:
+    """One replay: a throwaway session's kernel driven by nbclient, one cell at a time."""
+
+    def __init__(self, nb: NotebookNode, settings: Settings, session: Session, roots: list[str], *, install: bool,
+                 ask: Ask | None = None) -> None:
+        from nbclient import NotebookClient
+
+        kernel = session.kernel
+        assert kernel is not None
+        self.nb = nb
+        self.settings = settings
+        self.session = session
+        self.kernel = kernel
+        self.roots = roots
+        self.compared: list[tuple[CellReport, list[Any], NotebookNode]] = []  # compared by output: settle() again
+        self.install = install  # redo recorded installs (a notebook's %pip lines and install markers)
+        self.ask = ask  # --ask: a cell's input()/getpass() asked on the terminal, not answered from the record
+        self.stdin_notes: list[str] = []  # the current cell's
+        self.notes: dict[int, list[str]] = {}  # by cell number: its stdin notes (kept when settle() compares again)
+        # timeouts are ours (per cell, with escalation), so nbclient waits without its own
+        self.client = NotebookClient(nb, km=kernel.km, timeout=None, allow_errors=False,
+                                     startup_timeout=int(settings.startup_timeout), record_timing=True)
+
+    async def _connect(self) -> None:
+        """Give nbclient its own client. ``km.client()`` would share the manager's wire session, whose
+        id is the zmq identity of the shell socket: the newer client then takes the older one's replies."""
+        from jupyter_client.session import Session as WireSession
+
+        km = self.kernel.km
+        assert km is not None  # replay runs in the session's started kernel
+        wire = harden(WireSession(key=km.session.key, signature_scheme=km.session.signature_scheme))
+        kc = km.client(session=wire)
+        kc.start_channels()
+        await kc.wait_for_ready(timeout=self.settings.startup_timeout)
+        kc.allow_stdin = True  # input()/getpass(): answered from the record, or asked (--ask); see _serve_stdin
+        self.client.km, self.client.kc = km, kc
+
+    async def run(self, on_cell: Callable[[CellReport], None] | None) -> list[CellReport]:
+        reports: list[CellReport] = []
+        await self._connect()
+        async with self.client.async_setup_kernel():
+            try:
+                for index, cell in enumerate(self.nb.cells):
+                    meta = read_cell_meta(cell)
+                    if meta.event is not None:
+                        await self._redo(meta, index)
+                    if cell.cell_type != "code" or not cell.source.strip():
+                        continue
+                    report = await self._cell(index, cell, meta)
+                    reports.append(report)
+                    if on_cell is not None:
+                        on_cell(report)
+                for report in self.settle():
+                    if on_cell is not None:
+                        on_cell(report)
+            finally:
+                if self.client.kc is not None:
+                    self.client.kc.stop_channels()
+                    self.client.kc = None
+        return reports
+
+    async def _redo(self, meta: CellMeta, index: int) -> None:
+        """A marker: the live kernel was restarted here (and, for a restore or revival, refilled), or
+        packages were installed (installed again here with --install, from the index the current
+        settings name; listed and left out without it)."""
+        if meta.event == "install":
+            if self.install and meta.specs:
+                await self._install(list(meta.specs))
+            return
+        await self._restart()
+        if meta.event in ("restore", "revive"):
+            await rerun(self.kernel, self.nb.cells[:index], default_timeout=self.settings.default_timeout,
+                        max_timeout=self.settings.max_timeout, grace=self.settings.interrupt_grace)
+
+    async def _install(self, specs: list[str], *, upgrade: bool = False) -> str | None:
+        """Install recorded specs into the replay session's overlay; the answer's summary, or None
+        (said on the console) when it cannot: the cells that need them then differ."""
+        try:
+            outcome = await self.session._install(self.kernel, parse_specs(specs), upgrade=upgrade)
+        except KernelexecError as exc:
+            logger.warning("replay could not install %s: %s", specs, exc)
+            return None
+        return outcome.summary()
+
+    async def _restart(self) -> None:
+        await self.kernel.restart()
+        if self.client.km is not self.kernel.km:  # the restart fell back to a new kernel manager
+            if self.client.kc is not None:
+                self.client.kc.stop_channels()
+            await self._connect()
+
+    async def _execute(self, index: int, cell: NotebookNode, timeout: float) -> str:
+        """Run one cell through nbclient; return how it ended (completed, interrupted, restarted, kernel_died)."""
+        from nbclient.exceptions import CellExecutionError, DeadKernelError
+
+        state = {"ending": "completed"}
+        km = self.kernel.km
+        assert km is not None  # replay runs in the session's started kernel
+
+        async def watchdog() -> None:
+            await anyio.sleep(timeout)
+            state["ending"] = "interrupted"
+            await km.interrupt_kernel()
+            await anyio.sleep(self.settings.interrupt_grace)
+            state["ending"] = "restarted"
+            await km.signal_kernel(signal.SIGKILL)  # nbclient notices the death within a second
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watchdog)
+            tg.start_soon(self._serve_stdin, list(read_cell_meta(cell).inputs), index)
+            try:
+                await self.client.async_execute_cell(cell, index)
+            except CellExecutionError:
+                pass  # the error is in the cell's outputs, where the comparison sees it
+            except DeadKernelError:
+                if state["ending"] != "restarted":
+                    state["ending"] = "kernel_died"
+            except Exception as exc:  # noqa: BLE001 - nbclient choked on what the kernel sent: the cell differs
+                logger.warning("replaying cell %d: %s", index + 1, exc)
+                state["ending"] = "unreadable output"
+            finally:
+                tg.cancel_scope.cancel()
+        if state["ending"] in ("restarted", "kernel_died"):
+            await self._restart()
+        return state["ending"]
+
+    async def _serve_stdin(self, recorded: list[RecordedInput], index: int) -> None:
+        """Answer the cell's input()/getpass() requests: the recorded answers in order (a password recorded as
+        *** cannot be, nor a question beyond the record: EOFError in the cell, with a note), or with --ask
+        the terminal's."""
+        kc = self.client.kc
+        assert kc is not None
+        while True:
+            try:
+                msg = await kc.get_stdin_msg(timeout=0.2)  # type: ignore[attr-defined]  # an async client
+            except Exception:  # noqa: BLE001 - nothing yet (queue.Empty), or a message that would not decode
+                continue
+            content = msg.get("content") if isinstance(msg, dict) else None
+            if not isinstance(msg, dict) or msg.get("msg_type") != "input_request" or not isinstance(content, dict):
+                continue
+            prompt, password = str(content.get("prompt", ""))[:2000], content.get("password") is True
+            how = "getpass()" if password else "input()"
+            answer: str | None
+            if self.ask is not None:
+                answer = await self.ask(f"cell {index + 1} asks through {how}: {prompt}", password)
+                if answer is None:
+                    self.stdin_notes.append(f"{how} {prompt[:80]!r}: not answered on the terminal; the cell got EOFError")
+            elif not recorded:
+                answer = None
+                self.stdin_notes.append(f"{how} {prompt[:80]!r}: no recorded answer; the cell got EOFError (--ask asks)")
+            else:
+                entry = recorded.pop(0)
+                answer = entry.answer
+                if entry.password and answer is not None:
+                    answer = None
+                    self.stdin_notes.append(f"{how} {prompt[:80]!r}: a password is recorded as ***, so it cannot be "
+                                            "replayed; the cell got EOFError (--ask asks for it)")
+                elif answer is None:
+                    self.stdin_notes.append(f"{how} {prompt[:80]!r}: unanswered when recorded; EOFError again")
+            kc.input("\x04" if answer is None else answer)  # ipykernel raises EOFError for \x04
+
+    def _skip(self, index: int, cell: NotebookNode, meta: CellMeta, note: str) -> CellReport:
+        """A cell not run: said on its report line and in its metadata; its recorded outputs are dropped."""
+        cell.outputs, cell.execution_count = [], None
+        _annotate(cell, replay_ending="skipped", replay_note=note)
+        return CellReport(index + 1, first_line(cell.source), "skipped", meta.ending, "skipped", [note])
+
+    async def _cell(self, index: int, cell: NotebookNode, meta: CellMeta) -> CellReport:
+        recorded_outputs = copy.deepcopy(list(cell.get("outputs", [])))
+        never_ran = cell.get("execution_count") is None and not recorded_outputs and not meta.recorded
+        recorded_ending = meta.ending if meta.recorded else "unknown"  # Jupyter does not record how a cell ended
+        timeout = cell_timeout(meta.timeout, self.settings.default_timeout, self.settings.max_timeout)
+        source = cell.source
+        try:
+            request, runnable = pip_lines(source)
+        except InvalidRequest as exc:  # refused live before anything of the cell ran: not run here either
+            return self._skip(index, cell, meta, f"not run: its pip line is refused, as it is live ({exc})"[:400])
+        if request is not None and not self.install:
+            return self._skip(index, cell, meta, f"not run: it installs {', '.join(request.specs)[:200]}; "
+                              "replay with --install to redo installs")
+        installed = await self._install(request.specs, upgrade=request.upgrade) if request is not None else None
+        cell.source = runnable  # the kernel cannot run pip; the install was done here, as live
+        self.stdin_notes = []
+        try:
+            ending = await self._execute(index, cell, timeout)
+        finally:
+            cell.source = source
+        if installed and request is not None and not request.quiet:
+            from nbformat.v4 import new_output
+
+            cell.outputs.insert(0, new_output("stream", name="stdout", text=installed + "\n"))
+        _annotate(cell, replay_ending=ending)
+        report = CellReport(index + 1, first_line(cell.source), "same", recorded_ending, ending, error=_raised(cell.outputs))
+        if never_ran:
+            report.status = "new"
+        elif recorded_ending not in (ending, "unknown"):
+            report.status = "different"
+            report.details.append(f"ending: recorded {recorded_ending}, replayed {ending}")
+        elif ending == "completed" or recorded_ending == "unknown":
+            self.compared.append((report, recorded_outputs, cell))
+            report.details = differences(comparable(recorded_outputs, self.roots), comparable(cell.outputs, self.roots))
+            report.status = "different" if report.details else "same"
+        # a cell cut short both times: its partial output depends on timing, so only endings count
+        if self.stdin_notes:
+            report.details.extend(self.stdin_notes)
+            self.notes[report.number] = list(self.stdin_notes)
+            _annotate(cell, replay_note="; ".join(self.stdin_notes)[:1000])
+        return report
+
+    def settle(self) -> list[CellReport]:
+        """Compare again the cells a later cell's display update rewrote (as the recorded notebook shows
+        them, in their final state); the reports whose verdict changed."""
+        changed = []
+        for report, recorded_outputs, cell in self.compared:
+            details = differences(comparable(recorded_outputs, self.roots), comparable(cell.outputs, self.roots))
+            status: Status = "different" if details else "same"
+            details += self.notes.get(report.number, [])
+            if (status, details) != (report.status, report.details):
+                report.status, report.details = status, details
+                report.details.append("(after a later cell's display update)")
+                changed.append(report)
+        return changed
+
+
+async def replay_notebook(
+    nb: NotebookNode,
+    settings: Settings,
+    *,
+    profile: Profile,
+    on_cell: Callable[[CellReport], None] | None = None,
+    environment: Environment | None = None,
+    install: bool = False,
+    ask: Ask | None = None,
+) -> list[CellReport]:
+    """Execute ``nb`` (in place) in a fresh kernel launched as a live session's, under ``profile``.
+
+    Always a local kernel: nbclient drives it through its kernel manager (``--kernel-gateway`` and ``--kernel-spec`` are ignored),
+    in ``environment`` (default: what the current settings choose; a notebook never chooses its interpreter).
+    The installs it records (``recorded_installs``) are redone only with ``install`` (within
+    --install-policy, as live); without it, a cell with pip lines is skipped and install markers are left out."""
+
+    base = Path(tempfile.mkdtemp(prefix="kxr"))
+    session = None
+    try:
+        scratch = settings.model_copy(update={"state_dir": base, "profile": profile, "kernel_gateway": None,
+                                                  "kernel_spec": None})
+        if environment is None:
+            environment = await anyio.to_thread.run_sync(
+            functools.partial(prepare, settings.python, settings.working_dir, settings.cache_dir, reach=kernel_reach(settings)))
+        session = Session(f"replay-{secrets.token_urlsafe(6)}", scratch, environment=environment,
+                          working_dir=settings.working_dir if profile != "strict" else None)  # strict: no files at all
+        await session.ensure_kernel()
+        roots = [*_session_roots(nb), str(session.dirs.root)]
+        return await _Replayer(nb, scratch, session, roots, install=install, ask=ask).run(on_cell)
+    finally:
+        with anyio.CancelScope(shield=True):
+            if session is not None:
+                await session.stop_kernel()
+                session.release()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# --- the command -------------------------------------------------------------------------------
+def load_notebook(path: Path) -> tuple[NotebookNode, Path, str | None]:
+    """Read a notebook; a session directory or its journal works too.
+
+    When the notebook sits in a session directory whose journal is newer (the server was killed
+    before writing it), it is rebuilt from the journal first. Returns (notebook, path, note).
+    """
+    import nbformat
+
+    if path.is_dir():
+        path = SessionDirs(path).notebook
+    if path.name == SessionDirs(path.parent).journal.name:
+        path = SessionDirs(path.parent).notebook
+    note = None
+    session_dir = path.parent
+    meta = read_session_meta(session_dir)
+    journal = SessionDirs(session_dir).journal
+    if meta is not None and journal.exists():
+        recorder = Recorder(journal, path, notebook_meta(session_dir))
+        if recorder.stale():
+            recorder.write_notebook()
+            note = "rebuilt from its journal"
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    try:
+        found = json.loads(text)
+        if not isinstance(found, dict) or not isinstance(found.get("nbformat"), int) or isinstance(found["nbformat"], bool):
+            raise ValueError("no nbformat version")
+        # nbformat's converters (old versions to 4) raise what they meet on malformed input: this is the one door
+        nb = nbformat.reads(text, as_version=4)
+        nbformat.validate(nb)
+    except nbformat.ValidationError as exc:
+        raise ValueError(f"not a valid notebook ({' '.join(str(exc.message).split())[:200]})") from None
+    except RecursionError:
+        raise ValueError("not a notebook kernelexec reads (JSON nested too deeply)") from None
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+        raise ValueError(f"not a valid notebook ({' '.join(str(exc).split())[:200]})") from None
+    return nb, path, note
+
+
+def ignored_metadata(nb: NotebookNode) -> list[str]:
+    """What of ``nb``'s kernelexec metadata is not of kernelexec's shape (ignored by replay), one item a place."""
+    found = [f"notebook: {item}" for item in read_notebook_meta(nb.metadata).ignored]
+    for number, cell in enumerate(nb.cells, 1):
+        found += [f"cell {number}: {item}" for item in read_cell_meta(cell).ignored]
+    return found
+
+
+def _raised(outputs: list[Any]) -> str | None:
+    for out in outputs:
+        if isinstance(out, dict) and out.get("output_type") == "error" and out.get("ename") != "KernelexecError":
+            return f"{out.get('ename')}: {str(out.get('evalue', ''))[:160]}".splitlines()[0] if out.get("evalue") else str(out.get("ename"))
+    return None
+
+
+def _line(report: CellReport) -> str:
+    label = {"same": "same", "different": "DIFFERENT", "new": "new", "skipped": "skipped"}[report.status]
+    extra = ""
+    if report.status != "skipped" and (report.recorded_ending not in ("completed", "unknown") or report.replayed_ending != "completed"):
+        extra = f"   [{report.recorded_ending} live, {report.replayed_ending} on replay]"
+    if report.status == "different" and report.error:
+        extra += f"   raised {report.error}"
+    lines = [f"cell {report.number:<4} {label:<9} {report.first_line}{extra}"]
+    lines += [f"           {d}" for d in report.details]
+    return "\n".join(lines)
+
+
+async def terminal_ask(question: str, password: bool) -> str | None:
+    """``--ask``: a cell's question on this terminal (a password not echoed); end of input declines it."""
+    import getpass
+
+    def read() -> str | None:
+        print(safe(question.rstrip()), flush=True)
+        try:
+            return getpass.getpass("(secret, not echoed) ") if password else input("> ")
+        except EOFError:
+            return None
+
+    return await anyio.to_thread.run_sync(read)
+
+
+async def replay_command(settings: Settings, notebook: str, *, output: str | None, profile: Profile | None,
+                         install: bool = False, ask: bool = False) -> int:
+    """``kernelexec replay``: 0 when every cell matches, 1 when one differs, 2 when replay cannot run.
+    Cells skipped (their installs not redone without ``install``) are listed but do not differ."""
+    import nbformat
+
+    from kernelexec.errors import KernelexecError
+
+    try:
+        nb, path, note = load_notebook(Path(notebook))
+    except (OSError, ValueError) as exc:
+        print(safe(f"kernelexec replay: cannot read {notebook}: {exc}"), file=sys.stderr)
+        return 2
+    recorded: NotebookMeta = read_notebook_meta(nb.metadata)
+    recorded_profile = recorded.profile
+    chosen: Profile = profile or settings.effective_profile  # the user's flags and config; a notebook is data
+    if settings.working_dir is None and chosen != "strict" and read_session_meta(path.parent) is None:
+        # as nbclient and papermill do: in the notebook's folder, so it reads the files beside it (what is
+        # writable there follows the profile and the protected names, as for any working directory; strict
+        # has no file access at all)
+        folder = path.parent.resolve()
+        settings = settings.model_copy(update={"working_dir": folder, "work_roots": [*settings.work_roots, folder]})
+        try:
+            check_reach(settings, kernel_reach(settings))
+        except KernelexecError as exc:
+            print(safe(f"kernelexec replay: {exc}; or pass --working-dir DIR for the notebook to run in"), file=sys.stderr)
+            return 2
+    code_cells = sum(1 for c in nb.cells if c.get("cell_type") == "code")
+    print(safe(f"replaying {path} ({code_cells} code cells, profile {chosen}{'; ' + note if note else ''})"
+               f"{f' in {settings.working_dir}' if settings.working_dir else ''}"), flush=True)
+    if recorded_profile is not None and recorded_profile != chosen:
+        print(safe(f"note: recorded under profile {str(recorded_profile)[:40]!r}; replayed under {chosen}, which your "
+                   "flags and config choose (a notebook never chooses its own profile or limits)"), flush=True)
+    ignored = ignored_metadata(nb)
+    if ignored:
+        print(safe(f"note: kernelexec metadata not of kernelexec's shape, ignored: {'; '.join(ignored[:8])}"
+                   f"{f'; … ({len(ignored)} in all)' if len(ignored) > 8 else ''}"), flush=True)
+    capped = [i for i, c in enumerate(nb.cells, 1) if c.get("cell_type") == "code"
+              and (t := read_cell_meta(c).timeout) is not None and t > settings.max_timeout]
+    if capped:
+        print(safe(f"note: cell {', '.join(map(str, capped[:20]))}{' …' if len(capped) > 20 else ''}: recorded timeout "
+                   f"above --max-timeout ({settings.max_timeout:g} s); capped"), flush=True)
+    try:
+        environment = await anyio.to_thread.run_sync(
+            functools.partial(prepare, settings.python, settings.working_dir, settings.cache_dir, reach=kernel_reach(settings)))
+    except KernelexecError as exc:
+        print(safe(f"kernelexec replay: {exc}"), file=sys.stderr)
+        return 2
+    print(safe(f"environment: {environment.describe()}: {environment.reason}"), flush=True)
+    was = recorded.environment
+    if was is not None and was != (environment.python, environment.version):
+        print(safe(f"note: recorded in Python {str(was[1])[:20]} at {str(was[0])[:200]}; replayed in "
+                   f"Python {environment.version} at {environment.python}, which your flags and config choose (--python; "
+                   "a notebook never chooses its interpreter)"), flush=True)
+    installs, policy = recorded_installs(nb), settings.effective_install_policy(chosen)
+    if installs:
+        print(safe(installs_line(installs, install=install, policy=policy)), flush=True)
+    try:
+        reports = await replay_notebook(nb, settings, profile=chosen, on_cell=lambda r: print(safe(_line(r)), flush=True),
+                                        environment=environment, install=install, ask=terminal_ask if ask else None)
+    except KernelexecError as exc:
+        print(safe(f"kernelexec replay: {exc}"), file=sys.stderr)
+        return 2
+    different = [r.number for r in reports if r.status == "different"]
+    skipped = [r.number for r in reports if r.status == "skipped"]
+    counts = {s: sum(1 for r in reports if r.status == s) for s in ("same", "different", "new")}
+    summary = f"{len(reports)} cells: {counts['same']} same, {counts['different']} different"
+    if counts["new"]:
+        summary += f", {counts['new']} not run before"
+    if different:
+        summary += " (cell " + ", ".join(map(str, different)) + ")"
+    if skipped:
+        summary += f", {len(skipped)} skipped (cell {', '.join(map(str, skipped))})"
+    print(safe(summary), flush=True)
+    if output:
+        _annotate(nb, replay={"profile": chosen, "different": different, "skipped": skipped,
+                              "environment": environment.summary(),
+                              "installs": {"redone": install and policy != "off", "recorded": [
+                                  {"cell": i.cell, "via": i.via, "specs": i.specs} for i in installs]}})
+        nbformat.write(nb, output)
+        print(safe(f"wrote {output}"), flush=True)
+    return 1 if different else 0

@@ -1,0 +1,237 @@
+"""Runs: work longer than a client will wait for one tool call.
+
+Every ``execute_code`` cell is a run, a task in the session manager's task group: a foreground call
+waits for it up to ``--yield-after`` seconds and then answers with what it has and the run id (the
+cell goes on); ``execute_code(background=True)`` returns the run id at once. ``get_run(run_id,
+wait_s)`` waits up to ``wait_s`` for it and returns the finished answer, or the output so far. A run holds its session's lock like any call, so calls
+to that session queue behind it; ``interrupt(session)`` stops it without waiting for the lock.
+
+A cell's ``input()``/``getpass()`` is asked directly (an elicitation over the back-channel of the call that
+started the run, while it waits) or else waits on the run as a ``Question`` until the cell's timeout:
+``send_input`` answers it, or a 2026-07-28 client's retried call (its ``input_responses``).
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+
+from kernelexec.errors import InvalidRequest, KernelexecError
+from kernelexec.kernel.execution import Execution, ResultRule
+from kernelexec.layout import SessionDirs
+
+KEEP_FINISHED = 200  # finished runs remembered for get_run
+QUESTIONS_PER_MINUTE = 5  # a cell cannot make the client ask more often; the rest get EOFError
+MAX_INPUT_CHARS = 1_000_000  # one answer to input()
+
+Ask = Callable[[str, bool], Awaitable[str | None]]
+
+
+@dataclass
+class Finished:
+    """What one cell run produced: the recorded ``Execution`` (as the notebook has it), the sandbox
+    layers it ran under, and a line for the model on how to install a missing module (not recorded)."""
+
+    execution: Execution
+    layers: list[str] | None = None
+    hint: str | None = None
+
+
+class RunHost(Protocol):
+    """What a run needs of its session (``session.Session``): whose it is, where its record is, and a cell
+    run under its lock."""
+
+    @property
+    def handle(self) -> str: ...
+    @property
+    def owner(self) -> str | None: ...
+    @property
+    def profile(self) -> str: ...
+    @property
+    def dirs(self) -> SessionDirs: ...
+
+    async def run(self, code: str, *, timeout: float, working_dir: str | None = None, on_output: Any = None,
+                  result_rule: ResultRule = "variable", ask: Ask | None = None) -> Finished: ...
+
+
+@dataclass
+class Question:
+    """A cell's input()/getpass() waiting for an answer (send_input, or a retried call's input_responses)."""
+
+    prompt: str
+    password: bool
+    answered: anyio.Event = field(default_factory=anyio.Event)
+    answer: str | None = None
+
+
+@dataclass
+class Run:
+    id: str
+    session: RunHost
+    started: float = field(default_factory=time.monotonic)
+    done: anyio.Event = field(default_factory=anyio.Event)
+    finished: Finished | None = None
+    failure: str | None = None
+    output_chars: int = 0
+    tail: str = ""
+    listener: Callable[[str, str], Awaitable[None]] | None = None  # the waiting call's progress, while it waits
+    scope: anyio.CancelScope | None = None
+    deadline: float = math.inf  # the cell's timeout: a question unanswered by then is declined
+    question: Question | None = None  # the cell's input() waiting for an answer
+    posted: anyio.Event = field(default_factory=anyio.Event)  # set while a question waits
+    wait_for_input: bool = True  # False (run_python): a question nobody can answer at once is declined
+    asked: list[float] = field(default_factory=list)
+
+    async def on_output(self, name: str, text: str) -> None:
+        self.output_chars += len(text)
+        self.tail = (self.tail + text[-2000:])[-2000:]  # never a copy of a whole flood chunk
+        listener = self.listener
+        if listener is not None:
+            try:
+                await listener(name, text)
+            except Exception:  # noqa: BLE001 - a client gone mid-call never stops the cell
+                self.listener = None
+
+    def asker(self, direct: Ask | None) -> Ask:
+        """How the cell's input()/getpass() is answered: ``direct`` (an elicitation over the waiting call's
+        back-channel) while the call that started the run waits for it; otherwise the question waits on the
+        run (``question``) for ``answer`` — send_input, or the retried call of a 2026-07-28 client — until
+        the cell's timeout. At most QUESTIONS_PER_MINUTE questions a minute; the rest are declined."""
+        async def ask(prompt: str, password: bool) -> str | None:
+            now = time.monotonic()
+            self.asked[:] = [t for t in self.asked if now - t < 60]
+            if len(self.asked) >= QUESTIONS_PER_MINUTE:
+                return None
+            self.asked.append(now)
+            if direct is not None and self.listener is not None:
+                with anyio.move_on_after(max(0.0, self.deadline - time.monotonic())):  # unanswered: the cell's timeout
+                    return await direct(prompt, password)
+                return None
+            if not self.wait_for_input:
+                return None
+            return await self._wait_for_answer(prompt, password)
+
+        return ask
+
+    async def _wait_for_answer(self, prompt: str, password: bool) -> str | None:
+        question = self.question = Question(prompt, password)
+        self.posted.set()
+        try:
+            with anyio.move_on_after(max(0.0, self.deadline - time.monotonic())):
+                await question.answered.wait()
+            return question.answer
+        finally:
+            self.question = None
+            self.posted = anyio.Event()
+
+    def answer(self, text: str | None) -> Question:
+        """Answer the question the run waits on (None declines it: EOFError in the cell)."""
+        question = self.question
+        if question is None or question.answered.is_set():
+            raise InvalidRequest(f"run {self.id} is not waiting for input"
+                                 + (" (it has finished)" if self.done.is_set() else ""))
+        if text is not None and (not isinstance(text, str) or len(text) > MAX_INPUT_CHARS):
+            raise InvalidRequest(f"text must be a string of at most {MAX_INPUT_CHARS:,} characters")
+        question.answer = text
+        question.answered.set()
+        return question
+
+    async def settled(self, wait_s: float) -> None:
+        """Wait up to ``wait_s`` until the run finishes or asks a question."""
+        with anyio.move_on_after(wait_s):
+            async with anyio.create_task_group() as tg:
+                async def until(event: anyio.Event) -> None:
+                    await event.wait()
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(until, self.done)
+                tg.start_soon(until, self.posted)
+
+    @property
+    def awaiting(self) -> Question | None:
+        """The question the run waits on, if it is still going and waits."""
+        question = self.question
+        return question if question is not None and not question.answered.is_set() and not self.done.is_set() else None
+
+    def cancel(self) -> None:
+        """Cancel the cell as a cancelled call would (the kernel is interrupted, the cell recorded)."""
+        if self.scope is not None:
+            self.scope.cancel()
+
+    @property
+    def elapsed_ms(self) -> float:
+        return round((time.monotonic() - self.started) * 1000, 3)
+
+
+class RunRegistry:
+    """All background runs of one server process."""
+
+    def __init__(self) -> None:
+        self._runs: OrderedDict[str, Run] = OrderedDict()
+        self._tg: Any = None
+
+    def attach(self, task_group: Any) -> None:
+        self._tg = task_group
+
+    def start(self, session: RunHost, code: str, *, timeout: float, working_dir: str | None,
+              listener: Callable[[str, str], Awaitable[None]] | None = None, result_rule: ResultRule = "variable",
+              ask: Ask | None = None, wait_for_input: bool = True) -> Run:
+        if self._tg is None:
+            raise KernelexecError("background runs need a running session manager")
+        run = Run(id="run-" + secrets.token_urlsafe(9), session=session, listener=listener, scope=anyio.CancelScope(),
+                  wait_for_input=wait_for_input)
+        run.deadline = run.started + timeout
+        self._runs[run.id] = run
+        self._prune()
+
+        async def body() -> None:
+            assert run.scope is not None
+            try:
+                with run.scope:
+                    run.finished = await session.run(code, timeout=timeout, working_dir=working_dir, on_output=run.on_output,
+                                                     result_rule=result_rule, ask=run.asker(ask))
+                if run.scope.cancelled_caught:
+                    run.failure = "cancelled by the client; the kernel was interrupted"
+            except KernelexecError as exc:
+                run.failure = str(exc)
+            except Exception as exc:  # never lose a run silently: the failure is its answer
+                run.failure = f"{type(exc).__name__}: {exc}"
+            finally:
+                run.done.set()
+
+        self._tg.start_soon(body)
+        return run
+
+    def get(self, run_id: str, *, owner: str | None) -> Run:
+        run = self._runs.get(run_id) if isinstance(run_id, str) else None
+        if run is None or (run.session.owner is not None and run.session.owner != owner):
+            raise InvalidRequest(f"unknown run {str(run_id)[:80]!r} (finished runs are kept for the last {KEEP_FINISHED} runs)")
+        return run
+
+    def decline_waiting(self, session: RunHost) -> None:
+        """Decline the question a run of ``session`` waits on (the cell was interrupted: nobody will answer)."""
+        for run in list(self._runs.values()):
+            if run.session is session and run.awaiting is not None:
+                run.answer(None)
+
+    def forget(self, run: Run) -> None:
+        """Drop a run whose answer its own call returned (no get_run will ask), so the finished runs kept
+        for get_run are the ones that yielded or ran in the background."""
+        self._runs.pop(run.id, None)
+
+    async def wait(self, run: Run, wait_s: float) -> bool:
+        with anyio.move_on_after(wait_s):
+            await run.done.wait()
+        return run.done.is_set()
+
+    def _prune(self) -> None:
+        finished = [k for k, r in self._runs.items() if r.done.is_set()]
+        for key in finished[: max(0, len(finished) - KEEP_FINISHED)]:
+            del self._runs[key]

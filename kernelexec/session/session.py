@@ -1,0 +1,358 @@
+"""A session: a server-minted handle owning one kernel, one directory and one notebook record.
+
+MCP 2026-07-28 is stateless, so a session is a handle the client passes back as a tool argument.
+Calls to one session run one at a time in arrival order (a FIFO lock); different sessions run in
+parallel (manager.py holds them all).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from kernelexec.backends import kernel_class
+from kernelexec.config import Settings
+from kernelexec.environment.interpreter import Environment, project_modules
+from kernelexec.environment.packages import InstallError, InstallOutcome, check_allowed, install, installed_record, parse_specs, pip_lines
+from kernelexec.errors import InvalidRequest, SessionError
+from kernelexec.kernel.driver import Ask, Kernel, OnOutput
+from kernelexec.kernel.execution import CellError, Execution, ReplayedCell, ResultRule
+from kernelexec.kernel.launch import LaunchSpec
+from kernelexec.layout import SessionDirs
+from kernelexec.sandbox.plan import plan_for
+from kernelexec.sandbox.policy import kernel_policy
+from kernelexec.session import connections
+from kernelexec.session.hints import install_hint
+from kernelexec.session.recording import Recorder
+from kernelexec.session.restore import describe_replayed, rerun
+from kernelexec.session.runs import Finished
+
+logger = logging.getLogger(__name__)
+
+
+def _claim(root: Path, handle: str) -> int:
+    """Lock a session directory for this process (the OS drops the lock when the process dies, even
+    by SIGKILL), so two servers sharing a state dir never run one session at once."""
+    fd = os.open(root / ".lock", os.O_RDWR | os.O_CREAT, 0o600)  # not inherited by kernels
+    try:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise SessionError(f"session {handle!r} is in use by another kernelexec server") from None
+    return fd
+
+
+class Session:
+    """One client's kernel, directory and notebook record."""
+
+    def __init__(self, handle: str, settings: Settings, *, owner: str | None = None, working_dir: Path | None = None,
+                 environment: Environment | None = None) -> None:
+        self.handle = handle
+        # the Python its kernels run in, for the session's whole life (None: a remote backend's own)
+        self.environment = environment
+        self.settings = settings
+        self.profile = settings.effective_profile
+        self.owner = owner
+        self.dirs = SessionDirs(settings.sessions_dir / handle)
+        self.dirs.create()
+        self.default_cwd = working_dir or self.dirs.work
+        self.cwd = self.default_cwd
+        self.kernel: Kernel | None = None
+        self.lock = anyio.Lock()
+        self.last_used = time.monotonic()
+        self.closed = False
+        self.busy = False
+        self.notice: str | None = None  # what happened to the kernel between calls, told in the next answer
+        meta = {"session": handle, "profile": self.profile, "created": time.time()}
+        if environment is not None:
+            meta["environment"] = environment.summary()
+        self.recorder = Recorder(self.dirs.journal, self.dirs.notebook, meta)
+        if not self.dirs.journal.exists():
+            self.recorder.start()  # an empty notebook now, so every answer's `notebook` names a file
+        meta_file = self.dirs.meta
+        if not meta_file.exists():
+            meta_file.write_text(json.dumps({**meta, "owner": owner, "working_dir": str(self.default_cwd)}))
+        self._lock_fd: int | None = _claim(self.dirs.root, handle)
+        self.revive = False  # set by SessionManager.lookup: refill the next kernel from the journal
+        self.pooled = False  # in the pool: its kernel is not published for `kernelexec lab` until adopted
+        # Counted against --max-sessions / --max-sessions-per-token from the moment it is reserved
+        # (minted, or about to start a kernel) until its kernel stops: ``admit`` checks and reserves.
+        self.reserved = False
+        self.admit: Callable[[Session], None] | None = None
+        self._published: Path | None = None
+
+    def launch_spec(self) -> LaunchSpec:
+        s = self.settings
+        env = self.environment
+        rw = [] if self.profile == "strict" else [p for p in s.work_roots if p.is_dir()]
+        plan = plan_for(s, self.profile, session_dir=self.dirs.root, rw=rw, ro=[p for p in s.read_dirs if p.is_dir()],
+                        cwd=self.default_cwd, key=self.handle, environment=env)
+        # the guard keeps them read-only too (the only keeper where bubblewrap is missing)
+        protected = [*(env.protected_paths() if env is not None else ()), *plan.kernel_options.get("protected_names", ())]
+        policy = kernel_policy(
+            self.profile,
+            session_dir=self.dirs.root,
+            spill_dir=self.dirs.spill,
+            work_roots=s.work_roots,
+            read_dirs=s.read_dirs,
+            allow_imports=s.allow_imports,
+            result_cap=max(s.result_chars * 20, 1_000_000),
+            stream_cap=s.kernel_stream_cap,
+            disk_cap=s.kernel_disk_cap,
+            environment_paths=[*env.read_paths, *([env.overlay] if env.overlay else [])] if env is not None else None,
+            protected=protected or None,
+            warm_imports=s.warm_imports,
+            environment_modules=project_modules(env, self.default_cwd) if env is not None and not env.own else None,
+            packages_dir=self.dirs.packages,
+            figure_formats=list(s.figure_formats),
+        )
+        return LaunchSpec(dirs=self.dirs, cwd=self.default_cwd, policy=policy, plan=plan, env_pass=s.env_pass)
+
+    async def ensure_kernel(self) -> Kernel:
+        if self.kernel is None:
+            if not self.reserved and self.admit is not None:
+                self.admit(self)  # raises at the session limits; reserves otherwise
+            self.reserved = True
+            kernel = kernel_class(self.settings)(self.launch_spec(), startup_timeout=self.settings.startup_timeout)
+            try:
+                await kernel.start()
+            except BaseException:
+                self.reserved = False
+                raise
+            self.kernel = kernel
+            self.cwd = self.default_cwd
+            self.publish()
+            if self.revive:
+                self.revive = False
+                replayed = await self.restore()
+                self.notice = f"session revived after a server restart in a new kernel; {describe_replayed(replayed)}"
+                self.recorder.mark("revive", self.notice, replayed=[r.model_dump() for r in replayed])
+        return self.kernel
+
+    async def restore(self) -> list[ReplayedCell]:
+        """Rebuild this session's state in its (fresh) kernel from its journal. Caller holds the lock."""
+        assert self.kernel is not None
+        s = self.settings
+        return await rerun(self.kernel, self.recorder.cells(), default_timeout=s.default_timeout,
+                           max_timeout=s.max_timeout, grace=s.interrupt_grace, session=self)
+
+    def publish(self) -> None:
+        """Expose the kernel's connection file for ``kernelexec lab`` (again when a spare took over)."""
+        kernel = self.kernel
+        if kernel is not None and not self.pooled and kernel.connection_file != self._published:
+            connections.publish(self.settings.state_dir, self.handle, kernel.connection_file)
+            self._published = kernel.connection_file
+
+    def resolve_working_dir(self, working_dir: str | None) -> Path | None:
+        """Check a call's working_dir: it must exist and lie in the session dir or a configured root."""
+        if working_dir is None:
+            return None
+        path = Path(os.path.expanduser(working_dir))
+        if not path.is_absolute():
+            path = self.default_cwd / path
+        path = path.resolve()
+        if not path.is_dir():
+            raise InvalidRequest(f"working_dir {working_dir!r} does not exist or is not a directory")
+        roots = [self.dirs.root.resolve(), *(Path(r).resolve() for r in self.settings.work_roots)]
+        unrestricted = self.profile == "trusted" and not self.settings.work_roots
+        if not unrestricted and not any(path == r or r in path.parents for r in roots):
+            allowed = ", ".join(map(str, roots))
+            raise InvalidRequest(f"working_dir {working_dir!r} is outside the allowed roots ({allowed}); see --work-roots")
+        return path
+
+    async def run(self, code: str, *, timeout: float, working_dir: str | None = None, on_output: OnOutput | None = None,
+                  result_rule: ResultRule = "variable", ask: Ask | None = None) -> Finished:
+        """Run one cell in this session, record it in the notebook, and return what happened (the MCP
+        layer renders it).
+        ``pip install`` lines in the cell are served by the server's installer first (packages.py).
+        ``result_rule``: which value is the result (Kernel.execute)."""
+        cwd = self.resolve_working_dir(working_dir)
+        request, runnable = pip_lines(code)  # an unsupported pip line is refused before anything runs
+        async with self.lock:
+            if self.closed:
+                raise SessionError.unknown(self.handle)
+            self.busy = True
+            try:
+                await self.check_alive()
+                kernel = await self.ensure_kernel()
+                if cwd is not None and cwd != self.cwd:
+                    await kernel.evaluate(f"_kernelexec_chdir({str(cwd)!r})")
+                    self.cwd = cwd
+                installed: dict[str, Any] | None = None
+                if request is not None:
+                    try:
+                        outcome = await self._install(kernel, request.specs, upgrade=request.upgrade)
+                    except InstallError as exc:
+                        ex = _install_failed(code, str(exc))
+                        await anyio.to_thread.run_sync(self.record, ex, timeout)
+                        return Finished(ex, layers=kernel.spec.plan.layers)
+                    installed = installed_record(outcome, request.specs)
+                ex = await kernel.execute(runnable, timeout=timeout, grace=self.settings.interrupt_grace, on_output=on_output, ask=ask,
+                                          result_rule=result_rule)
+                if request is not None:
+                    ex.code = code  # the record shows the cell as written; replay installs again from its pip lines
+                    ex.notes.insert(0, outcome.summary())
+                    if not request.quiet:
+                        line = outcome.summary() + "\n"
+                        ex.stdout = line + ex.stdout
+                        ex.outputs.insert(0, {"output_type": "stream", "name": "stdout", "text": line})
+                if ex.ending in ("restarted", "kernel_died") or ex.restart_reason:
+                    self.cwd = self.default_cwd
+                if self.notice is not None:
+                    ex.restart_reason = ex.restart_reason or self.notice
+                    self.notice = None
+                # the journal line is fsynced before the answer goes out, off the event loop
+                await anyio.to_thread.run_sync(self.record, ex, timeout, installed)
+                # a missing module: one line for the model on how to get it here (not in the record)
+                hint = install_hint(self.settings, self.profile, ex.error, local_kernel=kernel.supports_packages)
+                return Finished(ex, layers=kernel.spec.plan.layers, hint=hint)
+            finally:
+                self.busy = False
+                self.last_used = time.monotonic()
+                self.publish()  # a restart during the call (timeout, death, cancellation) may have swapped kernels
+
+    async def open(self, working_dir: str | None = None) -> None:
+        """Start the kernel of a new session (``new_session``), its default directory set first if given."""
+        cwd = self.resolve_working_dir(working_dir)
+        if cwd is not None:
+            self.default_cwd = self.cwd = cwd
+        await self.ensure_kernel()
+
+    async def evaluate(self, expression: str) -> Any:
+        """One silent expression in the kernel, in turn with the session's calls (not a cell: not recorded);
+        the kernel's answer, untrusted. For views of the state (variables, a table page)."""
+        async with self.lock:
+            kernel = await self.ensure_kernel()
+            return await kernel.evaluate(expression)
+
+    async def variables(self) -> Any:
+        """The kernel's list of its user variables (``_kernelexec_variables``), as it answered: untrusted."""
+        return await self.evaluate("_kernelexec_variables()")
+
+    async def check_alive(self) -> None:
+        """Restart a kernel that died between calls (SIGKILL from outside, the OOM killer) and say so."""
+        kernel = self.kernel
+        if kernel is not None and not await kernel.is_alive():
+            status = kernel.exit_status()
+            await kernel.restart()
+            self.cwd = self.default_cwd
+            self.publish()
+            self.notice = (f"before this call: the kernel had died ({status}) and was restarted; "
+                           "variables from earlier calls are lost")
+
+    async def interrupt(self) -> bool:
+        """SIGINT to the running cell, without waiting for the session lock. False if nothing runs."""
+        if self.kernel is None or not self.busy:
+            return False
+        await self.kernel.interrupt()
+        return True
+
+    def record(self, ex: Execution, timeout: float | None = None, installed: dict[str, Any] | None = None) -> None:
+        layers = self.kernel.spec.plan.layers if self.kernel is not None else []
+        meta: dict[str, Any] = {"session": self.handle, "profile": self.profile, "cwd": str(self.cwd), "layers": layers,
+                                "timeout": timeout}
+        if installed is not None:
+            meta["installed"] = installed
+        if ex.inputs:
+            meta["inputs"] = ex.inputs  # a password as ***
+        self.recorder.append(ex, meta)
+
+    async def _install(self, kernel: Kernel, specs: list[str], *, upgrade: bool = False) -> InstallOutcome:
+        """Install into this session's overlay (outside the sandbox) and make it importable in ``kernel``
+        now. Caller holds the lock. A warm spare started before the install is given up (its allowlist
+        predates it); the next one starts with the overlay as it is."""
+        check_allowed(self.settings, self.profile, specs)
+        if not kernel.supports_packages:
+            raise InstallError("packages on demand need a local kernel: with --kernel-gateway or --kernel-spec, install "
+                               "packages into the remote kernel's image")
+        environment = getattr(self, "environment", None)  # the kernel's interpreter (wheels for its tags and markers)
+        outcome = await install(self.settings, specs, self.dirs.packages, upgrade=upgrade, environment=environment)
+        report = await kernel.evaluate("_kernelexec_packages_added()")
+        if not isinstance(report, dict) or "modules" not in report:
+            raise InstallError(f"installed, but the kernel did not take the new packages: {report!r}")
+        if kernel.spares is not None:
+            await kernel.spares.drop()
+        return outcome
+
+    async def install(self, specs: list[str], *, upgrade: bool = False) -> InstallOutcome:
+        """``install_packages``: validated specs into this session's overlay, importable at once; recorded."""
+        specs = parse_specs(specs)
+        async with self.lock:
+            if self.closed:
+                raise SessionError.unknown(self.handle)
+            self.busy = True
+            try:
+                kernel = await self.ensure_kernel()
+                outcome = await self._install(kernel, specs, upgrade=upgrade)
+                await anyio.to_thread.run_sync(lambda: self.recorder.mark(
+                    "install", f"install_packages: {outcome.summary()}", **installed_record(outcome, specs)))
+                return outcome
+            finally:
+                self.busy = False
+                self.last_used = time.monotonic()
+
+    async def restart(self, *, replay: bool = False, by: str = "restart_session") -> list[ReplayedCell]:
+        """A fresh kernel; with ``replay``, refilled by running the journal's successful cells since the
+        last plain restart again (``restore.restorable``). Returns what was replayed."""
+        async with self.lock:
+            self.revive = False  # this restart replaces a pending revival
+            if self.kernel is None:
+                await self.ensure_kernel()
+            else:
+                await self.kernel.restart()
+            self.cwd = self.default_cwd
+            self.publish()
+            if not replay:
+                self.recorder.mark("restart", f"kernel restarted by {by}; variables cleared")
+                if by != "restart_session":
+                    self.notice = (f"between calls the kernel was restarted from {by}; "
+                                   "variables from earlier calls are lost")
+                return []
+            replayed = await self.restore()
+            self.recorder.mark("restore", f"kernel restarted by restart_session; {describe_replayed(replayed)}",
+                               replayed=[r.model_dump() for r in replayed])
+            return replayed
+
+    async def stop_kernel(self) -> None:
+        """Shut the kernel down (idle reaping, close); the directory and notebook stay."""
+        kernel, self.kernel = self.kernel, None
+        self.reserved = False
+        if kernel is not None:
+            connections.withdraw(self.settings.state_dir, self.handle)
+            self._published = None
+            await kernel.shutdown()
+
+    def adopt(self, owner: str | None) -> None:
+        """A pooled session is handed to its first caller: bind it to the caller's principal."""
+        self.owner = owner
+        self.last_used = time.monotonic()
+        self.pooled = False
+        self.publish()
+        meta_file = self.dirs.meta
+        meta = json.loads(meta_file.read_text())
+        tmp = meta_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({**meta, "owner": owner, "created": time.time()}))
+        os.replace(tmp, meta_file)
+
+    def release(self) -> None:
+        """Give up the session directory's lock (the session is closed or was a throwaway)."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+def _install_failed(code: str, why: str) -> Execution:
+    """A cell whose pip line could not be served: it fails as pip would, and nothing of it ran."""
+    ex = Execution(code=code)
+    ex.error = CellError("InstallError", why, [f"InstallError: {why}", "(the cell's code did not run)"])
+    ex.outputs.append(ex.error.output())
+    return ex

@@ -1,0 +1,127 @@
+"""The session manager's background round: restarts JupyterLab asked for, kernels that died idle, idle
+kernels reaped, and warm spares kept for the sessions most likely to need one."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import anyio
+
+from kernelexec.config import Settings
+from kernelexec.kernel.driver import SpareKeeper
+from kernelexec.session import connections
+from kernelexec.session.session import Session
+
+logger = logging.getLogger(__name__)
+
+SPARE_AFTER_QUIET = 1.0  # seconds a session must be quiet before a warm spare is started for it
+SPARE_KEPT_QUIET = 600.0  # seconds of quiet after which a session gives its spare's place up
+
+
+class Upkeep:
+    """Runs over the manager's live sessions (the same dict); started in the manager's task group."""
+
+    def __init__(self, settings: Settings, sessions: dict[str, Session]) -> None:
+        self.settings = settings
+        self.sessions = sessions
+        self._tg: Any = None
+        self._spare_task_running = False
+
+    async def reap(self) -> None:
+        """Stop kernels idle for longer than the idle timeout; their directories and notebooks stay."""
+        idle = sorted(
+            (s for s in self.sessions.values() if s.kernel is not None and not s.busy and not s.lock.locked()),
+            key=lambda s: s.last_used,
+        )
+        timeout = self.settings.idle_timeout
+        now = time.monotonic()
+        for session in idle:
+            if timeout and now - session.last_used > timeout:
+                logger.info("stopping idle session %s", session.handle)
+                async with session.lock:
+                    await session.stop_kernel()
+                    session.notice = (f"before this call: the session was idle for more than {timeout:g} s, so its kernel "
+                                      "was shut down (--idle-timeout); this call runs in a fresh kernel and earlier variables are lost")
+
+    async def run(self, tg: Any) -> None:
+        """Every half second: Lab's restart requests, dead kernels, idle kernels, warm spares."""
+        self._tg = tg
+        while True:
+            await anyio.sleep(0.5)
+            self.lab_restarts()
+            await self.restart_dead()
+            await self.reap()
+            await self.keep_spares()
+
+    async def keep_spares(self) -> None:
+        """Up to ``restart_spares`` sessions hold a warm spare kernel for their next restart
+        (``spares.Spares``). A free place goes to the most recently used session that has been
+        quiet for a second; a spare is given up when it died or its session has been quiet for
+        ``SPARE_KEPT_QUIET`` (the place then goes to a session in use), and goes with its session's
+        kernel. One spare starts at a time, so spares neither churn under many clients nor compete
+        with each other, and none is started for a session while it runs a call."""
+        if not self.settings.restart_spares:
+            return
+        now = time.monotonic()
+        live = [s for s in self.sessions.values() if s.kernel is not None and s.kernel.spares is not None and not s.closed]
+        for session in live:
+            spares = session.kernel.spares if session.kernel is not None else None
+            if spares is None or spares.ready is None or session.lock.locked():
+                continue
+            if not await spares.ready.is_alive():  # killed while it waited: counts as a failure
+                spares.failed()
+                await spares.drop()
+            elif now - session.last_used > SPARE_KEPT_QUIET:
+                await spares.drop()
+        if self._spare_task_running:
+            return
+        held = [s.kernel.spares for s in live if s.kernel is not None and s.kernel.spares is not None]
+        if sum(1 for spares in held if spares.ready is not None) >= self.settings.restart_spares:
+            return
+        quiet = [s for s in live if s.kernel is not None and s.kernel.spares is not None and s.kernel.spares.ready is None
+                 and not s.busy and not s.lock.locked() and SPARE_AFTER_QUIET <= now - s.last_used <= SPARE_KEPT_QUIET
+                 and now >= s.kernel.spares.retry_at]
+        if quiet:
+            chosen = max(quiet, key=lambda s: s.last_used).kernel
+            assert chosen is not None and chosen.spares is not None
+            self._spare_task_running = True
+            self._tg.start_soon(self.prepare_spare, chosen.spares)
+
+    async def prepare_spare(self, spares: SpareKeeper) -> None:
+        try:
+            await spares.prepare()  # a failure backs off (Spares.failed)
+        finally:
+            self._spare_task_running = False
+
+    def lab_restarts(self) -> None:
+        """Restart the kernels ``kernelexec lab`` asked to restart (connections.request_restart), through
+        their sessions: in turn with their calls, recorded, and said in the next answer."""
+        directory = connections.connections_dir(self.settings.state_dir)
+        for session in list(self.sessions.values()):
+            if session.kernel is not None and not session.closed and connections.take_restart_request(directory, session.handle):
+                logger.info("restarting the kernel of %s for JupyterLab", session.handle)
+                self._tg.start_soon(self.restart_for_lab, session)
+
+    async def restart_for_lab(self, session: Session) -> None:
+        directory = connections.connections_dir(self.settings.state_dir)
+        try:
+            await session.restart(by="JupyterLab (kernelexec lab)")
+        except Exception as exc:
+            logger.exception("restarting %s for JupyterLab failed", session.handle)
+            connections.restart_done(directory, session.handle, f"the restart failed: {exc}")
+        else:
+            connections.restart_done(directory, session.handle, "ok")
+
+    async def restart_dead(self) -> None:
+        """Notice kernels that died while idle (killed from outside, OOM) and restart them at once."""
+        for session in list(self.sessions.values()):
+            if session.kernel is None or session.busy or session.lock.locked():
+                continue
+            if not await session.kernel.is_alive():
+                async with session.lock:
+                    try:
+                        await session.check_alive()
+                    except Exception:
+                        logger.exception("restarting the dead kernel of %s", session.handle)
