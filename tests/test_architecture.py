@@ -1,7 +1,9 @@
-"""The floor plan holds: no import cycles in ``kernelexec/``, lazy imports included.
+"""The floor plan holds: the folders are layers, every import points down, and nothing is knotted.
 
-A lazy import inside a function hides a cycle from Python, not from the reader: it still ties two
-modules into one knot. Imports under ``if TYPE_CHECKING:`` are for annotations only and are left out.
+Imports are read from the source (module level, inside functions, and under ``if TYPE_CHECKING:``:
+an annotation-only import still ties two modules together for the reader). A module may import
+from its own folder and from any layer below its own; two layers of the same rank (Lab and the MCP
+server) may not import each other. ARCHITECTURE.md draws the same stack.
 """
 
 from __future__ import annotations
@@ -11,45 +13,81 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "kernelexec"
 
+# top to bottom; a layer is a folder (``"server"``) or a set of top-level modules
+LAYERS: list[tuple[str, set[str]]] = [
+    ("entry", {"cli", "doctor", "hook", "__main__"}),
+    ("lab", {"lab"}),
+    ("server", {"server"}),
+    ("session", {"session"}),
+    ("backends", {"backends"}),
+    ("kernel", {"kernel"}),
+    ("sandbox", {"sandbox"}),
+    ("environment", {"environment"}),
+    ("base", {"__init__", "config", "errors", "layout", "host", "terminal"}),
+]
+SAME_RANK = {"lab": 1, "server": 1}  # side by side: neither imports the other
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" and len(parts) > 1 else parts)
 
 
-def _imports(module: str, tree: ast.AST) -> set[str]:
-    """The kernelexec modules ``module`` imports anywhere (module level or inside functions)."""
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "__pycache__" not in p.parts}
+
+
+def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> list[str]:
+    if node.level:
+        base = module.split(".") if is_package else module.split(".")[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        stem = ".".join([*base, *([node.module] if node.module else [])])
+    else:
+        stem = node.module or ""
+    return [stem, *(f"{stem}.{alias.name}" for alias in node.names)]
+
+
+def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
+    """The kernelexec modules ``module`` imports anywhere in its source, TYPE_CHECKING blocks included."""
     found: set[str] = set()
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            for child in node.orelse:
-                visit(child)
-            return
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str] = []
         if isinstance(node, ast.ImportFrom):
-            if node.level:  # from . import x / from .x import y
-                base = node.module or ""
-                if base:
-                    found.add(base.split(".")[0])
-                else:
-                    found.update(alias.name for alias in node.names)
-            elif node.module and node.module.startswith("kernelexec."):
-                found.add(node.module.split(".")[1])
+            names = _resolve(module, path.name == "__init__.py", node)
         elif isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.startswith("kernelexec."):
-                    found.add(alias.name.split(".")[1])
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(tree)
-    modules = {p.stem for p in PACKAGE.glob("*.py")}
-    return {m for m in found if m in modules and m != module}
+            names = [alias.name for alias in node.names]
+        for name in names:
+            if name in known and name != module:
+                found.add(name)
+    return found
 
 
 def import_graph() -> dict[str, set[str]]:
-    return {p.stem: _imports(p.stem, ast.parse(p.read_text())) for p in sorted(PACKAGE.glob("*.py"))}
+    found = modules()
+    return {m: imports_of(m, p, set(found)) for m, p in found.items()}
+
+
+def layer_of(module: str) -> tuple[int, str]:
+    parts = module.split(".")
+    key = parts[1] if len(parts) > 1 else "__init__"
+    for rank, (name, members) in enumerate(LAYERS):
+        if key in members:
+            return SAME_RANK.get(name, rank), name
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS (and to ARCHITECTURE.md)")
+
+
+def violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that points up a layer or sideways into another layer of the same rank."""
+    bad = []
+    for module, targets in sorted(graph.items()):
+        rank, layer = layer_of(module)
+        for target in sorted(targets):
+            target_rank, target_layer = layer_of(target)
+            if target_layer == layer:
+                continue
+            if target_rank <= rank:
+                bad.append(f"{module} ({layer}) imports {target} ({target_layer})")
+    return bad
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -72,11 +110,64 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def test_every_import_points_down_a_layer() -> None:
+    found = violations(import_graph())
+    assert found == [], "imports against the layers:\n" + "\n".join(found)
+
+
 def test_the_package_has_no_import_cycles() -> None:
     found = cycles(import_graph())
     assert found == [], "import cycles: " + "; ".join(" -> ".join(c) for c in found)
 
 
-def test_the_cycle_finder_finds_a_cycle() -> None:
+def test_the_graph_sees_every_kind_of_import() -> None:
+    """Positive control: relative, absolute, lazy and TYPE_CHECKING imports are all read."""
+    graph = import_graph()
+    assert "kernelexec.kernel.driver" in graph["kernelexec.backends.local"]  # absolute, module level
+    assert "kernelexec.kernel.driver" in graph["kernelexec.backends"]  # under TYPE_CHECKING
+    assert "kernelexec.backends.gateway" in graph["kernelexec.backends"]  # lazy, inside a function
+    assert "kernelexec.server.view" in graph["kernelexec.server.tools"]  # from a package import a module
+
+
+def test_the_checks_find_an_upward_import_and_a_cycle() -> None:
+    """Positive control: the judges fail on a made-up graph that breaks each rule."""
+    graph = {"kernelexec.kernel.driver": {"kernelexec.session.session"}, "kernelexec.session.session": set(),
+             "kernelexec.lab.app": {"kernelexec.server.app"}, "kernelexec.server.app": set()}
+    assert violations(graph) == ["kernelexec.kernel.driver (kernel) imports kernelexec.session.session (session)",
+                                 "kernelexec.lab.app (lab) imports kernelexec.server.app (server)"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
-    assert _imports("x", ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .kernel import K\n")) == set()
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def floor_plan_sections() -> dict[str, str]:
+    """ARCHITECTURE.md's layer drawing, by label (``server/``, ``entry``, ``base``…): the text of its lines."""
+    text = (PACKAGE.parent / "ARCHITECTURE.md").read_text()
+    drawing = text.split("```")[1]
+    sections: dict[str, str] = {}
+    label = ""
+    for line in drawing.splitlines():
+        first = line[1:].split(" ", 1)[0] if line.startswith(" ") and not line.startswith("  ") else ""
+        if first.endswith("/") or first in ("entry", "base", "in-kernel"):
+            label = first
+        sections[label] = sections.get(label, "") + line + "\n"
+    return sections
+
+
+def test_every_module_is_in_a_layer_and_in_the_floor_plan() -> None:
+    sections = floor_plan_sections()
+    everywhere = "".join(sections.values())
+    missing = []
+    for module in modules():
+        layer_of(module)
+        parts = module.split(".")[1:]
+        if not parts or parts[-1] == "__main__":
+            continue
+        if len(parts) == 1 and (PACKAGE / parts[0]).is_dir():  # a folder: its label
+            found = f"{parts[0]}/" in sections
+        elif len(parts) == 1:
+            found = f"{parts[0]}.py" in everywhere
+        else:
+            found = f"{parts[1]}.py" in sections.get(f"{parts[0]}/", "")
+        if not found:
+            missing.append("/".join(parts))
+    assert missing == [], f"ARCHITECTURE.md's drawing does not name: {', '.join(missing)}"
