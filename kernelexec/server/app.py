@@ -38,8 +38,9 @@ from kernelexec.kernel.execution import (
     VariablesResult,
 )
 from kernelexec.kernel.wire import clean_text
+from kernelexec.longtext import live_tail
 from kernelexec.server.auth import current_principal
-from kernelexec.server.render import Rendered, Renderer
+from kernelexec.server.render import Rendered, Renderer, escape_tags
 from kernelexec.session.manager import SessionManager
 from kernelexec.session.runs import KEEP_FINISHED, Finished, Question, Run
 from kernelexec.session.session import Session
@@ -100,7 +101,7 @@ class _Progress:
 
     async def __call__(self, name: str, text: str) -> None:
         self.chars += len(text)
-        self.tail = (self.tail + text[-400:])[-400:]
+        self.tail = live_tail(self.tail, text)
         now = time.monotonic()
         if now - self.last >= self.interval:
             self.last = now
@@ -337,7 +338,7 @@ def _unfinished(started: Run, ending: str, text: str, **fields: Any) -> CallTool
         duration_ms=started.elapsed_ms, notebook=str(s.dirs.notebook), profile=s.profile, **fields,
     )
     if started.tail:
-        text += f"\n<kernelexec-stdout>\n{started.tail[-1000:]}\n</kernelexec-stdout>"
+        text += f"\n<kernelexec-stdout>\n{escape_tags(started.tail)}\n</kernelexec-stdout>"
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured.model_dump(mode="json"))
 
 

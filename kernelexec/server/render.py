@@ -26,6 +26,7 @@ from mcp_types import Annotations, ContentBlock, EmbeddedResource, ImageContent,
 
 from kernelexec.kernel.collector import strip_ansi
 from kernelexec.kernel.execution import CellError, ExecuteResult, Execution, OutputRef
+from kernelexec.longtext import cut
 
 EXTENSIONS = {
     "image/png": "png",
@@ -64,16 +65,6 @@ def readable(text: str) -> str:
         parts = [p for p in line.split("\r") if p]
         lines.append(parts[-1] if parts else "")
     return "\n".join(lines)
-
-
-def cut(text: str, limit: int) -> tuple[str, bool]:
-    """Head and tail of ``text`` within ``limit`` characters, with a marker saying what was cut."""
-    if len(text) <= limit:
-        return text, False
-    head = limit * 2 // 3
-    tail = limit - head
-    omitted = len(text) - head - tail
-    return f"{text[:head]}\n[... {omitted:,} characters cut ...]\n{text[-tail:]}", True
 
 
 @dataclass

@@ -33,6 +33,7 @@ from typing import Any, Literal
 from kernelexec.kernel.execution import Execution
 from kernelexec.kernel.wire import clean
 from kernelexec.layout import SessionDirs
+from kernelexec.longtext import cut
 
 logger = logging.getLogger(__name__)
 
@@ -50,9 +51,7 @@ def _bounded(output: dict[str, Any]) -> dict[str, Any]:
     """A stream output cut head+tail for the record: floods stay on disk once (their spill file), not in every notebook write."""
     text = output.get("text")
     if output.get("output_type") == "stream" and isinstance(text, str) and len(text) > JOURNAL_STREAM_CHARS:
-        head, tail = text[: JOURNAL_STREAM_CHARS // 2], text[-JOURNAL_STREAM_CHARS // 2 :]
-        cut = len(text) - len(head) - len(tail)
-        output["text"] = f"{head}\n[... {cut:,} characters cut in the record; the answer's {output.get('name')}_file has them ...]\n{tail}"
+        output["text"] = cut(text, JOURNAL_STREAM_CHARS, where=f"in the record; the answer's {output.get('name')}_file has them")[0]
     return output
 
 

@@ -37,6 +37,7 @@ from kernelexec.errors import InvalidRequest, KernelexecError
 from kernelexec.host import check_reach
 from kernelexec.kernel.wire import harden
 from kernelexec.layout import SessionDirs
+from kernelexec.longtext import split_cut
 from kernelexec.sandbox.plan import kernel_reach
 from kernelexec.session.recording import CellMeta, NotebookMeta, RecordedInput, Recorder, notebook_meta, read_cell_meta, read_notebook_meta, read_session_meta
 from kernelexec.session.restore import cell_timeout, first_line, rerun
@@ -124,15 +125,11 @@ def comparable(outputs: list[dict[str, Any]], roots: Iterable[str] = ()) -> dict
     }
 
 
-# a flood of output is kept head+tail in the record (recording.JOURNAL_STREAM_CHARS)
-_CUT_IN_RECORD = re.compile(r"\n\[\.\.\. [\d,]+ characters cut in the record;[^\n]*\]\n")
-
-
 def _same(recorded: Any, replayed: Any) -> bool:
     if isinstance(recorded, str) and isinstance(replayed, str):
-        cut = _CUT_IN_RECORD.search(recorded)
-        if cut is not None:
-            head, tail = recorded[: cut.start()], recorded[cut.end() :]
+        parts = split_cut(recorded)  # a flood of output is kept head+tail in the record (recording.JOURNAL_STREAM_CHARS)
+        if parts is not None:
+            head, tail = parts
             return replayed.startswith(head) and replayed.endswith(tail)
     return recorded == replayed
 

@@ -26,6 +26,7 @@ import anyio
 from kernelexec.errors import InvalidRequest, KernelexecError
 from kernelexec.kernel.execution import Execution, ResultRule
 from kernelexec.layout import SessionDirs
+from kernelexec.longtext import live_tail
 
 KEEP_FINISHED = 200  # finished runs remembered for get_run
 QUESTIONS_PER_MINUTE = 5  # a cell cannot make the client ask more often; the rest get EOFError
@@ -91,7 +92,7 @@ class Run:
 
     async def on_output(self, name: str, text: str) -> None:
         self.output_chars += len(text)
-        self.tail = (self.tail + text[-2000:])[-2000:]  # never a copy of a whole flood chunk
+        self.tail = live_tail(self.tail, text)
         listener = self.listener
         if listener is not None:
             try:
