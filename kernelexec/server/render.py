@@ -99,25 +99,55 @@ class Renderer:
         """``hint``: a line added to the error's traceback for the model (how to install a missing module)."""
         self._seq += 1
         stem = f"cell{ex.execution_count if ex.execution_count is not None else 'x'}-{self._seq}"
+        result_value, result_file = self._result(ex, stem)
+        streams = self._streams(ex, stem)
+        refs, blocks, shown_text = self._rich_outputs(ex, stem)
+        error = ex.error
+        structured = ExecuteResult(
+            success=ex.success,
+            result=result_value,
+            result_file=result_file,
+            error=_one_line(ex, error),
+            error_type=error.ename if error is not None else (None if ex.success else _ending_type(ex)),
+            traceback=[line for t in (error.traceback if error is not None else []) for line in t.split("\n")]
+                      + ([hint] if hint is not None and error is not None else []),
+            session=self.session,
+            execution_count=ex.execution_count,
+            outputs=refs,
+            duration_ms=ex.duration_ms,
+            timed_out=ex.timed_out,
+            ending=ex.ending,
+            restart_reason=ex.restart_reason,
+            notebook=notebook,
+            profile=self.profile,
+            layers=layers or [],
+            environment=self.environment,
+            notes=list(ex.notes),
+            **streams,
+        )
+        # the header's profile/python/layers once per session: in the first answer and when one changes
+        context = header_context(structured)
+        text = summary_text(structured, context=context != self._context_told)
+        self._context_told = context
+        if shown_text:
+            text += "".join(f"\n<kernelexec-display>\n{escape_tags(t.rstrip())}\n</kernelexec-display>" for t in shown_text)
+        return Rendered(structured, [TextContent(type="text", text=text, annotations=FOR_BOTH), *blocks])
+
+    def _result(self, ex: Execution, stem: str) -> tuple[Any, str | None]:
+        """The result's value, cut past ``result_chars`` with the whole kept in its file."""
+        if ex.result is None:
+            return None, None
+        text, result_file = ex.result.text, ex.result.file
+        if len(text) > self.result_chars:
+            if result_file is None:
+                ext = "json" if ex.result.format == "json" else "txt"
+                result_file = str(self._write(f"{stem}-result", ext, text.encode())[0])
+            return text[: self.result_chars] + f"... [cut at {self.result_chars:,} of {len(text):,} characters; whole in result_file]", result_file
+        return (json.loads(text) if ex.result.format == "json" else text), result_file
+
+    def _streams(self, ex: Execution, stem: str) -> dict[str, Any]:
+        """stdout and stderr: readable, cut head + tail, the whole kept in a file."""
         fields: dict[str, Any] = {}
-
-        # result: the value, cut past result_chars with the whole kept in result_file
-        result_value: Any = None
-        result_file: str | None = None
-        if ex.result is not None:
-            text = ex.result.text
-            result_file = ex.result.file
-            if len(text) > self.result_chars:
-                if result_file is None:
-                    ext = "json" if ex.result.format == "json" else "txt"
-                    result_file = str(self._write(f"{stem}-result", ext, text.encode())[0])
-                result_value = text[: self.result_chars] + f"... [cut at {self.result_chars:,} of {len(text):,} characters; whole in result_file]"
-            elif ex.result.format == "json":
-                result_value = json.loads(text)
-            else:
-                result_value = text
-
-        # streams: readable, cut head+tail, the whole kept in a file
         for name in ("stdout", "stderr"):
             raw = getattr(ex, name)
             shown, was_cut = cut(readable(raw), self.stream_chars)
@@ -126,12 +156,15 @@ class Renderer:
                 path = str(self._write(f"{stem}-{name}", "txt", raw.encode(errors="replace"))[0])
             fields[name] = shown
             fields[f"{name}_file"] = path
+        return fields
 
-        # rich outputs: every non-text item kept as a file; images for the model, others as resources
+    def _rich_outputs(self, ex: Execution, stem: str) -> tuple[list[OutputRef], list[ContentBlock], list[str]]:
+        """Every non-text output kept as a file; images for the model, the rest as resources (embedded
+        when it is an output's only form, within the budget). Also the text forms of linked displays."""
         refs: list[OutputRef] = []
         blocks: list[ContentBlock] = []
-        shown_text: list[str] = []  # text forms of display outputs whose rich form was linked
-        budget = MODEL_EMBED_BUDGET
+        shown_text: list[str] = []
+        budget = [MODEL_EMBED_BUDGET]
         seen: set[str] = set()
         for index, out in enumerate(ex.outputs):
             data = out.get("data")
@@ -149,64 +182,33 @@ class Renderer:
             for mime, value in data.items():
                 if mime == "text/plain" or mime not in EXTENSIONS and not mime.startswith("image/"):
                     continue
-                try:
-                    raw = _as_bytes(mime, value)
-                except ValueError:  # not base64 where the MIME type says binary: a kernel's forgery
-                    ex.notes.append(f"the server dropped a {mime} output that was not valid base64")
-                    continue
-                ext = EXTENSIONS.get(mime, mime.rsplit("/", 1)[-1].split("+")[0])
-                path, uri = self._write(f"{stem}-out{index}", ext, raw)
-                refs.append(OutputRef(mime_type=mime, size=len(raw), path=str(path), uri=uri))
-                if mime in MODEL_IMAGES:
-                    blocks.append(ImageContent(type="image", data=base64.b64encode(raw).decode(), mime_type=mime,
-                                               annotations=FOR_BOTH))
-                elif mime not in BINARY and not plain and not has_image and len(raw) <= budget:
-                    budget -= len(raw)  # the rich form is all this output has: the model gets it, within budget
-                    blocks.append(
-                        EmbeddedResource(
-                            type="resource",
-                            resource=TextResourceContents(uri=uri, mime_type=mime, text=raw.decode(errors="replace")),
-                            annotations=FOR_BOTH,
-                        )
-                    )
-                else:
-                    linked = True
-                    blocks.append(ResourceLink(type="resource_link", uri=uri, name=path.name, mime_type=mime, size=len(raw),
-                                               annotations=FOR_USER))
+                block = self._one_form(ex, f"{stem}-out{index}", mime, value, refs, budget,
+                                       embeddable=not plain and not has_image)
+                if block is not None:
+                    linked = linked or isinstance(block, ResourceLink)
+                    blocks.append(block)
             if linked and plain and not has_image and out.get("output_type") != "execute_result":
                 shown_text.append(cut(plain, DISPLAY_TEXT_CHARS)[0])  # an execute_result's text is the result already
+        return refs, blocks, shown_text
 
-        error = ex.error
-        restart_note = ex.restart_reason
-        structured = ExecuteResult(
-            success=ex.success,
-            result=result_value,
-            result_file=result_file,
-            error=_one_line(ex, error),
-            error_type=error.ename if error is not None else (None if ex.success else _ending_type(ex)),
-            traceback=[line for t in (error.traceback if error is not None else []) for line in t.split("\n")]
-                      + ([hint] if hint is not None and error is not None else []),
-            session=self.session,
-            execution_count=ex.execution_count,
-            outputs=refs,
-            duration_ms=ex.duration_ms,
-            timed_out=ex.timed_out,
-            ending=ex.ending,
-            restart_reason=restart_note,
-            notebook=notebook,
-            profile=self.profile,
-            layers=layers or [],
-            environment=self.environment,
-            notes=list(ex.notes),
-            **fields,
-        )
-        # the header's profile/python/layers once per session: in the first answer and when one changes
-        context = header_context(structured)
-        text = summary_text(structured, context=context != self._context_told)
-        self._context_told = context
-        if shown_text:
-            text += "".join(f"\n<kernelexec-display>\n{escape_tags(t.rstrip())}\n</kernelexec-display>" for t in shown_text)
-        return Rendered(structured, [TextContent(type="text", text=text, annotations=FOR_BOTH), *blocks])
+    def _one_form(self, ex: Execution, name: str, mime: str, value: Any, refs: list[OutputRef], budget: list[int], *,
+                  embeddable: bool) -> ContentBlock | None:
+        """One MIME form of an output: written to its file, named in ``refs``, and its content block."""
+        try:
+            raw = _as_bytes(mime, value)
+        except ValueError:  # not base64 where the MIME type says binary: a kernel's forgery
+            ex.notes.append(f"the server dropped a {mime} output that was not valid base64")
+            return None
+        ext = EXTENSIONS.get(mime, mime.rsplit("/", 1)[-1].split("+")[0])
+        path, uri = self._write(f"{name}", ext, raw)
+        refs.append(OutputRef(mime_type=mime, size=len(raw), path=str(path), uri=uri))
+        if mime in MODEL_IMAGES:
+            return ImageContent(type="image", data=base64.b64encode(raw).decode(), mime_type=mime, annotations=FOR_BOTH)
+        if mime not in BINARY and embeddable and len(raw) <= budget[0]:
+            budget[0] -= len(raw)  # the rich form is all this output has: the model gets it, within budget
+            return EmbeddedResource(type="resource", annotations=FOR_BOTH,
+                                    resource=TextResourceContents(uri=uri, mime_type=mime, text=raw.decode(errors="replace")))
+        return ResourceLink(type="resource_link", uri=uri, name=path.name, mime_type=mime, size=len(raw), annotations=FOR_USER)
 
 
 def _plain_text(value: Any) -> str:
