@@ -126,7 +126,7 @@ class ProvisionedKernel(Kernel):
 
     spec_name: str = ""
     provisioner_name: str = ""
-    supports_spares = False  # each restart is already a new kernel from the provisioner
+    # no warm spare: each restart is already a new kernel from the provisioner
     liveness_every = 1.0  # a provisioner's poll may be a remote call (Kubernetes, Docker): not 5 a second
 
     @classmethod

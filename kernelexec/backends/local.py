@@ -17,7 +17,6 @@ from kernelexec.layout import SLOTS
 class LocalKernel(Kernel):
     """A kernel on this machine, launched by our provisioner inside the session's sandbox plan."""
 
-    supports_spares = True
     supports_packages = True
 
     def __init__(self, spec: LaunchSpec, *, startup_timeout: float = 60.0, slot: str = SLOTS[0]) -> None:

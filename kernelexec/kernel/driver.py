@@ -1,12 +1,17 @@
 """One IPython kernel, driven through jupyter_client's async API, and the seam its backends fill in.
 
 ``Kernel`` is the driver: lifecycle (start, restart, shutdown), the request protocol and
-diagnostics. Where the kernel runs is a backend's business, declared as a few hooks (after
-jupyter_client's ``KernelProvisionerBase``): ``create_manager`` and ``start_kwargs`` (abstract),
-``install_startup``, ``exit_code`` and ``log_tail`` (safe defaults), and the class attributes
-``supports_spares`` and ``liveness_every``. Backends live in ``kernelexec/backends/``: ``local.LocalKernel``
-(our provisioner inside the sandbox), ``kernelspecs.ProvisionedKernel`` (a kernelspec's provisioner),
-``gateway.GatewayKernel``.
+diagnostics. Where the kernel runs is a backend's business (``kernelexec/backends/``: ``local.LocalKernel``,
+our provisioner inside the sandbox; ``kernelspecs.ProvisionedKernel``, a kernelspec's provisioner;
+``gateway.GatewayKernel``). The seam, in the manner of jupyter_client's ``KernelProvisionerBase``:
+
+- **must** override: ``create_manager``, ``start_kwargs`` (abstract).
+- **may** override (a safe default here): ``install_startup``, ``exit_code``, ``exit_status``, ``log_tail``,
+  ``spill_path_ok``; ``restart`` and ``shutdown`` when the backend owns more than the manager (call
+  ``super()``); the class attributes ``supports_packages`` and ``liveness_every``; and ``spares`` (set in
+  ``__init__`` when the backend keeps a warm spare: a ``SpareKeeper``).
+- **never** override: the request protocol (``execute``, ``evaluate``, ``reply_to``, ``interrupt``,
+  ``is_alive``, ``adopt``, ``warm``): every backend's messages go through the same checks.
 
 ``Kernel.execute`` sends one request, reads IOPub (filtered by ``parent_header.msg_id``) and the
 shell reply against one monotonic deadline, and races that against ``is_alive()`` so a dead kernel
@@ -66,7 +71,6 @@ class SpareKeeper(Protocol):
 class Kernel(ABC):
     """A running kernel for one session. Not safe for concurrent ``execute`` calls: the session serialises them."""
 
-    supports_spares: ClassVar[bool] = False  # a warm spare (spares.py) can take over its restarts
     supports_packages: ClassVar[bool] = False  # the server can install into its session's overlay (packages.py)
     liveness_every: ClassVar[float] = _POLL  # seconds between liveness checks while a request runs
 
