@@ -502,10 +502,11 @@ def _result(payload: dict[str, Any], spill_ok: Callable[[Any], bool]) -> CellRes
     if payload.get("kind") == "none" or not isinstance(text, str):
         return None
     fmt: Literal["json", "text"] = "json" if payload.get("format") == "json" else "text"
+    value: Any = None
     if fmt == "json":
         try:
-            json.loads(text)
+            value = json.loads(text)  # decoded once, here; the answer uses the value
         except ValueError:
             fmt = "text"
     path = payload.get("file")
-    return CellResult(text, fmt, path if path is not None and spill_ok(path) else None)
+    return CellResult(text, fmt, path if path is not None and spill_ok(path) else None, value)

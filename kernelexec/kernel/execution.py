@@ -43,6 +43,7 @@ class CellResult:
     text: str  # JSON text when ``format`` is "json", else the repr (possibly cut by the kernel's cap)
     format: Literal["json", "text"] = "text"
     file: str | None = None  # the kernel's spill file with the whole text, when it cut it
+    value: Any = None  # the decoded JSON when ``format`` is "json"
 
 
 @dataclass

@@ -143,7 +143,7 @@ class Renderer:
                 ext = "json" if ex.result.format == "json" else "txt"
                 result_file = str(self._write(f"{stem}-result", ext, text.encode())[0])
             return text[: self.result_chars] + f"... [cut at {self.result_chars:,} of {len(text):,} characters; whole in result_file]", result_file
-        return (json.loads(text) if ex.result.format == "json" else text), result_file
+        return (ex.result.value if ex.result.format == "json" else text), result_file
 
     def _streams(self, ex: Execution, stem: str) -> dict[str, Any]:
         """stdout and stderr: readable, cut head + tail, the whole kept in a file."""
