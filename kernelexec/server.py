@@ -6,7 +6,7 @@ Built by ``build_server(settings, sessions)``; nothing happens at import.
 
 from mcp.server.mcpserver import MCPServer
 
-from . import __version__, resources, tools, view
+from . import __version__, resources, tasks, tools, view
 from .auth import StaticTokenVerifier, auth_settings, load_tokens
 from .config import Settings
 from .policy import describe
@@ -28,13 +28,14 @@ def build_server(settings: Settings, sessions: SessionManager) -> MCPServer:
     tokens = load_tokens(settings) if settings.transport == "http" else []
     app = tools.App(settings, sessions)
     apps = tools.run_view(app)  # the MCP Apps extension of the run view (view.py), where execute_code is exposed
+    long_calls = tasks.extension(app)  # MCP Tasks (tasks.py) for long execute_code / install_packages calls
     mcp = MCPServer(
         "kernelexec",
         version=__version__,
         instructions=INSTRUCTIONS.format(profile=profile, what=describe(profile)),
         token_verifier=StaticTokenVerifier(tokens) if tokens else None,
         auth=auth_settings(settings) if tokens else None,
-        extensions=[apps] if apps is not None else None,
+        extensions=[e for e in (apps, long_calls) if e is not None] or None,
     )
     tools.register(mcp, app)
     if apps is not None:
