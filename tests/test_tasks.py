@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ import anyio
 import httpx2
 import pytest
 
-from .support import http_server
+from .support import build_wheel, http_server, package_index
 
 pytestmark = pytest.mark.anyio
 
@@ -204,3 +205,35 @@ async def test_another_token_cannot_see_update_or_cancel_a_task(server: str) -> 
         "input-1": {"action": "decline"}}})
     done = await alice.until(created["taskId"], "completed")
     assert done["result"]["structuredContent"]["error_type"] == "EOFError", done  # declined: EOFError in the cell
+
+
+@pytest.fixture(scope="module")
+def installing(short_tmp: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A server whose calls yield after 0.05 s, installing from a real package index on 127.0.0.1 (kxtask 1.0)."""
+    base = tmp_path_factory.mktemp("tasks-index")
+    files = [build_wheel(base / "wheels", "kxtask", "1.0", "VALUE = 7\n")]
+    tokens = short_tmp / "install-tokens"
+    tokens.write_text(f"{ALICE}\n")
+    with pytest.MonkeyPatch.context() as mp, package_index(base / "root", files) as index:
+        mp.setenv("PIP_CONFIG_FILE", os.devnull)  # only the test's index is asked
+        with http_server(short_tmp / "tasks-install", "--auth-token-file", str(tokens), "--yield-after", "0.05",
+                         "--index-url", index, "--restart-spares", "0") as url:
+            yield url
+
+
+@pytest.mark.slow
+async def test_a_long_install_packages_answers_a_task_whose_result_is_the_calls(installing: str) -> None:
+    alice = Raw(installing, ALICE)
+    handle = await session(alice)
+    created = await alice.call("install_packages", packages=["kxtask"], session=handle)
+    assert_task(created, "task", "working")
+    done = await alice.until(created["taskId"], "completed", within=120)
+    assert_task(done, "complete", "completed")
+    result = done["result"]
+    assert result["isError"] is False and result["resultType"] == "complete", result
+    installed = result["structuredContent"]
+    assert installed["session"] == handle and [(p["name"], p["version"]) for p in installed["installed"]] == [("kxtask", "1.0")]
+    ran = await alice.call("execute_code", code="import kxtask\nkxtask.VALUE", session=handle)
+    if ran.get("resultType") == "task":  # 0.05 s is short: the cell may be a task too
+        ran = (await alice.until(ran["taskId"], "completed"))["result"]
+    assert ran["structuredContent"]["result"] == 7, ran
