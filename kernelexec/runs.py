@@ -8,7 +8,9 @@ to that session queue behind it; ``interrupt(session)`` stops it without waiting
 
 A cell's ``input()``/``getpass()`` is asked directly (an elicitation over the back-channel of the call that
 started the run, while it waits) or else waits on the run as a ``Question`` until the cell's timeout:
-``send_input`` answers it, or a 2026-07-28 client's retried call (its ``input_responses``).
+``send_input`` answers it, or a 2026-07-28 client's retried call (its ``input_responses``), or a task's
+``tasks/update`` (tasks.py: a task is a view of a run). A direct question still open when its call stops
+waiting (``Run.detach``) waits on the run too: the first answer wins.
 """
 
 from __future__ import annotations
