@@ -224,8 +224,10 @@ class Tasks(Extension):
             ttl_s=self.app.settings.max_timeout + KEEP_AFTER)))
 
     def _created(self, task: Task) -> dict[str, Any]:
-        """The CreateTaskResult: the task (its seed state) with ``resultType: "task"``."""
-        return {"resultType": "task", **self._task(task)}
+        """The CreateTaskResult (``Result & Task``): the task's seed state with ``resultType: "task"``, its
+        status's payload (result, inputRequests) left for tasks/get (a run may have ended meanwhile)."""
+        seed = {k: v for k, v in self._task(task).items() if k not in ("result", "error", "inputRequests")}
+        return {"resultType": "task", **seed}
 
     def _task(self, task: Task) -> dict[str, Any]:
         """The task's current state (a DetailedTask): its status and, per status, result / inputRequests."""

@@ -15,8 +15,13 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
+from mcp import Client
+from mcp.client import advertise
 
-from .support import build_wheel, http_server, package_index
+from kernelexec.server import build_server
+from kernelexec.sessions import SessionManager
+
+from .support import build_wheel, http_server, make_settings, package_index
 
 pytestmark = pytest.mark.anyio
 
@@ -237,3 +242,16 @@ async def test_a_long_install_packages_answers_a_task_whose_result_is_the_calls(
     if ran.get("resultType") == "task":  # 0.05 s is short: the cell may be a task too
         ran = (await alice.until(ran["taskId"], "completed"))["result"]
     assert ran["structuredContent"]["result"] == 7, ran
+
+
+async def test_a_2025_11_25_session_that_advertises_the_extension_never_gets_a_task(short_tmp: Path) -> None:
+    """Tasks are a 2026-07-28 extension declared per request: a legacy session's initialize-time declaration
+    (the SDK's in-memory client) gets the yield's normal answer."""
+    settings = make_settings(short_tmp, pool_size=0, restart_spares=0, yield_after=1)
+    async with SessionManager(settings).running() as sessions:
+        async with Client(build_server(settings, sessions), mode="legacy", extensions=[advertise(TASKS, {})]) as client:
+            first = await client.call_tool("execute_code", {"code": "import time\ntime.sleep(3)\n'slow'"})
+            r: Any = first.structured_content
+            assert r["ending"] == "running" and r["run_id"], r
+            done: Any = (await client.call_tool("get_run", {"run_id": r["run_id"], "wait_s": 30})).structured_content
+            assert done["result"] == "slow", done
