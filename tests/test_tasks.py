@@ -160,13 +160,15 @@ async def test_a_cells_input_is_input_required_and_tasks_update_answers_it(serve
     alice = Raw(server, ALICE)
     handle = await session(alice)
     created = await alice.call("execute_code", session=handle, code=(
-        "import time\ntime.sleep(2)\nname = input('Your name? ')\nresult = 'hello ' + name"))
+        "import time\ntime.sleep(2)\nname = input('Your name? ')\ntown = input('Your town? ')\nresult = f'hello {name} from {town}'"))
     assert_task(created, "task", "working")
     asked = await alice.until(created["taskId"], "input_required")
     assert_task(asked, "complete", "input_required")
     (key, request), = asked["inputRequests"].items()
-    assert request["method"] == "elicitation/create"
+    assert set(request) == {"method", "params"} and request["method"] == "elicitation/create"  # as a standalone request
     params = request["params"]
+    assert set(params) == {"mode", "message", "requestedSchema"} and params["mode"] == "form", params
+    assert key == "input-1"
     assert "Your name?" in params["message"] and "not from the assistant" in params["message"] and handle in params["message"]
     assert params["requestedSchema"]["type"] == "object" and "answer" in params["requestedSchema"]["properties"]
     again = await alice.result("tasks/get", {"taskId": created["taskId"]})
@@ -177,8 +179,22 @@ async def test_a_cells_input_is_input_required_and_tasks_update_answers_it(serve
     ack = await alice.result("tasks/update", {"taskId": created["taskId"], "inputResponses": {
         key: {"action": "accept", "content": {"answer": "Ada"}}}})
     assert ack["resultType"] == "complete" and set(ack) <= {"resultType", "_meta"}, ack
+    deadline = time.monotonic() + 30
+    while True:  # the acknowledgement is eventually consistent: poll until the next question shows
+        second = await alice.result("tasks/get", {"taskId": created["taskId"]})
+        if second["status"] == "input_required" and set(second["inputRequests"]) != {key}:
+            break
+        assert time.monotonic() < deadline, second
+        await anyio.sleep(0.2)
+    assert set(second["inputRequests"]) == {"input-2"}, second  # a new key: keys are never reused within a task
+    assert "Your town?" in second["inputRequests"]["input-2"]["params"]["message"]
+    stale = await alice.result("tasks/update", {"taskId": created["taskId"], "inputResponses": {
+        key: {"action": "accept", "content": {"answer": "again"}}}})  # the answered key: ignored
+    assert stale["resultType"] == "complete"
+    await alice.result("tasks/update", {"taskId": created["taskId"], "inputResponses": {
+        "input-2": {"action": "accept", "content": {"answer": "London"}}}})
     done = await alice.until(created["taskId"], "completed")
-    assert done["result"]["structuredContent"]["result"] == "hello Ada", done
+    assert done["result"]["structuredContent"]["result"] == "hello Ada from London", done
 
 
 async def test_a_client_that_did_not_declare_the_extension_gets_a_normal_result_and_no_tasks_methods(server: str) -> None:
