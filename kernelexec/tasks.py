@@ -60,6 +60,8 @@ KEEP_FINISHED = 200  # finished tasks kept, the most recent
 
 
 class TaskParams(RequestParams):
+    """tasks/get and tasks/cancel params (and tasks/update's, with inputResponses)."""
+
     task_id: str = Field(alias="taskId", max_length=200)
 
 
@@ -78,6 +80,8 @@ class Job:
 
 @dataclass
 class Task:
+    """One task: a view of a run (or an install's job), its owner, its TTL and the question keys it issued."""
+
     id: str
     owner: str | None
     run: Run | None  # execute_code
@@ -94,7 +98,8 @@ class Task:
 
     @property
     def finished(self) -> bool:
-        return (self.run.done if self.run is not None else self.job.done if self.job is not None else anyio.Event()).is_set()
+        work = self.run if self.run is not None else self.job
+        return work is not None and work.done.is_set()
 
     @property
     def expired(self) -> bool:
@@ -116,7 +121,7 @@ def declared(ctx: ServerRequestContext[Any, Any]) -> bool:
         return False
     capabilities = ctx.session.client_capabilities
     extensions = capabilities.extensions if capabilities is not None else None
-    return bool(extensions) and EXTENSION_ID in (extensions or {})
+    return extensions is not None and EXTENSION_ID in extensions
 
 
 def _elicits(ctx: ServerRequestContext[Any, Any]) -> bool:
