@@ -225,3 +225,32 @@ async def test_the_2026_protocol_asks_two_questions_of_one_cell_in_two_rounds(sh
             r: Any = (await client.call_tool("execute_code", {"code": "input('First? ') + ' ' + input('Last? ')"})).structured_content
     assert r["result"] == "Ada Lovelace", r
     assert "First?" in human.asked[0] and "Last?" in human.asked[1]
+
+
+async def test_an_elicitation_in_flight_when_the_call_yields_waits_on_the_run_for_send_input(short_tmp: Path) -> None:
+    """A legacy client's human has the question open when the call yields (--yield-after): the answer says
+    awaiting_input with the prompt (not running), get_run says so too, and send_input answers it."""
+    settings = make_settings(short_tmp, pool_size=0, restart_spares=0, yield_after=2)
+    asked = anyio.Event()
+
+    async def away(context: Any, params: Any) -> ElicitResult:
+        asked.set()
+        await anyio.sleep(3600)  # the human has not answered yet
+        raise AssertionError
+
+    async with SessionManager(settings).running() as sessions:
+        async with Client(build_server(settings, sessions), mode="legacy", elicitation_callback=away) as client:
+            await client.call_tool("execute_code", {"code": "0"})  # the kernel started: the 2 s are the question's
+            with anyio.fail_after(30):
+                first = await client.call_tool("execute_code", {"code": "name = input('Your name? ')\nf'hi {name}'"})
+            r: Any = first.structured_content
+            assert asked.is_set()
+            assert r["ending"] == "awaiting_input" and r["input_prompt"] == "Your name? ", r
+            assert "send_input" in first.content[0].text  # type: ignore[union-attr]
+            looked: Any = (await client.call_tool("get_run", {"run_id": r["run_id"], "wait_s": 0})).structured_content
+            assert looked["ending"] == "awaiting_input", looked
+            with anyio.fail_after(30):
+                done: Any = (await client.call_tool("send_input", {"run_id": r["run_id"], "text": "Ada"})).structured_content
+            assert done["result"] == "hi Ada", done
+            r = (await client.call_tool("execute_code", {"code": "1 + 1"})).structured_content
+            assert r["result"] == 2, r

@@ -69,3 +69,30 @@ def test_run_view_in_a_browser_shows_output_plot_table_and_interrupts(short_tmp:
 
     assert steps["done"]["offsite"] == []  # nothing but the host and data:/blob: URIs was requested
     assert (shots / "run-view.png").stat().st_size > 10_000
+
+
+def test_run_view_follows_a_running_cell_live_and_answers_its_input(short_tmp: Path, tmp_path: Path) -> None:
+    """With --yield-after 1 the call answers "running" at once; the view follows the run with get_run (output
+    while it runs), shows a text field when the code waits in input(), and sends the typed answer with send_input."""
+    missing = _missing()
+    if missing:
+        if os.environ.get("CI"):
+            pytest.fail(missing)
+        pytest.skip(missing)
+    shots = Path(os.environ.get("KERNELEXEC_ARTIFACTS", tmp_path))
+    shots.mkdir(parents=True, exist_ok=True)
+    with http_server(short_tmp / "live-view-state", "--yield-after", "1") as url:
+        options = {"mcp": url, "ui": str(UI), "playwright": str(PLAYWRIGHT), "shots": str(shots),
+                   "userDataDir": str(tmp_path / "chromium"), "scenario": "live"}
+        proc = subprocess.run(["node", str(DRIVER), json.dumps(options)], capture_output=True, text=True, timeout=240)
+    steps = {s["step"]: s for s in (json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{"))}
+    assert "done" in steps, (steps.get("error"), proc.stderr[-2000:])
+    live = steps["live"]
+    assert live["firstEnding"] == "running", live  # the call yielded: what follows is the view's own doing
+    assert live["whileRunning"]["status"] == "running" and "tick 2" in live["whileRunning"]["stdout"], live
+    asked = live["asked"]
+    assert asked["status"] == "input" and asked["prompt"] == "Your name? " and "not the assistant" in asked["who"], asked
+    assert "tick 6" in asked["stdout"]
+    done = live["done"]
+    assert done["status"] == "ok" and "hi Ada" in done["result"] and "hello Ada" in done["stdout"] and done["inputHidden"], done
+    assert steps["done"]["offsite"] == [], steps["done"]

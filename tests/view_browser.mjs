@@ -58,6 +58,8 @@ try {
   const tools = await page.evaluate(() => window.kx.tools);
   say("ready", { tools });
   const view = page.frameLocator("#view");
+  scenario: { // opts.scenario "live": a run followed live and its input() answered in the view (instead of 1 and 2)
+  if (opts.scenario === "live") { say("live", await live(page, view)); break scenario; }
 
   const opened = await page.evaluate(() => window.kx.call("new_session", {}));
   const session = opened.structuredContent.session;
@@ -108,6 +110,7 @@ try {
   const message = await view.locator("#message").textContent();
   await page.screenshot({ path: join(opts.shots, "run-view-interrupted.png"), fullPage: true });
   say("interrupted", { seconds, ending: stopped.structuredContent.ending, success: stopped.structuredContent.success, status, error: error.slice(0, 300), message });
+  } // scenario
   say("done", { offsite, consoleErrors });
 } catch (err) {
   say("error", { message: String(err && err.stack || err).slice(0, 2000), offsite, consoleErrors });
@@ -117,4 +120,36 @@ try {
   server.closeAllConnections();
   server.close();
   process.exit(0); // kept-alive forwarding sockets would hold the loop open
+}
+
+// The server runs with a short --yield-after: the call answers "running" at once and the view follows the run
+// with get_run (its output appears while it runs), shows a text field when the code waits in input(), and
+// sends what is typed there with send_input.
+async function live(page, view) {
+  const opened = await page.evaluate(() => window.kx.call("new_session", {}));
+  const session = opened.structuredContent.session;
+  await page.evaluate(() => window.kx.call("execute_code", { code: "0" }));
+  const code = [
+    "import time",
+    "for i in range(1, 7):",
+    "    print(f'tick {i}', flush=True)",
+    "    time.sleep(1)",
+    "name = input('Your name? ')",
+    "print('hello', name)",
+    "result = 'hi ' + name",
+  ].join("\n");
+  const first = await page.evaluate((args) => window.kx.run(args), { code, session });
+  await view.locator("#stdout").filter({ hasText: "tick 2" }).waitFor();
+  const whileRunning = { status: await view.locator("#status").textContent(), stdout: await view.locator("#stdout").textContent() };
+  await view.locator("#input-section:not([hidden])").waitFor();
+  const asked = { status: await view.locator("#status").textContent(), prompt: await view.locator("#input-prompt").textContent(),
+    who: await view.locator("#input-who").textContent(), stdout: await view.locator("#stdout").textContent() };
+  await page.screenshot({ path: join(opts.shots, "run-view-input.png"), fullPage: true });
+  await view.locator("#input-text").fill("Ada");
+  await view.locator("#input-send").click();
+  await view.locator("#status").filter({ hasText: /^ok$/ }).waitFor();
+  const done = { status: await view.locator("#status").textContent(), result: await view.locator("#result").textContent(),
+    stdout: await view.locator("#stdout").textContent(), inputHidden: await view.locator("#input-section").isHidden() };
+  await page.screenshot({ path: join(opts.shots, "run-view-live-done.png"), fullPage: true });
+  return { firstEnding: first.structuredContent.ending, whileRunning, asked, done };
 }

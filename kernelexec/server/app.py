@@ -174,10 +174,15 @@ def _asker(ctx: Context | None, handle: str) -> Callable[[str, bool], Awaitable[
 def _elicitation(run: Run, question: Question) -> InputRequiredResult:
     """The 2026-07-28 form of the question: an InputRequiredResult the client answers by retrying the call with
     input_responses; request_state is the run id (sealed by the SDK: signed, bound to this call and caller)."""
-    schema = _Answer.model_json_schema()
-    request = ElicitRequest(params=ElicitRequestFormParams(
-        message=question_message(run.session.handle, question.prompt, question.password), requested_schema=schema))
-    return InputRequiredResult(input_requests={INPUT_KEY: request}, request_state=run.id)
+    return InputRequiredResult(input_requests={INPUT_KEY: question_request(run, question)}, request_state=run.id)
+
+
+def question_request(run: Run, question: Question) -> ElicitRequest:
+    """A cell's question as the elicitation/create request embedded in an InputRequiredResult or a task's
+    inputRequests (tasks.py): one form field, ``answer``, and the server's words around the prompt."""
+    return ElicitRequest(params=ElicitRequestFormParams(
+        message=question_message(run.session.handle, question.prompt, question.password),
+        requested_schema=_Answer.model_json_schema()))
 
 
 @dataclass
@@ -204,6 +209,14 @@ class App:
         """A finished cell as the model reads it (text, images, structured), through the session's renderer."""
         return self.renderer(session).render(finished.execution, notebook=str(session.dirs.notebook), layers=finished.layers,
                                hint=finished.hint)
+
+    def finished_answer(self, run: Run) -> CallToolResult:
+        """A finished run's answer, as get_run gives it (and a task's result, tasks.py); a failed run raises."""
+        if run.failure is not None:
+            raise KernelexecError(f"run {run.id} failed: {run.failure}")
+        reply = answer(self.answer_of(run))
+        reply.structured_content = {**(reply.structured_content or {}), "run_id": run.id}
+        return reply
 
     def answer_of(self, run: Run) -> Rendered:
         """A finished run's answer, rendered once (its output files are written once) and kept like the run."""
@@ -276,7 +289,7 @@ class App:
             raise
         finally:
             if cancel:
-                started.listener = None
+                started.detach()  # a question asked over this call's back-channel now waits on the run too
         if not started.done.is_set() or not cancel:
             return started  # still going, or finished for a later call (its answer names the run)
         self.sessions.runs.forget(started)
@@ -303,11 +316,7 @@ class App:
         if not isinstance(done, Run):
             return answer(done)
         if done.done.is_set():
-            if done.failure is not None:
-                raise KernelexecError(f"run {done.id} failed: {done.failure}")
-            reply = answer(self.answer_of(done))
-            reply.structured_content = {**(reply.structured_content or {}), "run_id": done.id}
-            return reply
+            return self.finished_answer(done)
         question = done.awaiting
         if question is None:
             return running(done, what)

@@ -9,7 +9,7 @@ from mcp.server.mcpserver import MCPServer
 from kernelexec import __version__
 from kernelexec.config import Settings
 from kernelexec.sandbox.policy import describe
-from kernelexec.server import resources, tools, view
+from kernelexec.server import resources, tasks, tools, view
 from kernelexec.server.app import App
 from kernelexec.server.auth import StaticTokenVerifier, auth_settings, load_tokens
 from kernelexec.session.manager import SessionManager
@@ -31,13 +31,14 @@ def build_server(settings: Settings, sessions: SessionManager, app: App | None =
     tokens = load_tokens(settings) if settings.transport == "http" else []
     app = app or App(settings, sessions)
     apps = tools.run_view(app)  # the MCP Apps extension of the run view (view.py), where execute_code is exposed
+    long_calls = tasks.extension(app)  # MCP Tasks (tasks.py) for long execute_code / install_packages calls
     mcp = MCPServer(
         "kernelexec",
         version=__version__,
         instructions=INSTRUCTIONS.format(profile=profile, what=describe(profile)),
         token_verifier=StaticTokenVerifier(tokens) if tokens else None,
         auth=auth_settings(settings) if tokens else None,
-        extensions=[apps] if apps is not None else None,
+        extensions=[e for e in (apps, long_calls) if e is not None] or None,
     )
     tools.register(mcp, app)
     if apps is not None:

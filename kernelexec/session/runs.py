@@ -8,7 +8,9 @@ to that session queue behind it; ``interrupt(session)`` stops it without waiting
 
 A cell's ``input()``/``getpass()`` is asked directly (an elicitation over the back-channel of the call that
 started the run, while it waits) or else waits on the run as a ``Question`` until the cell's timeout:
-``send_input`` answers it, or a 2026-07-28 client's retried call (its ``input_responses``).
+``send_input`` answers it, or a 2026-07-28 client's retried call (its ``input_responses``), or a task's
+``tasks/update`` (tasks.py: a task is a view of a run). A direct question still open when its call stops
+waiting (``Run.detach``) waits on the run too: the first answer wins.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ class Run:
     posted: anyio.Event = field(default_factory=anyio.Event)  # set while a question waits
     wait_for_input: bool = True  # False (run_python): a question nobody can answer at once is declined
     asked: list[float] = field(default_factory=list)
+    pending: Question | None = None  # a question asked over the waiting call's back-channel (detach posts it)
 
     async def on_output(self, name: str, text: str) -> None:
         self.output_chars += len(text)
@@ -112,14 +115,46 @@ class Run:
                 return None
             self.asked.append(now)
             if direct is not None and self.listener is not None:
-                with anyio.move_on_after(max(0.0, self.deadline - time.monotonic())):  # unanswered: the cell's timeout
-                    return await direct(prompt, password)
-                return None
+                return await self._ask_directly(direct, prompt, password)
             if not self.wait_for_input:
                 return None
             return await self._wait_for_answer(prompt, password)
 
         return ask
+
+    async def _ask_directly(self, direct: Ask, prompt: str, password: bool) -> str | None:
+        """Ask over the waiting call's back-channel until the cell's timeout. If that call stops waiting first
+        (it yielded: ``detach``), the same question also waits on the run for send_input; the first answer wins,
+        and a failed elicitation after the call went (None: no back-channel any more) is not an answer."""
+        question = self.pending = Question(prompt, password)
+
+        async def directly() -> None:
+            answer = await direct(prompt, password)
+            if (self.pending is question or answer is not None) and not question.answered.is_set():
+                question.answer = answer
+                question.answered.set()
+
+        try:
+            with anyio.move_on_after(max(0.0, self.deadline - time.monotonic())):  # unanswered: the cell's timeout
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(directly)
+                    await question.answered.wait()
+                    tg.cancel_scope.cancel()
+            return question.answer
+        finally:
+            self.pending = None
+            if self.question is question:
+                self.question = None
+                self.posted = anyio.Event()
+
+    def detach(self) -> None:
+        """The call that started the run stops waiting for it (answered, yielded, gone): no more progress to it,
+        and a question in flight over its back-channel now waits on the run too (``awaiting``, send_input)."""
+        self.listener = None
+        pending, self.pending = self.pending, None
+        if pending is not None and not pending.answered.is_set() and self.question is None:
+            self.question = pending
+            self.posted.set()
 
     async def _wait_for_answer(self, prompt: str, password: bool) -> str | None:
         question = self.question = Question(prompt, password)
@@ -209,6 +244,12 @@ class RunRegistry:
 
         self._tg.start_soon(body)
         return run
+
+    def spawn(self, work: Callable[[], Awaitable[None]]) -> None:
+        """Start ``work`` in the runs' task group: work that outlives the call that started it (a task's job)."""
+        if self._tg is None:
+            raise KernelexecError("background work needs a running session manager")
+        self._tg.start_soon(work)
 
     def get(self, run_id: str, *, owner: str | None) -> Run:
         run = self._runs.get(run_id) if isinstance(run_id, str) else None

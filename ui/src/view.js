@@ -1,12 +1,15 @@
 // The kernelexec run view: an MCP App (ext-apps App SDK) shown by hosts next to execute_code / get_run.
 // It reaches the server only through the host (App.callServerTool / readServerResource), and the kernel
-// only through the app-only tools view_table, view_variables, view_interrupt and view_restart.
+// only through the app-only tools view_table, view_variables, view_interrupt and view_restart. A run still
+// going (ending "running"/"awaiting_input") is followed live with get_run; its input() is answered with send_input.
 // Every kernel-made string goes in through textContent; SVG only as an <img>; HTML only in a sandboxed frame.
 import { App } from "@modelcontextprotocol/ext-apps";
 
 const PAGE_SIZE = 20;
+const FOLLOW_WAIT_S = 2; // each get_run waits this long for the run: the output refreshes at least this often
 const $ = (id) => document.getElementById(id);
-const state = { session: null, code: "", result: null, running: false, tables: [], table: null, page: 0, sort: null, descending: false };
+const state = { session: null, code: "", result: null, running: false, tables: [], table: null, page: 0, sort: null, descending: false,
+  following: null };
 const app = new App({ name: "kernelexec-run-view", version: "0.1.0" }, {});
 
 function el(tag, attrs = {}, text) {
@@ -28,6 +31,7 @@ function message(text) {
 }
 
 function statusOf(s) {
+  if (s && s.ending === "awaiting_input") return "input";
   if (state.running) return "running";
   if (!s) return "waiting";
   if (s.ending === "running") return "running";
@@ -58,6 +62,14 @@ function render() {
   show("stdout", s ? s.stdout : "");
   show("stderr", s ? s.stderr : "");
   show("error", s && s.error ? [s.error, ...(s.traceback || []).slice(-30)].join("\n") : "");
+  const asking = s && s.ending === "awaiting_input" && s.run_id;
+  $("input-section").hidden = !asking;
+  if (asking) {
+    $("input-who").textContent = `The code running in session ${s.session} asks through ${s.input_password ? "getpass()" : "input()"} ` +
+      "(the question is the code's, not the assistant's):";
+    $("input-prompt").textContent = s.input_prompt || "(no prompt)";
+    $("input-text").type = s.input_password ? "password" : "text";
+  }
 }
 
 // Rich outputs: images from the answer's image blocks; the files of outputs without one (SVG, HTML)
@@ -184,20 +196,63 @@ async function loadPage() {
   $("table-section").hidden = false;
 }
 
-async function showResult(result) {
+async function showResult(result, following = false) {
   state.result = result;
   const s = result.structuredContent || {};
-  state.running = s.ending === "running";
+  state.running = s.ending === "running" || s.ending === "awaiting_input";
   if (s.session) state.session = s.session;
   render();
+  if (state.running && s.run_id) {
+    if (!following) follow(s.run_id);
+    return;
+  }
   await refreshVariables();
   await renderOutputs();
+}
+
+// A run still going: get_run, again and again, shows its output so far until it ends or asks for input
+// (then the text field answers it through send_input, and following starts again).
+async function follow(runId) {
+  if (state.following === runId) return;
+  state.following = runId;
+  try {
+    while (state.following === runId) {
+      const s = (state.result && state.result.structuredContent) || {};
+      if (s.run_id !== runId || s.ending !== "running") return;
+      const result = await app.callServerTool({ name: "get_run", arguments: { run_id: runId, wait_s: FOLLOW_WAIT_S } });
+      if (result.isError) throw new Error((result.content || []).map((c) => c.text || "").join(" ") || "get_run failed");
+      if (state.following !== runId) return;
+      await showResult(result, true);
+    }
+  } catch (err) {
+    message(`following run ${runId}: ${err.message || err}`);
+  } finally {
+    if (state.following === runId) state.following = null;
+  }
+}
+
+async function answer(text) {
+  const s = (state.result && state.result.structuredContent) || {};
+  if (!s.run_id) return;
+  $("input-send").disabled = $("input-decline").disabled = true;
+  try {
+    const args = text === null ? { run_id: s.run_id, cancel: true, wait_s: 0 } : { run_id: s.run_id, text, wait_s: 0 };
+    const result = await app.callServerTool({ name: "send_input", arguments: args });
+    if (result.isError) throw new Error((result.content || []).map((c) => c.text || "").join(" ") || "send_input failed");
+    $("input-text").value = "";
+    await showResult(result);
+  } catch (err) {
+    message(`input: ${err.message || err}`);
+  } finally {
+    $("input-send").disabled = $("input-decline").disabled = false;
+  }
 }
 
 app.ontoolinput = (params) => {
   const args = params.arguments || {};
   if (typeof args.code === "string") state.code = args.code;
   if (typeof args.session === "string") state.session = args.session;
+  state.following = null; // a new call: stop following the last run
   state.running = true;
   state.result = null;
   render();
@@ -232,6 +287,9 @@ $("restart").addEventListener("click", async () => {
     render();
   }
 });
+$("input-send").addEventListener("click", () => answer($("input-text").value));
+$("input-text").addEventListener("keydown", (event) => { if (event.key === "Enter") answer($("input-text").value); });
+$("input-decline").addEventListener("click", () => answer(null));
 $("prev").addEventListener("click", () => { state.page = Math.max(0, state.page - 1); loadPage(); });
 $("next").addEventListener("click", () => { state.page += 1; loadPage(); });
 $("table-name").addEventListener("change", (event) => {
