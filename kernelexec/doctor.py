@@ -12,7 +12,7 @@ from typing import Any
 
 from kernelexec.backends.kernelspecs import provisioner_of
 from kernelexec.config import Profile, Settings
-from kernelexec.environment.interpreter import explain, prepare
+from kernelexec.environment.overlay import explain, prepare
 from kernelexec.errors import InvalidRequest, KernelexecError, SandboxUnavailable
 from kernelexec.host import check_reach
 from kernelexec.layout import check_socket_room

@@ -21,7 +21,9 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from kernelexec.environment.interpreter import EnvironmentUnusable, overlay_path, overlay_ready, prepare, resolve
+from kernelexec.environment.discovery import resolve
+from kernelexec.environment.interpreter import EnvironmentUnusable
+from kernelexec.environment.overlay import overlay_path, overlay_ready, prepare
 
 from .conftest import clean_env, kernelexec_cmd, make_settings, serving
 from .support import pyenv_python

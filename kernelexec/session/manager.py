@@ -15,7 +15,8 @@ from pathlib import Path
 import anyio
 
 from kernelexec.config import Settings
-from kernelexec.environment.interpreter import Environment, prepare
+from kernelexec.environment.interpreter import Environment
+from kernelexec.environment.overlay import prepare
 from kernelexec.errors import InvalidRequest, SessionError
 from kernelexec.layout import valid_handle
 from kernelexec.sandbox.plan import kernel_reach

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
-from kernelexec.environment.interpreter import Environment, prepare
+from kernelexec.environment.interpreter import Environment
+from kernelexec.environment.overlay import prepare
 from kernelexec.environment.packages import parse_specs, pip_lines
 from kernelexec.errors import InvalidRequest, KernelexecError
 from kernelexec.host import check_reach
