@@ -16,7 +16,8 @@ from kernelexec.environment.overlay import explain, prepare
 from kernelexec.errors import InvalidRequest, KernelexecError, SandboxUnavailable
 from kernelexec.host import check_reach
 from kernelexec.layout import check_socket_room
-from kernelexec.sandbox.plan import available, describe_layers, kernel_reach, plan_for, probe
+from kernelexec.sandbox.plan import describe_layers, plan_for
+from kernelexec.sandbox.probe import available, kernel_reach, probe
 from kernelexec.terminal import safe
 
 
