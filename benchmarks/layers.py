@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     rounds = 2 if args.quick else args.rounds
     for name in ("httpx", "httpx2"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    from kernelexec.sandbox.plan import probe
+    from kernelexec.sandbox.probe import probe
 
     load0 = os.getloadavg()
 

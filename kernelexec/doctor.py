@@ -12,11 +12,12 @@ from typing import Any
 
 from kernelexec.backends.kernelspecs import provisioner_of
 from kernelexec.config import Profile, Settings
-from kernelexec.environment.interpreter import explain, prepare
+from kernelexec.environment.overlay import explain, prepare
 from kernelexec.errors import InvalidRequest, KernelexecError, SandboxUnavailable
 from kernelexec.host import check_reach
 from kernelexec.layout import check_socket_room
-from kernelexec.sandbox.plan import available, describe_layers, kernel_reach, plan_for, probe
+from kernelexec.sandbox.plan import describe_layers, plan_for
+from kernelexec.sandbox.probe import available, kernel_reach, probe
 from kernelexec.terminal import safe
 
 

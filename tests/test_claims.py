@@ -90,7 +90,7 @@ async def test_a_crashing_kernel_leaves_no_core_file(short_tmp: Path, core_off: 
     if not core_off:  # control: the plan's RLIMIT_CORE raised, the same crash leaves a core
         import kernelexec.sandbox.plan
 
-        original = kernelexec.sandbox.plan_for
+        original = kernelexec.sandbox.plan.plan_for
 
         def core_allowed(*args: Any, **kwargs: Any) -> Any:
             plan = original(*args, **kwargs)

@@ -21,7 +21,9 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from kernelexec.environment.interpreter import EnvironmentUnusable, overlay_path, overlay_ready, prepare, resolve
+from kernelexec.environment.discovery import resolve
+from kernelexec.environment.interpreter import EnvironmentUnusable
+from kernelexec.environment.overlay import overlay_path, overlay_ready, prepare
 
 from .conftest import clean_env, kernelexec_cmd, make_settings, serving
 from .support import pyenv_python
@@ -366,7 +368,8 @@ async def test_without_bubblewrap_a_venv_inside_the_working_dir_is_said_writable
     """Landlock cannot take a right away from a subdirectory of a writable one: without bubblewrap ``auto``
     refuses a .venv kernels could write (naming the flag), and when the user names it with --python the
     plan says so (degraded), and in standard the guard refuses the write."""
-    from kernelexec.sandbox.plan import kernel_reach, plan_for
+    from kernelexec.sandbox.plan import plan_for
+    from kernelexec.sandbox.probe import kernel_reach
 
     project = make_project(tmp_path, built_312)
     (site,) = glob.glob(str(project / ".venv/lib/python3.12/site-packages"))

@@ -23,7 +23,7 @@ import nbformat
 import pytest
 
 from kernelexec import host
-from kernelexec.sandbox.plan import kernel_reach, probe
+from kernelexec.sandbox.probe import kernel_reach, probe
 
 from .conftest import clean_env, kernelexec_cmd, make_settings, serving
 

@@ -20,7 +20,7 @@ pytest.importorskip("jupyter_server")
 from jupyter_server.services.kernels.connection.base import deserialize_msg_from_ws_v1, serialize_msg_to_ws_v1  # noqa: E402
 from tornado.websocket import WebSocketClientConnection, websocket_connect  # noqa: E402
 
-from kernelexec.lab.server import kernel_id_for, spec_name  # noqa: E402
+from kernelexec.lab.kernels import kernel_id_for, spec_name  # noqa: E402
 
 from .conftest import Harness, clean_env, free_port, kernelexec_cmd, make_settings, start_harness, stop, wait_for_port  # noqa: E402
 

@@ -25,7 +25,7 @@ import pytest
 
 pytest.importorskip("jupyterlab")
 
-from kernelexec.lab.server import display_name, kernel_id_for  # noqa: E402
+from kernelexec.lab.kernels import display_name, kernel_id_for  # noqa: E402
 
 from .conftest import Harness, make_settings, start_harness, stop  # noqa: E402
 from .test_lab import Lab, lab_ready, start_lab  # noqa: E402

@@ -219,7 +219,7 @@ async def test_replay_installs_again_from_the_configured_index(h: Harness, index
 async def test_a_kernel_in_another_interpreter_gets_wheels_for_that_interpreter(
     short_tmp: Path, index: str, overlay_cache: Path
 ) -> None:
-    """kernelexec's own pip picks wheels for that interpreter's tags and markers (wheels.Target), without running
+    """kernelexec's own pip picks wheels for that interpreter's tags and markers (pip_commands.Target), without running
     it (tests/test_wheels.py audits that), so what it picks is importable there."""
     python = need("3.13")
     settings = make_settings(short_tmp, python=python, cache_dir=overlay_cache, index_url=index, pool_size=0, restart_spares=0)

@@ -236,7 +236,7 @@ async def test_trusted_has_no_guards(trusted: Harness) -> None:
 
 async def test_trusted_still_has_the_os_filesystem_view(trusted: Harness) -> None:
     """No in-kernel guard, but the OS layers keep the kernel to its directories (PermissionError, not PolicyError)."""
-    from kernelexec.sandbox.plan import probe
+    from kernelexec.sandbox.probe import probe
 
     if not (probe().landlock_abi or probe().bwrap):
         pytest.fail("this machine has neither Landlock nor bubblewrap; the filesystem view cannot be enforced")

@@ -16,7 +16,8 @@ import pytest
 from kernelexec.config import load_settings
 from kernelexec.doctor import preflight
 from kernelexec.errors import SandboxUnavailable
-from kernelexec.sandbox.plan import plan_for, probe
+from kernelexec.sandbox.plan import plan_for
+from kernelexec.sandbox.probe import probe
 
 from .conftest import Harness, clean_env, kernelexec_cmd, make_settings, serving
 

@@ -312,7 +312,7 @@ async def test_code_that_kills_its_kernel_is_never_run_twice(h: Harness) -> None
 
 async def test_the_oom_killer_past_the_cgroup_cap_is_reported_and_the_next_call_works(short_tmp: Path) -> None:
     """Shared anonymous memory escapes RLIMIT_DATA; the cgroup's hard cap (memory_mb + 512 MiB) does not."""
-    from kernelexec.sandbox.plan import probe
+    from kernelexec.sandbox.probe import probe
 
     if probe().cgroup is None:
         pytest.fail("needs a writable cgroup hierarchy (run as root, as CI does)")

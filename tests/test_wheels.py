@@ -24,7 +24,7 @@ import pytest
 
 from kernelexec.config import Settings
 from kernelexec.environment import interpreter as environments
-from kernelexec.environment import packages, wheels
+from kernelexec.environment import packages, pip_commands, wheels
 
 from .support import build_sdist, build_wheel, package_index, pyenv_python
 
@@ -59,8 +59,8 @@ class Index:
         for canary in self.canaries.values():
             canary.unlink(missing_ok=True)
 
-    def source(self) -> wheels.Source:
-        return wheels.Source(index_url=self.url, cache_dir=self.base / "pip-cache", connect_timeout=10)
+    def source(self) -> pip_commands.Source:
+        return pip_commands.Source(index_url=self.url, cache_dir=self.base / "pip-cache", connect_timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -125,10 +125,10 @@ def plain_pip(index: Index, target: Path, name: str, *extra: str) -> subprocess.
                           capture_output=True, text=True, timeout=300, env=env, cwd=index.base)
 
 
-def install(index: Index, specs: list[str], staging: Path, target: wheels.Target | None = None
+def install(index: Index, specs: list[str], staging: Path, target: pip_commands.Target | None = None
             ) -> tuple[list[wheels.Wheel], list[list[str]]]:
     staging.mkdir(exist_ok=True)
-    return wheels.install(specs, staging, target or wheels.Target.own(), index.source(), timeout=120,
+    return wheels.install(specs, staging, target or pip_commands.Target.own(), index.source(), timeout=120,
                           work_parent=staging.parent)
 
 
@@ -231,7 +231,7 @@ def test_pips_environment_keeps_the_machine_configuration_and_nothing_of_ours(mo
                         "PYTHONPATH": "/planted", "PYTHONSTARTUP": "/planted.py", "KERNELEXEC_TOKEN": "t",
                         "PIP_CONSTRAINT": "/c.txt", "PIP_NO_BINARY": ":all:"}.items():
         monkeypatch.setenv(name, value)
-    env = wheels.pip_env()
+    env = pip_commands.pip_env()
     assert env["PIP_INDEX_URL"] == "http://mirror/simple" and env["HTTPS_PROXY"] == "http://proxy:3128"
     assert not [k for k in env if k.startswith(("PYTHON", "KERNELEXEC_"))]
     assert "PIP_PYTHON" not in env and "PIP_NO_BINARY" not in env
@@ -240,10 +240,10 @@ def test_pips_environment_keeps_the_machine_configuration_and_nothing_of_ours(mo
 
 
 def test_platform_tags_follow_the_glibc_and_the_machine() -> None:
-    x86 = wheels.platforms("x86_64", ("glibc", "2.36"))
+    x86 = pip_commands.platforms("x86_64", ("glibc", "2.36"))
     assert x86[0] == "manylinux_2_36_x86_64" and x86[-1] == "linux_x86_64"
     assert {"manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "manylinux_2_5_x86_64"} <= set(x86)
-    arm = wheels.platforms("aarch64", ("glibc", "2.28"))
+    arm = pip_commands.platforms("aarch64", ("glibc", "2.28"))
     assert arm[0] == "manylinux_2_28_aarch64" and "manylinux2014_aarch64" in arm and "manylinux_2_16_aarch64" not in arm
     assert "manylinux1_aarch64" not in arm
 
@@ -290,7 +290,7 @@ def test_wheels_for_another_interpreter_are_chosen_without_running_it(
     (Path(env.site_packages[0]) / "zz_canary.pth").write_text(f"import os; open({str(canary)!r}, 'w').close()\n")
     monkeypatch.setenv("PIP_PYTHON", env.python)
     with Audit() as started:
-        chosen, commands = install(index, ["kxnative", "kxmarked"], tmp_path / "staging", wheels.Target.of(env))
+        chosen, commands = install(index, ["kxnative", "kxmarked"], tmp_path / "staging", pip_commands.Target.of(env))
     assert not canary.exists(), "the other interpreter was run with site on"
     assert started and all(exe == sys.executable and argv[1:4] == ["-I", "-m", "pip"] for exe, argv in started), started
     assert not [argv for _, argv in started if "--python" in argv or any(venv.name in a and str(venv) in a for a in argv)]

@@ -9,12 +9,9 @@ Built on jupyter_server's gateway classes (``GatewayKernelManager``, ``GatewayKe
 ``GatewayClient``), with what a long-lived, multi-session MCP server needs on top:
 
 * **no singleton.** jupyter_server reads its gateway settings from ``GatewayClient.instance()``;
-  here every request and WebSocket uses a ``GatewayClient`` built for this URL and token, so two
-  servers in one process do not fight over the singleton (and ``JUPYTER_GATEWAY_*`` variables still
-  supply the other options: headers, TLS client certificates, ``validate_cert``, timeouts).
-* **the token on the WebSocket too** (jupyter_server's client sends it only on REST calls).
-* **waiting without spinning**: jupyter_server's channel queues poll with ``sleep(0)``; these wake
-  on arrival, and offer ``msg_ready()`` like jupyter_client's channels.
+  here every request and WebSocket uses a ``GatewayClient`` built for this URL and token
+  (``gateway_http.py``), so two servers in one process do not fight over the singleton.
+* **the token on the WebSocket too, and waiting without spinning** (``gateway_channels.py``).
 * **deaths seen**: a kernel that dies is restarted by the gateway itself, without our startup code.
   The ``restarting``/``dead`` status the server then sends on IOPub, a closed WebSocket, or a 404
   for the kernel make ``is_alive()`` false, so ``Kernel`` reports the death and restarts it properly
@@ -32,37 +29,30 @@ fail-closed ``os._exit``). Paths in the policy are the remote kernel's: its sess
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
 import logging
 import os
-import queue
 import threading
 import time
 import weakref
-from functools import partial
 from typing import Any, cast
 from urllib.parse import quote
 
 import anyio
-from jupyter_client.asynchronous.client import AsyncKernelClient
 
 try:
-    from jupyter_server.gateway.gateway_client import GatewayClient, RetryableHTTPClient
-    from jupyter_server.gateway.managers import ChannelQueue, GatewayKernelClient, GatewayKernelManager
+    from jupyter_server.gateway.gateway_client import GatewayClient
+    from jupyter_server.gateway.managers import GatewayKernelManager
     from jupyter_server.utils import url_path_join
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError(f"--kernel-gateway needs jupyter_server (pip install 'kernelexec[gateway]'): {exc}") from exc
-from tornado.escape import json_decode
-from tornado.httpclient import HTTPClientError
 from traitlets import Any as AnyTrait
 from traitlets import DottedObjectName, Type
 
+from kernelexec.backends.gateway_channels import GatewayChannelsClient
+from kernelexec.backends.gateway_http import GatewayError, gateway_client, gateway_request
 from kernelexec.backends.remote_startup import install_remote_startup, remote_policy, remote_spill_ok, startup_code  # noqa: F401 (re-exported)
 from kernelexec.config import Settings
 from kernelexec.errors import KernelStartError
-from kernelexec.kernel import wire
 from kernelexec.kernel.driver import Kernel
 from kernelexec.kernel.launch import LaunchSpec
 from kernelexec.sandbox.plan import SandboxPlan
@@ -72,241 +62,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_KERNEL_NAME = "python3"
 _ALIVE_EVERY = 1.0  # seconds between REST checks of the kernel's model (the WebSocket reports faster)
 
-# --- the gateway's settings, per URL and token (never the process-wide singleton) ------------------
-_clients: dict[tuple[str, str], GatewayClient] = {}
-_clients_lock = threading.Lock()
-
-
-def gateway_client(url: str, token: str | None) -> GatewayClient:
-    """The ``GatewayClient`` (settings, auth header, cookies) for one gateway. One per URL and token,
-    shared by that gateway's kernels; ``GatewayClient.instance()`` is left alone."""
-    key = (url.rstrip("/"), token or "")
-    with _clients_lock:
-        client = _clients.get(key)
-        if client is None:
-            ws_url = os.environ.get(GatewayClient.ws_url_env) or "ws" + key[0][4:]  # http(s)://… → ws(s)://…
-            client = GatewayClient(url=key[0], ws_url=ws_url, auth_token=key[1])
-            _clients[key] = client
-        return client
-
-
-class GatewayError(RuntimeError):
-    """The gateway refused or failed a request (the message says which and what to check)."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def _hint(status: int | None) -> str:
-    if status in (401, 403):
-        return " (check --kernel-gateway-token)"
-    if status == 404:
-        return " (no such kernel or kernel name; check --kernel-gateway and the gateway's kernelspecs)"
-    if status in (None, 599):
-        return " (is the gateway running and reachable?)"
-    return ""
-
-
-async def gateway_request(gateway: GatewayClient, url: str, method: str, body: Any = None) -> Any:
-    """One REST call with ``gateway``'s headers, TLS options and timeouts; returns the decoded JSON
-    body (None for an empty one). Raises ``GatewayError``."""
-    headers = {"Content-Type": "application/json"} if body is not None else {}
-    kwargs = gateway.load_connection_args(method=method, headers=headers)
-    if body is not None:
-        kwargs["body"] = json.dumps(body)
-    try:
-        response = await RetryableHTTPClient().fetch(url, **kwargs)
-    except HTTPClientError as exc:
-        reason = exc.message
-        if exc.response is not None and exc.response.body:
-            with contextlib.suppress(ValueError, UnicodeDecodeError):
-                payload = json.loads(exc.response.body)
-                reason = payload.get("message") or payload.get("reason") or reason
-        raise GatewayError(f"gateway {method} {url} failed: {exc.code} {reason}{_hint(exc.code)}", exc.code) from exc
-    except OSError as exc:
-        raise GatewayError(f"gateway {method} {url} failed: {exc}{_hint(None)}") from exc
-    if gateway.accept_cookies:
-        gateway.update_cookies(response.headers)
-    return json_decode(response.body) if response.body else None
-
-
-# --- channels --------------------------------------------------------------------------------------
-class _Channel(ChannelQueue):
-    """One channel's queue, fed by the WebSocket reader thread; async waits wake on arrival."""
-
-    def __init__(self, name: str, socket: Any, log: logging.Logger, loop: asyncio.AbstractEventLoop,
-                 on_lost: Any) -> None:
-        super().__init__(name, socket, log)
-        self._loop = loop
-        self._arrived = asyncio.Event()
-        self._on_lost = on_lost
-
-    def _put(self, item: Any) -> None:  # runs in the reader thread, under the queue's mutex
-        super()._put(item)
-        self.wake()
-
-    def wake(self) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
-            self._loop.call_soon_threadsafe(self._arrived.set)
-
-    async def _async_get(self, timeout: float | None = None) -> Any:
-        deadline = time.monotonic() + (float("inf") if timeout is None else max(timeout, 0))
-        while True:
-            self._arrived.clear()
-            try:
-                return self.get(block=False)
-            except queue.Empty:
-                pass
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or self.response_router_finished and remaining == float("inf"):
-                raise queue.Empty
-            # a closed WebSocket delivers nothing more: wait out the timeout like an idle channel,
-            # and let the manager's is_alive() report the loss (so Kernel restarts it)
-            with anyio.move_on_after(min(remaining, 3600)):
-                await self._arrived.wait()
-
-    async def get_msg(self, block: bool = True, timeout: float | None = None) -> dict[str, Any]:
-        msg = await self._async_get(timeout=timeout if block else 0)
-        self.task_done()
-        return msg
-
-    async def msg_ready(self) -> bool:
-        return not self.empty()
-
-    def send(self, msg: dict[str, Any]) -> None:
-        """Name the channel in the message (the server otherwise assumes shell), then send it. On a
-        closed WebSocket the message is dropped and the connection marked lost: the caller's wait
-        then ends through is_alive(), like a kernel that died, instead of an exception mid-request."""
-        import websocket
-
-        try:
-            super().send({**msg, "channel": self.channel_name})
-        except (websocket.WebSocketException, OSError) as exc:
-            self.log.warning("gateway WebSocket send failed on %s: %r", self.channel_name, exc)
-            self._on_lost()
-
-
-class GatewayChannelsClient(GatewayKernelClient):
-    """jupyter_server's ``GatewayKernelClient``, for one gateway and a long-lived server.
-
-    ``start_channels()`` is synchronous like jupyter_client's (``Kernel`` calls it so); the
-    WebSocket opens in ``wait_for_ready()``, off the event loop, and opens again there if it was lost.
-    """
-
-    def __init__(self, kernel_id: str, **kwargs: Any) -> None:
-        super().__init__(kernel_id, **kwargs)
-        self.on_status: Any = None  # callable(state) for restarting/dead statuses the server sends
-        self.lost = False  # the WebSocket closed while we did not ask for it
-
-    @property
-    def gateway(self) -> GatewayClient:
-        return cast("GatewayManager", self.parent).gateway  # GatewayManager.client made this client
-
-    # jupyter_server declares it async; ours is synchronous on purpose (see the class docstring)
-    def start_channels(self, shell: bool = True, iopub: bool = True, stdin: bool = True, hb: bool = True,  # type: ignore[override]
-                       control: bool = True) -> None:
-        self._channels_stopped = False
-
-    async def connect(self) -> None:
-        """Open the WebSocket (again, if it was lost) and start the reader thread."""
-        if self.channel_socket is not None and not self.lost:
-            return
-        self._close_socket()
-        gateway = self.gateway
-        assert gateway.ws_url is not None  # gateway_client sets it
-        url = url_path_join(gateway.ws_url, gateway.kernels_endpoint, quote(self.kernel_id, safe=""), "channels")
-        url += f"?session_id={quote(self.session.session)}"
-        args = gateway.load_connection_args()
-        header = [f"{k}: {v}" for k, v in (args.get("headers") or {}).items()]
-        sslopt: dict[str, Any] = {k: v for k, v in {"ca_certs": gateway.ca_certs, "certfile": gateway.client_cert,
-                                     "keyfile": gateway.client_key}.items() if v}
-        if not gateway.validate_cert:
-            import ssl
-
-            sslopt.update(cert_reqs=ssl.CERT_NONE, check_hostname=False)
-        import websocket
-
-        try:
-            sock = await anyio.to_thread.run_sync(partial(
-                websocket.create_connection, url, timeout=gateway.connect_timeout, header=header,
-                sslopt=sslopt, enable_multithread=True,
-            ))
-        except (OSError, websocket.WebSocketException) as exc:
-            raise GatewayError(f"gateway WebSocket {url.split('?')[0]} failed: {exc}{_hint(getattr(exc, 'status_code', None))}") from exc
-        sock.settimeout(None)  # the reader blocks until a message or close, however long the kernel idles
-        loop = asyncio.get_running_loop()
-        self.channel_socket = sock
-        self.lost = False
-        self._channel_queues = {}
-        for name in ("shell", "iopub", "stdin", "hb", "control"):
-            channel = _Channel(name, sock, self.log, loop, partial(self._lose, sock))
-            setattr(self, f"_{name}_channel", channel)
-            self._channel_queues[name] = channel
-        self.response_router = threading.Thread(target=self._route_responses, args=(sock, self._channel_queues),
-                                                name=f"gateway-ws-{self.kernel_id[:8]}", daemon=True)
-        self.response_router.start()
-
-    async def wait_for_ready(self, timeout: float | None = None) -> None:
-        await self.connect()
-        await AsyncKernelClient.wait_for_ready(self, timeout=timeout)
-
-    def _route_responses(self, sock: Any, queues: dict[str, _Channel]) -> None:  # type: ignore[override]
-        """The reader thread: each message to its channel's queue until the WebSocket closes."""
-        import websocket
-
-        try:
-            while True:
-                raw = sock.recv()
-                if not raw:
-                    break
-                if isinstance(raw, bytes):  # a message with binary buffers (widgets): not ours
-                    continue
-                msg = wire.loads(raw)  # untrusted: cleaned at the door, like local kernels' messages
-                channel = queues.get(msg.get("channel", ""))
-                if channel is None:
-                    continue
-                if channel.channel_name == "iopub" and msg.get("msg_type") == "status" and not msg.get("parent_header"):
-                    state = msg.get("content", {}).get("execution_state")
-                    if state in ("restarting", "dead") and self.on_status is not None:
-                        self.on_status(state)
-                channel.put_nowait(msg)
-        except (websocket.WebSocketException, OSError, ValueError) as exc:
-            if not self._channels_stopped:
-                self.log.warning("gateway WebSocket of kernel %s closed: %r", self.kernel_id, exc)
-        finally:
-            self._lose(sock)
-            for channel in queues.values():
-                channel.response_router_finished = True
-                channel.wake()
-
-    def _lose(self, sock: Any) -> None:
-        if sock is self.channel_socket and not self._channels_stopped:
-            self.lost = True
-
-    def _close_socket(self) -> None:
-        sock, router = self.channel_socket, self.response_router
-        self.channel_socket = None
-        if sock is not None:
-            with contextlib.suppress(Exception):
-                sock.abort()  # wakes the reader thread at once
-            with contextlib.suppress(Exception):
-                sock.close(timeout=0.5)
-        if router is not None and router is not threading.current_thread():
-            router.join(timeout=5)
-        self.response_router = None
-        for name in ("shell", "iopub", "stdin", "hb", "control"):
-            setattr(self, f"_{name}_channel", None)
-
-    def stop_channels(self) -> None:
-        self._channels_stopped = True
-        self._close_socket()
-        self._channel_queues = {}
-
-    @property
-    def channels_running(self) -> bool:
-        return self.channel_socket is not None and not self.lost
-
 
 # --- the manager -----------------------------------------------------------------------------------
 class GatewayManager(GatewayKernelManager):
@@ -314,8 +69,8 @@ class GatewayManager(GatewayKernelManager):
     singleton), a liveness check that notices deaths, and no local resources to clean up."""
 
     gateway = AnyTrait()  # a GatewayClient
-    client_class = DottedObjectName("kernelexec.backends.gateway.GatewayChannelsClient")
-    client_factory = Type(klass="kernelexec.backends.gateway.GatewayChannelsClient")
+    client_class = DottedObjectName("kernelexec.backends.gateway_channels.GatewayChannelsClient")
+    client_factory = Type(klass="kernelexec.backends.gateway_channels.GatewayChannelsClient")
 
     def __init__(self, *, gateway: GatewayClient, note: Any = None, **kwargs: Any) -> None:
         super().__init__(gateway=gateway, **kwargs)
@@ -448,6 +203,7 @@ class GatewayManager(GatewayKernelManager):
 
 # --- the kernel -----------------------------------------------------------------------------------
 _bound: dict[tuple[type, str, str | None], type[GatewayKernel]] = {}
+_bound_lock = threading.Lock()
 
 
 class GatewayKernel(Kernel):
@@ -468,7 +224,7 @@ class GatewayKernel(Kernel):
         if not settings.kernel_gateway:
             raise ValueError("no --kernel-gateway configured")
         key = (cls, settings.kernel_gateway, settings.kernel_gateway_token)
-        with _clients_lock:
+        with _bound_lock:
             bound = _bound.get(key)
             if bound is None:
                 bound = _bound[key] = type(cls.__name__, (cls,), {

@@ -1,22 +1,13 @@
-"""Which Python a session's kernel runs in, and the ipykernel it gets there without touching it.
+"""What a Python environment is, described without running it on the host.
 
-``resolve(settings.python, working_dir)`` turns the ``--python`` setting into an ``Environment``:
-a Python executable or a venv/conda prefix given by the flag; or, with ``auto`` (the default), a
-``.venv``/``venv`` in the working directory or the project root above it (marked by
-``pyproject.toml``, ``setup.py`` or ``.git``), then the server's active ``VIRTUAL_ENV`` /
-``CONDA_PREFIX``, else kernelexec's own interpreter. ``auto`` never adopts an environment a kernel
-could have written (host.KernelReach). The environment is described without running it on the host
-(SECURITY-NOTES §8): its base interpreter, a real installation outside every kernel-writable
-directory, answers once, isolated (``-I -S``), for the environment's prefix; its distributions and
-``.pth`` lines are read as files. A path that does not exist, is not Python or is older than 3.10 is
-refused with an ``EnvironmentUnusable`` naming it.
+``inspect(python, source, reason)`` turns an interpreter path into an ``Environment``. The environment is
+described without running it on the host (SECURITY-NOTES §8): its base interpreter, a real
+installation outside every kernel-writable directory, answers once, isolated (``-I -S``), for the
+environment's prefix; its distributions and ``.pth`` lines are read as files. A path that does not
+exist, is not Python or is older than 3.10 is refused with an ``EnvironmentUnusable`` naming it.
 
-An environment without ipykernel is never modified: ``ensure_overlay`` builds ipykernel and its
-dependencies once per interpreter version into kernelexec's cache (``pip install --target``,
-wheels only, with the pip configuration of this machine), and the kernel's entry point appends
-that directory to ``sys.path`` after the environment's own site-packages, so the project's
-packages win. A distribution of the environment that ipykernel cannot live with (an old pyzmq)
-is refused with both names.
+Which interpreter ``--python`` names is ``discovery.py``'s job; the ipykernel a kernel gets in an
+environment without one is ``overlay.py``'s.
 """
 
 from __future__ import annotations
@@ -25,32 +16,18 @@ import contextlib
 import functools
 import glob
 import json
-import logging
 import os
-import shlex
-import shutil
 import subprocess
 import sys
-import tempfile
-import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kernelexec.environment import wheels
 from kernelexec.errors import KernelexecError
 from kernelexec.host import KernelReach, run_python
 
-logger = logging.getLogger(__name__)
-
 MIN_VERSION = (3, 10)
-MAX_VERSION = (3, 14)  # newest minor version this release knows; newer ones run with a warning
-IPYKERNEL_REQUIREMENT = "ipykernel>=6.29,<8"
-IPYKERNEL_MIN = (6, 29)
-PROJECT_MARKERS = ("pyproject.toml", "setup.py", ".git")
-VENV_NAMES = (".venv", "venv")
 INSPECT_TIMEOUT = float(os.environ.get("KERNELEXEC_INSPECT_TIMEOUT") or 30.0)  # seconds an interpreter has to describe itself
-BUILD_TIMEOUT = 600.0
 
 Source = str  # "flag", "project .venv", "VIRTUAL_ENV", "conda", "own"
 
@@ -183,111 +160,12 @@ def project_modules(env: Environment, working_dir: Path | None) -> list[str]:
     return sorted(names)
 
 
-# --- finding the interpreter -------------------------------------------------------------------------
-def _python_in(prefix: Path) -> Path | None:
-    for name in ("bin/python3", "bin/python", "python.exe"):
-        candidate = prefix / name
-        if candidate.exists():
-            return candidate
-    return None
-
-
-def _marks_project(path: Path) -> bool:
-    """A project marker; an empty .git directory is kernelexec's own placeholder (host.PROTECTED_DIRS), not a repository."""
-    if path.name == ".git" and path.is_dir() and not path.is_symlink():
-        try:
-            return any(os.scandir(path))
-        except OSError:
-            return False
-    return path.exists()
-
-
-def find_project_venv(working_dir: Path | None) -> tuple[Path, str] | None:
-    """A ``.venv``/``venv`` in ``working_dir``, else in the project root above it; (prefix, why)."""
-    if working_dir is None:
-        return None
-    working_dir = Path(working_dir)
-    places = [working_dir]
-    for d in [working_dir, *working_dir.parents]:
-        if any(_marks_project(d / m) for m in PROJECT_MARKERS):
-            if d != working_dir:
-                places.append(d)
-            break
-    for place in places:
-        for name in VENV_NAMES:
-            prefix = place / name
-            if (prefix / "pyvenv.cfg").is_file() and _python_in(prefix) is not None:
-                where = "the working directory" if place == working_dir else f"the project root {place}"
-                return prefix, f"{name} in {where}"
-    return None
-
-
-def _same(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether two paths name one file (False when either is missing)."""
     try:
         return os.path.samefile(a, b)
     except OSError:
         return False
-
-
-def _check_adoptable(prefix: Path, python: Path, why: str, reach: KernelReach | None) -> None:
-    """Auto-detection adopts an environment only when no kernel can have written it: its pyvenv.cfg and
-    its interpreter's real path outside every kernel-writable directory (a .venv at the top of a work
-    root counts as outside when bubblewrap binds it read-only for every kernel)."""
-    if reach is None:
-        return
-    cfg = prefix / "pyvenv.cfg"
-    for path in (cfg, Path(os.path.realpath(python))):
-        if reach.writes(path):
-            raise EnvironmentUnusable(
-                f"auto: {why} ({prefix}) lies where kernels can write ({path}), so it may not be the project's own; "
-                f"name it yourself if you trust it: --python {prefix}")
-
-
-def choose(setting: str, working_dir: Path | None, reach: KernelReach | None = None) -> tuple[str, Source, str]:
-    """(interpreter path, source, why) for a ``--python`` setting; no interpreter is run here. With
-    ``reach``, ``auto`` refuses an environment a kernel could have written (``_check_adoptable``)."""
-    setting = (setting or "auto").strip()
-    if setting != "auto":
-        path = Path(os.path.expanduser(setting))
-        if not path.is_absolute() and os.sep not in setting and not path.exists():
-            found = shutil.which(setting)
-            if found is None:
-                raise EnvironmentUnusable(f"--python {setting!r}: no such file, and no {setting!r} on PATH")
-            path = Path(found)
-        if not path.exists():
-            raise EnvironmentUnusable(f"--python {setting}: no such file or directory")
-        if path.is_dir():
-            python = _python_in(path)
-            if python is None:
-                raise EnvironmentUnusable(f"--python {setting}: a directory without bin/python3 or bin/python "
-                                          "(give a Python executable, or a venv/conda prefix)")
-            return str(python), "flag", f"--python {setting} (a prefix directory)"
-        if not os.access(path, os.X_OK):
-            raise EnvironmentUnusable(f"--python {setting}: not an executable file")
-        return str(path), "flag", f"--python {setting}"
-    project = find_project_venv(working_dir)
-    if project is not None:
-        prefix, why = project
-        python = _python_in(prefix)
-        assert python is not None  # find_project_venv checked
-        _check_adoptable(prefix, python, why, reach)
-        return str(python), "project .venv", f"auto: {why}"
-    own = sys.prefix
-    for variable, source in (("VIRTUAL_ENV", "VIRTUAL_ENV"), ("CONDA_PREFIX", "conda")):
-        value = os.environ.get(variable)
-        if not value:
-            continue
-        prefix = Path(value)
-        python = _python_in(prefix)
-        if python is None:
-            logger.warning("%s=%s has no bin/python; ignored", variable, value)
-            continue
-        if _same(prefix, own):
-            return sys.executable, "own", f"auto: {variable} is kernelexec's own environment"
-        _check_adoptable(prefix, python, f"{variable}={value}", reach)
-        return str(python), source, f"auto: {variable}={value} of the server's environment"
-    where = f" in {working_dir}" if working_dir is not None else ""
-    return sys.executable, "own", f"auto: no project .venv{where}, no VIRTUAL_ENV or CONDA_PREFIX: kernelexec's own interpreter"
 
 
 _CFG_MAX = 64 * 1024
@@ -449,7 +327,7 @@ def inspect(python: str, source: Source, reason: str, reach: KernelReach | None 
     stdlib = [p for p in (info["stdlib"], info["platstdlib"]) if p]
     lib_dynload = [os.path.join(p, "lib-dynload") for p in stdlib]
     sys_path = [*stdlib, *lib_dynload, *site_packages, *_pth_paths(list(site_packages))]
-    own = _same(python, sys.executable) or (_same(info["prefix"], sys.prefix) and source == "own")
+    own = same_file(python, sys.executable) or (same_file(info["prefix"], sys.prefix) and source == "own")
     return Environment(
         python=python, prefix=info["prefix"], base_prefix=info["base_prefix"], version=info["version"],
         version_info=version_info, tag=tag, machine=info["machine"], site_packages=site_packages,
@@ -460,176 +338,4 @@ def inspect(python: str, source: Source, reason: str, reach: KernelReach | None 
     )
 
 
-def resolve(setting: str, working_dir: Path | None, reach: KernelReach | None = None) -> Environment:
-    """The environment ``--python`` names for a session working in ``working_dir``; raises EnvironmentUnusable."""
-    python, source, reason = choose(setting, working_dir, reach)
-    env = inspect(python, source, reason, reach)
-    if env.version_info[:2] > MAX_VERSION:
-        logger.warning("%s is Python %s, newer than this kernelexec knows (up to %d.%d)", python, env.version, *MAX_VERSION)
-    return env
-
-
-# --- the ipykernel overlay ----------------------------------------------------------------------------
-def overlay_path(env: Environment, cache_dir: Path) -> Path:
-    return Path(cache_dir) / "overlays" / f"{env.tag}-{env.machine}"
-
-
-def overlay_ready(path: Path) -> bool:
-    return (path / "ipykernel" / "kernelapp.py").is_file() and bool(glob.glob(str(path / "ipykernel-*.dist-info")))
-
-
-def build_command(env: Environment, target: Path) -> list[str]:
-    """What ``_build`` does, as a command a user can run by hand: kernelexec's own pip (``python -I -m
-    kernelexec.environment.wheels``) choosing wheels only for the environment's interpreter from its version, tag,
-    machine and glibc — that interpreter is never run — into ``target``, never into the environment."""
-    return wheels.command_line([IPYKERNEL_REQUIREMENT], target, env)
-
-
-_build_locks: dict[str, threading.Lock] = {}
-_build_locks_lock = threading.Lock()
-
-
-def ensure_overlay(env: Environment, cache_dir: Path, *, build: bool = True) -> Environment:
-    """``env`` with its ipykernel settled: its own (new enough), or the overlay (built once if missing)."""
-    own_version = env.version_of("ipykernel")
-    if own_version is not None:
-        if _version_tuple(own_version) < IPYKERNEL_MIN:
-            raise EnvironmentUnusable(
-                f"{env.python} has ipykernel {own_version}, and kernelexec needs {IPYKERNEL_REQUIREMENT}: it would be "
-                f"used before kernelexec's own copy. Upgrade it there ({shlex.quote(env.python)} -m pip install "
-                f"'{IPYKERNEL_REQUIREMENT}'), or choose another --python")
-        return env
-    path = overlay_path(env, cache_dir)
-    with _build_locks_lock:
-        lock = _build_locks.setdefault(str(path), threading.Lock())
-    with lock:
-        if not overlay_ready(path):
-            if not build:
-                raise EnvironmentUnusable(f"{env.describe()} has no ipykernel and kernelexec's overlay for it is not built; "
-                                          f"run: {shlex.join(build_command(env, path))}")
-            _build(env, path)
-    env = replace(env, overlay=str(path))
-    check_compatible(env)
-    return env
-
-
-def _build(env: Environment, path: Path) -> None:
-    """The overlay: ipykernel's closure, wheels only, for ``env``'s tags and markers (``wheels.install``:
-    direct references and sdists refused, nothing built, the interpreter not run), then moved into place."""
-    logger.warning("%s has no ipykernel: building kernelexec's overlay for %s in %s (once)", env.python, env.tag, path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
-    try:
-        wheels.install([IPYKERNEL_REQUIREMENT], tmp, wheels.Target.of(env), wheels.Source(), timeout=BUILD_TIMEOUT,
-                       work_parent=path.parent)
-    except TimeoutError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise EnvironmentUnusable(f"building the ipykernel overlay took longer than {BUILD_TIMEOUT:.0f} s; run it "
-                                  f"yourself: {shlex.join(build_command(env, path))}") from None
-    except wheels.WheelError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise EnvironmentUnusable(
-            f"{env.describe()} has no ipykernel, and kernelexec could not fetch one for it: {str(exc)[:600]}. The "
-            f"environment itself is never changed; once that is fixed (a package index reachable?) run: "
-            f"{shlex.join(build_command(env, path))}") from None
-    if not overlay_ready(tmp):
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise EnvironmentUnusable(f"{env.describe()}: the ipykernel overlay kernelexec built has no ipykernel/kernelapp.py; "
-                                  f"run: {shlex.join(build_command(env, path))}")
-    with contextlib.suppress(OSError):
-        shutil.rmtree(path)  # a partial copy someone left
-    os.rename(tmp, path)
-    os.chmod(path, 0o755)
-
-
-def _version_tuple(text: str) -> tuple[int, ...]:
-    out = []
-    for part in text.split("."):
-        digits = "".join(ch for ch in part if ch.isdigit())
-        if not digits:
-            break
-        out.append(int(digits))
-        if not part.isdigit():
-            break
-    return tuple(out)
-
-
-def overlay_requirements(overlay: Path) -> list[tuple[str, str, str]]:
-    """(distribution, its version, one requirement string) for every distribution in the overlay."""
-    from importlib import metadata
-
-    out = []
-    for dist in metadata.distributions(path=[str(overlay)]):
-        for req in dist.requires or ():
-            out.append((dist.metadata["Name"], dist.version, req))
-    return out
-
-
-def conflicts(env: Environment) -> list[str]:
-    """Distributions of the environment that shadow one the overlay needs, at a version it cannot use."""
-    if not env.overlay:
-        return []
-    from packaging.requirements import InvalidRequirement, Requirement
-    from packaging.version import InvalidVersion, Version
-
-    markers = dict(env.markers) | {"extra": ""}
-    found = []
-    for dist, version, text in overlay_requirements(Path(env.overlay)):
-        try:
-            req = Requirement(text)
-        except InvalidRequirement:
-            continue
-        if req.marker is not None and not req.marker.evaluate(markers):
-            continue
-        have = env.version_of(req.name)
-        if have is None or not req.specifier:
-            continue
-        try:
-            ok = req.specifier.contains(Version(have), prereleases=True)
-        except InvalidVersion:
-            continue
-        if not ok:
-            found.append(f"{req.name} {have} (in {env.prefix}), but {dist} {version} needs {req.name}{req.specifier}")
-    return sorted(set(found))
-
-
-def check_compatible(env: Environment) -> None:
-    """Refuse an environment whose own packages break the overlay's ipykernel, naming both."""
-    problems = conflicts(env)
-    if problems:
-        raise EnvironmentUnusable(
-            f"{env.describe()} cannot run kernelexec's ipykernel: it has " + "; ".join(problems)
-            + ". Its own copy is used first and kernelexec never changes the environment: upgrade it there "
-            f"({shlex.quote(env.python)} -m pip install ...), or choose another --python")
-
-
-def prepare(setting: str, working_dir: Path | None, cache_dir: Path, *, build: bool = True,
-            reach: KernelReach | None = None) -> Environment:
-    """Resolve and settle ipykernel: what a session's kernel needs before it can start."""
-    return ensure_overlay(resolve(setting, working_dir, reach), cache_dir, build=build)
-
-
-def explain(setting: str, working_dir: Path | None, cache_dir: Path, reach: KernelReach | None = None) -> list[str]:
-    """``kernelexec doctor``'s lines: what was chosen and why, and how ipykernel is provided."""
-    lines = [f"  setting                              --python {setting or 'auto'}"]
-    try:
-        env = resolve(setting, working_dir, reach)
-    except EnvironmentUnusable as exc:
-        return [*lines, f"  REFUSED: {exc}"]
-    lines += [f"  interpreter                          {env.python}",
-              f"  version                              Python {env.version} ({env.tag})",
-              f"  prefix                               {env.prefix}",
-              f"  chosen because                       {env.reason}",
-              f"  site-packages (read-only in kernels) {', '.join(env.site_packages) or 'none'}"]
-    if env.has_ipykernel:
-        lines.append(f"  ipykernel                            the environment's own ({env.version_of('ipykernel')})")
-    else:
-        path = overlay_path(env, cache_dir)
-        state = "built" if overlay_ready(path) else "not built yet: built on first use (needs the package index once)"
-        lines.append(f"  ipykernel                            kernelexec's overlay {path} ({state})")
-    for name in ("numpy", "pandas", "matplotlib"):
-        lines.append(f"  {name:<36} {env.version_of(name) or 'not installed'}")
-    return lines
-
-
-__all__ = ["Environment", "EnvironmentUnusable", "resolve", "prepare", "ensure_overlay", "explain"]
+__all__ = ["Environment", "EnvironmentUnusable", "inspect", "project_modules"]

@@ -35,6 +35,7 @@ import anyio
 
 from kernelexec.config import Profile, Settings
 from kernelexec.environment import wheels
+from kernelexec.environment.pip_commands import Described, Source, Target
 from kernelexec.errors import InvalidRequest, KernelexecError
 
 # a name, optional extras, optional comma-separated version specifiers; nothing else
@@ -172,9 +173,9 @@ def cache_dir(settings: Settings) -> Path:
     return settings.state_dir / "pip-cache"
 
 
-def source(settings: Settings) -> wheels.Source:
+def source(settings: Settings) -> Source:
     """Where the wheels come from: ``--index-url``/``--find-links``, else pip's configuration of this machine."""
-    return wheels.Source(index_url=settings.index_url, find_links=str(settings.find_links) if settings.find_links else None,
+    return Source(index_url=settings.index_url, find_links=str(settings.find_links) if settings.find_links else None,
                          cache_dir=cache_dir(settings), connect_timeout=settings.install_connect_timeout)
 
 
@@ -197,7 +198,7 @@ def _failure(settings: Settings, specs: list[str], error: wheels.WheelError) -> 
 
 
 async def install(settings: Settings, specs: list[str], overlay: Path, *, upgrade: bool = False,
-                  environment: wheels.Described | None = None) -> InstallOutcome:
+                  environment: Described | None = None) -> InstallOutcome:
     """Install ``specs`` (validated) and their whole closure, wheels only, for ``environment``'s interpreter
     (kernelexec's own when None) into ``overlay``; raises InstallError saying why not (see wheels.py).
     ``upgrade``: what is installed replaces the overlay's copies either way (the staging starts empty)."""
@@ -207,7 +208,7 @@ async def install(settings: Settings, specs: list[str], overlay: Path, *, upgrad
     cache_dir(settings).mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=overlay.parent))
     try:
-        job = functools.partial(wheels.install, specs, staging, wheels.Target.of(environment), source(settings),
+        job = functools.partial(wheels.install, specs, staging, Target.of(environment), source(settings),
                                 timeout=settings.install_timeout, work_parent=overlay.parent)
         try:
             chosen, _ = await anyio.to_thread.run_sync(job)

@@ -2,7 +2,7 @@
 
 A separate process from ``kernelexec serve``: it finds the kernels through the shared state dir,
 where each session publishes its connection file (``connections.py``). Jupyter attaches to each kernel
-without owning it, under an id derived from the session handle (``lab_server.kernel_id_for``), so code
+without owning it, under an id derived from the session handle (``lab/kernels.kernel_id_for``), so code
 run from a notebook or console there shares the MCP session's variables and a restored Lab tab finds
 its kernel again. Listens on 127.0.0.1 only, behind a token. Needs ``pip install 'kernelexec[lab]'``.
 
@@ -26,15 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from kernelexec.config import Settings
-from kernelexec.lab.server import (
+from kernelexec.lab.kernels import (
     AttachedKernelManager,
     FilteringConnection,
-    SessionContents,
     SessionKernelManager,
     SessionsManager,
     SessionSpecManager,
-    add_handlers,
 )
+from kernelexec.lab.server import SessionContents, add_handlers
 from kernelexec.session import connections
 from kernelexec.terminal import safe
 

@@ -1,42 +1,43 @@
-"""The OS layers around each kernel: what this machine supports, and the plan for one session.
+"""The OS layers around each kernel: the plan for one session on this machine.
 
-``probe()`` finds what the machine offers (Landlock ABI, seccomp, bubblewrap, network namespaces,
-cgroups, root). ``plan_for()`` turns a profile and a session into a ``SandboxPlan``: the command
-prefix (the SIGINT shim and bubblewrap), the JSON the pre-exec wrapper (``startup/sandbox_exec.py``)
-applies before exec'ing the kernel, and the names of the layers in force. The provisioner
-(provisioner.py) applies the plan to every launch: live sessions, restarts and replay alike.
+``plan_for()`` turns a profile and a session into a ``SandboxPlan`` from what the machine offers
+(``probe.available``): the command prefix (the SIGINT shim and bubblewrap), the JSON the pre-exec
+wrapper (``startup/sandbox_exec.py``) applies before exec'ing the kernel, and the names of the layers
+in force. The provisioner (provisioner.py) applies the plan to every launch: live sessions, restarts
+and replay alike.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import logging
 import os
 import shlex
-import stat
-import subprocess
-import sys
-import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kernelexec.config import Profile, Settings
-from kernelexec.host import KernelReach, make_placeholders, protected_paths, python_argv, run_python, system_which
+from kernelexec.host import make_placeholders, protected_paths, python_argv
 from kernelexec.layout import IPC_SUBDIR, IPYTHON_SUBDIR, kernel_writable, startup_file
+from kernelexec.sandbox.probe import (
+    CGROUP_ROOT,
+    Features,
+    available,
+    interpreter_files,
+    interpreter_world_readable,
+    own_protected_paths,
+    system_read_paths,
+)
 
 if TYPE_CHECKING:
     from kernelexec.environment.interpreter import Environment
 
 logger = logging.getLogger(__name__)
 
-
-
 # Never loaded in guarded kernels (sub-interpreters escape audit hooks; the debugger is not needed).
 GUARD_BLOCKED_MODULES = ["_xxsubinterpreters", "debugpy"]
-
 
 KERNEL_UID_BASE = 1_000_000_000  # far above ordinary users and the usual subuid ranges
 
@@ -46,152 +47,6 @@ def kernel_uid(key: str) -> int:
     import hashlib
 
     return KERNEL_UID_BASE + int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 100_000_000
-
-
-@functools.lru_cache(maxsize=32)
-def interpreter_world_readable(extra: tuple[str, ...] = ()) -> bool:
-    """Can another uid run our interpreter (and the kernel's, ``extra``)? Bind mounts keep their own
-    modes (a 0700 venv stays 0700)."""
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(_startup("kernel_init.py")).parent)}
-    paths.update(p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and os.path.isdir(p))
-    paths.update(interpreter_files())
-    paths.update(extra)
-    for p in paths:
-        try:
-            mode = os.stat(p).st_mode
-        except OSError:
-            continue
-        need = 0o005 if stat.S_ISDIR(mode) else 0o004
-        if mode & need != need:
-            return False
-    return True
-
-
-
-
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-
-
-def _startup(name: str) -> str:
-    return str(startup_file(name))
-
-
-@dataclass(frozen=True)
-class Features:
-    """What this machine can do for kernel isolation."""
-
-    root: bool
-    landlock_abi: int
-    seccomp: bool
-    bwrap: str | None
-    netns: bool
-    cgroup: str | None  # "v1", "v2" or None
-
-    def as_rows(self) -> list[tuple[str, str]]:
-        return [
-            ("running as root", "yes" if self.root else "no"),
-            ("Landlock", f"ABI {self.landlock_abi}" if self.landlock_abi else "not available"),
-            ("seccomp (libseccomp)", "yes" if self.seccomp else "not available"),
-            ("bubblewrap (mount/pid namespaces)", self.bwrap or "not installed or not usable"),
-            ("network namespace", "yes" if self.netns else "not available"),
-            ("cgroups (memory, pids)", self.cgroup or "not writable"),
-        ]
-
-
-@functools.lru_cache(maxsize=1)
-def probe() -> Features:
-    """Probe once per process; each check is a real attempt, not a guess from versions."""
-    root = os.geteuid() == 0
-    check = run_python(["-S", "-c", "import sys; sys.path.insert(0, sys.argv[1]); import sandbox_exec as s; print(s.landlock_abi())",
-                        str(Path(_startup("sandbox_exec.py")).parent)], timeout=30)
-    abi = int(check.stdout.strip() or 0) if check.returncode == 0 else 0
-    try:
-        import ctypes
-
-        ctypes.CDLL("libseccomp.so.2")
-        seccomp = True
-    except OSError:
-        seccomp = False
-    bwrap = system_which("bwrap")
-    if bwrap:
-        args = [bwrap, "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid", "--proc", "/proc", "--dev", "/dev"]
-        if not root:
-            args.append("--unshare-user")
-        if subprocess.run([*args, "/bin/true"], capture_output=True, timeout=30).returncode != 0:
-            bwrap = None
-    unshare = system_which("unshare")
-    netns = root and unshare is not None and subprocess.run([unshare, "-n", "true"], capture_output=True, timeout=30).returncode == 0
-    return Features(root=root, landlock_abi=abi, seccomp=seccomp, bwrap=bwrap, netns=netns or bool(bwrap), cgroup=_cgroup_kind(root))
-
-
-def kernel_reach(settings: Settings) -> KernelReach:
-    """Where this configuration's kernels can write and read (host.KernelReach), with whether bubblewrap
-    keeps the protected names read-only for every one of them."""
-    bound = settings.sandbox != "off" and available(settings).bwrap is not None
-    return KernelReach.of(settings, protected_bound=bound)
-
-
-def available(settings: Settings) -> Features:
-    """What this machine supports, less the layers the configuration turns off."""
-    f = probe()
-    off = set(settings.disable_layers)
-    return dataclasses.replace(
-        f,
-        landlock_abi=0 if "landlock" in off else f.landlock_abi,
-        seccomp=f.seccomp and "seccomp" not in off,
-        bwrap=None if "bubblewrap" in off else f.bwrap,
-        netns=f.netns and "netns" not in off and ("bubblewrap" not in off or f.root),
-        cgroup=None if "cgroup" in off else f.cgroup,
-    )
-
-
-def _cgroup_kind(root: bool) -> str | None:
-    if (CGROUP_ROOT / "cgroup.controllers").exists():
-        return "v2" if os.access(CGROUP_ROOT, os.W_OK) else None
-    if root and os.access(CGROUP_ROOT / "memory", os.W_OK) and os.access(CGROUP_ROOT / "pids", os.W_OK):
-        return "v1"
-    return None
-
-
-def system_read_paths() -> list[str]:
-    """Read-only for every kernel: the interpreter, its libraries, and the few system files they read."""
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sysconfig.get_paths()["stdlib"],
-             str(Path(_startup("kernel_init.py")).parent)}
-    paths.update(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))
-    paths.update(
-        ["/usr", "/lib", "/lib64", "/bin", "/etc/ld.so.cache", "/etc/localtime", "/etc/fonts", "/etc/mime.types",
-         "/etc/matplotlibrc", "/sys/devices/system/cpu", "/dev/null", "/dev/zero", "/dev/urandom", "/dev/random",
-         "/proc/cpuinfo", "/proc/meminfo", "/proc/self"]
-    )
-    return sorted(p for p in paths if p and os.path.exists(p))
-
-
-def interpreter_files(python: str | None = None) -> list[str]:
-    """What execve() of the kernel's Python needs to execute: the binary and the ELF loader (and the
-    pre-exec wrapper's Python, kernelexec's own)."""
-    import glob
-
-    found = {sys.executable, os.path.realpath(sys.executable)}
-    if python:
-        found.update(_link_chain(python))
-    for pattern in ("/lib64/ld-linux*.so*", "/lib/ld-linux*.so*", "/lib/*-linux-gnu/ld-linux*.so*",
-                    "/usr/lib64/ld-linux*.so*", "/usr/lib/*-linux-gnu/ld-linux*.so*", "/lib/ld-musl*.so*"):
-        for path in glob.glob(pattern):
-            found.update({path, os.path.realpath(path)})
-    return sorted(found)
-
-
-def _link_chain(path: str) -> list[str]:
-    """A path and every symlink on the way to its target (a venv's python -> python3.12 -> /usr/bin/...)."""
-    out = [path]
-    seen = 0
-    while os.path.islink(path) and seen < 16:
-        target = os.readlink(path)
-        path = os.path.normpath(os.path.join(os.path.dirname(path), target))
-        out.append(path)
-        seen += 1
-    out.append(os.path.realpath(path))
-    return out
 
 
 def _inside(path: str, roots: list[str]) -> bool:
@@ -223,7 +78,7 @@ class SandboxPlan:
         then bubblewrap if planned, then the pre-exec wrapper, then the kernel."""
         joins = "".join(f"echo $$ > {shlex.quote(str(Path(d) / 'cgroup.procs'))} && " for d in self.cgroup_dirs)
         shim = ["/bin/sh", "-c", f'{joins}trap "" INT && exec "$@"', "sh"]
-        return [*shim, *self.prefix, *python_argv(["-S", _startup("sandbox_exec.py"), "--", *kernel_cmd])]
+        return [*shim, *self.prefix, *python_argv(["-S", str(startup_file("sandbox_exec.py")), "--", *kernel_cmd])]
 
     def for_slot(self, slot: str) -> SandboxPlan:
         """The plan for a kernel in one of its session's slots (see launch.SLOTS): the first slot uses
@@ -313,11 +168,6 @@ def network_allowed(settings: Settings, profile: Profile) -> bool:
     return settings.network if settings.network is not None else profile == "trusted"
 
 
-def own_protected_paths() -> list[str]:
-    """kernelexec's own environment as ``Environment.protected_paths`` would list it."""
-    paths = {sys.prefix, *(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))}
-    return sorted(p for p in paths if os.path.isdir(p))
-
 
 def plan_for(settings: Settings, profile: Profile, *, session_dir: Path, rw: list[Path], ro: list[Path], cwd: Path, key: str,
              environment: Environment | None = None) -> SandboxPlan:
@@ -326,7 +176,7 @@ def plan_for(settings: Settings, profile: Profile, *, session_dir: Path, rw: lis
     lies inside a writable directory (a project's .venv), bubblewrap binds it read-only over that."""
     env_read = list(environment.read_paths) if environment is not None else []
     protected = environment.protected_paths() if environment is not None else own_protected_paths()
-    protected = sorted({*protected, str(Path(_startup("kernel_init.py")).parent)})
+    protected = sorted({*protected, str(startup_file("kernel_init.py").parent)})
     if environment is not None and environment.overlay:
         env_read.append(environment.overlay)
     python = environment.python if environment is not None else ""
@@ -344,17 +194,59 @@ def plan_for(settings: Settings, profile: Profile, *, session_dir: Path, rw: lis
 
 def _plan_for(settings: Settings, profile: Profile, *, session_dir: Path, rw: list[Path], ro: list[Path], cwd: Path, key: str,
               env_read: list[str], protected: list[str], python: str) -> SandboxPlan:
+    """The layers, one step each, in the order the wrapper and the kernel receive them."""
     if settings.sandbox == "off":
-        plan = SandboxPlan(layers=["env"], degraded=["sandbox disabled (--sandbox off)"])
-        if profile != "trusted":
-            plan.kernel_options["block_modules"] = GUARD_BLOCKED_MODULES
-            plan.layers.append("guard")
-        return plan
+        return _unsandboxed(profile)
     f = available(settings)
     guarded = profile != "trusted"
     network = network_allowed(settings, profile)
-    layers = ["env", "rlimits"]
-    plan = SandboxPlan(layers=layers)
+    plan = SandboxPlan(layers=["env", "rlimits"])
+    plan.wrapper["rlimits"] = _rlimits(settings, f)
+    if f.root and f.bwrap and not rw and settings.kernel_uids and interpreter_world_readable(tuple(env_read)):
+        _give_own_uid(plan, settings, f, session_dir, key)
+    if f.root:
+        plan.wrapper["drop_caps"] = True
+        plan.layers.append("no-capabilities")
+    read_paths = sorted({*system_read_paths(), *(p for p in env_read if os.path.exists(p))}) + [str(session_dir), *map(str, ro)] \
+        + (NETWORK_READ_PATHS if network else [])
+    write_paths = [*map(str, kernel_writable(session_dir)), *map(str, rw)]
+    # the environment inside a writable directory: bound read-only again on top of that directory
+    env_shadowed = [p for p in protected if _inside(os.path.realpath(p), [os.path.realpath(w) for w in write_paths])]
+    shadowed, guarded_names = _protect_names(plan, settings, f, rw, env_shadowed)
+    ipc_dir = str(session_dir / IPC_SUBDIR)
+    _add_landlock(plan, f, read_paths, write_paths, ipc_dir, network=network, guarded=guarded, python=python)
+    _add_seccomp(plan, f, network=network, guarded=guarded)
+    if not network:
+        plan.kernel_options["no_iopub_pipe"] = True
+    if f.bwrap:
+        plan.prefix = [f.bwrap, *_bwrap_args(f, read_paths, [*write_paths, ipc_dir], cwd, network, plan.uid, shadowed), "--"]
+        plan.layers.append("bubblewrap")
+        if not network:
+            plan.layers.append("netns")
+    else:
+        _without_bubblewrap(plan, f, network=network, guarded_names=guarded_names, env_shadowed=env_shadowed)
+    if f.cgroup and (settings.memory_mb or settings.max_processes):
+        plan.cgroup_dirs, plan.cgroup_limits = _cgroups(f.cgroup, key, settings)
+        plan.layers.append(f"cgroup-{f.cgroup}")
+    if guarded:
+        # ctypes stays importable for libraries (pandas needs it); the guard refuses its calls and
+        # the import by user code, and the OS layers hold if a cell reaches it anyway
+        plan.kernel_options["block_modules"] = GUARD_BLOCKED_MODULES
+        plan.layers.append("guard")
+    return plan
+
+
+def _unsandboxed(profile: Profile) -> SandboxPlan:
+    """``--sandbox off``: the environment, and the in-kernel guard unless the profile is trusted."""
+    plan = SandboxPlan(layers=["env"], degraded=["sandbox disabled (--sandbox off)"])
+    if profile != "trusted":
+        plan.kernel_options["block_modules"] = GUARD_BLOCKED_MODULES
+        plan.layers.append("guard")
+    return plan
+
+
+def _rlimits(settings: Settings, f: Features) -> dict[str, int]:
+    """The resource limits the wrapper sets (a root server's RLIMIT_NPROC only with the kernel's own uid)."""
     mb = 1024 * 1024
     rlimits = {"nofile": settings.max_open_files, "fsize": settings.max_file_mb * mb, "core": 0}
     if settings.memory_mb:
@@ -363,33 +255,33 @@ def _plan_for(settings: Settings, profile: Profile, *, session_dir: Path, rw: li
         rlimits["cpu"] = int(settings.cpu_seconds)
     if not f.root and settings.max_processes:
         rlimits["nproc"] = settings.max_processes
-    plan.wrapper["rlimits"] = rlimits
-    if f.root and f.bwrap and not rw and settings.kernel_uids and interpreter_world_readable(tuple(env_read)):
-        # its own uid: root-specific powers gone for good, DAC between sessions, RLIMIT_NPROC enforced.
-        # Only with bubblewrap (the interpreter may live under a 0700 /root that the mount namespace
-        # re-exposes) and only when no shared --work-roots must stay writable.
-        plan.uid = kernel_uid(key)
-        plan.wrapper["uid"] = plan.uid
-        plan.owned = [str(session_dir / IPC_SUBDIR), *map(str, kernel_writable(session_dir))]
-        ipython = session_dir / IPYTHON_SUBDIR
-        plan.traversable = [str(session_dir), str(ipython), *(str(p) for p in ipython.rglob("*") if p.is_dir())]
-        if settings.max_processes:
-            # RLIMIT_NPROC counts the whole uid, which a warm spare shares with the live kernel; where
-            # each slot has a pids cgroup, that is the per-kernel cap and this is the backstop for both
-            shared = 2 if settings.restart_spares and f.cgroup else 1
-            rlimits["nproc"] = settings.max_processes * shared
-        layers.append(f"uid-{plan.uid}")
-    if f.root:
-        plan.wrapper["drop_caps"] = True
-        layers.append("no-capabilities")
-    read_paths = sorted({*system_read_paths(), *(p for p in env_read if os.path.exists(p))}) + [str(session_dir), *map(str, ro)] \
-        + (NETWORK_READ_PATHS if network else [])
-    write_paths = [*map(str, kernel_writable(session_dir)), *map(str, rw)]
-    # the environment inside a writable directory: bound read-only again on top of that directory
-    env_shadowed = [p for p in protected if _inside(os.path.realpath(p), [os.path.realpath(w) for w in write_paths])]
+    return rlimits
+
+
+def _give_own_uid(plan: SandboxPlan, settings: Settings, f: Features, session_dir: Path, key: str) -> None:
+    """The kernel's own uid: root-specific powers gone for good, DAC between sessions, RLIMIT_NPROC enforced.
+    Only with bubblewrap (the interpreter may live under a 0700 /root that the mount namespace
+    re-exposes) and only when no shared --work-roots must stay writable (the caller checks both)."""
+    plan.uid = kernel_uid(key)
+    plan.wrapper["uid"] = plan.uid
+    plan.owned = [str(session_dir / IPC_SUBDIR), *map(str, kernel_writable(session_dir))]
+    ipython = session_dir / IPYTHON_SUBDIR
+    plan.traversable = [str(session_dir), str(ipython), *(str(p) for p in ipython.rglob("*") if p.is_dir())]
+    if settings.max_processes:
+        # RLIMIT_NPROC counts the whole uid, which a warm spare shares with the live kernel; where
+        # each slot has a pids cgroup, that is the per-kernel cap and this is the backstop for both
+        shared = 2 if settings.restart_spares and f.cgroup else 1
+        plan.wrapper["rlimits"]["nproc"] = settings.max_processes * shared
+    plan.layers.append(f"uid-{plan.uid}")
+
+
+def _protect_names(plan: SandboxPlan, settings: Settings, f: Features, rw: list[Path],
+                   env_shadowed: list[str]) -> tuple[list[str], list[str]]:
+    """(paths bound read-only again inside the writable ones, the protected names in writable roots).
+
+    What tools outside the sandbox read from a writable project (.git, .claude, .venv, ...; host.py) is
+    read-only too, the missing directories among them made first (empty) so a kernel cannot create them."""
     shadowed = list(env_shadowed)
-    # what tools outside the sandbox read from a writable project (.git, .claude, .venv, ...; host.py):
-    # read-only too, the missing directories among them made first (empty) so a kernel cannot create them
     guarded_names: list[str] = []
     for root in rw:
         existing, missing = protected_paths(Path(root), settings.protect)
@@ -401,52 +293,47 @@ def _plan_for(settings: Settings, profile: Profile, *, session_dir: Path, rw: li
         guarded_names += [str(p) for p in [*existing, *missing]]
         shadowed += [str(p) for p in existing if str(p) not in shadowed]
     plan.kernel_options["protected_names"] = guarded_names
-    ipc_dir = str(session_dir / IPC_SUBDIR)
-    if f.landlock_abi:
-        plan.wrapper["landlock"] = {"abi": f.landlock_abi, "ro": read_paths, "rw": write_paths, "sock": [ipc_dir],
-                                    "deny_tcp": not network}
-        if guarded:  # no subprocesses: the interpreter is the only file the kernel may execute
-            plan.wrapper["landlock"]["exec"] = interpreter_files(python)
-        elif f.bwrap:  # `!cmd` needs a pty: the mount namespace's own devpts instance, never the host's terminals
-            plan.wrapper["landlock"]["dev"] = ["/dev/ptmx", "/dev/pts"]
-        layers.append(f"landlock-abi{f.landlock_abi}")
-    else:
+    return shadowed, guarded_names
+
+
+def _add_landlock(plan: SandboxPlan, f: Features, read_paths: list[str], write_paths: list[str], ipc_dir: str, *,
+                  network: bool, guarded: bool, python: str) -> None:
+    if not f.landlock_abi:
         plan.degraded.append("Landlock not available: no kernel-enforced file access limits outside bubblewrap")
-    if f.seccomp:
-        plan.wrapper["seccomp"] = {"deny_fork": guarded, "sockets": "all" if network else "unix+tcp"}
-        plan.kernel_options["deny_exec"] = guarded
-        layers.append("seccomp")
-    else:
+        return
+    plan.wrapper["landlock"] = {"abi": f.landlock_abi, "ro": read_paths, "rw": write_paths, "sock": [ipc_dir],
+                                "deny_tcp": not network}
+    if guarded:  # no subprocesses: the interpreter is the only file the kernel may execute
+        plan.wrapper["landlock"]["exec"] = interpreter_files(python)
+    elif f.bwrap:  # `!cmd` needs a pty: the mount namespace's own devpts instance, never the host's terminals
+        plan.wrapper["landlock"]["dev"] = ["/dev/ptmx", "/dev/pts"]
+    plan.layers.append(f"landlock-abi{f.landlock_abi}")
+
+
+def _add_seccomp(plan: SandboxPlan, f: Features, *, network: bool, guarded: bool) -> None:
+    if not f.seccomp:
         plan.degraded.append("seccomp not available: process creation and raw sockets are stopped only by the in-kernel guard")
-    if not network:
-        plan.kernel_options["no_iopub_pipe"] = True
-    if f.bwrap:
-        plan.prefix = [f.bwrap, *_bwrap_args(f, read_paths, [*write_paths, ipc_dir], cwd, network, plan.uid, shadowed), "--"]
-        layers.append("bubblewrap")
-        if not network:
-            layers.append("netns")
-    else:
-        plan.degraded.append("bubblewrap not available: other kernels' sockets and host paths stay visible (Landlock ABI < 8 cannot hide unix sockets)")
-        if guarded_names:
-            plan.degraded.append("bubblewrap not available: .git, .claude, .vscode and the other protected names in writable "
-                                 "directories stay writable at the OS level (Landlock only adds rights); the in-kernel "
-                                 "guard refuses writes to them in strict/standard, nothing does in trusted")
-        if env_shadowed:
-            plan.degraded.append(f"the kernel's Python environment ({', '.join(env_shadowed[:3])}) lies inside a writable "
-                                 "directory and without bubblewrap stays writable to cells (Landlock only adds rights); "
-                                 "the in-kernel guard refuses such writes in strict/standard")
-        if not network and f.netns:
-            plan.wrapper["netns"] = True
-            layers.append("netns")
-    if f.cgroup and (settings.memory_mb or settings.max_processes):
-        plan.cgroup_dirs, plan.cgroup_limits = _cgroups(f.cgroup, key, settings)
-        layers.append(f"cgroup-{f.cgroup}")
-    if guarded:
-        # ctypes stays importable for libraries (pandas needs it); the guard refuses its calls and
-        # the import by user code, and the OS layers hold if a cell reaches it anyway
-        plan.kernel_options["block_modules"] = GUARD_BLOCKED_MODULES
-        layers.append("guard")
-    return plan
+        return
+    plan.wrapper["seccomp"] = {"deny_fork": guarded, "sockets": "all" if network else "unix+tcp"}
+    plan.kernel_options["deny_exec"] = guarded
+    plan.layers.append("seccomp")
+
+
+def _without_bubblewrap(plan: SandboxPlan, f: Features, *, network: bool, guarded_names: list[str],
+                        env_shadowed: list[str]) -> None:
+    """What is lost without bubblewrap, said in ``degraded``; a network namespace of the wrapper's own if it can."""
+    plan.degraded.append("bubblewrap not available: other kernels' sockets and host paths stay visible (Landlock ABI < 8 cannot hide unix sockets)")
+    if guarded_names:
+        plan.degraded.append("bubblewrap not available: .git, .claude, .vscode and the other protected names in writable "
+                             "directories stay writable at the OS level (Landlock only adds rights); the in-kernel "
+                             "guard refuses writes to them in strict/standard, nothing does in trusted")
+    if env_shadowed:
+        plan.degraded.append(f"the kernel's Python environment ({', '.join(env_shadowed[:3])}) lies inside a writable "
+                             "directory and without bubblewrap stays writable to cells (Landlock only adds rights); "
+                             "the in-kernel guard refuses such writes in strict/standard")
+    if not network and f.netns:
+        plan.wrapper["netns"] = True
+        plan.layers.append("netns")
 
 
 def _bwrap_args(f: Features, read_paths: list[str], write_paths: list[str], cwd: Path, network: bool,

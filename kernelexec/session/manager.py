@@ -15,10 +15,11 @@ from pathlib import Path
 import anyio
 
 from kernelexec.config import Settings
-from kernelexec.environment.interpreter import Environment, prepare
+from kernelexec.environment.interpreter import Environment
+from kernelexec.environment.overlay import prepare
 from kernelexec.errors import InvalidRequest, SessionError
 from kernelexec.layout import valid_handle
-from kernelexec.sandbox.plan import kernel_reach
+from kernelexec.sandbox.probe import kernel_reach
 from kernelexec.session.pool import WarmPool
 from kernelexec.session.recording import mark_closed, read_session_meta, rebuild_stale
 from kernelexec.session.runs import RunRegistry

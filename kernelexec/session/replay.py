@@ -31,14 +31,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
-from kernelexec.environment.interpreter import Environment, prepare
+from kernelexec.environment.interpreter import Environment
+from kernelexec.environment.overlay import prepare
 from kernelexec.environment.packages import parse_specs, pip_lines
 from kernelexec.errors import InvalidRequest, KernelexecError
 from kernelexec.host import check_reach
 from kernelexec.kernel.wire import harden
 from kernelexec.layout import SessionDirs
 from kernelexec.longtext import split_cut
-from kernelexec.sandbox.plan import kernel_reach
+from kernelexec.sandbox.probe import kernel_reach
 from kernelexec.session.recording import CellMeta, NotebookMeta, RecordedInput, Recorder, notebook_meta, read_cell_meta, read_notebook_meta, read_session_meta
 from kernelexec.session.restore import cell_timeout, first_line, rerun
 from kernelexec.session.session import Session

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.anyio
 async def no_bwrap(world: World, short_tmp: Path) -> AsyncIterator[Target]:
     import dataclasses
 
-    import kernelexec.sandbox.plan as sandbox_mod
+    import kernelexec.sandbox.probe as probe_mod
     import kernelexec.session.session as sessions_mod
 
     settings = make_settings(short_tmp, profile="standard", read_dirs=[world.ro_dir])
@@ -41,13 +41,13 @@ async def no_bwrap(world: World, short_tmp: Path) -> AsyncIterator[Target]:
     def plan_for(s: Any, profile: Any, **kwargs: Any) -> Any:
         if s.state_dir != settings.state_dir:
             return real_plan_for(s, profile, **kwargs)
-        real_probe = sandbox_mod.probe
+        real_probe = probe_mod.probe
         features = dataclasses.replace(real_probe(), bwrap=None, netns=False)
-        sandbox_mod.probe = lambda: features  # only while planning this server's kernels (synchronous)
+        probe_mod.probe = lambda: features  # only while planning this server's kernels (synchronous)
         try:
             return real_plan_for(s, profile, **kwargs)
         finally:
-            sandbox_mod.probe = real_probe
+            probe_mod.probe = real_probe
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sessions_mod, "plan_for", plan_for)

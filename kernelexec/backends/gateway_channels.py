@@ -1,0 +1,218 @@
+"""A gateway kernel's channels over its ``/api/kernels/<id>/channels`` WebSocket.
+
+jupyter_server's ``GatewayKernelClient``, for one gateway and a long-lived server: the token on the
+WebSocket too (jupyter_server's client sends it only on REST calls); channel queues that wake on
+arrival instead of polling with ``sleep(0)``, and offer ``msg_ready()`` like jupyter_client's; a
+closed WebSocket or a ``restarting``/``dead`` status marks the connection lost, so the manager's
+``is_alive()`` reports the death. ``gateway.GatewayManager`` makes these clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+import time
+from functools import partial
+from typing import Any, Protocol, cast
+from urllib.parse import quote
+
+import anyio
+from jupyter_client.asynchronous.client import AsyncKernelClient
+
+try:
+    from jupyter_server.gateway.gateway_client import GatewayClient
+    from jupyter_server.gateway.managers import ChannelQueue, GatewayKernelClient
+    from jupyter_server.utils import url_path_join
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise ImportError(f"--kernel-gateway needs jupyter_server (pip install 'kernelexec[gateway]'): {exc}") from exc
+
+from kernelexec.backends.gateway_http import GatewayError, failure_hint
+from kernelexec.kernel import wire
+
+
+class _MadeByManager(Protocol):
+    """What a client reads of the ``gateway.GatewayManager`` that made it (not imported: it imports this module)."""
+
+    gateway: GatewayClient
+
+
+class _Channel(ChannelQueue):
+    """One channel's queue, fed by the WebSocket reader thread; async waits wake on arrival."""
+
+    def __init__(self, name: str, socket: Any, log: logging.Logger, loop: asyncio.AbstractEventLoop,
+                 on_lost: Any) -> None:
+        super().__init__(name, socket, log)
+        self._loop = loop
+        self._arrived = asyncio.Event()
+        self._on_lost = on_lost
+
+    def _put(self, item: Any) -> None:  # runs in the reader thread, under the queue's mutex
+        super()._put(item)
+        self.wake()
+
+    def wake(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
+            self._loop.call_soon_threadsafe(self._arrived.set)
+
+    async def _async_get(self, timeout: float | None = None) -> Any:
+        deadline = time.monotonic() + (float("inf") if timeout is None else max(timeout, 0))
+        while True:
+            self._arrived.clear()
+            try:
+                return self.get(block=False)
+            except queue.Empty:
+                pass
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self.response_router_finished and remaining == float("inf"):
+                raise queue.Empty
+            # a closed WebSocket delivers nothing more: wait out the timeout like an idle channel,
+            # and let the manager's is_alive() report the loss (so Kernel restarts it)
+            with anyio.move_on_after(min(remaining, 3600)):
+                await self._arrived.wait()
+
+    async def get_msg(self, block: bool = True, timeout: float | None = None) -> dict[str, Any]:
+        msg = await self._async_get(timeout=timeout if block else 0)
+        self.task_done()
+        return msg
+
+    async def msg_ready(self) -> bool:
+        return not self.empty()
+
+    def send(self, msg: dict[str, Any]) -> None:
+        """Name the channel in the message (the server otherwise assumes shell), then send it. On a
+        closed WebSocket the message is dropped and the connection marked lost: the caller's wait
+        then ends through is_alive(), like a kernel that died, instead of an exception mid-request."""
+        import websocket
+
+        try:
+            super().send({**msg, "channel": self.channel_name})
+        except (websocket.WebSocketException, OSError) as exc:
+            self.log.warning("gateway WebSocket send failed on %s: %r", self.channel_name, exc)
+            self._on_lost()
+
+
+class GatewayChannelsClient(GatewayKernelClient):
+    """jupyter_server's ``GatewayKernelClient``, for one gateway and a long-lived server.
+
+    ``start_channels()`` is synchronous like jupyter_client's (``Kernel`` calls it so); the
+    WebSocket opens in ``wait_for_ready()``, off the event loop, and opens again there if it was lost.
+    """
+
+    def __init__(self, kernel_id: str, **kwargs: Any) -> None:
+        super().__init__(kernel_id, **kwargs)
+        self.on_status: Any = None  # callable(state) for restarting/dead statuses the server sends
+        self.lost = False  # the WebSocket closed while we did not ask for it
+
+    @property
+    def gateway(self) -> GatewayClient:
+        return cast(_MadeByManager, self.parent).gateway  # GatewayManager.client made this client
+
+    # jupyter_server declares it async; ours is synchronous on purpose (see the class docstring)
+    def start_channels(self, shell: bool = True, iopub: bool = True, stdin: bool = True, hb: bool = True,  # type: ignore[override]
+                       control: bool = True) -> None:
+        self._channels_stopped = False
+
+    async def connect(self) -> None:
+        """Open the WebSocket (again, if it was lost) and start the reader thread."""
+        if self.channel_socket is not None and not self.lost:
+            return
+        self._close_socket()
+        gateway = self.gateway
+        assert gateway.ws_url is not None  # gateway_client sets it
+        url = url_path_join(gateway.ws_url, gateway.kernels_endpoint, quote(self.kernel_id, safe=""), "channels")
+        url += f"?session_id={quote(self.session.session)}"
+        args = gateway.load_connection_args()
+        header = [f"{k}: {v}" for k, v in (args.get("headers") or {}).items()]
+        sslopt: dict[str, Any] = {k: v for k, v in {"ca_certs": gateway.ca_certs, "certfile": gateway.client_cert,
+                                     "keyfile": gateway.client_key}.items() if v}
+        if not gateway.validate_cert:
+            import ssl
+
+            sslopt.update(cert_reqs=ssl.CERT_NONE, check_hostname=False)
+        import websocket
+
+        try:
+            sock = await anyio.to_thread.run_sync(partial(
+                websocket.create_connection, url, timeout=gateway.connect_timeout, header=header,
+                sslopt=sslopt, enable_multithread=True,
+            ))
+        except (OSError, websocket.WebSocketException) as exc:
+            raise GatewayError(f"gateway WebSocket {url.split('?')[0]} failed: {exc}{failure_hint(getattr(exc, 'status_code', None))}") from exc
+        sock.settimeout(None)  # the reader blocks until a message or close, however long the kernel idles
+        loop = asyncio.get_running_loop()
+        self.channel_socket = sock
+        self.lost = False
+        self._channel_queues = {}
+        for name in ("shell", "iopub", "stdin", "hb", "control"):
+            channel = _Channel(name, sock, self.log, loop, partial(self._lose, sock))
+            setattr(self, f"_{name}_channel", channel)
+            self._channel_queues[name] = channel
+        self.response_router = threading.Thread(target=self._route_responses, args=(sock, self._channel_queues),
+                                                name=f"gateway-ws-{self.kernel_id[:8]}", daemon=True)
+        self.response_router.start()
+
+    async def wait_for_ready(self, timeout: float | None = None) -> None:
+        await self.connect()
+        await AsyncKernelClient.wait_for_ready(self, timeout=timeout)
+
+    def _route_responses(self, sock: Any, queues: dict[str, _Channel]) -> None:  # type: ignore[override]
+        """The reader thread: each message to its channel's queue until the WebSocket closes."""
+        import websocket
+
+        try:
+            while True:
+                raw = sock.recv()
+                if not raw:
+                    break
+                if isinstance(raw, bytes):  # a message with binary buffers (widgets): not ours
+                    continue
+                msg = wire.loads(raw)  # untrusted: cleaned at the door, like local kernels' messages
+                channel = queues.get(msg.get("channel", ""))
+                if channel is None:
+                    continue
+                if channel.channel_name == "iopub" and msg.get("msg_type") == "status" and not msg.get("parent_header"):
+                    state = msg.get("content", {}).get("execution_state")
+                    if state in ("restarting", "dead") and self.on_status is not None:
+                        self.on_status(state)
+                channel.put_nowait(msg)
+        except (websocket.WebSocketException, OSError, ValueError) as exc:
+            if not self._channels_stopped:
+                self.log.warning("gateway WebSocket of kernel %s closed: %r", self.kernel_id, exc)
+        finally:
+            self._lose(sock)
+            for channel in queues.values():
+                channel.response_router_finished = True
+                channel.wake()
+
+    def _lose(self, sock: Any) -> None:
+        if sock is self.channel_socket and not self._channels_stopped:
+            self.lost = True
+
+    def _close_socket(self) -> None:
+        sock, router = self.channel_socket, self.response_router
+        self.channel_socket = None
+        if sock is not None:
+            with contextlib.suppress(Exception):
+                sock.abort()  # wakes the reader thread at once
+            with contextlib.suppress(Exception):
+                sock.close(timeout=0.5)
+        if router is not None and router is not threading.current_thread():
+            router.join(timeout=5)
+        self.response_router = None
+        for name in ("shell", "iopub", "stdin", "hb", "control"):
+            setattr(self, f"_{name}_channel", None)
+
+    def stop_channels(self) -> None:
+        self._channels_stopped = True
+        self._close_socket()
+        self._channel_queues = {}
+
+    @property
+    def channels_running(self) -> bool:
+        return self.channel_socket is not None and not self.lost
+
+
+__all__ = ["GatewayChannelsClient"]
