@@ -24,7 +24,7 @@ a hook in your own settings.json, it decides only with ``--code-only`` or when `
 is set to something other than ``0``/``false``/``no``/``off``/empty; otherwise it prints nothing.
 
 This runs before every tool call, so it is stdlib only: it never imports mcp, jupyter_client or
-pydantic. The deny reason lists the server's tools read from ``tools.py``'s source (``ast``, only
+pydantic. The deny reason lists the server's tools read from ``server/tools.py``'s source (``ast``, only
 when denying), so there is no second list to keep in step.
 """
 
@@ -52,7 +52,7 @@ PLUGIN_NAMES = ("kernelexec", "kernelexec-code-only")
 ENV_VAR = "KERNELEXEC_CODE_ONLY"
 _OFF = {"", "0", "false", "no", "off"}
 _TOOL_PART = re.compile(r"[A-Za-z0-9-]+(?:_[A-Za-z0-9-]+)*")
-_TOOLS_SOURCE = Path(__file__).with_name("tools.py")
+_TOOLS_SOURCE = Path(__file__).parent / "server" / "tools.py"
 
 
 def code_only_enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -63,7 +63,7 @@ def code_only_enabled(environ: Mapping[str, str] | None = None) -> bool:
 
 @cache
 def server_tools(source: Path = _TOOLS_SOURCE) -> tuple[str, ...]:
-    """Every tool the server can expose, read from ``register()`` in ``tools.py`` without importing it.
+    """Every tool the server can expose, read from ``register()`` in ``server/tools.py`` without importing it.
 
     ``register`` builds one ``tools = {"execute_code": (...), ...}`` dict and adds the preset's
     part of it; its string keys are the tool names. Empty if the source is missing or changed shape

@@ -37,7 +37,7 @@ class LocalKernel(Kernel):
 def kernel_manager(spec: LaunchSpec, slot: str = SLOTS[0]) -> AsyncKernelManager:
     """A kernel manager whose kernels launch through our provisioner, inside ``spec.plan``.
 
-    Used for live sessions, restarts and warm spares (kernel.py) and for notebook replay, so the
+    Used for live sessions, restarts and warm spares (spares.py) and for notebook replay, so the
     same layers and startup code apply everywhere. ``slot`` names its connection file and sockets.
     Start it with ``start_kernel(**spec.start_kwargs(log))``.
     """

@@ -1,6 +1,6 @@
 """What a call produced, as plain data.
 
-``Execution`` is built once from the kernel's messages (kernel.py) and then rendered once for MCP
+``Execution`` is built once from the kernel's messages (driver.py) and then rendered once for MCP
 (render.py) and appended once to the session notebook (recording.py). ``ExecuteResult`` and
 friends are the tools' structured output; their JSON schemas are the tools' output schemas.
 """

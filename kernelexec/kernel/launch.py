@@ -1,7 +1,7 @@
 """How a kernel process is started: its command-line flags, environment, directories and fds.
 
 Launching and talking are separate jobs: this module decides *what* process to start
-(launch hygiene, the startup script, and where the OS-level layers will plug in); kernel.py
+(launch hygiene, the startup script, and where the OS-level layers will plug in); driver.py
 drives the running kernel through jupyter_client.
 """
 

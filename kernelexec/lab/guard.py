@@ -15,7 +15,7 @@ applied on the server, at the kernel websocket and in the contents API, before t
 * notebooks read through the contents API: the same output filter, Markdown cells shown as text (their
   HTML escaped), no attachments, no widget state, and the kernelspec of the session they belong to.
 
-Pure functions on dicts: ``lab_server.py`` wires them into Jupyter Server.
+Pure functions on dicts: ``lab/server.py`` and ``lab/kernels.py`` wire them into Jupyter Server.
 """
 
 from __future__ import annotations

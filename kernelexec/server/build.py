@@ -1,4 +1,4 @@
-"""The MCP face of kernelexec: an ``MCPServer`` with the tools (tools.py) and the session
+"""The MCP face of kernelexec: an ``MCPServer`` with the tools (tools.py, over app.py's App) and the session
 resources (resources.py) over one SessionManager.
 
 Built by ``build_server(settings, sessions)``; nothing happens at import.
