@@ -25,6 +25,7 @@ from typing import Any
 import anyio
 import pytest
 
+from kernelexec.backends import kernel_factory
 from kernelexec.backends.gateway import GatewayKernel, remote_policy, startup_code
 from kernelexec.config import load_settings
 from kernelexec.errors import KernelStartError
@@ -298,7 +299,7 @@ async def test_startup_code_failing_remotely_fails_closed(gw: Gateway, short_tmp
     dirs = SessionDirs(settings.sessions_dir / "failclosed1")
     dirs.create()
     spec = LaunchSpec(dirs=dirs, cwd=dirs.work, policy={"spill_dir": str(dirs.outputs)})  # no profile: kernel_init exits 70
-    kernel = GatewayKernel.for_settings(settings)(spec, startup_timeout=60)
+    kernel = kernel_factory(settings)(spec, startup_timeout=60)
     before = gw.kernel_ids()
     with pytest.raises(KernelStartError, match="startup code"):
         await kernel.start()
@@ -377,10 +378,10 @@ def test_the_remote_policy_carries_no_server_paths(tmp_path: Path) -> None:
 
 def test_layers_name_the_gateway(tmp_path: Path) -> None:
     settings = load_settings(state_dir=tmp_path, kernel_gateway="http://127.0.0.1:1", kernel_gateway_token="t")
-    bound = GatewayKernel.for_settings(settings)
-    assert bound is GatewayKernel.for_settings(settings) and issubclass(bound, GatewayKernel)
+    bound = kernel_factory(settings)
     for profile, layers in (("standard", ["remote-gateway", "guard"]), ("trusted", ["remote-gateway"])):
         spec = LaunchSpec(dirs=SessionDirs(tmp_path / profile), cwd=tmp_path, policy={"profile": profile})
         kernel = bound(spec)
+        assert isinstance(kernel, GatewayKernel)
         assert (kernel.url, kernel.token) == ("http://127.0.0.1:1", "t")
         assert spec.plan.layers == layers

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 import weakref
 from typing import Any, cast
@@ -51,7 +50,6 @@ from traitlets import DottedObjectName, Type
 from kernelexec.backends.gateway_channels import GatewayChannelsClient
 from kernelexec.backends.gateway_http import GatewayError, gateway_client, gateway_request
 from kernelexec.backends.remote_startup import install_remote_startup, remote_policy, remote_spill_ok, startup_code  # noqa: F401 (re-exported)
-from kernelexec.config import Settings
 from kernelexec.errors import KernelStartError
 from kernelexec.kernel.driver import Kernel
 from kernelexec.kernel.launch import LaunchSpec
@@ -202,8 +200,6 @@ class GatewayManager(GatewayKernelManager):
 
 
 # --- the kernel -----------------------------------------------------------------------------------
-_bound: dict[tuple[type, str, str | None], type[GatewayKernel]] = {}
-_bound_lock = threading.Lock()
 
 
 class GatewayKernel(Kernel):
@@ -215,23 +211,7 @@ class GatewayKernel(Kernel):
     url: str = ""
     token: str | None = None
     kernel_name: str = DEFAULT_KERNEL_NAME
-    supports_spares = False  # the gateway restarts its kernel in place
-
-    @classmethod
-    def for_settings(cls, settings: Settings) -> type[GatewayKernel]:
-        """This class bound to ``--kernel-gateway`` / ``--kernel-gateway-token`` (what
-        ``sessions.kernel_class`` hands out)."""
-        if not settings.kernel_gateway:
-            raise ValueError("no --kernel-gateway configured")
-        key = (cls, settings.kernel_gateway, settings.kernel_gateway_token)
-        with _bound_lock:
-            bound = _bound.get(key)
-            if bound is None:
-                bound = _bound[key] = type(cls.__name__, (cls,), {
-                    "url": settings.kernel_gateway, "token": settings.kernel_gateway_token,
-                    "__module__": cls.__module__, "__qualname__": cls.__qualname__,
-                })
-        return bound
+    # no warm spare: the gateway restarts its kernel in place
 
     def __init__(self, spec: LaunchSpec, *, startup_timeout: float = 60.0, url: str | None = None,
                  token: str | None = None, kernel_name: str | None = None) -> None:

@@ -30,6 +30,7 @@ What differs from a local kernel, and why:
 from __future__ import annotations
 
 import contextlib
+import functools
 import getpass
 import logging
 import os
@@ -44,7 +45,6 @@ from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 from jupyter_client.manager import AsyncKernelManager
 
 from kernelexec.backends.remote_startup import install_remote_startup, remote_spill_ok
-from kernelexec.config import Settings
 from kernelexec.errors import KernelexecError, KernelStartError
 from kernelexec.kernel.driver import Kernel
 from kernelexec.kernel.launch import LaunchSpec, other_slot
@@ -118,32 +118,22 @@ class ProvisionedManager(AsyncKernelManager):
     interrupt_kernel = _async_interrupt_kernel
 
 
-_bound: dict[str, type[ProvisionedKernel]] = {}
+@functools.cache
+def provisioner_for_sessions(name: str) -> str:
+    """``provisioner_of``, looked up once per name per server process, not on every kernel start."""
+    return provisioner_of(name)
 
 
 class ProvisionedKernel(Kernel):
     """A session's kernel from ``--kernel-spec``, launched by the provisioner the kernelspec names."""
 
-    spec_name: str = ""
-    provisioner_name: str = ""
     # no warm spare: each restart is already a new kernel from the provisioner
     liveness_every = 1.0  # a provisioner's poll may be a remote call (Kubernetes, Docker): not 5 a second
 
-    @classmethod
-    def for_settings(cls, settings: Settings) -> type[ProvisionedKernel]:
-        """This class bound to ``--kernel-spec`` (what ``sessions.kernel_class`` hands out); the kernelspec
-        is looked up once per name, not on every kernel start."""
-        if not settings.kernel_spec:
-            raise ValueError("no --kernel-spec configured")
-        bound = _bound.get(settings.kernel_spec)
-        if bound is None:
-            bound = _bound[settings.kernel_spec] = type(cls.__name__, (cls,), {
-                "spec_name": settings.kernel_spec, "provisioner_name": provisioner_of(settings.kernel_spec),
-                "__module__": cls.__module__, "__qualname__": cls.__qualname__})
-        return bound
-
-    def __init__(self, spec: LaunchSpec, *, startup_timeout: float = 60.0) -> None:
+    def __init__(self, spec: LaunchSpec, *, startup_timeout: float = 60.0, spec_name: str = "",
+                 provisioner_name: str = "") -> None:
         super().__init__(spec, startup_timeout=startup_timeout)
+        self.spec_name, self.provisioner_name = spec_name, provisioner_name
         if not self.spec_name:
             raise KernelStartError("ProvisionedKernel needs a kernelspec name (--kernel-spec)", "")
         guarded = spec.policy.get("profile") != "trusted"

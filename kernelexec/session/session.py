@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 
-from kernelexec.backends import kernel_class
+from kernelexec.backends import new_kernel
 from kernelexec.config import Settings
 from kernelexec.environment.interpreter import Environment, project_modules
 from kernelexec.environment.packages import InstallError, InstallOutcome, check_allowed, install, installed_record, parse_specs, pip_lines
@@ -122,7 +122,7 @@ class Session:
             if not self.reserved and self.admit is not None:
                 self.admit(self)  # raises at the session limits; reserves otherwise
             self.reserved = True
-            kernel = kernel_class(self.settings)(self.launch_spec(), startup_timeout=self.settings.startup_timeout)
+            kernel = new_kernel(self.settings, self.launch_spec())
             try:
                 await kernel.start()
             except BaseException:
