@@ -194,6 +194,10 @@ class GatewayChannelsClient(GatewayKernelClient):
     WebSocket opens in ``wait_for_ready()``, off the event loop, and opens again there if it was lost.
     """
 
+    # jupyter_server's attributes, typed here (pyproject's mypy overrides read the extras as untyped)
+    channel_socket: Any  # a websocket.WebSocket, or None
+    response_router: threading.Thread | None
+
     def __init__(self, kernel_id: str, **kwargs: Any) -> None:
         super().__init__(kernel_id, **kwargs)
         self.on_status: Any = None  # callable(state) for restarting/dead statuses the server sends
@@ -204,7 +208,7 @@ class GatewayChannelsClient(GatewayKernelClient):
         return cast("GatewayManager", self.parent).gateway  # GatewayManager.client made this client
 
     # jupyter_server declares it async; ours is synchronous on purpose (see the class docstring)
-    def start_channels(self, shell: bool = True, iopub: bool = True, stdin: bool = True, hb: bool = True,  # type: ignore[override]
+    def start_channels(self, shell: bool = True, iopub: bool = True, stdin: bool = True, hb: bool = True,
                        control: bool = True) -> None:
         self._channels_stopped = False
 
@@ -251,7 +255,7 @@ class GatewayChannelsClient(GatewayKernelClient):
         await self.connect()
         await AsyncKernelClient.wait_for_ready(self, timeout=timeout)
 
-    def _route_responses(self, sock: Any, queues: dict[str, _Channel]) -> None:  # type: ignore[override]
+    def _route_responses(self, sock: Any, queues: dict[str, _Channel]) -> None:
         """The reader thread: each message to its channel's queue until the WebSocket closes."""
         import websocket
 
@@ -313,6 +317,8 @@ class GatewayManager(GatewayKernelManager):
     """jupyter_server's ``GatewayKernelManager``, with every REST call going to ``gateway`` (not the
     singleton), a liveness check that notices deaths, and no local resources to clean up."""
 
+    kernel_url: str  # jupyter_server's attributes, typed here (pyproject's mypy overrides read the extras as untyped)
+    execution_state: str
     gateway = AnyTrait()  # a GatewayClient
     client_class = DottedObjectName("kernelexec.gateway.GatewayChannelsClient")
     client_factory = Type(klass="kernelexec.gateway.GatewayChannelsClient")
@@ -328,7 +334,7 @@ class GatewayManager(GatewayKernelManager):
 
     # The overrides below are async, as in jupyter_server's GatewayKernelManager and jupyter_client's own
     # AsyncKernelManager, where KernelManager declares them sync (and client() as returning a BlockingKernelClient).
-    def client(self, **kwargs: Any) -> GatewayChannelsClient:  # type: ignore[override]
+    def client(self, **kwargs: Any) -> GatewayChannelsClient:
         kc = super().client(**kwargs)
         kc.on_status = self._on_status
         self._clients.add(kc)
@@ -370,7 +376,7 @@ class GatewayManager(GatewayKernelManager):
             self.execution_state = model.get("execution_state", self.execution_state)
         return model
 
-    async def start_kernel(self, **kwargs: Any) -> None:  # type: ignore[override]
+    async def start_kernel(self, **kwargs: Any) -> None:
         name = kwargs.get("kernel_name") or DEFAULT_KERNEL_NAME
         body = {"name": name, "env": dict(kwargs.get("env") or {})}
         self.kernel = await self._request(self.kernels_url, "POST", body)
@@ -379,7 +385,7 @@ class GatewayManager(GatewayKernelManager):
         self.gone = None
         self.note(f"started remote kernel {self.kernel_id} ({name}) on {self.gateway.url}")
 
-    async def shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:  # type: ignore[override]
+    async def shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:
         if self.kernel is None:
             return
         try:
@@ -390,14 +396,14 @@ class GatewayManager(GatewayKernelManager):
         self.note(f"deleted remote kernel {self.kernel_id}")
         self.kernel = None
 
-    async def restart_kernel(self, now: bool = False, **kwargs: Any) -> None:  # type: ignore[override]
+    async def restart_kernel(self, now: bool = False, **kwargs: Any) -> None:
         if self.kernel is None:
             raise GatewayError(f"the gateway no longer has kernel {self.kernel_id} to restart", 404)
         self.gone = None
         self.kernel = await self._request_patiently(self.kernel_url + "/restart", "POST", {})
         self.note(f"restarted remote kernel {self.kernel_id}")  # Kernel.restart then waits (wait_for_ready reconnects)
 
-    async def interrupt_kernel(self) -> None:  # type: ignore[override]
+    async def interrupt_kernel(self) -> None:
         """``POST /interrupt`` (SIGINT on the remote machine). A refused interrupt is logged, not
         raised: the cell then does not stop within the grace, and ``Kernel`` restarts the kernel."""
         if self.kernel is None:
@@ -410,7 +416,7 @@ class GatewayManager(GatewayKernelManager):
             return
         self.note(f"interrupted remote kernel {self.kernel_id}")
 
-    async def is_alive(self) -> bool:  # type: ignore[override]
+    async def is_alive(self) -> bool:
         """False once the kernel is deleted, reported dead or restarted by the gateway (without our
         startup code), or its WebSocket is lost. The REST model is checked at most once a second."""
         if self.kernel is None or self.gone:
@@ -442,7 +448,7 @@ class GatewayManager(GatewayKernelManager):
         """No local process, ports or connection file."""
 
     # sync, as jupyter_server's GatewayKernelManager has it; AsyncKernelManager declares it async
-    def cleanup_resources(self, restart: bool = False) -> None:  # type: ignore[override]
+    def cleanup_resources(self, restart: bool = False) -> None:
         """No local process, ports or connection file."""
 
 
