@@ -17,12 +17,12 @@ refused import and a missing module. For each answer:
 The rows are deterministic (one sample each). To compare two trees, run this file with the other
 tree first on ``PYTHONPATH``: ``benchmarks/`` is found after it, so ``kernelexec`` comes from that tree.
 
-Measured here (December; before = 216b81d, embedded SVG/HTML; after = lean content, issue 16), text chars
+Measured here (December; before = 216b81d, embedded SVG/HTML; after = lean content for the model), text chars
 (~tokens): plot 15,254 (~3,814) -> 571 (~143); DataFrame 6,591 (~1,648) -> 1,580 (~395); display(DataFrame)
 5,478 (~1,370) -> 1,581 (~395); print 288 (~72) -> 288 (~72). Structured content: the same before and after.
 (Those four were measured each in its own server, before the ten below replaced them.)
 
-Measured here (December; before = 09c665d, after = issue 23's answers: the header's profile/python/layers
+Measured here (December; before = 09c665d, after = answers read at a glance: the header's profile/python/layers
 once per session, figures PNG only, no kernelexec frames in tracebacks, an install line for a missing
 module), text chars per answer, before -> after: assignment 178 -> 178 (the first answer keeps the header);
 expression 222 -> 86; result dict 256 -> 119; print 302 -> 165; plot 585 -> 139 (no SVG link); DataFrame

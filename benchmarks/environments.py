@@ -1,4 +1,4 @@
-"""Kernels in the user's Python (issue 14): first plot, idle memory, cold start per environment kind.
+"""Kernels in the user's Python (the project's environment): first plot, idle memory, cold start per environment kind.
 
     python -m benchmarks.environments [--rounds 5] [--quick] [--json FILE]
 

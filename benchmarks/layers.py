@@ -1,4 +1,4 @@
-"""What each OS sandbox layer adds to a session's start (issue 4).
+"""What each OS sandbox layer adds to a session's start.
 
     python -m benchmarks.layers [--rounds 8] [--quick] [--json FILE]
 

@@ -14,9 +14,12 @@ def _kernelexec_boot() -> None:
     import sys
 
     here = os.path.dirname(os.path.abspath(__file__))
+    names = vars(builtins)  # where cells find kernelexec's helpers (_kernelexec_report, ...)
 
     def load(name: str):
         spec = importlib.util.spec_from_file_location(f"_kernelexec_{name}", os.path.join(here, f"{name}.py"))
+        if spec is None or spec.loader is None:
+            raise ImportError(f"kernelexec startup: cannot load {name}.py from {here}")
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
         spec.loader.exec_module(module)
@@ -24,7 +27,7 @@ def _kernelexec_boot() -> None:
 
     try:
         policy = json.loads(os.environ.pop("KERNELEXEC_POLICY"))
-        shell = get_ipython()  # noqa: F821 - provided by IPython in exec_files
+        shell = get_ipython()  # type: ignore[name-defined]  # noqa: F821 - provided by IPython in exec_files
         guard = load("guard")
         runtime_mod = load("runtime")
         formats = policy.get("figure_formats")
@@ -37,13 +40,13 @@ def _kernelexec_boot() -> None:
                 runtime.cap_stream(stream)
         shell.events.register("pre_run_cell", runtime.pre_run_cell)
         shell.events.register("post_run_cell", runtime.post_run_cell)
-        builtins._kernelexec_report = runtime.report
-        builtins._kernelexec_note = runtime.note
-        builtins._kernelexec_if = runtime.note_if
+        names["_kernelexec_report"] = runtime.report
+        names["_kernelexec_note"] = runtime.note
+        names["_kernelexec_if"] = runtime.note_if
         shell.ast_transformers.append(runtime.transformer)
         runtime_mod.hide_own_frames(shell.InteractiveTB)
-        builtins._kernelexec_variables = runtime.variables
-        builtins._kernelexec_chdir = os.chdir
+        names["_kernelexec_variables"] = runtime.variables
+        names["_kernelexec_chdir"] = os.chdir
         import tempfile
 
         tempfile.gettempdir()  # probes by writing a file: cache it before writes may be refused
@@ -91,7 +94,7 @@ def _kernelexec_boot() -> None:
                     pass
             return done
 
-        builtins._kernelexec_warm = warm
+        names["_kernelexec_warm"] = warm
 
         packages = policy.get("packages_dir")
         allow_more = policy.pop("_allow_more", None)
@@ -117,11 +120,12 @@ def _kernelexec_boot() -> None:
             return runtime_mod._Report({"modules": sorted(set(names))})
 
         packages_added()
-        builtins._kernelexec_packages_added = packages_added
-        builtins._kernelexec_policy = lambda: runtime_mod._Report({"profile": policy["profile"], "active": True})
+        names["_kernelexec_packages_added"] = packages_added
+        names["_kernelexec_policy"] = lambda: runtime_mod._Report({"profile": policy["profile"], "active": True})
     except BaseException as exc:  # fail closed: no kernel without its policy
-        sys.__stderr__.write(f"kernelexec startup failed: {exc!r}\n")
-        sys.__stderr__.flush()
+        if sys.__stderr__ is not None:
+            sys.__stderr__.write(f"kernelexec startup failed: {exc!r}\n")
+            sys.__stderr__.flush()
         os._exit(70)
 
 

@@ -45,7 +45,7 @@ def setup_path(options: dict) -> None:
 
     try:
         known = site.removeduppaths()
-        known = site.venv(known)  # 3.10 sets a venv's sys.prefix here, not at startup
+        site.venv(known)  # 3.10 sets a venv's sys.prefix here, not at startup (it returns the same set)
         site.addsitepackages(known)
     except Exception:  # noqa: BLE001 - an interpreter whose site module differs: the dirs it told the server
         pass
@@ -86,6 +86,8 @@ def main() -> None:
 
         path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_exec.py")
         spec = importlib.util.spec_from_file_location("_kernelexec_sandbox_exec", path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"kernelexec: cannot load {path}")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         module.deny_exec()
@@ -97,7 +99,7 @@ def main() -> None:
         def no_pipe(self, socket, pipe=False, session=False):  # noqa: ARG001
             original(self, socket, pipe=False, session=session)
 
-        iostream.IOPubThread.__init__ = no_pipe
+        iostream.IOPubThread.__init__ = no_pipe  # type: ignore[method-assign]  # on purpose: no pipe, whoever builds one
     from ipykernel.kernelapp import launch_new_instance
 
     launch_new_instance()

@@ -39,7 +39,7 @@ def _as_load(target: ast.expr) -> ast.expr:
     expr = copy.deepcopy(target)
     for node in ast.walk(expr):
         if hasattr(node, "ctx"):
-            node.ctx = ast.Load()  # type: ignore[attr-defined]
+            node.ctx = ast.Load()
     return expr
 
 
@@ -245,9 +245,9 @@ class Runtime:
         self._finish_streams()
         # IPython tees every stdout/stderr write into history_manager.outputs and never prunes it
         # (history disabled or not): a long session would pin everything it ever printed
-        outputs = getattr(getattr(self.shell, "history_manager", None), "outputs", None)
-        if hasattr(outputs, "clear"):
-            outputs.clear()
+        clear = getattr(getattr(getattr(self.shell, "history_manager", None), "outputs", None), "clear", None)
+        if callable(clear):
+            clear()
 
     def _encode(self, value: Any, kind: str) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": kind, "type": type(value).__qualname__}

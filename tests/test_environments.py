@@ -1,4 +1,4 @@
-"""Kernels in the user's Python (issue 14), with real interpreters (pyenv's 3.10, 3.12, 3.13 where
+"""Kernels in the user's Python (the project's environment), with real interpreters (pyenv's 3.10, 3.12, 3.13 where
 present; each test that needs one skips loudly without it), real kernels and real MCP clients.
 
 The ipykernel overlay for an interpreter without ipykernel is built once per test session (from the

@@ -211,7 +211,7 @@ get_ipython().events.register("post_run_cell", evil)
 @pytest.mark.parametrize("v1", [False, True], ids=["legacy-protocol", "v1-protocol"])
 async def test_kernel_output_reaches_the_browser_as_plain_renderings_only(session: tuple[Harness, str],
                                                                           lab: tuple[Lab, str, str], v1: bool) -> None:
-    """The attack of issue 12: a hook the kernel plants shows script on the next cell run from Lab."""
+    """Script injected into Lab: a hook the kernel plants shows script on the next cell run from Lab."""
     harness, handle = session
     server, token, kernel_id = lab
     planted = await harness.run(ATTACK, session=handle)

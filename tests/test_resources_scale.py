@@ -1,4 +1,4 @@
-"""No call does work proportional to what a kernel can create (issue 11, point 5).
+"""No call does work proportional to what a kernel can create.
 
 A session's code fills its working directory with 200,000 files; ``resources/list`` through a real
 MCP client must stay bounded, must not hold the event loop (another session's ``1+1`` answers

@@ -1,4 +1,4 @@
-"""Nothing printed to a terminal is raw (issue 11, point 3), tried as an attacker would.
+"""Nothing printed to a terminal is raw, tried as an attacker would.
 
 The attacker writes the code a kernel runs, a notebook someone replays, or a setting someone is
 persuaded to use; the target is the terminal of whoever runs ``kernelexec``: set its title, clear
@@ -170,7 +170,7 @@ print("\x1b]0;pwned\x07\x1b[2J\x1b[8mhidden\x1b[0m")
 print("\x9b2J \u202eevil overwritten\rover")
 sys.stderr.write("\x1b]2;stderr-title\x1b\\ \x9d0;c1\x9c\n")
 print("pass\u200bword \u2066x\u2069 \ufeff \x7f")
-raise RuntimeError("\x1b]0;pwned\x07 \x1b[2J \x9b31m \u202e")  # (a lone surrogate here is issue 11 point 1's)
+raise RuntimeError("\x1b]0;pwned\x07 \x1b[2J \x9b31m \u202e")  # (lone surrogates: test_every_c0_c1_and_surrogate_code_point_is_escaped)
 '''
 
 

@@ -1,4 +1,4 @@
-"""Issue 16 without a browser: lean content for the model, and the run view's MCP Apps surface.
+"""The run view and lean answers without a browser: lean content for the model, and the run view's MCP Apps surface.
 
 Real in-memory MCP clients against the real server: one without the Apps extension (as Claude Code
 and every host that does not render Apps), one that negotiates it (as a host that renders the view).

@@ -1,4 +1,4 @@
-"""The run view (issue 16) in a real browser: headless Chromium loads a small MCP Apps host page
+"""The run view (an MCP App) in a real browser: headless Chromium loads a small MCP Apps host page
 (``ui/test-host/host.js``: ext-apps' ``AppBridge`` and an MCP client that negotiates Apps) which
 embeds the view and forwards its tool calls to a real ``kernelexec serve --transport http`` on
 127.0.0.1 (``tests/view_browser.mjs`` drives it). Needs Debian's ``chromium``, npm's

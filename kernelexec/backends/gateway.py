@@ -66,6 +66,8 @@ class GatewayManager(GatewayKernelManager):
     """jupyter_server's ``GatewayKernelManager``, with every REST call going to ``gateway`` (not the
     singleton), a liveness check that notices deaths, and no local resources to clean up."""
 
+    kernel_url: str  # jupyter_server's attributes, typed here (pyproject's mypy overrides read the extras as untyped)
+    execution_state: str
     gateway = AnyTrait()  # a GatewayClient
     client_class = DottedObjectName("kernelexec.backends.gateway_channels.GatewayChannelsClient")
     client_factory = Type(klass="kernelexec.backends.gateway_channels.GatewayChannelsClient")
@@ -81,7 +83,7 @@ class GatewayManager(GatewayKernelManager):
 
     # The overrides below are async, as in jupyter_server's GatewayKernelManager and jupyter_client's own
     # AsyncKernelManager, where KernelManager declares them sync (and client() as returning a BlockingKernelClient).
-    def client(self, **kwargs: Any) -> GatewayChannelsClient:  # type: ignore[override]
+    def client(self, **kwargs: Any) -> GatewayChannelsClient:
         kc = super().client(**kwargs)
         kc.on_status = self._on_status
         self._clients.add(kc)
@@ -123,7 +125,7 @@ class GatewayManager(GatewayKernelManager):
             self.execution_state = model.get("execution_state", self.execution_state)
         return model
 
-    async def start_kernel(self, **kwargs: Any) -> None:  # type: ignore[override]
+    async def start_kernel(self, **kwargs: Any) -> None:
         name = kwargs.get("kernel_name") or DEFAULT_KERNEL_NAME
         body = {"name": name, "env": dict(kwargs.get("env") or {})}
         self.kernel = await self._request(self.kernels_url, "POST", body)
@@ -132,7 +134,7 @@ class GatewayManager(GatewayKernelManager):
         self.gone = None
         self.note(f"started remote kernel {self.kernel_id} ({name}) on {self.gateway.url}")
 
-    async def shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:  # type: ignore[override]
+    async def shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:
         if self.kernel is None:
             return
         try:
@@ -143,14 +145,14 @@ class GatewayManager(GatewayKernelManager):
         self.note(f"deleted remote kernel {self.kernel_id}")
         self.kernel = None
 
-    async def restart_kernel(self, now: bool = False, **kwargs: Any) -> None:  # type: ignore[override]
+    async def restart_kernel(self, now: bool = False, **kwargs: Any) -> None:
         if self.kernel is None:
             raise GatewayError(f"the gateway no longer has kernel {self.kernel_id} to restart", 404)
         self.gone = None
         self.kernel = await self._request_patiently(self.kernel_url + "/restart", "POST", {})
         self.note(f"restarted remote kernel {self.kernel_id}")  # Kernel.restart then waits (wait_for_ready reconnects)
 
-    async def interrupt_kernel(self) -> None:  # type: ignore[override]
+    async def interrupt_kernel(self) -> None:
         """``POST /interrupt`` (SIGINT on the remote machine). A refused interrupt is logged, not
         raised: the cell then does not stop within the grace, and ``Kernel`` restarts the kernel."""
         if self.kernel is None:
@@ -163,7 +165,7 @@ class GatewayManager(GatewayKernelManager):
             return
         self.note(f"interrupted remote kernel {self.kernel_id}")
 
-    async def is_alive(self) -> bool:  # type: ignore[override]
+    async def is_alive(self) -> bool:
         """False once the kernel is deleted, reported dead or restarted by the gateway (without our
         startup code), or its WebSocket is lost. The REST model is checked at most once a second."""
         if self.kernel is None or self.gone:
@@ -195,7 +197,7 @@ class GatewayManager(GatewayKernelManager):
         """No local process, ports or connection file."""
 
     # sync, as jupyter_server's GatewayKernelManager has it; AsyncKernelManager declares it async
-    def cleanup_resources(self, restart: bool = False) -> None:  # type: ignore[override]
+    def cleanup_resources(self, restart: bool = False) -> None:
         """No local process, ports or connection file."""
 
 

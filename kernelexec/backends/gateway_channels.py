@@ -101,6 +101,10 @@ class GatewayChannelsClient(GatewayKernelClient):
     WebSocket opens in ``wait_for_ready()``, off the event loop, and opens again there if it was lost.
     """
 
+    # jupyter_server's attributes, typed here (pyproject's mypy overrides read the extras as untyped)
+    channel_socket: Any  # a websocket.WebSocket, or None
+    response_router: threading.Thread | None
+
     def __init__(self, kernel_id: str, **kwargs: Any) -> None:
         super().__init__(kernel_id, **kwargs)
         self.on_status: Any = None  # callable(state) for restarting/dead statuses the server sends
@@ -111,7 +115,7 @@ class GatewayChannelsClient(GatewayKernelClient):
         return cast(_MadeByManager, self.parent).gateway  # GatewayManager.client made this client
 
     # jupyter_server declares it async; ours is synchronous on purpose (see the class docstring)
-    def start_channels(self, shell: bool = True, iopub: bool = True, stdin: bool = True, hb: bool = True,  # type: ignore[override]
+    def start_channels(self, shell: bool = True, iopub: bool = True, stdin: bool = True, hb: bool = True,
                        control: bool = True) -> None:
         self._channels_stopped = False
 
@@ -158,7 +162,7 @@ class GatewayChannelsClient(GatewayKernelClient):
         await self.connect()
         await AsyncKernelClient.wait_for_ready(self, timeout=timeout)
 
-    def _route_responses(self, sock: Any, queues: dict[str, _Channel]) -> None:  # type: ignore[override]
+    def _route_responses(self, sock: Any, queues: dict[str, _Channel]) -> None:
         """The reader thread: each message to its channel's queue until the WebSocket closes."""
         import websocket
 

@@ -56,6 +56,10 @@ def _finite(text: str) -> float | None:
     return value if math.isfinite(value) else None  # 1e999 overflows to inf: not JSON either
 
 
+# one decoder for every part: json.loads with hooks would build a new decoder (and scanner) per call
+_DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
+
+
 def loads(data: bytes | str) -> Any:
     """Decode one JSON message part from a kernel (see the module docstring). Raises ValueError
     for what is not JSON or is nested beyond the decoder's recursion limit."""
@@ -63,7 +67,7 @@ def loads(data: bytes | str) -> Any:
     if len(raw) > MAX_PART_BYTES:
         raise ValueError(f"a kernel message part of {len(raw):,} bytes (more than {MAX_PART_BYTES:,})")
     try:
-        value = json.loads(raw.decode("utf-8", "replace"), parse_constant=_no_constant, parse_float=_finite)
+        value = _DECODER.decode(raw.decode("utf-8", "replace"))
     except RecursionError as exc:
         raise ValueError("a kernel message nested too deep to decode") from exc
     # the common case costs two C-level scans: no "\\u" escape, fewer brackets than the depth limit

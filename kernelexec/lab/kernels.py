@@ -84,7 +84,7 @@ def _identity(info: dict[str, Any]) -> tuple[Any, ...]:
 class AttachedKernelManager(ServerKernelManager):
     """Jupyter's kernel manager, taught what to do with a kernel it attached to but does not own."""
 
-    async def interrupt_kernel(self) -> None:  # type: ignore[override]
+    async def interrupt_kernel(self) -> None:
         if self.owns_kernel:
             await super().interrupt_kernel()
             return
@@ -92,7 +92,7 @@ class AttachedKernelManager(ServerKernelManager):
         self._connect_control_socket()
         self.session.send(self._control_socket, self.session.msg("interrupt_request", content={}))
 
-    async def restart_kernel(self, now: bool = False, newports: bool = False, **kw: Any) -> None:  # type: ignore[override]
+    async def restart_kernel(self, now: bool = False, newports: bool = False, **kw: Any) -> None:
         if self.owns_kernel:
             await super().restart_kernel(now=now, newports=newports, **kw)
             return
@@ -107,6 +107,7 @@ def websockets_of(kernel_id: str) -> list[ZMQChannelsWebsocketConnection]:
 class SessionKernelManager(AsyncMappingKernelManager):
     """The live session kernels, attached under stable ids; never starts, restarts or stops one."""
 
+    default_kernel_name: str  # jupyter_client's trait, typed here (pyproject's mypy overrides read jupyter_server as untyped)
     connections_dir = Unicode("", config=True, help="kernelexec's <state dir>/connections")
 
     @default("allowed_message_types")
@@ -242,10 +243,10 @@ class SessionKernelManager(AsyncMappingKernelManager):
                 pass
 
     # -- what Jupyter may not do to a session kernel -----------------------------------------------
-    async def start_kernel(self, *, kernel_name: str | None = None, **kwargs: Any) -> str:  # type: ignore[override]
+    async def start_kernel(self, *, kernel_name: str | None = None, **kwargs: Any) -> str:
         raise web.HTTPError(403, NO_START)
 
-    async def restart_kernel(self, kernel_id: str, now: bool = False) -> None:  # type: ignore[override]
+    async def restart_kernel(self, kernel_id: str, now: bool = False) -> None:
         """Restart through the session: ask the kernelexec server holding it (a request file it picks up
         within a second) and wait until the session's new kernel is here under the same id. No server
         taking it within ``RESTART_WAIT``: refused with a message (Lab stays on the old kernel)."""
@@ -268,7 +269,7 @@ class SessionKernelManager(AsyncMappingKernelManager):
         connections.cancel_restart_request(directory, handle)
         raise web.HTTPError(409, RESTART_REFUSED.format(handle=handle))
 
-    async def shutdown_kernel(self, kernel_id: str, now: bool = False, restart: bool = False) -> None:  # type: ignore[override]
+    async def shutdown_kernel(self, kernel_id: str, now: bool = False, restart: bool = False) -> None:
         """Detach only: the kernel is the session's, and the next scan attaches it again."""
         self._check_kernel_id(kernel_id)
         self._detach(kernel_id)
