@@ -295,7 +295,7 @@ async def test_code_sent_to_a_kernel_that_already_died_runs_in_the_restarted_one
         ex = await kernel.execute("result = 6 * 7", timeout=30, grace=1)  # straight to the kernel: no check first
     assert ex.ending == "completed" and ex.error is None, (ex.ending, ex.restart_reason, ex.error)
     assert ex.result is not None and ex.result.text == "42"
-    assert "before this code ran, the kernel had died (signal SIGKILL" in ex.restart_reason
+    assert "before this call: the kernel had died (signal SIGKILL" in ex.restart_reason
     await follow_up_works(h, s)
 
 

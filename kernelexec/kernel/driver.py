@@ -219,6 +219,13 @@ class Kernel(ABC):
     def spare_takeovers(self) -> int:
         return self.spares.takeovers if self.spares is not None else 0
 
+    async def restart_after_death(self) -> str:
+        """Restart a kernel found dead between calls (killed from outside, the OOM killer) and say so, in the
+        one wording every caller uses (the session between calls, ``execute`` before a request)."""
+        status = self.exit_status()
+        await self.restart()
+        return f"before this call: the kernel had died ({status}) and was restarted; variables from earlier calls are lost"
+
     def adopt(self, other: Kernel) -> None:
         """Take ``other``'s running kernel (manager, client, log and slot) as this one's; ``other`` is left empty.
         Used by ``Spares.take_over``: the session's Kernel object stays, its process changes."""
@@ -280,10 +287,7 @@ class Kernel(ABC):
             # It died before this request (killed between calls, noticed only now): the code has not
             # run, so run it in a fresh kernel rather than report a death it did not cause. Once sent,
             # a request is never sent again: a kernel that dies without a word may have run part of it.
-            status = self.exit_status()
-            await self.restart()
-            ex.restart_reason = (f"before this code ran, the kernel had died ({status}); it was restarted, "
-                                 "so variables from earlier calls are lost")
+            ex.restart_reason = await self.restart_after_death()
         ask = ask if self.answers_stdin else None
         msg_id = self._send(code, result_rule, allow_stdin=ask is not None)
         collector = Collector(ex, self.caps(), self.spec.dirs.outputs, tag=f"stream-{msg_id[:12]}")

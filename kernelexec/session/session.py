@@ -242,12 +242,9 @@ class Session:
         """Restart a kernel that died between calls (SIGKILL from outside, the OOM killer) and say so."""
         kernel = self.kernel
         if kernel is not None and not await kernel.is_alive():
-            status = kernel.exit_status()
-            await kernel.restart()
+            self.notice = await kernel.restart_after_death()
             self.cwd = self.default_cwd
             self.publish()
-            self.notice = (f"before this call: the kernel had died ({status}) and was restarted; "
-                           "variables from earlier calls are lost")
 
     async def interrupt(self) -> bool:
         """SIGINT to the running cell, without waiting for the session lock. False if nothing runs."""
