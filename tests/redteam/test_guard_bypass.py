@@ -103,7 +103,8 @@ GUARD_BYPASSES: dict[str, Any] = {
     """,
     "rebind-builtins-__import__": """
         bi = M('builtins')
-        real = [c.cell_contents for c in bi.__import__.__closure__ if getattr(c.cell_contents, '__name__', '') == '__import__'][0]
+        real = ([c.cell_contents for c in (getattr(bi.__import__, '__closure__', None) or ())
+                 if getattr(c.cell_contents, '__name__', '') == '__import__'] or [bi.__import__])[0]  # (no guard: as is)
         bi.__import__ = real
         import subprocess
         out = _attempts()

@@ -98,13 +98,21 @@ SUBPROCESS: dict[str, Any] = {
         os.waitpid(pid, 0)
     """,
     "ctypes-vfork-exec": """
-        c = libc()
-        check(c.syscall(58), 'vfork')
+        # main interpreter (the child runs on: CPython refuses fork-likes in sub-interpreters)
+        c = libc(); os = M('os')
+        pid = check(c.syscall(58), 'vfork')
+        if pid == 0:  # a vfork child shares the kernel's memory and may only exec or _exit: exec at once
+            os.execv('/bin/sh', ['sh', '-c', P['shcmd']])
+        os.waitpid(pid, 0)
     """,
     "ctypes-clone3": """
-        ct = M('ctypes')
-        args = (ct.c_uint64 * 11)(0, 0, 0, 0, 17, 0, 0, 0, 0, 0, 0)
-        check(libc().syscall(435, args, 88), 'clone3')
+        # main interpreter (the child runs on: CPython refuses fork-likes in sub-interpreters)
+        ct = M('ctypes'); os = M('os')
+        args = (ct.c_uint64 * 11)(0, 0, 0, 0, 17, 0, 0, 0, 0, 0, 0)  # flags 0, exit_signal SIGCHLD: a fork
+        pid = check(libc().syscall(435, args, 88), 'clone3')
+        if pid == 0:
+            open(P['marker'], 'w').write('cloned'); os._exit(0)
+        os.waitpid(pid, 0)
     """,
     "thread-then-execve": """
         threading = M('threading'); os = M('os')
