@@ -35,57 +35,6 @@ HOST_HAZARDS = {
 }
 _LEFT_OUT: list[str] = []
 
-# The red-team tests that pass with the sandbox off (``--weaken off``) by their nature, each reviewed, with
-# its reason (a nodeid prefix; both profiles unless the profile is named). Every other red-team test claims
-# that a layer stops its attack, so with every layer gone it must fail: under ``--weaken off`` a test that
-# passes and is not named here ends the run with exit status 7 (.ci/run asserts 1), a judge that judges nothing.
-SANDBOX_INDEPENDENT: dict[str, str] = {
-    "tests/redteam/test_world.py::":
-        "unit tests of the judge's own /proc argv parsing (world.py), no kernel involved",
-    "tests/redteam/test_files_read.py::test_read_outside[standard-proc-1-environ]": "MACHINE",
-    "tests/redteam/test_files_read.py::test_read_outside[strict-proc-1-environ]": "MACHINE",
-    "tests/redteam/test_other_processes.py::test_other_processes[standard-proc-pid-1-mem]": "MACHINE",
-    "tests/redteam/test_other_processes.py::test_other_processes[strict-proc-pid-1-mem]": "MACHINE",
-    "tests/redteam/test_files_read.py::test_read_outside[standard-dev-mem]": "MACHINE",
-    "tests/redteam/test_files_read.py::test_read_outside[strict-dev-mem]": "MACHINE",
-    "tests/redteam/test_files_read.py::test_read_outside[standard-dev-raw-disk]": "MACHINE",
-    "tests/redteam/test_files_read.py::test_read_outside[strict-dev-raw-disk]": "MACHINE",
-    "tests/redteam/test_network.py::test_network[standard-dns-getaddrinfo]": "RESOLVER",
-    "tests/redteam/test_network.py::test_network[strict-dns-getaddrinfo]": "RESOLVER",
-    "tests/redteam/test_network.py::test_network[standard-dns-gethostbyname]": "RESOLVER",
-    "tests/redteam/test_network.py::test_network[strict-dns-gethostbyname]": "RESOLVER",
-    "tests/redteam/test_signals.py::test_signals[standard-killpg-own-group]": "OWN_GROUP",
-    "tests/redteam/test_signals.py::test_signals[strict-killpg-own-group]": "OWN_GROUP",
-    "tests/redteam/test_server_deputy.py::test_server_reconnects_through_planted_ipc_symlinks":
-        "the server's own client (libzmq, on the host) reconnecting through symlinks a kernel planted in its ipc/ "
-        "directory: the server's behaviour, which no kernel-side layer is meant to stop (its sockets stay writable)",
-}
-_REASONS = {
-    "MACHINE": "the host's pid 1, /dev/mem and the raw disk are out of reach even of root on the test VM (Firecracker "
-               "init, no /dev/mem, EPERM on /dev/vda), so nothing here can show the layer; the same attack on a "
-               "process the sandbox must hide, the server, is judged by its -server twin",
-    "RESOLVER": "the query goes to the host's resolver (/etc/resolv.conf), which the test cannot watch, and a name no "
-                "server knows fails alike with the network and without: judged on resolving only; the same reach is "
-                "judged by dns-query-resolvers, whose queries include the world's DNS canary (127.0.0.1:53)",
-    "OWN_GROUP": "killpg(0) reaches only the kernel's own process group, which the launcher makes (a new session per "
-                 "kernel): the server's behaviour, not a sandbox layer; killpg of the server's group is judged apart",
-}
-SANDBOX_INDEPENDENT = {k: _REASONS.get(v, v) for k, v in SANDBOX_INDEPENDENT.items()}
-WEAKENED_PASS_STATUS = 7
-_PASSED_WEAKENED: list[str] = []
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if support.WEAKEN == "off" and report.when == "call" and report.passed:
-        if not any(report.nodeid.startswith(p) for p in SANDBOX_INDEPENDENT):
-            _PASSED_WEAKENED.append(report.nodeid)
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if _PASSED_WEAKENED:
-        session.exitstatus = WEAKENED_PASS_STATUS
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not support.WEAKEN:
         return
@@ -99,11 +48,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if _PASSED_WEAKENED:
-        terminalreporter.write_line(
-            f"--weaken off: {len(_PASSED_WEAKENED)} red-team test(s) passed with the sandbox off and are not named in "
-            f"tests/redteam/conftest.py SANDBOX_INDEPENDENT (exit status {WEAKENED_PASS_STATUS}): their judges judge "
-            "nothing:\n  " + "\n  ".join(_PASSED_WEAKENED), red=True)
     if _LEFT_OUT:
         terminalreporter.write_line(f"--weaken {support.WEAKEN}: {len(_LEFT_OUT)} red-team tests left out, unsafe for the "
                                     f"host with a layer removed: {', '.join(sorted(HOST_HAZARDS))}")
