@@ -44,7 +44,7 @@ NETWORK: dict[str, Any] = {
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         s.setblocking(False)
         out = s.connect_ex(('127.0.0.1', P['tcp']))
-        M('time').sleep(0.3)
+        M('select').select([], [s], [], 2)  # until the connect has an outcome (writable), not a fixed wait
         s.send(b'pwned')
     """,
     "udp-sendto": "s = M('socket').socket(2, 2); s.sendto(b'pwned', ('127.0.0.1', P['udp']))",
@@ -186,13 +186,19 @@ NETWORK: dict[str, Any] = {
         ctx = zmq.Context()
         s = ctx.socket(zmq.PUSH)
         s.setsockopt(zmq.LINGER, 0)
+        mon = s.get_monitor_socket()  # libzmq connects in its own thread: wait for the attempt's outcome
         s.connect('tcp://127.0.0.1:%d' % P['tcp'])
         try:
             s.send(b'pwned', zmq.NOBLOCK)
         except zmq.Again:
             pass
-        M('time').sleep(0.2)  # a loopback connect takes microseconds
-        s.close(); ctx.term()
+        time = M('time'); events = []; deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and mon.poll(max(1, int((deadline - time.monotonic()) * 1000))):
+            events.append(M('struct').unpack_from('=H', mon.recv_multipart()[0])[0])
+            if events[-1] != zmq.EVENT_CONNECT_DELAYED:  # connected, retried (refused), closed: an outcome
+                break
+        out = events
+        s.disable_monitor(); mon.close(); s.close(); ctx.term()
     """, {}),  # libzmq raises no audit events: the guard never sees it, only the OS does
     "zmq-ipc-host-socket": ("""
         # main interpreter (pyzmq is not sub-interpreter safe)
@@ -200,13 +206,19 @@ NETWORK: dict[str, Any] = {
         ctx = zmq.Context()
         s = ctx.socket(zmq.PUSH)
         s.setsockopt(zmq.LINGER, 0)
+        mon = s.get_monitor_socket()  # libzmq connects in its own thread: wait for the attempt's outcome
         s.connect('ipc://' + P['unix'])
         try:
             s.send(b'pwned', zmq.NOBLOCK)
         except zmq.Again:
             pass
-        M('time').sleep(0.2)
-        s.close(); ctx.term()
+        time = M('time'); events = []; deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and mon.poll(max(1, int((deadline - time.monotonic()) * 1000))):
+            events.append(M('struct').unpack_from('=H', mon.recv_multipart()[0])[0])
+            if events[-1] != zmq.EVENT_CONNECT_DELAYED:  # connected, retried (refused), closed: an outcome
+                break
+        out = events
+        s.disable_monitor(); mon.close(); s.close(); ctx.term()
     """, {}),
     "zmq-tcp-bind-listen": ("""
         # main interpreter (pyzmq is not sub-interpreter safe)

@@ -46,17 +46,17 @@ SUBPROCESS: dict[str, Any] = {
         os = M('os')
         r, w = os.pipe()
         fe = M('subprocess')._fork_exec
-        fe([b'/bin/sh', b'-c', P['shcmd'].encode()], [b'/bin/sh'], True, (w,), None, None,
+        pid = fe([b'/bin/sh', b'-c', P['shcmd'].encode()], [b'/bin/sh'], True, (w,), None, None,
            -1, -1, -1, -1, -1, -1, r, w, True, False, -1, None, None, None, -1, None, False)
-        M('time').sleep(0.5)
+        os.waitpid(pid, 0)  # the child's outcome, not a fixed wait
     """,
     "_posixsubprocess.fork_exec": """
         os = M('os')
         r, w = os.pipe()
         fe = M('_posixsubprocess').fork_exec
-        fe([b'/bin/sh', b'-c', P['shcmd'].encode()], [b'/bin/sh'], True, (w,), None, None,
+        pid = fe([b'/bin/sh', b'-c', P['shcmd'].encode()], [b'/bin/sh'], True, (w,), None, None,
            -1, -1, -1, -1, -1, -1, r, w, True, False, -1, None, None, None, -1, None, True)
-        M('time').sleep(0.5)
+        os.waitpid(pid, 0)  # the child's outcome, not a fixed wait
     """,
     "pty.spawn": "# main interpreter\nM('pty').spawn(['/bin/sh', '-c', P['shcmd']])",
     "pty.fork": """
