@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from . import support
+from . import support, weakening
 from .support import (  # noqa: F401 - re-exported
     Harness,
     clean_env,
@@ -29,6 +29,7 @@ from .support import (  # noqa: F401 - re-exported
     serving,
     start_harness,
     stop,
+    until,
     wait_for_port,
 )
 
@@ -53,15 +54,27 @@ ALLOWED_SKIPS: dict[str, str] = {
         "3.10, 3.12 and 3.13 besides 3.11 (it ran here, where pyenv has 3.9)",
 }
 _skipped: list[tuple[str, str]] = []
+_passed_weakened: list[str] = []  # tests that passed under --weaken though tests/weakening.py says they must fail
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call" and report.passed and weakening.must_fail(report.nodeid, support.WEAKEN):
+        _passed_weakened.append(report.nodeid)
     if report.skipped and not hasattr(report, "wasxfail"):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         _skipped.append((report.nodeid, str(reason)))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _passed_weakened:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(
+                f"--weaken {support.WEAKEN}: {len(_passed_weakened)} test(s) passed with that layer removed, though "
+                f"tests/weakening.py says they must fail (exit status {weakening.WEAKENED_PASS_STATUS}): their judges "
+                "judge nothing:\n  " + "\n  ".join(_passed_weakened), red=True)
+        session.exitstatus = weakening.WEAKENED_PASS_STATUS
+        return
     if not os.environ.get("CI") or support.WEAKEN:  # a weakened run must fail by its judges alone
         return
     unexpected = [(n, r) for n, r in _skipped if not any(n.startswith(p) for p in ALLOWED_SKIPS)]

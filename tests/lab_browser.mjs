@@ -157,7 +157,7 @@ try {
   const n = await outputs.count();
   await run("after", n + 1);
   say("agent restart", { told: seen, outputs: (await outputs.allInnerTexts()).slice(n) });
-  say("done", { cspErrors });
+  say("done", { cspErrors, terminalRequests });
 } catch (err) {
   say("error", { message: String(err && err.stack || err), terminalRequests, dialogs });
   process.exitCode = 1;

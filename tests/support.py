@@ -98,6 +98,17 @@ async def serving(settings: Settings) -> AsyncIterator[Harness]:
         await cm.__aexit__(None, None, None)
 
 
+async def until(predicate: Any, what: str, timeout: float = 30) -> None:
+    """Wait (bounded) until ``predicate()`` holds: the synchronisation a test does before a check, instead of a
+    fixed sleep that on a loaded machine passes by missing the event."""
+    import anyio
+
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.05)
+    assert predicate(), what
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

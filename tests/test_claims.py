@@ -191,7 +191,10 @@ async def test_a_display_flood_past_the_kernel_stays_bounded_in_answer_and_noteb
         dropped = [n for n in answer["notes"] if re.search(r"dropped [\d,]+ rich output beyond 1,000 per cell", n)]
         assert dropped, answer["notes"]
         assert kept[0].data["text/plain"] == "d0"  # the head is kept
-        # (the notebook and the journal keep the 1,000 but do not record the note: only the answer says so)
+        # the record says so too, or the notebook (and the journal it is built from) would look complete
+        assert nb.cells[-1].metadata["kernelexec"]["notes"] == answer["notes"], nb.cells[-1].metadata
+        journal = [json.loads(line) for line in h.sessions.sessions[session].dirs.journal.read_text().splitlines()]
+        assert dropped[0] in journal[-1]["metadata"]["kernelexec"]["notes"]
 
 
 @pytest.mark.slow
@@ -217,6 +220,7 @@ async def test_two_hundred_mib_of_rich_output_keeps_128_mib_at_most(
             return
         assert 100 << 20 <= kept <= 128 << 20, kept  # positive control: the flood did reach the server
         assert any(re.search(r"dropped 3 rich outputs beyond 134,217,728 characters per cell", n) for n in answer["notes"]), answer["notes"]
+        assert nb.cells[-1].metadata["kernelexec"]["notes"] == answer["notes"], nb.cells[-1].metadata  # recorded too
         assert Path(h.sessions.sessions[session].dirs.notebook).stat().st_size < 140 << 20
         assert (await h.run("1 + 1", session=session))["result"] == 2
 

@@ -17,7 +17,7 @@ import nbformat
 import pytest
 from mcp import Client, StdioServerParameters
 
-from .conftest import Harness, clean_env, kernelexec_cmd, make_settings, serving
+from .conftest import Harness, clean_env, kernelexec_cmd, make_settings, serving, until
 from .test_recording import server_pid
 
 pytestmark = pytest.mark.anyio
@@ -162,10 +162,11 @@ async def test_a_stream_flood_past_the_kernel_cap_keeps_the_server_small_and_oth
     async with Client(stdio_params(state)) as client:
         other = (await client.call_tool("new_session", {})).structured_content["session"]
         await client.call_tool("execute_code", {"code": "1", "session": other})
-        await client.call_tool("execute_code", {"code": SENDER})
+        sender = await client.call_tool("execute_code", {"code": SENDER})
+        flooding_now = Path(sender.structured_content["notebook"]).parent / "work" / "flooding"
         pid = server_pid(state)
         before = _hwm_kb(pid)
-        flood = ("chunk = 'x' * (1 << 20)\nfor i in range(300):\n    _k.session.send(_k.iopub_socket, 'stream', "
+        flood = ("open('flooding', 'w').close()\nchunk = 'x' * (1 << 20)\nfor i in range(300):\n    _k.session.send(_k.iopub_socket, 'stream', "
                  "{'name': 'stdout', 'text': chunk}, parent=_k.get_parent('shell'))\nprint('end')")
         latencies: list[float] = []
         answer: dict = {}
@@ -176,7 +177,7 @@ async def test_a_stream_flood_past_the_kernel_cap_keeps_the_server_small_and_oth
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(flooding)
-            await anyio.sleep(0.3)
+            await until(flooding_now.exists, "the flood never began")  # the latencies below are timed during it
             while not answer:
                 t = time.monotonic()
                 r = await client.call_tool("execute_code", {"code": "1 + 1", "session": other})

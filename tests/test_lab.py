@@ -22,7 +22,7 @@ from tornado.websocket import WebSocketClientConnection, websocket_connect  # no
 
 from kernelexec.lab.kernels import kernel_id_for, spec_name  # noqa: E402
 
-from .conftest import Harness, clean_env, free_port, kernelexec_cmd, make_settings, start_harness, stop, wait_for_port  # noqa: E402
+from .conftest import Harness, clean_env, free_port, kernelexec_cmd, make_settings, start_harness, stop, until, wait_for_port  # noqa: E402
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -342,16 +342,17 @@ async def test_interrupt_from_jupyter_stops_a_running_mcp_call(session: tuple[Ha
     harness, handle = session
     server, token, kernel_id = lab
     answer: dict[str, Any] = {}
+    began = harness.settings.sessions_dir / handle / "work" / "began"
+    began.unlink(missing_ok=True)
 
     async def long_call() -> None:
-        answer.update(await harness.run("print('started', flush=True)\nimport time\ntime.sleep(60)", session=handle, timeout=120))
+        answer.update(await harness.run("open('began', 'w').close()\nimport time\ntime.sleep(60)", session=handle, timeout=120))
 
     async with anyio.create_task_group() as tg, httpx.AsyncClient() as client:
         tg.start_soon(long_call)
         with anyio.fail_after(30):
-            while not harness.sessions.sessions[handle].busy:
-                await anyio.sleep(0.05)
-            await anyio.sleep(0.5)  # let the cell start; should an interrupt still come early, the next one stops it
+            # the cell runs (its file is there), so the interrupt lands in it, not before it
+            await until(began.exists, "the long cell never began")
             while not answer:
                 reply = await client.post(api(server.port, f"kernels/{kernel_id}/interrupt"), params={"token": token})
                 assert reply.status_code == 204

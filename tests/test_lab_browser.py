@@ -164,8 +164,10 @@ async def test_a_user_in_jupyterlab_inspects_the_session_and_the_kernel_cannot_r
     assert attack["outputs"] == ["2", "harmless-looking text"], attack
     assert attack["pwned"] is False and attack["scripts"] == 0
     assert attack["terminalRequests"] == [] and by["notebook"]["terminalRequests"] == []
-    await anyio.sleep(1)
-    assert not marker.exists(), "the host command ran"
+    # the hook's only way to the marker is a terminal, which the page never requested, here or in any later step
+    # (the list is the page's, for its whole life, read again at "notebook" and "done"), and drive() returned
+    # after "done": no wait stands in for that
+    assert by["done"]["terminalRequests"] == [] and not marker.exists(), "the host command ran"
     # 3. the session's notebook opened on the session's kernel (not a new python3 one)
     nb = by["notebook"]
     assert display_name(handle) in nb["kernelName"] and nb["cells"] >= 1

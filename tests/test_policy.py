@@ -6,6 +6,7 @@ These guards give clear errors; they are not the security boundary (see README, 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import select
 import socket
 from collections.abc import AsyncIterator, Iterator
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from kernelexec.sandbox.plan import GUARD_BLOCKED_MODULES
 from kernelexec.sandbox.policy import STRICT_IMPORTS, kernel_policy
 
 from .conftest import Harness, make_settings, serving
@@ -118,6 +120,17 @@ async def test_standard_refuses_process_network_and_native_modules(harness: Harn
     r = await harness.run(f"import {module}")
     assert r["error_type"] == "ImportError"
     assert f"import of {module!r} is not allowed" in r["error"]
+
+
+@pytest.mark.parametrize("module", [m for m in GUARD_BLOCKED_MODULES if importlib.util.find_spec(m) is not None])
+async def test_guarded_kernels_cannot_import_the_sub_interpreter_and_test_modules(harness: Harness, strict: Harness,
+                                                                                  module: str) -> None:
+    """A sub-interpreter has none of the guard's audit hooks (3.13's _interpreters as 3.11's _xxsubinterpreters,
+    and _testcapi.run_in_subinterp on every version): a plain import fails in every guarded profile (the module is
+    on this server's Python, or it would not be a case). test_guard_bypass.py attacks past the import."""
+    for h in (harness, strict):
+        r = await h.run(f"import {module}")
+        assert r["error_type"] in ("ImportError", "ModuleNotFoundError"), r
 
 
 @pytest.mark.parametrize(

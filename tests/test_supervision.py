@@ -14,7 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from .conftest import Harness, make_settings, pids_with, serving
+from .conftest import Harness, make_settings, pids_with, serving, until
 
 pytestmark = pytest.mark.anyio
 
@@ -171,9 +171,10 @@ async def test_a_kernel_killed_from_outside_while_idle_is_restarted_and_reported
 
 async def test_a_kernel_killed_during_a_background_run_is_reported(h: Harness) -> None:
     s = await h.new_session()
-    started = await h.run("import time\ntime.sleep(60)", session=s, background=True)
+    began = h.settings.sessions_dir / s / "work" / "began"
+    started = await h.run("open('began', 'w').close()\nimport time\ntime.sleep(60)", session=s, background=True)
     assert started["ending"] == "running"
-    await anyio.sleep(0.5)
+    await until(began.exists, "the background cell never began")  # killed while it runs, not before it starts
     os.kill(kernel_pid(h, s), signal.SIGKILL)
     done = await h.call("get_run", run_id=started["run_id"], wait_s=30)
     assert done.structured_content["ending"] == "kernel_died"
@@ -210,8 +211,9 @@ async def test_background_run_returns_at_once_and_get_run_gives_the_answer(h: Ha
 
 async def test_interrupt_stops_a_background_run(h: Harness) -> None:
     s = await h.new_session()
-    started = await h.run("while True:\n    pass", session=s, background=True)
-    await anyio.sleep(0.5)
+    began = h.settings.sessions_dir / s / "work" / "began"
+    started = await h.run("open('began', 'w').close()\nwhile True:\n    pass", session=s, background=True)
+    await until(began.exists, "the background cell never began")  # an interrupt before the cell runs stops nothing
     info = await h.call("interrupt", session=s)
     assert info.structured_content["status"] == "interrupt sent"
     final = await h.call("get_run", run_id=started["run_id"], wait_s=30)

@@ -36,8 +36,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# Never loaded in guarded kernels (sub-interpreters escape audit hooks; the debugger is not needed).
-GUARD_BLOCKED_MODULES = ["_xxsubinterpreters", "debugpy"]
+# Never loaded in guarded kernels: sub-interpreters escape audit hooks (3.11/3.12 _xxsubinterpreters, 3.13
+# _interpreters, their channels and queues; CPython's test modules _testcapi.run_in_subinterp and
+# _testinternalcapi.create_interpreter, which also hand out raw C-API and memory access, as does 3.13's
+# _testexternalinspection / 3.14's _remote_debugging for other processes); the debugger is not needed.
+GUARD_BLOCKED_MODULES = [
+    "_xxsubinterpreters", "_interpreters", "_xxinterpchannels", "_interpchannels", "_xxinterpqueues", "_interpqueues",
+    "_testcapi", "_testinternalcapi", "_testlimitedcapi", "_testexternalinspection", "_remote_debugging", "debugpy",
+]
 
 KERNEL_UID_BASE = 1_000_000_000  # far above ordinary users and the usual subuid ranges
 

@@ -84,6 +84,9 @@ def cell_record(ex: Execution, meta: dict[str, Any]) -> dict[str, Any]:
                 "kernel_restarted": ex.ending in ("restarted", "kernel_died"),
                 "restart_reason": ex.restart_reason,
                 "success": ex.success,
+                # what the answer told beside the outputs (outputs and bytes past the per-cell caps dropped, a flood
+                # cut, malformed messages): the record says it too, or the notebook would look complete
+                **({"notes": list(ex.notes)} if ex.notes else {}),
             },
         },
     }

@@ -13,7 +13,7 @@ attacker sessions at once (see runner.py):
 
 The outside world is watched from the host (world.py): canary files under /tmp and /var/tmp with inotify
 (any open/read/write/create by any process), a ``--read-dirs`` canary that must never change,
-TCP/TCP6/UDP/DNS(127.0.0.1:53)/pathname-unix/abstract-unix listeners that must receive nothing, signal
+TCP/TCP6/UDP/DNS(127.0.0.1:53 and 127.0.0.53:53)/pathname-unix/abstract-unix listeners that must receive nothing, signal
 handlers in this process (= the server, in-memory harness), secrets in the server's environment and
 memory and in session B (its file, its variable, its HMAC key) that must appear in no answer, a marker a
 spawned process would write in the attacker's own directory, the kernels' /proc status/limits/namespaces

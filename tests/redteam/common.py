@@ -47,6 +47,7 @@ class Target:
     b_file_secret: str = ""
     b_var_secret: str = ""
     b_key: str = ""
+    b_name_token: str = ""  # the name of a file in B's session directory (a listing of it leaks this)
     b_sockets: dict[str, str] = field(default_factory=dict)
 
     _b_pid: int = -1
@@ -68,6 +69,7 @@ class Target:
             "session B's secret file": self.b_file_secret,
             "session B's variable": self.b_var_secret,
             "session B's HMAC key": self.b_key,
+            "name of a file in session B's directory": self.b_name_token,
         }
 
 
@@ -92,6 +94,8 @@ async def open_sessions(t: Target, roles: tuple[str, ...] = ("guard", "os", "b",
     t.b_var_secret = f"KXRTBVAR{secrets.token_hex(12)}"
     t.b_file = t.dirs["b"] / "work" / "b-secret.txt"
     t.b_file.write_text(f"session B's file: {t.b_file_secret}\n")  # as if B had written it
+    t.b_name_token = f"KXRTBNAME{secrets.token_hex(6)}"
+    (t.dirs["b"] / t.b_name_token).write_text("listing canary\n")  # in B's own directory, next to its kernel.json
     r = await t.h.run(f"bsecret = {t.b_var_secret!r}", session=t.handles["b"])
     assert r["success"], r
     conn = json.loads((t.dirs["b"] / "kernel.json").read_text())
@@ -118,6 +122,7 @@ def params_for(world: World, t: Target, role: str, tag: str) -> dict[str, Any]:
         "unix": str(world.unix_path),
         "abstract": world.abstract_name,
         "pid": world.pid,
+        "secret_fd": world.secret_fd,  # the server holds the secret file open at this descriptor
         "pgid": os.getpgrp(),
         "mem_addr": id(world.mem_secret) + 32,  # PyBytesObject data in this (the server's) process
         "mem_len": len(world.mem_secret),

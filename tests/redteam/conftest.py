@@ -35,7 +35,6 @@ HOST_HAZARDS = {
 }
 _LEFT_OUT: list[str] = []
 
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not support.WEAKEN:
         return

@@ -27,13 +27,32 @@ FILE_READS: dict[str, Any] = {
     "scandir": "out = [e.name for e in M('os').scandir(P['secret_dir'])]",
     "glob": "out = M('glob').glob(P['secret_dir'] + '/*')",
     "proc-self-root": "out = open('/proc/self/root' + P['secret']).read()",
-    "proc-1-root": "out = open('/proc/1/root' + P['secret']).read()",
+    "proc-1-root": """
+        res = {}
+        for pid in (1, P['pid']):  # the host's init (out of reach even of root on some VMs), and the server
+            try:
+                res[pid] = open('/proc/%d/root' % pid + P['secret']).read()
+            except OSError as e:
+                res[pid] = repr(e)
+        out = res
+    """,
     "proc-self-cwd-dotdot": "out = open('/proc/self/cwd/' + '../' * 12 + P['secret'].lstrip('/')).read()",
     "dotdot-from-session": "out = open(P['session_dir'] + '/work/' + '../' * 12 + P['secret'].lstrip('/')).read()",
     "proc-ppid-environ": "os = M('os'); out = open(f'/proc/{os.getppid()}/environ', 'rb').read()",
     "proc-1-environ": "out = open('/proc/1/environ', 'rb').read()",
     "proc-server-environ": "out = open(f\"/proc/{P['pid']}/environ\", 'rb').read()",
-    "proc-server-cmdline+cwd": "os = M('os'); out = (open(f\"/proc/{P['pid']}/cmdline\", 'rb').read(), os.listdir(f\"/proc/{P['pid']}/cwd\"))",
+    "proc-server-cmdline+cwd": """
+        os = M('os'); got = {}
+        for what, read in (('cmdline', lambda: open(f"/proc/{P['pid']}/cmdline", 'rb').read()),
+                           ('cwd', lambda: os.listdir(f"/proc/{P['pid']}/cwd"))):
+            try:
+                got[what] = read()
+            except OSError as e:
+                got[what] = repr(e)
+        out = got
+        if not all(isinstance(v, str) for v in got.values()):  # the server's command line or its directory
+            raise AssertionError('ESCAPE: read the server process: %r' % (got,))
+    """,
     "chdir-then-relative": "os = M('os'); os.chdir(P['secret_dir']); out = open('secret.txt').read()",
     "dir_fd-root": """
         os = M('os')
@@ -118,7 +137,9 @@ FILE_READS: dict[str, Any] = {
         ct.memmove(handle, (128).to_bytes(4, 'little'), 4)
         mount_id = ct.c_int()
         check(c.name_to_handle_at(-100, b'/', handle, ct.byref(mount_id), 0), 'name_to_handle_at')
-        out = check(c.open_by_handle_at(-100, handle, 0), 'open_by_handle_at')
+        root = check(c.open_by_handle_at(-100, handle, 0), 'open_by_handle_at')  # the host's / by its handle
+        os = M('os')
+        out = os.read(os.open(P['secret'].lstrip('/'), os.O_RDONLY, dir_fd=root), 4096)
     """,
     "umount-private-tmp": """
         c = libc()
@@ -144,6 +165,10 @@ FILE_READS: dict[str, Any] = {
     """,
     "fd-inventory": """
         os = M('os')
+        try:  # an O_PATH open is no read (Landlock does not govern it): only a mount namespace hides the path
+            os.open(P['secret'], os.O_PATH)  # (kept open: the inventory below must not find it)
+        except OSError:
+            pass
         fds = {}
         for fd in os.listdir('/proc/self/fd'):
             try:

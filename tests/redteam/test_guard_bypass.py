@@ -103,7 +103,8 @@ GUARD_BYPASSES: dict[str, Any] = {
     """,
     "rebind-builtins-__import__": """
         bi = M('builtins')
-        real = [c.cell_contents for c in bi.__import__.__closure__ if getattr(c.cell_contents, '__name__', '') == '__import__'][0]
+        real = ([c.cell_contents for c in (getattr(bi.__import__, '__closure__', None) or ())
+                 if getattr(c.cell_contents, '__name__', '') == '__import__'] or [bi.__import__])[0]  # (no guard: as is)
         bi.__import__ = real
         import subprocess
         out = _attempts()
@@ -149,10 +150,14 @@ GUARD_BYPASSES: dict[str, Any] = {
     """,
     "sub-interpreter-direct": """
         res = {}
-        for name in ('_xxsubinterpreters', '_interpreters'):  # 3.11/3.12, 3.13: whichever this Python has
+        src = "open(%r, 'w')" % P['new']
+        for name, go in (  # whichever this Python has: 3.11/3.12, 3.13, and CPython's test modules (3.11-3.13)
+                ('_xxsubinterpreters', lambda si: si.run_string(si.create(), src)),
+                ('_interpreters', lambda si: si.exec(si.create(), src)),
+                ('_testcapi', lambda si: si.run_in_subinterp(src)),
+                ('_testinternalcapi', lambda si: si.exec_interpreter(si.create_interpreter(), src))):
             try:
-                si = M(name)
-                res[name] = si.run_string(si.create(), "open(%r, 'w')" % P['new'])
+                res[name] = go(M(name))
             except BaseException as e:
                 res[name] = repr(e)
         out = {'subinterpreter': res, **_attempts()}

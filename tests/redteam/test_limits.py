@@ -156,3 +156,70 @@ async def test_kernel_process_holds_no_capabilities_not_even_in_its_bounding_set
             assert status["NoNewPrivs"] == ["1"] and status["Seccomp"] == ["2"], status
             caps = {k: status[k][0] for k in ("CapInh", "CapPrm", "CapEff", "CapAmb", "CapBnd")}
             assert all(int(v, 16) == 0 for v in caps.values()), f"kernel pid {pid} of session {role}: {caps}"
+
+
+# --- what only the cgroup bounds ------------------------------------------------------------------
+# The rlimits cover one process's data (RLIMIT_DATA) and files (RLIMIT_FSIZE); seccomp stops new processes.
+# Threads get past seccomp (clone with CLONE_THREAD is allowed): bounded by the cgroup's pids.max and, for a
+# kernel with its own uid, by RLIMIT_NPROC too (measured: ~60 threads either way; not the cgroup's alone).
+# Shared memory that is never mapped (memfd pages written with write(): not data, each memfd under
+# RLIMIT_FSIZE) is bounded by the cgroup alone: the one attack that fails with --weaken cgroup. Each attack here runs in a
+# server of its own with small limits; judged by what the kernel held, read from the host where it can be.
+BOMB_PROCESSES = 64
+BOMB_MEMORY_MB = 128  # the cgroup's hard cap is this + 512 MiB (sandbox._cgroups)
+
+THREAD_BOMB = f"""
+import threading
+threading.stack_size(128 * 1024)  # (small stacks: RLIMIT_DATA counts them, and this is about the count)
+stop = threading.Event()
+started = 0
+for _ in range({BOMB_PROCESSES * 3}):
+    try:
+        threading.Thread(target=stop.wait, daemon=True).start()
+    except RuntimeError:
+        break
+    started += 1
+threads = threading.active_count()  # (with the kernel's own threads)
+stop.set()
+(started, threads)
+"""
+
+MEMFD_BOMB = """
+import os
+chunk, fds, held = b'x' * (1 << 20), [], 0
+for _ in range(4):  # 4 x 230 MiB: each under RLIMIT_FSIZE (256 MiB), 920 MiB in all, past the cgroup's 640
+    fd = os.memfd_create('kxrt-bomb')
+    fds.append(fd)
+    for _ in range(230):
+        os.write(fd, chunk)
+        held += 1
+held
+"""
+
+
+@pytest.fixture(scope="module")
+async def small(short_tmp: Path) -> Any:
+    from ..support import make_settings, serving
+
+    async with serving(make_settings(short_tmp, profile="standard", memory_mb=BOMB_MEMORY_MB,
+                                     max_processes=BOMB_PROCESSES)) as h:
+        yield h
+
+
+async def test_a_thread_bomb_stops_at_the_cgroup_pids_limit(small: Any) -> None:
+    s = await small.new_session()
+    r = await small.run(THREAD_BOMB, session=s, timeout=60)
+    assert r["success"], {k: r[k] for k in ("error", "traceback", "ending", "restart_reason", "stderr")}
+    started, threads = r["result"]
+    assert threads >= started > 8, r  # positive control: the cell did start threads
+    assert threads <= BOMB_PROCESSES, f"the kernel ran {threads} threads, past its cgroup's pids.max {BOMB_PROCESSES}"
+    await small.call("close_session", session=s)
+
+
+async def test_unmapped_shared_memory_stops_at_the_cgroup_memory_limit(small: Any) -> None:
+    s = await small.new_session()
+    r = await small.run(MEMFD_BOMB, session=s, timeout=120)
+    # with the cgroup: the kernel is OOM-killed (and restarted) before the cell ends; 920 MiB held is the escape
+    assert not (r["success"] and r["result"] == 920), f"the kernel held 920 MiB of memfd pages past its {BOMB_MEMORY_MB}+512 MiB cgroup"
+    assert r["ending"] == "kernel_died" or r["error_type"] in ("OSError", "MemoryError"), r  # stopped, and said so
+    await small.call("close_session", session=s)

@@ -46,17 +46,17 @@ SUBPROCESS: dict[str, Any] = {
         os = M('os')
         r, w = os.pipe()
         fe = M('subprocess')._fork_exec
-        fe([b'/bin/sh', b'-c', P['shcmd'].encode()], [b'/bin/sh'], True, (w,), None, None,
+        pid = fe([b'/bin/sh', b'-c', P['shcmd'].encode()], [b'/bin/sh'], True, (w,), None, None,
            -1, -1, -1, -1, -1, -1, r, w, True, False, -1, None, None, None, -1, None, False)
-        M('time').sleep(0.5)
+        os.waitpid(pid, 0)  # the child's outcome, not a fixed wait
     """,
     "_posixsubprocess.fork_exec": """
         os = M('os')
         r, w = os.pipe()
         fe = M('_posixsubprocess').fork_exec
-        fe([b'/bin/sh', b'-c', P['shcmd'].encode()], [b'/bin/sh'], True, (w,), None, None,
+        pid = fe([b'/bin/sh', b'-c', P['shcmd'].encode()], [b'/bin/sh'], True, (w,), None, None,
            -1, -1, -1, -1, -1, -1, r, w, True, False, -1, None, None, None, -1, None, True)
-        M('time').sleep(0.5)
+        os.waitpid(pid, 0)  # the child's outcome, not a fixed wait
     """,
     "pty.spawn": "# main interpreter\nM('pty').spawn(['/bin/sh', '-c', P['shcmd']])",
     "pty.fork": """
@@ -98,13 +98,21 @@ SUBPROCESS: dict[str, Any] = {
         os.waitpid(pid, 0)
     """,
     "ctypes-vfork-exec": """
-        c = libc()
-        check(c.syscall(58), 'vfork')
+        # main interpreter (the child runs on: CPython refuses fork-likes in sub-interpreters)
+        c = libc(); os = M('os')
+        pid = check(c.syscall(58), 'vfork')
+        if pid == 0:  # a vfork child shares the kernel's memory and may only exec or _exit: exec at once
+            os.execv('/bin/sh', ['sh', '-c', P['shcmd']])
+        os.waitpid(pid, 0)
     """,
     "ctypes-clone3": """
-        ct = M('ctypes')
-        args = (ct.c_uint64 * 11)(0, 0, 0, 0, 17, 0, 0, 0, 0, 0, 0)
-        check(libc().syscall(435, args, 88), 'clone3')
+        # main interpreter (the child runs on: CPython refuses fork-likes in sub-interpreters)
+        ct = M('ctypes'); os = M('os')
+        args = (ct.c_uint64 * 11)(0, 0, 0, 0, 17, 0, 0, 0, 0, 0, 0)  # flags 0, exit_signal SIGCHLD: a fork
+        pid = check(libc().syscall(435, args, 88), 'clone3')
+        if pid == 0:
+            open(P['marker'], 'w').write('cloned'); os._exit(0)
+        os.waitpid(pid, 0)
     """,
     "thread-then-execve": """
         threading = M('threading'); os = M('os')

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from .. import support
 from ..support import make_settings, start_harness
 from .common import Target, assert_untouched, attack, open_sessions
 from .test_files_read import FILE_READS
@@ -57,7 +58,8 @@ async def no_bwrap(world: World, short_tmp: Path) -> AsyncIterator[Target]:
             await open_sessions(t, roles=("os", "b"))
             r = await h.run("1", session=t.handles["os"])
             assert "bubblewrap" not in r["layers"] and "netns" not in r["layers"], r["layers"]
-            assert any(layer.startswith("landlock") for layer in r["layers"]) and "seccomp" in r["layers"], r["layers"]
+            if not support.WEAKEN:  # (weakened, the judges below must go red, not this precondition)
+                assert any(layer.startswith("landlock") for layer in r["layers"]) and "seccomp" in r["layers"], r["layers"]
             yield t
         finally:
             await h.client.__aexit__(None, None, None)

@@ -234,6 +234,30 @@ def process_state(pid: int) -> dict[str, Any]:
     }
 
 
+def plant_in_proc_environ(entry: str) -> tuple[int, bytes]:
+    """Put ``entry`` into this process's /proc/self/environ, as if the server had been started with it.
+
+    ``os.environ[...] = ...`` (putenv) never shows there: /proc/<pid>/environ is the block the kernel copied
+    at exec, so a secret set later is a secret no kernel could read, and a judge looking for it judges
+    nothing. The block cannot grow (moving it, prctl PR_SET_MM, needs CAP_SYS_RESOURCE), so libc's own
+    environment is first moved to the heap (setenv of every variable), then the block is rewritten to start
+    with ``entry`` (the rest of the old contents, cut to fit, after it). Returns where the block is and
+    what it held, for destroy_world to put back. Positive control: the host reads the entry back."""
+    fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    start, end = int(fields[47]), int(fields[48])  # env_start, env_end (fields 50 and 51 of proc(5))
+    before = ctypes.string_at(start, end - start)
+    assert before == Path("/proc/self/environ").read_bytes(), "env_start/env_end do not hold /proc/self/environ"
+    libc = ctypes.CDLL(None, use_errno=True)
+    for key, value in os.environ.items():  # libc's environ now points at heap copies, not into the block
+        libc.setenv(os.fsencode(key), os.fsencode(value), 1)
+    planted = entry.encode() + b"\0"
+    assert len(planted) < len(before), "the environment block is too small for the planted secret"
+    block = (planted + before)[: len(before) - 1] + b"\0"
+    ctypes.memmove(start, block, len(block))
+    assert entry.encode() in Path("/proc/self/environ").read_bytes().split(b"\0"), "planted secret not in /proc/self/environ"
+    return start, before
+
+
 # --- the world -------------------------------------------------------------------------------------
 @dataclass
 class World:
@@ -256,6 +280,7 @@ class World:
     tcp6: socket.socket | None = None
     dns_udp: socket.socket | None = None
     dns_tcp: socket.socket | None = None
+    dns_stub: socket.socket | None = None
     signals: Counter = field(default_factory=Counter)
     inotify: Inotify | None = None
     ro_state: tuple[str, int, int] | None = None
@@ -265,6 +290,8 @@ class World:
     host_interfaces: list[str] = field(default_factory=list)
     hostname: str = ""
     saved_handlers: dict[int, Any] = field(default_factory=dict)
+    secret_fd: int = -1  # the secret file, held open by the server (a descriptor pidfd_getfd could steal)
+    environ_block: tuple[int, bytes] | None = None  # where /proc/self/environ lives, and what it held before
 
     @property
     def pid(self) -> int:
@@ -273,7 +300,7 @@ class World:
     @property
     def listeners(self) -> dict[str, socket.socket]:
         found = {"tcp": self.tcp, "udp": self.udp, "unix": self.unix, "abstract": self.abstract}
-        for name in ("tcp6", "dns_udp", "dns_tcp"):
+        for name in ("tcp6", "dns_udp", "dns_tcp", "dns_stub"):
             if getattr(self, name) is not None:
                 found[name] = getattr(self, name)
         return found
@@ -315,6 +342,7 @@ def make_world() -> World:
     unix_path = sockdir / "host.sock"
     env_secret = f"KXRTENV{secrets.token_hex(12)}"
     os.environ["KXRT_SERVER_SECRET"] = env_secret  # the server's env; kernels get a scrubbed one
+    environ_block = plant_in_proc_environ(f"KXRT_SERVER_SECRET={env_secret}")
     world = World(
         root=root, var_root=var_root, secret_dir=secret_dir, secret_file=secret_file, ro_dir=ro_dir,
         ro_canary=ro_canary, secret=secret, name_token=name_token, env_secret=env_secret,
@@ -336,6 +364,12 @@ def make_world() -> World:
         world.dns_tcp = _listener(socket.AF_INET, ("127.0.0.1", 53))
     except OSError:
         pass
+    try:  # a stub resolver's address (systemd-resolved's), where nothing listens on this machine
+        world.dns_stub = _datagram(("127.0.0.53", 53))
+    except OSError:
+        pass
+    world.environ_block = environ_block
+    world.secret_fd = os.open(secret_file, os.O_RDONLY)
     world.host_interfaces = [name for _, name in socket.if_nameindex() if name != "lo"]
     world.hostname = socket.gethostname()
     for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH, signal.SIGURG):
@@ -351,6 +385,11 @@ def make_world() -> World:
 
 
 def destroy_world(world: World) -> None:
+    if world.environ_block is not None:
+        start, before = world.environ_block
+        ctypes.memmove(start, before, len(before))
+    if world.secret_fd >= 0:
+        os.close(world.secret_fd)
     for sig, handler in world.saved_handlers.items():
         signal.signal(sig, handler)
     for s in world.listeners.values():
