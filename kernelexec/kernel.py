@@ -29,6 +29,7 @@ import anyio
 import anyio.lowlevel
 from jupyter_client.manager import AsyncKernelManager
 
+from .broker import TOOL_CALL_MARK
 from .collector import Caps, Collector, strip_ansi
 from .errors import KernelDied, KernelStartError
 from .launch import LaunchSpec, kernel_manager
@@ -45,6 +46,8 @@ _POLL = 0.2  # seconds between liveness checks while waiting on output
 Ask = Callable[[str, bool], Awaitable[str | None]]
 
 OnOutput = Callable[[str, str], Awaitable[None]]  # (stream name, text) for progress reporting
+# Code mode: a cell's brokered tool calls (a marked input_request's payload) -> the reply (broker.CellCalls.handle)
+ToolCalls = Callable[[Any], Awaitable[dict[str, Any]]]
 
 
 class Kernel(ABC):
@@ -62,6 +65,7 @@ class Kernel(ABC):
         self.kc: Any = None
         self._log: IO[bytes] | None = None
         self.restarts = 0
+        self.tools_catalog: str | None = None  # code mode: the catalog this kernel process has (broker.py)
         # a warm spare for the next restart (spares.py), for backends whose kernels can have one
         self.spares: Spares | None = Spares(self) if self.supports_spares else None
 
@@ -147,6 +151,7 @@ class Kernel(ABC):
                 if not await self._manager().is_alive():
                     raise KernelStartError("kernel exited during startup", self.log_tail()) from exc
                 raise
+        self.tools_catalog = None  # a new process: code mode's catalog is pushed again
         await self.install_startup()
         report = await self.evaluate("_kernelexec_policy()", timeout=self.startup_timeout)
         if not (isinstance(report, dict) and report.get("active")):
@@ -202,6 +207,7 @@ class Kernel(ABC):
         """Take ``other``'s running kernel (manager, client, log and slot) as this one's; ``other`` is left empty.
         Used by ``Spares.take_over``: the session's Kernel object stays, its process changes."""
         self.km, self.kc, self._log, self.slot = other.km, other.kc, other._log, other.slot
+        self.tools_catalog = other.tools_catalog
         other.km = other.kc = other._log = None
 
     async def interrupt(self) -> None:
@@ -248,6 +254,7 @@ class Kernel(ABC):
         on_output: OnOutput | None = None,
         result_rule: ResultRule = "variable",
         ask: Ask | None = None,
+        tools: ToolCalls | None = None,
     ) -> Execution:
         """Run ``code`` as one cell. Never raises for the user's errors; those are in ``Execution.error``.
         ``result_rule``: which value is the result (startup/runtime.py): ``variable`` (execute_code's:
@@ -264,10 +271,11 @@ class Kernel(ABC):
             ex.restart_reason = (f"before this code ran, the kernel had died ({status}); it was restarted, "
                                  "so variables from earlier calls are lost")
         ask = ask if self.answers_stdin else None
-        msg_id = self._send(code, result_rule, allow_stdin=ask is not None)
+        tools = tools if self.answers_stdin else None
+        msg_id = self._send(code, result_rule, allow_stdin=ask is not None or tools is not None)
         collector = Collector(ex, self.caps(), self.spec.dirs.outputs, tag=f"stream-{msg_id[:12]}")
         try:
-            state = await self._collect(msg_id, collector, started + timeout, on_output, ask)
+            state = await self._collect(msg_id, collector, started + timeout, on_output, ask, tools)
             if state == "timeout":
                 ex.timed_out = True
                 state = await self._escalate(msg_id, collector, grace, ex, f"timed out after {timeout:.3g} s")
@@ -303,8 +311,11 @@ class Kernel(ABC):
 
     answers_stdin: ClassVar[bool] = True  # a backend whose client has no stdin channel says False
 
-    async def _answer_stdin(self, msg_id: str, ask: Ask, ex: Execution) -> None:
-        """Serve the cell's input()/getpass() requests (the stdin channel) through ``ask``."""
+    async def _answer_stdin(self, msg_id: str, ask: Ask | None, ex: Execution, tools: ToolCalls | None = None) -> None:
+        """Serve the cell's input()/getpass() requests (the stdin channel) through ``ask``, and its brokered tool
+        calls through ``tools``. A tool call is told apart by its metadata's ``TOOL_CALL_MARK`` (set by
+        startup/mcp_tools.py; input() cannot set metadata), never by its prompt: a cell's input() is always asked
+        as a question, and a tool call is never shown to the human as one."""
         while await self.kc.stdin_channel.msg_ready():
             try:
                 msg = await self.kc.get_stdin_msg(timeout=0)
@@ -315,8 +326,14 @@ class Kernel(ABC):
             if (not isinstance(parent, dict) or parent.get("msg_id") != msg_id or msg.get("msg_type") != "input_request"
                     or not isinstance(content, dict)):
                 continue
+            metadata = msg.get("metadata")
+            if isinstance(metadata, dict) and TOOL_CALL_MARK in metadata:
+                reply = (await tools(metadata[TOOL_CALL_MARK]) if tools is not None
+                         else {"error": "code mode is off: no MCP tools are configured (kernelexec serve --tools-config)"})
+                self.kc.input(json.dumps(reply))
+                continue
             prompt, password = str(content.get("prompt", ""))[:2000], content.get("password") is True
-            answer = await ask(prompt, password)
+            answer = await ask(prompt, password) if ask is not None else None
             self.kc.input("\x04" if answer is None else answer)  # ipykernel raises EOFError for \x04
             ex.inputs.append({"prompt": prompt, "password": password, "answered": answer is not None,
                               "answer": None if answer is None else ("***" if password else answer)})
@@ -325,14 +342,15 @@ class Kernel(ABC):
                                 "unanswered before the cell's timeout, or this client cannot ask its user): the cell got EOFError")
 
     async def _collect(
-        self, msg_id: str, collector: Collector, deadline: float, on_output: OnOutput | None, ask: Ask | None = None
+        self, msg_id: str, collector: Collector, deadline: float, on_output: OnOutput | None, ask: Ask | None = None,
+        tools: ToolCalls | None = None,
     ) -> str:
         """Read IOPub until the request's idle status: returns ``idle``, ``timeout`` or ``dead``; meanwhile
         the cell's questions on the stdin channel go to ``ask``."""
         next_check = time.monotonic() + self.liveness_every
         while True:
-            if ask is not None:
-                await self._answer_stdin(msg_id, ask, collector.ex)
+            if ask is not None or tools is not None:
+                await self._answer_stdin(msg_id, ask, collector.ex, tools)
             now = time.monotonic()
             if now >= next_check:
                 if not await self._manager().is_alive():

@@ -35,6 +35,7 @@ QUESTIONS_PER_MINUTE = 5  # a cell cannot make the client ask more often; the re
 MAX_INPUT_CHARS = 1_000_000  # one answer to input()
 
 Ask = Callable[[str, bool], Awaitable[str | None]]
+Approve = Callable[[str], Awaitable[bool | None]]  # code mode's approval question (broker.Approve)
 
 
 @dataclass
@@ -95,6 +96,19 @@ class Run:
             return await self._wait_for_answer(prompt, password)
 
         return ask
+
+    def approver(self, direct: Approve | None) -> Approve:
+        """How a brokered tool call that needs approval (--tools-approve) is asked: ``direct`` (an elicitation over
+        the waiting call's back-channel) while the call that started the run waits; otherwise nobody can be
+        asked (None: the broker refuses the call). Unanswered by the cell's timeout: declined."""
+        async def approve(question: str) -> bool | None:
+            if direct is None or self.listener is None:
+                return None
+            with anyio.move_on_after(max(0.0, self.deadline - time.monotonic())):
+                return await direct(question)
+            return False
+
+        return approve
 
     async def _wait_for_answer(self, prompt: str, password: bool) -> str | None:
         question = self.question = Question(prompt, password)
@@ -158,7 +172,7 @@ class RunRegistry:
 
     def start(self, session: Session, code: str, *, timeout: float, working_dir: str | None,
               listener: Callable[[str, str], Awaitable[None]] | None = None, result_rule: ResultRule = "variable",
-              ask: Ask | None = None, wait_for_input: bool = True) -> Run:
+              ask: Ask | None = None, wait_for_input: bool = True, approve: Approve | None = None) -> Run:
         if self._tg is None:
             raise KernelexecError("background runs need a running session manager")
         run = Run(id="run-" + secrets.token_urlsafe(9), session=session, listener=listener, scope=anyio.CancelScope(),
@@ -172,7 +186,7 @@ class RunRegistry:
             try:
                 with run.scope:
                     run.rendered = await session.run(code, timeout=timeout, working_dir=working_dir, on_output=run.on_output,
-                                                     result_rule=result_rule, ask=run.asker(ask))
+                                                     result_rule=result_rule, ask=run.asker(ask), approve=run.approver(approve))
                 if run.scope.cancelled_caught:
                     run.failure = "cancelled by the client; the kernel was interrupted"
             except KernelexecError as exc:

@@ -8,6 +8,7 @@ written in the background.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -23,6 +24,8 @@ from typing import Any
 import anyio
 
 from . import connections
+from .broker import Approve, Broker, CellCalls
+from .broker import from_settings as broker_from_settings
 from .config import Settings
 from .environments import Environment, prepare, project_modules
 from .errors import InvalidRequest, SessionError
@@ -125,6 +128,7 @@ class Session:
         # (minted, or about to start a kernel) until its kernel stops: ``admit`` checks and reserves.
         self.reserved = False
         self.admit: Callable[[Session], None] | None = None
+        self.broker: Broker | None = None  # code mode (--tools-config): the server's broker, set by the manager
         self._published: Path | None = None
 
     def launch_spec(self) -> LaunchSpec:
@@ -200,7 +204,7 @@ class Session:
         return path
 
     async def run(self, code: str, *, timeout: float, working_dir: str | None = None, on_output: OnOutput | None = None,
-                  result_rule: ResultRule = "variable", ask: Ask | None = None) -> Rendered:
+                  result_rule: ResultRule = "variable", ask: Ask | None = None, approve: Approve | None = None) -> Rendered:
         """Run one cell in this session and return the rendered answer; record it in the notebook.
         ``pip install`` lines in the cell are served by the server's installer first (packages.py).
         ``result_rule``: which value is the result (Kernel.execute)."""
@@ -225,8 +229,11 @@ class Session:
                         await anyio.to_thread.run_sync(self.record, ex, timeout)
                         return self.renderer.render(ex, notebook=str(self.dirs.notebook), layers=kernel.spec.plan.layers)
                     installed = installed_record(outcome, request.specs)
+                calls = await self.code_mode(kernel, approve)
                 ex = await kernel.execute(runnable, timeout=timeout, grace=self.settings.interrupt_grace, on_output=on_output, ask=ask,
-                                          result_rule=result_rule)
+                                          result_rule=result_rule, tools=calls.handle if calls is not None else None)
+                if calls is not None:
+                    ex.tool_calls = calls.records
                 if request is not None:
                     ex.code = code  # the record shows the cell as written; replay installs again from its pip lines
                     ex.notes.insert(0, outcome.summary())
@@ -250,6 +257,17 @@ class Session:
                 self.busy = False
                 self.last_used = time.monotonic()
                 self.publish()  # a restart during the call (timeout, death, cancellation) may have swapped kernels
+
+    async def code_mode(self, kernel: Kernel, approve: Approve | None) -> CellCalls | None:
+        """Code mode (--tools-config): the kernel given the broker's catalog (once per kernel process and
+        catalog), and this cell's calls; None when code mode is off."""
+        if self.broker is None:
+            return None
+        catalog = await self.broker.kernel_catalog()
+        if kernel.tools_catalog != catalog:
+            await kernel.evaluate(f"_kernelexec_tools_catalog({catalog!r})")
+            kernel.tools_catalog = catalog
+        return self.broker.cell(approve)
 
     async def open(self, working_dir: str | None = None) -> None:
         """Start the kernel of a new session (``new_session``), its default directory set first if given."""
@@ -295,6 +313,8 @@ class Session:
             meta["installed"] = installed
         if ex.inputs:
             meta["inputs"] = ex.inputs  # a password as ***
+        if ex.tool_calls:
+            meta["tool_calls"] = ex.tool_calls  # code mode: server, tool, arguments, result or error, duration
         self.recorder.append(ex, meta)
 
     async def _install(self, kernel: Kernel, specs: list[str], *, upgrade: bool = False) -> InstallOutcome:
@@ -392,6 +412,7 @@ class SessionManager:
         self._create_lock = anyio.Lock()
         self._tg: Any = None
         self.runs = RunRegistry()
+        self.broker = broker_from_settings(settings)  # code mode, or None; a config a kernel could write is refused here
         self.pool: list[Session] = []  # sessions minted ahead with their kernel started, owner unset
         self._spare_task_running = False
         self._pool_changed = anyio.Event()
@@ -404,7 +425,9 @@ class SessionManager:
         import nbformat.v4  # noqa: F401
 
         await anyio.to_thread.run_sync(rebuild_stale, self.settings.sessions_dir)  # a killed server's last cells
-        async with anyio.create_task_group() as tg:
+        async with contextlib.AsyncExitStack() as stack, anyio.create_task_group() as tg:
+            if self.broker is not None:
+                await stack.enter_async_context(self.broker.running())
             self._tg = tg
             self.runs.attach(tg)
             tg.start_soon(self._housekeeping)
@@ -449,6 +472,7 @@ class SessionManager:
 
     def _track(self, session: Session) -> Session:
         session.admit = self.admit
+        session.broker = self.broker
         self.sessions[session.handle] = session
         return session
 

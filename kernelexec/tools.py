@@ -30,6 +30,7 @@ from pydantic import BaseModel, Field
 
 from . import view
 from .auth import current_principal
+from .broker import Broker
 from .config import Settings
 from .errors import InvalidRequest, KernelexecError
 from .models import ExecuteResult, InstalledPackage, InstallResult, ResultRule, RunPythonResult, SessionInfo, Variable, VariablesResult
@@ -171,6 +172,27 @@ def _asker(ctx: Context | None, handle: str) -> Callable[[str, bool], Awaitable[
     return ask
 
 
+class _Approval(BaseModel):
+    approve: bool = Field(description="Yes: make this one tool call; no: the code gets mcp_tools.ToolRefused")
+
+
+def _approver(ctx: Context | None) -> Callable[[str], Awaitable[bool | None]] | None:
+    """Code mode's approval of one tool call (--tools-approve), asked of the human as an elicitation over the call's
+    back-channel, in the broker's words; None when the client cannot be asked that way (the call is refused)."""
+    if ctx is None or not _elicits(ctx) or _multi_round_trip(ctx):
+        return None
+
+    async def approve(question: str) -> bool | None:
+        try:
+            result = await ctx.elicit(question, _Approval)
+        except Exception:  # noqa: BLE001 - no back-channel, the client refused: nobody was asked
+            return None
+        data = getattr(result, "data", None)
+        return result.action == "accept" and isinstance(data, _Approval) and data.approve
+
+    return approve
+
+
 def _elicitation(run: Run, question: Question) -> InputRequiredResult:
     """The 2026-07-28 form of the question: an InputRequiredResult the client answers by retrying the call with
     input_responses; request_state is the run id (sealed by the SDK: signed, bound to this call and caller)."""
@@ -224,7 +246,7 @@ class App:
         target.resolve_working_dir(working_dir)  # a bad working_dir is answered before anything starts
         progress = _Progress(ctx)
         started = self.sessions.runs.start(target, code, timeout=seconds, working_dir=working_dir, listener=progress,
-                                           result_rule=result_rule, ask=_asker(ctx, target.handle),
+                                           result_rule=result_rule, ask=_asker(ctx, target.handle), approve=_approver(ctx),
                                            # a question waits for send_input only where there is one (not in the presets)
                                            wait_for_input=yield_after is None and exposed_tools(self.settings) is None)
         patience = self.settings.yield_after if yield_after is None else yield_after
@@ -359,6 +381,37 @@ def variables_answer(handle: str, data: Any) -> CallToolResult:
         text += (f"\n(the first {MAX_LISTED_VARIABLES:,} of {len(data):,} variables; "
                  "inspect the others with execute_code)")
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=found.model_dump(mode="json"))
+
+
+CODE_MODE_LINE = ("Code mode: the code can call the user's MCP tools as Python functions (the server makes the calls): "
+                  "import mcp_tools; mcp_tools.list(); help(fn); await fn.acall(...) runs calls concurrently. Callable:")
+
+
+def code_mode_listing(broker: Broker) -> Callable[[Any, Any], Awaitable[Any]]:
+    """A middleware that adds the callable tools, one line each, to execute_code's description in tools/list
+    (the broker connects to its servers for it the first time: lazily)."""
+    async def listing(ctx: Any, call_next: Any) -> Any:
+        result = await call_next(ctx)
+        if ctx.method != "tools/list":
+            return result
+        entries, failed = await broker.catalog()
+        lines = broker.describe(entries) + [f"({name}: unavailable)" for name in failed]
+        extra = "\n" + CODE_MODE_LINE + "\n" + "\n".join(lines or ["(none)"])
+
+        def patched(tool: Any) -> Any:
+            if isinstance(tool, dict) and tool.get("name") in ("execute_code", "run_python"):
+                return {**tool, "description": (tool.get("description") or "") + extra}
+            if getattr(tool, "name", None) in ("execute_code", "run_python"):
+                return tool.model_copy(update={"description": (tool.description or "") + extra})
+            return tool
+
+        if isinstance(result, dict):
+            return {**result, "tools": [patched(t) for t in result.get("tools", [])]}
+        if hasattr(result, "tools"):
+            return result.model_copy(update={"tools": [patched(t) for t in result.tools]})
+        return result
+
+    return listing
 
 
 def exposed_tools(settings: Settings) -> list[str] | None:
