@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 TOOL_CALL_MARK = "kernelexec_tool_call"  # the input_request metadata key of a brokered call (startup/mcp_tools.py)
 MAX_BATCH = 64  # calls in one request (an asyncio.gather)
 MAX_ARGUMENT_CHARS = 1_000_000
+CONNECT_TIMEOUT = 30.0  # seconds to start and connect to an upstream server
 
 # A human's yes for one call: the question (worded by the server) -> True (approved), False (declined), or
 # None when nobody can be asked
@@ -98,38 +99,38 @@ class Connection:
                 return self.client
             ready = anyio.Event()
             closing = self._closing = anyio.Event()
-            tg.start_soon(self._hold, ready, closing)
-            await ready.wait()
+            scope = anyio.CancelScope()
+            tg.start_soon(self._hold, ready, closing, scope)
+            with anyio.move_on_after(CONNECT_TIMEOUT):
+                await ready.wait()
+            if not ready.is_set():
+                scope.cancel()
+                self.error = f"could not connect to MCP server {self.upstream.name!r} within {CONNECT_TIMEOUT:g} s"
             if self.client is None:
                 raise ConnectionError(self.error or "could not connect")
             return self.client
 
-    async def _hold(self, ready: anyio.Event, closing: anyio.Event) -> None:
+    async def _hold(self, ready: anyio.Event, closing: anyio.Event, scope: anyio.CancelScope) -> None:
+        """The connection's task: the client's context entered and left here (its lifetime in one task)."""
         from mcp import Client
 
-        try:
-            with anyio.fail_after(30):
-                client = Client(self._target())
-                await client.__aenter__()
-        except BaseException as exc:  # noqa: BLE001 - said on the next call
-            self.error = f"could not connect to MCP server {self.upstream.name!r}: {type(exc).__name__}: {exc}"[:500]
-            logger.warning(safe(self.error))
-            ready.set()
-            if not isinstance(exc, Exception):
-                raise
-            return
-        self.connects += 1
-        self.client, self.error = client, None
-        ready.set()
-        try:
-            await closing.wait()
-        finally:
-            self.client = None
-            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-                try:
-                    await client.__aexit__(None, None, None)
-                except BaseException:  # noqa: BLE001 - a crashed server's transport ends as it can
-                    logger.debug("closing %s", self.upstream.name, exc_info=True)
+        with scope:
+            try:
+                async with Client(self._target()) as client:
+                    self.connects += 1
+                    self.client, self.error = client, None
+                    ready.set()
+                    await closing.wait()
+            except Exception as exc:  # noqa: BLE001 - said on the next call
+                if self.client is None:
+                    self.error = f"could not connect to MCP server {self.upstream.name!r}: {type(exc).__name__}: {exc}"[:500]
+                    logger.warning(safe(self.error))
+                else:
+                    logger.info(safe(f"MCP server {self.upstream.name!r}: connection ended ({type(exc).__name__})"))
+            finally:
+                if self._closing is closing:
+                    self.client = None
+                ready.set()
 
     def drop(self) -> None:
         """Close the connection (after a failure): the next call connects again."""

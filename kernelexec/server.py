@@ -40,6 +40,6 @@ def build_server(settings: Settings, sessions: SessionManager) -> MCPServer:
     if apps is not None:
         mcp.middleware.append(view.hide_app_only)  # app-only tools: listed and callable only for Apps clients
     if sessions.broker is not None:  # code mode: the callable tools in execute_code's description
-        mcp.middleware.append(tools.code_mode_listing(sessions.broker))
+        mcp.middleware.append(tools.code_mode_listing(sessions.broker))  # type: ignore[arg-type]
     resources.register(mcp, sessions)
     return mcp

@@ -24,8 +24,8 @@ from typing import Any
 MARK = "kernelexec_tool_call"  # kernelexec/broker.py TOOL_CALL_MARK
 PROMPT = "[kernelexec mcp_tools call: answered by kernelexec's MCP server, not by a person]"
 
-_JSON_TYPES = {"string": "str", "integer": "int", "number": "float", "boolean": "bool", "array": "list",
-               "object": "dict", "null": "None"}
+_JSON_TYPES: dict[str, Any] = {"string": str, "integer": int, "number": float, "boolean": bool, "array": builtins.list,
+                               "object": dict, "null": None}
 
 
 class ToolError(Exception):
@@ -151,7 +151,7 @@ class _Batch:
                     continue
                 if exc is not None:
                     waiter.set_exception(exc)
-                elif not isinstance(results, list) or i >= len(results):
+                elif not isinstance(results, builtins.list) or i >= len(results):
                     waiter.set_exception(ToolError(str(future.result().get("error", "malformed reply"))))
                 else:
                     waiter.set_result(results[i])
@@ -174,16 +174,21 @@ async def _acall(server: str, tool: str, arguments: dict[str, Any]) -> Any:
     return _outcome(await waiter)
 
 
-def _annotation(schema: Any) -> str:
+def _annotation(schema: Any) -> Any:
+    """A JSON schema's type as a Python annotation (a type where there is one, else its name)."""
     if not isinstance(schema, dict):
-        return "Any"
+        return Any
     kind = schema.get("type")
     if isinstance(kind, str):
-        return _JSON_TYPES.get(kind, "Any")
+        return _JSON_TYPES.get(kind, Any)
     options = schema.get("anyOf") or schema.get("oneOf")
-    if isinstance(options, list):
-        return " | ".join(dict.fromkeys(_annotation(o) for o in options))
-    return "Any"
+    if isinstance(options, builtins.list):
+        return " | ".join(dict.fromkeys(_name(_annotation(o)) for o in options))
+    return Any
+
+
+def _name(annotation: Any) -> str:
+    return "None" if annotation is None else getattr(annotation, "__name__", str(annotation))
 
 
 def _tool(entry: dict[str, Any]) -> Any:
@@ -201,7 +206,7 @@ def _tool(entry: dict[str, Any]) -> Any:
         default = inspect.Parameter.empty if key in required else prop.get("default")
         params.append(inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=_annotation(prop)))
         described = str(prop.get("description", "")).strip()
-        lines.append(f"    {key} ({_annotation(prop)}{', required' if key in required else ''})"
+        lines.append(f"    {key} ({_name(_annotation(prop))}{', required' if key in required else ''})"
                      f"{': ' + described if described else ''}")
     params.sort(key=lambda p: p.default is not inspect.Parameter.empty)
     signature = inspect.Signature(params)
