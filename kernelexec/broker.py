@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -88,9 +89,12 @@ class Connection:
             from mcp.client.streamable_http import streamable_http_client
 
             return streamable_http_client(up.url, http_client=httpx2.AsyncClient(headers=up.headers, timeout=30.0))
-        from mcp.client.stdio import StdioServerParameters
+        from mcp.client.stdio import StdioServerParameters, stdio_client
 
-        return StdioServerParameters(command=up.command, args=list(up.args), env=up.env or None, cwd=up.cwd)
+        # its stderr goes to the server's own (fd 2), whatever sys.stderr has become
+        errlog = sys.__stderr__ if sys.__stderr__ is not None else sys.stderr
+        return stdio_client(StdioServerParameters(command=up.command, args=list(up.args), env=up.env or None, cwd=up.cwd),
+                            errlog=errlog)
 
     async def get(self, tg: Any) -> Any:
         """The connected client, connecting first if there is none (one connect at a time)."""

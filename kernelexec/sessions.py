@@ -425,9 +425,8 @@ class SessionManager:
         import nbformat.v4  # noqa: F401
 
         await anyio.to_thread.run_sync(rebuild_stale, self.settings.sessions_dir)  # a killed server's last cells
-        async with contextlib.AsyncExitStack() as stack, anyio.create_task_group() as tg:
-            if self.broker is not None:
-                await stack.enter_async_context(self.broker.running())
+        code_mode = self.broker.running() if self.broker is not None else contextlib.nullcontext()  # code mode's connections
+        async with code_mode, anyio.create_task_group() as tg:
             self._tg = tg
             self.runs.attach(tg)
             tg.start_soon(self._housekeeping)
