@@ -313,18 +313,29 @@ def approval_message(server: str, tool: str, arguments: dict[str, Any], pattern:
             f"(--tools-approve {pattern!r} asks you each time). Arguments:\n{shown}\n\nApprove this one call?")
 
 
+_validators: dict[str, Any] = {}  # a tool's schema (as JSON) -> its checked validator, or None (malformed)
+
+
 def schema_problem(schema: dict[str, Any], arguments: Any) -> str | None:
     """Why ``arguments`` fail the tool's input schema (jsonschema), or None."""
     if not isinstance(arguments, dict):
         return "arguments must be an object"
     import jsonschema
 
-    try:
-        cls = jsonschema.validators.validator_for(schema)
-        cls.check_schema(schema)
-    except jsonschema.SchemaError:
-        return None  # a server's malformed schema is its own business: the server checks
-    error = jsonschema.exceptions.best_match(cls(schema).iter_errors(arguments))
+    key = json.dumps(schema, sort_keys=True)
+    if key not in _validators:
+        if len(_validators) > 4096:
+            _validators.clear()
+        try:
+            cls = jsonschema.validators.validator_for(schema)
+            cls.check_schema(schema)
+            _validators[key] = cls(schema)
+        except jsonschema.SchemaError:
+            _validators[key] = None  # a server's malformed schema is its own business: the server checks
+    validator = _validators[key]
+    if validator is None:
+        return None
+    error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
     if error is None:
         return None
     where = ".".join(map(str, error.absolute_path))
@@ -383,9 +394,10 @@ class CellCalls:
         record["duration_ms"] = round((time.monotonic() - started) * 1000, 3)
         self.broker.calls += 1
         self.records.append(record)
-        logger.info(safe(f"tool call {server}.{tool} {json.dumps(arguments)[:300]} -> "
-                         f"{'ok' if item.get('ok') else 'refused' if item.get('refused') else 'error'} "
-                         f"in {record['duration_ms']:.1f} ms{'' if item.get('ok') else ': ' + str(item.get('message'))[:200]}"))
+        if logger.isEnabledFor(logging.INFO):
+            logger.info(safe(f"tool call {server}.{tool} {json.dumps(arguments)[:300]} -> "
+                             f"{'ok' if item.get('ok') else 'refused' if item.get('refused') else 'error'} "
+                             f"in {record['duration_ms']:.1f} ms{'' if item.get('ok') else ': ' + str(item.get('message'))[:200]}"))
         return item
 
 

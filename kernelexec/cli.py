@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> None:
     settings = _settings(args)
     install_excepthook()
     install_logging(logging.WARNING, sys.stderr)  # every log line escaped: kernels and notebooks write into them
+    if settings.tools_config:  # code mode: every brokered tool call is a log line (server, tool, arguments, outcome, time)
+        logging.getLogger("kernelexec.broker").setLevel(logging.INFO)
     if args.command == "config":
         print(json.dumps(settings.model_dump(mode="json"), indent=2))
         return

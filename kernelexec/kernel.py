@@ -359,8 +359,11 @@ class Kernel(ABC):
             remaining = deadline - now
             if remaining <= 0:
                 return "timeout"
+            wait = min(remaining, _POLL)
+            if tools is not None and await self._stdin_first(wait):
+                continue  # code mode: a tool call waits; served at the top, not after the next IOPub poll
             try:
-                msg = await self.kc.get_iopub_msg(timeout=min(remaining, _POLL))
+                msg = await self.kc.get_iopub_msg(timeout=0 if tools is not None else wait)
             except queue.Empty:
                 continue
             except Exception as exc:  # a message that would not decode (see wire.loads): dropped, counted
@@ -375,6 +378,22 @@ class Kernel(ABC):
                 await on_output(msg["content"]["name"], text)
             if collector.idle:
                 return "idle"
+
+    async def _stdin_first(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for IOPub or stdin, whichever comes first; True when stdin has a message.
+        (A brokered tool call's round trip must not wait for an IOPub poll to end.)"""
+        import zmq
+        import zmq.asyncio
+
+        sockets = [getattr(channel, "socket", None) for channel in (self.kc.iopub_channel, self.kc.stdin_channel)]
+        if any(not isinstance(sock, zmq.asyncio.Socket) for sock in sockets):  # another client kind: poll as before
+            await anyio.sleep(min(timeout, 0.01))
+            return bool(await self.kc.stdin_channel.msg_ready())
+        poller = zmq.asyncio.Poller()
+        for sock in sockets:
+            poller.register(sock, zmq.POLLIN)
+        ready = dict(await poller.poll(timeout * 1000))
+        return sockets[1] in ready
 
     async def _escalate(self, msg_id: str, collector: Collector, grace: float, ex: Execution, why: str) -> str:
         """SIGINT, wait ``grace`` for idle; if the cell still runs (C loop, SIGINT ignored), restart."""
