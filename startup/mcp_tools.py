@@ -69,10 +69,7 @@ def _request(payload: dict[str, Any], route: tuple[Any, Any]) -> dict[str, Any]:
 
     kernel = _kernel()
     ident, parent = route
-    with _lock:
-        for stream in (sys.stdout, sys.stderr):
-            if stream is not None:
-                stream.flush()
+    with _lock:  # no flush of stdout first (input() does one): it waits on the IOPub thread, and a call prints nothing
         socket = kernel.stdin_socket
         while True:  # stale replies
             try:
