@@ -359,6 +359,8 @@ class CellCalls:
         calls = payload.get("calls") if isinstance(payload, dict) else None
         if op != "call" or not isinstance(calls, list) or not 0 < len(calls) <= MAX_BATCH:
             return {"error": f"malformed tool request (at most {MAX_BATCH} calls at once)"}
+        if len(calls) == 1:  # the usual case: no task to start
+            return {"results": [await self.one(calls[0])]}
         results: list[dict[str, Any]] = [{} for _ in calls]
 
         async def one(i: int, call: Any) -> None:

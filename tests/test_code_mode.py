@@ -125,9 +125,14 @@ async def test_structured_text_and_image_results_from_both_servers(served: Serve
 
 
 async def test_help_signature_and_list_come_from_the_schema(served: Served) -> None:
-    r = await served.run("import inspect\nprint(mcp_tools.local.forecast.__doc__)\nstr(inspect.signature(mcp_tools.local.forecast))")
-    assert r["result"] == "(*, city: str, days: int = 1)", r
+    r = await served.run("import inspect, mcp_tools\nprint(mcp_tools.local.forecast.__doc__)\nstr(inspect.signature(mcp_tools.local.forecast))")
+    assert r["result"] == "(*, city: str, days: int = 1)", (r["error"], r["traceback"])
     assert "City name" in r["stdout"] and "Tomorrow's forecast" in r["stdout"], r
+    # what tab completion offers (ipykernel's complete_request asks the same completer)
+    r = await served.run("import warnings\nline = 'mcp_tools.local.fo'\nwith warnings.catch_warnings():\n"
+                         "    warnings.simplefilter('ignore')\n"
+                         "    result = [c.text for c in get_ipython().Completer.completions(line, len(line))]")
+    assert any(text.endswith("forecast") for text in r["result"] or []), r
     r = await served.run("result = mcp_tools.list()")
     assert any(line.startswith("remote.add(*, a: int, b: int)") for line in r["result"]), r
     assert not any("secret" in line for line in r["result"]), r
