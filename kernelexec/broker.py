@@ -38,6 +38,7 @@ TOOL_CALL_MARK = "kernelexec_tool_call"  # the input_request metadata key of a b
 MAX_BATCH = 64  # calls in one request (an asyncio.gather)
 MAX_ARGUMENT_CHARS = 1_000_000
 CONNECT_TIMEOUT = 30.0  # seconds to start and connect to an upstream server
+RETRY_AFTER = 30.0  # seconds a server that failed to connect is left alone by listings (a call tries at once)
 
 # A human's yes for one call: the question (worded by the server) -> True (approved), False (declined), or
 # None when nobody can be asked
@@ -81,6 +82,7 @@ class Connection:
         self._lock = anyio.Lock()
         self._closing: anyio.Event | None = None
         self.connects = 0
+        self.failed_at = -RETRY_AFTER  # monotonic time of the last failed connect
 
     def _target(self) -> Any:
         up = self.upstream
@@ -111,6 +113,7 @@ class Connection:
                 scope.cancel()
                 self.error = f"could not connect to MCP server {self.upstream.name!r} within {CONNECT_TIMEOUT:g} s"
             if self.client is None:
+                self.failed_at = time.monotonic()
                 raise ConnectionError(self.error or "could not connect")
             return self.client
 
@@ -196,6 +199,9 @@ class Broker:
         tg = self._task_group()
 
         async def one(attr: str, connection: Connection) -> None:
+            if connection.tools is None and time.monotonic() - connection.failed_at < RETRY_AFTER:
+                failed[attr] = connection.error or "could not connect"  # not tried again for every cell
+                return
             try:
                 with anyio.fail_after(self.limits.call_timeout):
                     tools = await connection.list_tools(tg)
@@ -354,8 +360,6 @@ class CellCalls:
     async def handle(self, payload: Any) -> dict[str, Any]:
         """A request from the kernel (untrusted): its calls made concurrently; the reply."""
         op = payload.get("op") if isinstance(payload, dict) else None
-        if op == "catalog":
-            return {"catalog": json.loads(await self.broker.kernel_catalog())}
         calls = payload.get("calls") if isinstance(payload, dict) else None
         if op != "call" or not isinstance(calls, list) or not 0 < len(calls) <= MAX_BATCH:
             return {"error": f"malformed tool request (at most {MAX_BATCH} calls at once)"}

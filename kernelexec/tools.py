@@ -383,6 +383,7 @@ def variables_answer(handle: str, data: Any) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=found.model_dump(mode="json"))
 
 
+LISTING_PATIENCE = 10.0  # seconds tools/list waits for code mode's servers to list their tools
 CODE_MODE_LINE = ("Code mode: the code can call the user's MCP tools as Python functions (the server makes the calls): "
                   "import mcp_tools; mcp_tools.list(); help(fn); await fn.acall(...) runs calls concurrently. Callable:")
 
@@ -394,8 +395,10 @@ def code_mode_listing(broker: Broker) -> Callable[[Any, Any], Awaitable[Any]]:
         result = await call_next(ctx)
         if ctx.method != "tools/list":
             return result
-        entries, failed = await broker.catalog()
-        lines = broker.describe(entries) + [f"({name}: unavailable)" for name in failed]
+        lines = ["(the MCP servers are still starting: mcp_tools.list() in a cell names what is callable)"]
+        with anyio.move_on_after(LISTING_PATIENCE):  # a slow server must not hold up tools/list
+            entries, failed = await broker.catalog()
+            lines = broker.describe(entries) + [f"({name}: unavailable)" for name in failed]
         extra = "\n" + CODE_MODE_LINE + "\n" + "\n".join(lines or ["(none)"])
 
         def patched(tool: Any) -> Any:

@@ -226,15 +226,26 @@ async def test_the_kernel_still_has_no_network_nor_the_token(served: Served, rem
     assert r["error_type"] in ("ImportError", "PermissionError", "OSError", "ConnectionRefusedError"), r
     r = await served.run("import os\nresult = [k for k, v in os.environ.items() if 's3cr3t' in v]")
     assert r["result"] == [], r
+    r = await served.run("import json, sys\ncatalog = json.dumps(sys.modules['mcp_tools']._catalog)\n"
+                         f"result = ['s3cr3t' in catalog, '{remote_port}' in catalog, 'codemode_upstream' in catalog]")
+    assert r["result"] == [False, False, False], r  # the kernel knows names, descriptions and schemas: no URL, header or command
 
 
-async def test_mcp_tools_works_under_strict(short_tmp: Path, config_dir: Path) -> None:
-    settings = make_settings(short_tmp, pool_size=0, restart_spares=0, profile="strict", tools_config=str(write_config(config_dir, None)))
+async def test_mcp_tools_works_under_strict_and_a_broken_server_only_says_so(short_tmp: Path, config_dir: Path) -> None:
+    config = json.loads(write_config(config_dir, None).read_text())
+    config["mcpServers"]["broken"] = {"command": str(config_dir / "no-such-server")}
+    path = config_dir / "with-broken.json"
+    path.write_text(json.dumps(config))
+    settings = make_settings(short_tmp, pool_size=0, restart_spares=0, profile="strict", tools_config=str(path))
     async with SessionManager(settings).running() as sessions, Client(build_server(settings, sessions), mode="legacy") as client:
         r: Any = (await client.call_tool("execute_code", {"code": "import mcp_tools\nmcp_tools.local.add(a=3, b=4)"})).structured_content
         assert r["result"] == 7, r
         r = (await client.call_tool("execute_code", {"code": "await mcp_tools.gather(mcp_tools.local.add.acall(a=1, b=2))"})).structured_content
         assert r["result"] == [3], r
+        r = (await client.call_tool("execute_code", {"code": "[line for line in mcp_tools.list() if 'broken' in line]"})).structured_content
+        assert len(r["result"]) == 1 and "unavailable (could not connect" in r["result"][0], r
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        assert "(broken: unavailable)" in (tools["execute_code"].description or "")
 
 
 # --- replay -------------------------------------------------------------------------------------
