@@ -271,7 +271,7 @@ class Kernel(ABC):
             ex.restart_reason = (f"before this code ran, the kernel had died ({status}); it was restarted, "
                                  "so variables from earlier calls are lost")
         ask = ask if self.answers_stdin else None
-        tools = tools if self.answers_stdin else None
+        tools = tools if self.serves_tool_calls else None
         msg_id = self._send(code, result_rule, allow_stdin=ask is not None or tools is not None)
         collector = Collector(ex, self.caps(), self.spec.dirs.outputs, tag=f"stream-{msg_id[:12]}")
         try:
@@ -310,6 +310,7 @@ class Kernel(ABC):
         return str(msg["header"]["msg_id"])
 
     answers_stdin: ClassVar[bool] = True  # a backend whose client has no stdin channel says False
+    serves_tool_calls: ClassVar[bool] = True  # code mode's calls over the stdin channel (broker.py); gateways too
 
     async def _answer_stdin(self, msg_id: str, ask: Ask | None, ex: Execution, tools: ToolCalls | None = None) -> None:
         """Serve the cell's input()/getpass() requests (the stdin channel) through ``ask``, and its brokered tool

@@ -332,3 +332,19 @@ def test_patterns_names_and_schemas() -> None:
                 if line.startswith("MARK = "))
     assert f'"{TOOL_CALL_MARK}"' in mark  # the kernel's side and the server's name the same field
     assert Broker([]).allow == ["*"] and issubclass(ToolsConfigError, KernelexecError)
+
+
+async def test_calls_travel_through_a_gateways_websocket_too(short_tmp: Path, config_dir: Path) -> None:
+    """The stdin channel passes through a Jupyter Server's kernel WebSocket: code mode with --kernel-gateway."""
+    from .test_gateway import _start_gateway, _stop_gateway
+
+    gateway = _start_gateway("jupyter_server", short_tmp)
+    try:
+        settings = make_settings(short_tmp, pool_size=0, restart_spares=0, kernel_gateway=gateway.url,
+                                 kernel_gateway_token=gateway.token, tools_config=str(write_config(config_dir, None)))
+        async with SessionManager(settings).running() as sessions, Client(build_server(settings, sessions), mode="legacy") as client:
+            code = "import mcp_tools\nresult = [mcp_tools.local.add(a=20, b=22), await mcp_tools.gather(mcp_tools.local.shout.acall(text='gw'))]"
+            r: Any = (await client.call_tool("execute_code", {"code": code})).structured_content
+            assert r["result"] == [42, ["GW!"]], r
+    finally:
+        _stop_gateway(gateway)
