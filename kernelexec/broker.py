@@ -30,7 +30,7 @@ from typing import Any
 import anyio
 
 from .terminal import safe
-from .tools_config import Upstream, matches, python_name
+from .tools_config import Upstream, matches, python_name, server_attr
 
 logger = logging.getLogger(__name__)
 
@@ -64,10 +64,10 @@ class ToolEntry:
 
     @property
     def qualified(self) -> str:
-        return f"{python_name(self.server)}.{python_name(self.name)}"
+        return f"{server_attr(self.server)}.{python_name(self.name)}"
 
     def for_kernel(self) -> dict[str, Any]:
-        return {"server": python_name(self.server), "tool": python_name(self.name), "name": self.name,
+        return {"server": server_attr(self.server), "tool": python_name(self.name), "name": self.name,
                 "server_name": self.server, "description": self.description[:4000], "input_schema": self.input_schema}
 
 

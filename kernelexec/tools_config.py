@@ -25,6 +25,7 @@ from .errors import KernelexecError
 from .host import KernelReach
 
 MAX_CONFIG_BYTES = 1_000_000
+RESERVED = frozenset({"list", "gather", "ToolError", "ToolRefused", "MARK", "PROMPT", "annotations"})  # mcp_tools' own names
 
 
 class ToolsConfigError(KernelexecError):
@@ -47,8 +48,8 @@ class Upstream:
 
     @property
     def attr(self) -> str:
-        """Its name in the kernel: ``mcp_tools.<attr>``."""
-        return python_name(self.name)
+        """Its name in the kernel: ``mcp_tools.<attr>`` (``_`` added to a name the module itself uses)."""
+        return server_attr(self.name)
 
 
 def python_name(name: str) -> str:
@@ -57,6 +58,12 @@ def python_name(name: str) -> str:
     if not text or text[0].isdigit():
         text = "_" + text
     return text if not text.startswith("__") else "x" + text
+
+
+def server_attr(name: str) -> str:
+    """A configured server's attribute of ``mcp_tools`` (``_`` added to a name the module itself uses)."""
+    attr = python_name(name)
+    return attr + "_" if attr in RESERVED else attr
 
 
 def _strings(value: Any, what: str) -> tuple[str, ...]:

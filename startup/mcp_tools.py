@@ -16,6 +16,7 @@ import base64
 import builtins
 import inspect
 import json
+import keyword
 import sys
 import threading
 import types
@@ -197,15 +198,17 @@ def _tool(entry: dict[str, Any]) -> Any:
     required = set(schema.get("required") or [])
     params, lines = [], []
     for key, prop in props.items():
-        if not str(key).isidentifier():
-            continue
         prop = prop if isinstance(prop, dict) else {}
-        default = inspect.Parameter.empty if key in required else prop.get("default")
-        params.append(inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=_annotation(prop)))
         described = str(prop.get("description", "")).strip()
+        plain = str(key).isidentifier() and not keyword.iskeyword(str(key))
         lines.append(f"    {key} ({_name(_annotation(prop))}{', required' if key in required else ''})"
-                     f"{': ' + described if described else ''}")
+                     f"{': ' + described if described else ''}{'' if plain else ' [pass it as **{' + repr(key) + ': ...}]'}")
+        if plain:
+            default = inspect.Parameter.empty if key in required else prop.get("default")
+            params.append(inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=_annotation(prop)))
     params.sort(key=lambda p: p.default is not inspect.Parameter.empty)
+    if len(lines) > len(params):  # a name Python cannot take as a keyword: the signature takes **arguments too
+        params.append(inspect.Parameter("arguments", inspect.Parameter.VAR_KEYWORD))
     signature = inspect.Signature(params)
 
     def tool(**arguments: Any) -> Any:
@@ -260,7 +263,10 @@ def _install_catalog(text: str) -> int:
         _servers.setdefault(name, _Server(_attr=name))
     for entry in data.get("tools", []):
         server = _servers.setdefault(str(entry["server"]), _Server(_attr=str(entry["server"])))
-        setattr(server, str(entry["tool"]), _tool(entry))
+        try:
+            setattr(server, str(entry["tool"]), _tool(entry))
+        except Exception as exc:  # noqa: BLE001 - one odd schema must not take the other tools away
+            data.setdefault("unavailable", {})[f"{entry['server']}.{entry['tool']}"] = f"its schema could not be read: {exc!r}"[:300]
     for name, server in _servers.items():
         if name.isidentifier() and not hasattr(module, name):
             setattr(module, name, server)

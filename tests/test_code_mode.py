@@ -25,7 +25,7 @@ from kernelexec.errors import KernelexecError
 from kernelexec.host import KernelReach
 from kernelexec.server import build_server
 from kernelexec.sessions import SessionManager
-from kernelexec.tools_config import ToolsConfigError, load, matches, python_name
+from kernelexec.tools_config import ToolsConfigError, load, matches, python_name, server_attr
 
 from .conftest import clean_env, free_port, kernelexec_cmd, make_settings, wait_for_port
 
@@ -323,6 +323,7 @@ def test_serve_refuses_a_tools_config_in_a_work_root(short_tmp: Path) -> None:
 
 def test_patterns_names_and_schemas() -> None:
     assert python_name("my-server") == "my_server" and python_name("2fa") == "_2fa"
+    assert server_attr("list") == "list_" and server_attr("db") == "db"  # mcp_tools.list() stays the module's
     assert matches(["*.read_*"], "db", "read_rows") == "*.read_*" and matches(["db.write"], "db", "read") is None
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
     assert schema_problem(schema, {"n": 1}) is None
@@ -348,3 +349,17 @@ async def test_calls_travel_through_a_gateways_websocket_too(short_tmp: Path, co
             assert r["result"] == [42, ["GW!"]], r
     finally:
         _stop_gateway(gateway)
+
+
+def test_a_schema_with_names_python_cannot_take_still_makes_a_function() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_mcp_tools_probe", Path(__file__).resolve().parents[1] / "startup" / "mcp_tools.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    fn = module._tool({"server": "db", "tool": "span", "name": "span", "server_name": "db", "description": "A span.",
+                       "input_schema": {"type": "object", "required": ["to"], "properties": {
+                           "from": {"type": "integer", "description": "start"}, "to": {"anyOf": [{"type": "integer"}, {"type": "null"}]}}}})
+    assert str(__import__("inspect").signature(fn)) == "(*, to: 'int | None', **arguments)"
+    assert "from (int): start [pass it as **{'from': ...}]" in fn.__doc__ and fn.__name__ == "span"
