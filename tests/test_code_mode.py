@@ -363,3 +363,19 @@ def test_a_schema_with_names_python_cannot_take_still_makes_a_function() -> None
                            "from": {"type": "integer", "description": "start"}, "to": {"anyOf": [{"type": "integer"}, {"type": "null"}]}}}})
     assert str(__import__("inspect").signature(fn)) == "(*, to: 'int | None', **arguments)"
     assert "from (int): start [pass it as **{'from': ...}]" in fn.__doc__ and fn.__name__ == "span"
+
+
+async def test_kernelexec_serve_over_stdio_with_its_caps(short_tmp: Path, config_dir: Path) -> None:
+    """The real command as a stdio child of an MCP client: the flags, the per-cell cap and the result cap."""
+    from .support import stdio_params
+
+    state = Path(tempfile.mkdtemp(prefix="st", dir=short_tmp))
+    params = stdio_params(state, "--pool-size", "0", "--restart-spares", "0", "--tools-config", str(write_config(config_dir, None)),
+                          "--tools-max-calls-per-cell", "3", "--tools-max-result-chars", "120")
+    async with Client(params) as client:
+        code = ("import mcp_tools\nout = []\nfor i in range(4):\n    try:\n        out.append(mcp_tools.local.add(a=i, b=1))\n"
+                "    except mcp_tools.ToolRefused as e:\n        out.append(str(e))\nresult = out")
+        r: Any = (await client.call_tool("execute_code", {"code": code})).structured_content
+        assert r["result"][:3] == [1, 2, 3] and "more than 3 tool calls" in r["result"][3], r
+        r = (await client.call_tool("execute_code", {"code": "mcp_tools.local.shout(text='x' * 500)"})).structured_content
+        assert r["error_type"] == "ToolError" and "the cap is 120" in r["error"], r
