@@ -36,7 +36,7 @@ from .errors import InvalidRequest, KernelexecError
 from .models import ExecuteResult, InstalledPackage, InstallResult, ResultRule, RunPythonResult, SessionInfo, Variable, VariablesResult
 from .render import Rendered
 from .restore import describe_replayed
-from .runs import Question, Run
+from .runs import APPROVED, Question, Run
 from .sessions import Session, SessionManager
 from .view import VIEW_META
 from .wire import clean_text
@@ -196,6 +196,10 @@ def _approver(ctx: Context | None) -> Callable[[str], Awaitable[bool | None]] | 
 def _elicitation(run: Run, question: Question) -> InputRequiredResult:
     """The 2026-07-28 form of the question: an InputRequiredResult the client answers by retrying the call with
     input_responses; request_state is the run id (sealed by the SDK: signed, bound to this call and caller)."""
+    if question.approval:  # code mode: the broker's own words (broker.approval_message), a yes/no
+        request = ElicitRequest(params=ElicitRequestFormParams(message=question.prompt,
+                                                               requested_schema=_Approval.model_json_schema()))
+        return InputRequiredResult(input_requests={INPUT_KEY: request}, request_state=run.id)
     schema = _Answer.model_json_schema()
     request = ElicitRequest(params=ElicitRequestFormParams(
         message=question_message(run.session.handle, question.prompt, question.password), requested_schema=schema))
@@ -247,6 +251,7 @@ class App:
         progress = _Progress(ctx)
         started = self.sessions.runs.start(target, code, timeout=seconds, working_dir=working_dir, listener=progress,
                                            result_rule=result_rule, ask=_asker(ctx, target.handle), approve=_approver(ctx),
+                                           elicit_retry=_elicits(ctx) and _multi_round_trip(ctx),
                                            # a question waits for send_input only where there is one (not in the presets)
                                            wait_for_input=yield_after is None and exposed_tools(self.settings) is None)
         patience = self.settings.yield_after if yield_after is None else yield_after
@@ -285,11 +290,13 @@ class App:
         found = self.sessions.runs.get(str(ctx.request_state), owner=self.owner())
         response = (ctx.input_responses or {}).get(INPUT_KEY)
         text = None
+        waiting = found.awaiting
         if isinstance(response, ElicitResult) and response.action == "accept" and isinstance(response.content, dict):
-            value = response.content.get("answer")
-            text = value if isinstance(value, str) else None
-        if found.awaiting is not None:
-            found.answer(text)
+            value = response.content.get("approve" if waiting is not None and waiting.approval else "answer")
+            text = (APPROVED if value is True else "declined") if waiting is not None and waiting.approval else \
+                value if isinstance(value, str) else None
+        if waiting is not None:
+            found.answer(text, by_human=True)
         return await self.follow(ctx, found, self.settings.yield_after or math.inf)
 
     def reply(self, ctx: Context, done: Rendered | Run, what: str) -> CallToolResult | InputRequiredResult:
@@ -309,6 +316,8 @@ class App:
             return running(done, what)
         if _elicits(ctx) and _multi_round_trip(ctx):
             return _elicitation(done, question)
+        if question.approval:  # only the human approves a tool call: nothing for the model to answer
+            return running(done, f"{what}; it waits for the user's approval of a tool call (a client that elicits can give it)")
         return awaiting_input(done, question)
 
     async def start_background(self, ctx: Context, code: str, session: str | None, timeout: float | None,

@@ -379,3 +379,31 @@ async def test_kernelexec_serve_over_stdio_with_its_caps(short_tmp: Path, config
         assert r["result"][:3] == [1, 2, 3] and "more than 3 tool calls" in r["result"][3], r
         r = (await client.call_tool("execute_code", {"code": "mcp_tools.local.shout(text='x' * 500)"})).structured_content
         assert r["error_type"] == "ToolError" and "the cap is 120" in r["error"], r
+
+
+async def test_the_2026_protocol_asks_for_approval_through_input_required(short_tmp: Path, config_dir: Path) -> None:
+    """The SDK's default (2026-07-28) client has no back-channel: the approval goes out as an InputRequiredResult in
+    the broker's words, the client asks its human and retries; the cell runs once. send_input cannot approve."""
+    settings = make_settings(short_tmp, pool_size=0, restart_spares=0, tools_config=str(write_config(config_dir, None)),
+                             tools_approve=["local.transfer"])
+    human = Human()
+    human.answers = [("accept", {"approve": True}), ("accept", {"approve": False})]
+    async with SessionManager(settings).running() as sessions, Client(build_server(settings, sessions), elicitation_callback=human) as client:
+        assert client.protocol_version >= "2026-07-28"
+        code = "import mcp_tools, itertools\nruns = globals().setdefault('runs', itertools.count())\nn = next(runs)\n[n, mcp_tools.local.transfer(amount=9)]"
+        r: Any = (await client.call_tool("execute_code", {"code": code})).structured_content
+        assert r["result"] == [0, "sent 9"], r
+        r = (await client.call_tool("execute_code", {"code": "mcp_tools.local.transfer(amount=10)"})).structured_content
+        assert r["error_type"] == "ToolRefused" and "declined by the user" in r["error"], r
+    assert len(human.asked) == 2 and human.asked[0].startswith("kernelexec: code running in a session wants to call the MCP tool local.transfer")
+
+
+def test_send_input_cannot_approve_a_tool_call() -> None:
+    from kernelexec.errors import InvalidRequest
+    from kernelexec.runs import Question, Run
+
+    run = Run(id="run-x", session=None)  # type: ignore[arg-type]
+    run.question = Question("kernelexec: … wants to call the MCP tool a.b …", False, approval=True)
+    with pytest.raises(InvalidRequest, match="only the user gives"):
+        run.answer("approve")
+    assert run.answer(None).answer is None  # declining is allowed
