@@ -11,6 +11,11 @@
    direct tool calls (each call's arguments it writes and each result it reads) vs one ``execute_code`` cell
    (the code it writes and the answer it reads).
 3. ``execute_code``'s description with code mode on (one line per callable tool) vs off.
+
+Measured here (December, 2 CPUs, load average 1.8; 300 calls each): direct 2.27 ms vs brokered 3.79 ms over
+HTTP (+1.51), 1.21 vs 2.31 ms over stdio (+1.10); the task: 5,700 characters read (+1,850 written) as 50
+direct calls vs 251 (+201 written) as one cell; the description 102 -> 1,691 characters for 22 tools.
+Under load from other work (load average ~5) the broker's added time rose to 3-6 ms.
 """
 
 from __future__ import annotations
