@@ -265,8 +265,11 @@ class Session:
             return None
         catalog = await self.broker.kernel_catalog()
         if kernel.tools_catalog != catalog:
-            await kernel.evaluate(f"_kernelexec_tools_catalog({catalog!r})")
-            kernel.tools_catalog = catalog
+            count = await kernel.evaluate(f"_kernelexec_tools_catalog({catalog!r})")
+            if isinstance(count, int):
+                kernel.tools_catalog = catalog
+            else:  # the kernel could not take it (an old startup file?): tried again at the next cell
+                logger.warning("session %s: the kernel did not take code mode's catalog: %s", self.handle, str(count)[:200])
         return self.broker.cell(approve)
 
     async def open(self, working_dir: str | None = None) -> None:
