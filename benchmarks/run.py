@@ -32,6 +32,9 @@ Sections (each starts and stops its own kernels, so they do not compete for the 
                   runs ``1+1``: its latency vs no flood (p99 included) and the server's VmHWM growth (benchmarks/flood.py).
 11. answers       characters (and a token estimate) per ``execute_code`` answer for ten typical calls (a plot,
                   a DataFrame, a print, errors...), text blocks vs structured content (benchmarks/answers.py).
+12. codemode      a brokered ``mcp_tools`` call's round trip (timed in the cell) vs a direct SDK client call to the
+                  same upstream server, HTTP and stdio; characters the model reads for a 50-call task done as 50
+                  direct tool calls vs one cell; execute_code's description with code mode on (benchmarks/codemode.py).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from mcp import Client
 
 from benchmarks.answers import bench_answers
 from benchmarks.baselines import bench_smolagents
+from benchmarks.codemode import bench_codemode
 from benchmarks.common import (
     call,
     clean_env,
@@ -468,6 +472,7 @@ SECTIONS = {
     "packages": [bench_packages],
     "flood": [bench_flood],
     "answers": [bench_answers],
+    "codemode": [bench_codemode],
 }
 
 

@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--ask", action="store_true",
                         help="ask a cell's input()/getpass() on this terminal instead of answering it from the "
                         "notebook's recorded answers (a password is recorded as *** and is never replayed)")
+    replay.add_argument("--live-tools", action="store_true",
+                        help="code mode: call the live MCP servers (--tools-config) for a cell's mcp_tools calls instead of "
+                        "serving the notebook's recorded results; a differing result shows in the comparison")
     _add_settings_flags(replay, skip=_SERVE_ONLY)  # --profile: default the one the notebook was recorded under
 
     lab = sub.add_parser("lab", help="JupyterLab (or Jupyter Server) on 127.0.0.1 with the live session kernels attached")
@@ -122,6 +125,8 @@ def main(argv: list[str] | None = None) -> None:
     settings = _settings(args)
     install_excepthook()
     install_logging(logging.WARNING, sys.stderr)  # every log line escaped: kernels and notebooks write into them
+    if settings.tools_config:  # code mode: every brokered tool call is a log line (server, tool, arguments, outcome, time)
+        logging.getLogger("kernelexec.codemode.broker").setLevel(logging.INFO)
     if args.command == "config":
         print(json.dumps(settings.model_dump(mode="json"), indent=2))
         return
@@ -139,6 +144,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for warning in preflight(settings):
             logging.getLogger("kernelexec").warning(warning)
+        if settings.tools_config and args.command in ("serve", "exec"):
+            from kernelexec.codemode.broker import from_settings
+
+            from_settings(settings)  # a tools config a kernel could have written is refused before anything starts
     except KernelexecError as exc:
         sys.exit(safe(f"kernelexec: {exc}"))
     if args.command == "serve" and settings.transport == "http":
@@ -162,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
         from kernelexec.session.replay import replay_command
 
         sys.exit(anyio.run(lambda: replay_command(settings, args.notebook, output=args.output, profile=args.profile,
-                                                     install=args.install, ask=args.ask)))
+                                                     install=args.install, ask=args.ask, live_tools=args.live_tools)))
 
 
 async def _serve(settings: Settings) -> None:

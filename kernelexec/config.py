@@ -156,13 +156,25 @@ class Settings(BaseSettings):
     install_timeout: float = Field(300.0, gt=0, description="Longest an install may take, in seconds.")
     install_connect_timeout: float = Field(5.0, gt=0, description="Seconds before an unreachable index fails an install "
                                            "(no retries).")
+    tools_config: str | None = Field(
+        None, description="Code mode: a JSON file of MCP servers (the mcpServers shape of .mcp.json) that cells call as "
+        "mcp_tools.<server>.<tool>(...) through the server's broker; auto = the project's .mcp.json and the user's Claude "
+        "Code config. Read only from a file no kernel can write. Off when unset.")
+    tools_allow: list[str] = Field(default_factory=lambda: ["*"], description="Code mode: glob patterns on server.tool "
+                                   "that cells may call (default: every configured tool).")
+    tools_approve: list[str] = Field(default_factory=list, description="Code mode: glob patterns on server.tool whose "
+                                     "every call needs the user's yes (MCP elicitation; refused when the client cannot ask).")
+    tools_call_timeout: float = Field(60.0, gt=0, description="Code mode: seconds one brokered tool call may take.")
+    tools_max_calls_per_cell: int = Field(100, ge=1, description="Code mode: most brokered tool calls one cell may make.")
+    tools_max_result_chars: int = Field(200_000, ge=100, description="Code mode: largest result of one tool call, in "
+                                        "characters of JSON.")
     transport: Transport = Field("stdio", description="MCP transport.")
     host: str = Field("127.0.0.1", description="HTTP bind address.")
     port: int = Field(8765, ge=0, le=65535, description="HTTP port.")
     config: Path | None = Field(None, description="A TOML file with any of these settings.")
 
     @field_validator("allow_imports", "env_pass", "work_roots", "read_dirs", "protect", "disable_layers", "install_allow", "warm_imports",
-                     "figure_formats", mode="before")
+                     "tools_allow", "tools_approve", "figure_formats", mode="before")
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
         if isinstance(value, str):

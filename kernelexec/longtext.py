@@ -13,18 +13,18 @@ import re
 
 HEAD_SHARE = 2 / 3
 LIVE_TAIL = 1_000  # characters of a running cell's latest output, in its progress and unfinished answers
-_MARKER = re.compile(r"\n\[\.\.\. ([\d,]+) characters cut(?:;[^\n]*)? \.\.\.\]\n")
+_MARKER = re.compile(r"\n\[\.\.\. ([\d,]+) characters cut[^\n]* \.\.\.\]\n")
 
 
 def cut(text: str, limit: int, *, where: str | None = None) -> tuple[str, bool]:
     """``text`` within ``limit`` characters (plus the marker): head and tail, and whether anything was cut.
-    ``where``: said in the marker (where the whole text is)."""
+    ``where``: said in the marker after "cut" (e.g. "in the record; the answer's stdout_file has them")."""
     if len(text) <= limit:
         return text, False
     head = int(limit * HEAD_SHARE)
     tail = limit - head
     omitted = len(text) - head - tail
-    said = f"; {where}" if where else ""
+    said = f" {where}" if where else ""
     return f"{text[:head]}\n[... {omitted:,} characters cut{said} ...]\n{text[len(text) - tail:]}", True
 
 

@@ -30,6 +30,9 @@ def _kernelexec_boot() -> None:
         shell = get_ipython()  # type: ignore[name-defined]  # noqa: F821 - provided by IPython in exec_files
         guard = load("guard")
         runtime_mod = load("runtime")
+        tools = load("mcp_tools")  # code mode: the user's other MCP servers, called through the server (any profile)
+        sys.modules["mcp_tools"] = tools
+        vars(builtins)["_kernelexec_tools_catalog"] = tools._install_catalog
         formats = policy.get("figure_formats")
         if formats:
             # a list: the magic line is expanded first, and braces would be read as {expression}

@@ -19,6 +19,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("lab", {"lab"}),
     ("server", {"server"}),
     ("session", {"session"}),
+    ("codemode", {"codemode"}),
     ("backends", {"backends"}),
     ("kernel", {"kernel"}),
     ("sandbox", {"sandbox"}),

@@ -112,7 +112,7 @@ def remote_policy(policy: dict[str, Any]) -> dict[str, Any]:
 
 def startup_code(policy: dict[str, Any], handle: str) -> str:
     """The one silent cell that installs kernelexec's startup code in a kernel that lacks our files."""
-    sources = {name: startup_file(f"{name}.py").read_text(encoding="utf-8") for name in ("guard", "runtime", "kernel_init")}
+    sources = {name: startup_file(f"{name}.py").read_text(encoding="utf-8") for name in ("guard", "runtime", "mcp_tools", "kernel_init")}
     args = {
         "handle": handle,
         "policy": remote_policy(policy),

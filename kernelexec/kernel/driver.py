@@ -51,6 +51,9 @@ _POLL = 0.2  # seconds between liveness checks while waiting on output
 Ask = Callable[[str, bool], Awaitable[str | None]]
 
 OnOutput = Callable[[str, str], Awaitable[None]]  # (stream name, text) for progress reporting
+TOOL_CALL_MARK = "kernelexec_tool_call"  # the input_request metadata key of a brokered call (startup/mcp_tools.py MARK)
+# Code mode: a cell's brokered tool calls (a marked input_request's payload) -> the reply (broker.CellCalls.handle)
+ToolCalls = Callable[[Any], Awaitable[dict[str, Any]]]
 
 
 
@@ -83,6 +86,7 @@ class Kernel(ABC):
         self.kc: Any = None
         self._log: IO[bytes] | None = None
         self.restarts = 0
+        self.tools_catalog: str | None = None  # code mode: the catalog this kernel process has (codemode/broker.py)
         # a warm spare for the next restart, for backends whose kernels can have one (backends/spares.py)
         self.spares: SpareKeeper | None = None
 
@@ -168,6 +172,7 @@ class Kernel(ABC):
                 if not await self._manager().is_alive():
                     raise KernelStartError("kernel exited during startup", self.log_tail()) from exc
                 raise
+        self.tools_catalog = None  # a new process: code mode's catalog is pushed again
         await self.install_startup()
         report = await self.evaluate("_kernelexec_policy()", timeout=self.startup_timeout)
         if not (isinstance(report, dict) and report.get("active")):
@@ -230,6 +235,7 @@ class Kernel(ABC):
         """Take ``other``'s running kernel (manager, client, log and slot) as this one's; ``other`` is left empty.
         Used by ``Spares.take_over``: the session's Kernel object stays, its process changes."""
         self.km, self.kc, self._log, self.slot = other.km, other.kc, other._log, other.slot
+        self.tools_catalog = other.tools_catalog
         other.km = other.kc = other._log = None
 
     async def interrupt(self) -> None:
@@ -276,6 +282,7 @@ class Kernel(ABC):
         on_output: OnOutput | None = None,
         result_rule: ResultRule = "variable",
         ask: Ask | None = None,
+        tools: ToolCalls | None = None,
     ) -> Execution:
         """Run ``code`` as one cell. Never raises for the user's errors; those are in ``Execution.error``.
         ``result_rule``: which value is the result (startup/runtime.py): ``variable`` (execute_code's:
@@ -289,10 +296,11 @@ class Kernel(ABC):
             # a request is never sent again: a kernel that dies without a word may have run part of it.
             ex.restart_reason = await self.restart_after_death()
         ask = ask if self.answers_stdin else None
-        msg_id = self._send(code, result_rule, allow_stdin=ask is not None)
+        tools = tools if self.serves_tool_calls else None
+        msg_id = self._send(code, result_rule, allow_stdin=ask is not None or tools is not None)
         collector = Collector(ex, self.caps(), self.spec.dirs.outputs, tag=f"stream-{msg_id[:12]}")
         try:
-            state = await self._collect(msg_id, collector, started + timeout, on_output, ask)
+            state = await self._collect(msg_id, collector, started + timeout, on_output, ask, tools)
             if state == "timeout":
                 ex.timed_out = True
                 state = await self._escalate(msg_id, collector, grace, ex, f"timed out after {timeout:.3g} s")
@@ -327,10 +335,14 @@ class Kernel(ABC):
         return str(msg["header"]["msg_id"])
 
     answers_stdin: ClassVar[bool] = True  # a backend whose client has no stdin channel says False
+    serves_tool_calls: ClassVar[bool] = True  # code mode's calls over the stdin channel (broker.py); gateways too
 
-    async def _answer_stdin(self, msg_id: str, ask: Ask, ex: Execution) -> None:
-        """Serve the cell's input()/getpass() requests (the stdin channel) through ``ask``."""
-        while _waiting(self.kc.stdin_channel):
+    async def _answer_stdin(self, msg_id: str, ask: Ask | None, ex: Execution, tools: ToolCalls | None = None) -> None:
+        """Serve the cell's input()/getpass() requests (the stdin channel) through ``ask``, and its brokered tool
+        calls through ``tools``. A tool call is told apart by its metadata's ``TOOL_CALL_MARK`` (set by
+        startup/mcp_tools.py; input() cannot set metadata), never by its prompt: a cell's input() is always asked
+        as a question, and a tool call is never shown to the human as one."""
+        while await _waiting(self.kc.stdin_channel):
             try:
                 msg = await self.kc.get_stdin_msg(timeout=0)
             except Exception:  # noqa: BLE001 - a message that would not decode: nothing to answer
@@ -340,8 +352,14 @@ class Kernel(ABC):
             if (not isinstance(parent, dict) or parent.get("msg_id") != msg_id or msg.get("msg_type") != "input_request"
                     or not isinstance(content, dict)):
                 continue
+            metadata = msg.get("metadata")
+            if isinstance(metadata, dict) and TOOL_CALL_MARK in metadata:
+                reply = (await tools(metadata[TOOL_CALL_MARK]) if tools is not None
+                         else {"error": "code mode is off: no MCP tools are configured (kernelexec serve --tools-config)"})
+                self.kc.input(json.dumps(reply))
+                continue
             prompt, password = str(content.get("prompt", ""))[:2000], content.get("password") is True
-            answer = await ask(prompt, password)
+            answer = await ask(prompt, password) if ask is not None else None
             self.kc.input("\x04" if answer is None else answer)  # ipykernel raises EOFError for \x04
             ex.inputs.append({"prompt": prompt, "password": password, "answered": answer is not None,
                               "answer": None if answer is None else ("***" if password else answer)})
@@ -350,14 +368,15 @@ class Kernel(ABC):
                                 "unanswered before the cell's timeout, or this client cannot ask its user): the cell got EOFError")
 
     async def _collect(
-        self, msg_id: str, collector: Collector, deadline: float, on_output: OnOutput | None, ask: Ask | None = None
+        self, msg_id: str, collector: Collector, deadline: float, on_output: OnOutput | None, ask: Ask | None = None,
+        tools: ToolCalls | None = None,
     ) -> str:
         """Read IOPub until the request's idle status: returns ``idle``, ``timeout`` or ``dead``; meanwhile
         the cell's questions on the stdin channel go to ``ask``."""
         next_check = time.monotonic() + self.liveness_every
         while True:
-            if ask is not None:
-                await self._answer_stdin(msg_id, ask, collector.ex)
+            if ask is not None or tools is not None:
+                await self._answer_stdin(msg_id, ask, collector.ex, tools)
             now = time.monotonic()
             if now >= next_check:
                 if not await self._manager().is_alive():
@@ -366,8 +385,11 @@ class Kernel(ABC):
             remaining = deadline - now
             if remaining <= 0:
                 return "timeout"
+            wait = min(remaining, _POLL)
+            if tools is not None and await self._stdin_first(wait):
+                continue  # code mode: a tool call waits; served at the top, not after the next IOPub poll
             try:
-                msg = await self.kc.get_iopub_msg(timeout=min(remaining, _POLL))
+                msg = await self.kc.get_iopub_msg(timeout=0 if tools is not None else wait)
             except queue.Empty:
                 continue
             except Exception as exc:  # a message that would not decode (see wire.loads): dropped, counted
@@ -382,6 +404,21 @@ class Kernel(ABC):
                 await on_output(msg["content"]["name"], text)
             if collector.idle:
                 return "idle"
+
+    async def _stdin_first(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for IOPub or stdin, whichever comes first; True when stdin has a message.
+        (A brokered tool call's round trip must not wait for an IOPub poll to end.)"""
+        import zmq.asyncio
+
+        sockets = [getattr(channel, "socket", None) for channel in (self.kc.iopub_channel, self.kc.stdin_channel)]
+        if any(not isinstance(sock, zmq.asyncio.Socket) for sock in sockets):  # another client kind: poll as before
+            await anyio.sleep(min(timeout, 0.01))
+            return bool(await self.kc.stdin_channel.msg_ready())
+        poller = zmq.asyncio.Poller()
+        for sock in sockets:
+            poller.register(sock, zmq.POLLIN)
+        ready = dict(await poller.poll(timeout * 1000))
+        return sockets[1] in ready
 
     async def _escalate(self, msg_id: str, collector: Collector, grace: float, ex: Execution, why: str) -> str:
         """SIGINT, wait ``grace`` for idle; if the cell still runs (C loop, SIGINT ignored), restart."""
@@ -481,11 +518,14 @@ class Kernel(ABC):
         return data.get("application/json", data.get("text/plain")) if isinstance(data, dict) else None
 
 
-def _waiting(channel: Any) -> bool:
-    """A message waits on ``channel``: zmq's EVENTS read directly. ``_collect`` asks once per IOPub message,
-    and the channel's ``msg_ready`` (an async poll through a future) cost six times as much."""
+async def _waiting(channel: Any) -> bool:
+    """A message waits on ``channel``: zmq's EVENTS read directly (``_collect`` asks once per IOPub message,
+    and the channel's ``msg_ready``, an async poll through a future, costs six times as much); a channel
+    that is not a zmq socket (a gateway's queue) is asked through its ``msg_ready``."""
     socket = getattr(channel, "socket", None)
-    return socket is not None and bool(socket.get(zmq.EVENTS) & zmq.POLLIN)
+    if socket is not None:
+        return bool(socket.get(zmq.EVENTS) & zmq.POLLIN)
+    return bool(await channel.msg_ready())
 
 
 def _parent_id(msg: Any) -> Any:

@@ -59,6 +59,7 @@ class Execution:
     stream_files: dict[str, str] = field(default_factory=dict)  # the server's spill file of a stream it capped
     notes: list[str] = field(default_factory=list)  # what the server did to the kernel's messages (caps, drops)
     inputs: list[dict[str, Any]] = field(default_factory=list)  # input()/getpass() asked and answered (a password as ***)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # code mode: brokered MCP tool calls (broker.CellCalls)
     error: CellError | None = None
     execution_count: int | None = None
     duration_ms: float = 0.0

@@ -23,6 +23,9 @@ STRICT_IMPORTS = frozenset(
     }
 )
 
+# Code mode's module (startup/mcp_tools.py): importable under every profile; its calls go through the server.
+CODE_MODE_MODULES = frozenset({"mcp_tools"})
+
 # Broad stdlib, by one rule: refuse at import only what starts processes, opens the network or calls native
 # code (subprocess, socket, ssl, ctypes, multiprocessing, pty, _posixsubprocess, posix), so the model gets the
 # clear early error; everything else the OS layers already keep inside the session (importlib, signal, sqlite3:
@@ -111,14 +114,14 @@ def kernel_policy(
         python_roots = sorted({*python_roots, *environment_paths})
     if profile == "strict":
         return base | guarded | {
-            "allowed_imports": sorted(STRICT_IMPORTS | set(allow_imports)),
+            "allowed_imports": sorted(STRICT_IMPORTS | CODE_MODE_MODULES | set(allow_imports)),
             "file_io": "none",
             "write_roots": [],
             "read_roots": python_roots,
         }
     # a project file named like a refused stdlib module (subprocess.py) does not unlock that module
     project = set(environment_modules or ()) - (set(sys.stdlib_module_names) - STANDARD_STDLIB)
-    allowed = STANDARD_STDLIB | DATA_STACK | set(allow_imports) | project
+    allowed = STANDARD_STDLIB | DATA_STACK | CODE_MODE_MODULES | set(allow_imports) | project
     hint = ("most of the standard library (not subprocess, socket, ssl, ctypes, multiprocessing, "
             "pty) and the data stack: numpy, pandas, scipy, matplotlib, seaborn, sympy, PIL, sklearn, "
             "statsmodels, networkx, IPython.display")

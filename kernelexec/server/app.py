@@ -28,6 +28,7 @@ from mcp_types import (
 )
 from pydantic import BaseModel, Field
 
+from kernelexec.codemode.broker import Broker
 from kernelexec.config import Settings
 from kernelexec.errors import InvalidRequest, KernelexecError
 from kernelexec.kernel.execution import (
@@ -42,7 +43,7 @@ from kernelexec.longtext import live_tail
 from kernelexec.server.auth import current_principal
 from kernelexec.server.render import Rendered, Renderer, escape_tags
 from kernelexec.session.manager import SessionManager
-from kernelexec.session.runs import KEEP_FINISHED, Finished, Question, Run
+from kernelexec.session.runs import APPROVED, KEEP_FINISHED, Finished, Question, Run
 from kernelexec.session.session import Session
 
 RUN_PYTHON_TIMEOUT = 60.0  # run_python keeps the old tool's contract: one answer, a timeout, no yielding
@@ -171,6 +172,27 @@ def _asker(ctx: Context | None, handle: str) -> Callable[[str, bool], Awaitable[
     return ask
 
 
+class _Approval(BaseModel):
+    approve: bool = Field(description="Yes: make this one tool call; no: the code gets mcp_tools.ToolRefused")
+
+
+def _approver(ctx: Context | None) -> Callable[[str], Awaitable[bool | None]] | None:
+    """Code mode's approval of one tool call (--tools-approve), asked of the human as an elicitation over the call's
+    back-channel, in the broker's words; None when the client cannot be asked that way (the call is refused)."""
+    if ctx is None or not _elicits(ctx) or _multi_round_trip(ctx):
+        return None
+
+    async def approve(question: str) -> bool | None:
+        try:
+            result = await ctx.elicit(question, _Approval)
+        except Exception:  # noqa: BLE001 - no back-channel, the client refused: nobody was asked
+            return None
+        data = getattr(result, "data", None)
+        return result.action == "accept" and isinstance(data, _Approval) and data.approve
+
+    return approve
+
+
 def _elicitation(run: Run, question: Question) -> InputRequiredResult:
     """The 2026-07-28 form of the question: an InputRequiredResult the client answers by retrying the call with
     input_responses; request_state is the run id (sealed by the SDK: signed, bound to this call and caller)."""
@@ -179,7 +201,11 @@ def _elicitation(run: Run, question: Question) -> InputRequiredResult:
 
 def question_request(run: Run, question: Question) -> ElicitRequest:
     """A cell's question as the elicitation/create request embedded in an InputRequiredResult or a task's
-    inputRequests (tasks.py): one form field, ``answer``, and the server's words around the prompt."""
+    inputRequests (tasks.py): one form field, ``answer``, and the server's words around the prompt; for code
+    mode's approval, the broker's own words (broker.approval_message) and a yes/no."""
+    if question.approval:
+        return ElicitRequest(params=ElicitRequestFormParams(message=question.prompt,
+                                                            requested_schema=_Approval.model_json_schema()))
     return ElicitRequest(params=ElicitRequestFormParams(
         message=question_message(run.session.handle, question.prompt, question.password),
         requested_schema=_Answer.model_json_schema()))
@@ -265,7 +291,8 @@ class App:
         target.resolve_working_dir(working_dir)  # a bad working_dir is answered before anything starts
         progress = _Progress(ctx)
         started = self.sessions.runs.start(target, code, timeout=seconds, working_dir=working_dir, listener=progress,
-                                           result_rule=result_rule, ask=_asker(ctx, target.handle),
+                                           result_rule=result_rule, ask=_asker(ctx, target.handle), approve=_approver(ctx),
+                                           elicit_retry=_elicits(ctx) and _multi_round_trip(ctx),
                                            # a question waits for send_input only where there is one (not in the presets)
                                            wait_for_input=yield_after is None and exposed_tools(self.settings) is None)
         patience = self.settings.yield_after if yield_after is None else yield_after
@@ -303,11 +330,13 @@ class App:
         found = self.sessions.runs.get(str(ctx.request_state), owner=self.owner())
         response = (ctx.input_responses or {}).get(INPUT_KEY)
         text = None
+        waiting = found.awaiting
         if isinstance(response, ElicitResult) and response.action == "accept" and isinstance(response.content, dict):
-            value = response.content.get("answer")
-            text = value if isinstance(value, str) else None
-        if found.awaiting is not None:
-            found.answer(text)
+            value = response.content.get("approve" if waiting is not None and waiting.approval else "answer")
+            text = (APPROVED if value is True else "declined") if waiting is not None and waiting.approval else \
+                value if isinstance(value, str) else None
+        if waiting is not None:
+            found.answer(text, by_human=True)
         return await self.follow(ctx, found, self.settings.yield_after or math.inf)
 
     def reply(self, ctx: Context, done: Rendered | Run, what: str) -> CallToolResult | InputRequiredResult:
@@ -322,6 +351,8 @@ class App:
             return running(done, what)
         if _elicits(ctx) and _multi_round_trip(ctx):
             return _elicitation(done, question)
+        if question.approval:  # only the human approves a tool call: nothing for the model to answer
+            return running(done, f"{what}; it waits for the user's approval of a tool call (a client that elicits can give it)")
         return awaiting_input(done, question)
 
     async def start_background(self, ctx: Context, code: str, session: str | None, timeout: float | None,
@@ -394,6 +425,40 @@ def variables_answer(handle: str, data: Any) -> CallToolResult:
         text += (f"\n(the first {MAX_LISTED_VARIABLES:,} of {len(data):,} variables; "
                  "inspect the others with execute_code)")
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=found.model_dump(mode="json"))
+
+
+LISTING_PATIENCE = 10.0  # seconds tools/list waits for code mode's servers to list their tools
+CODE_MODE_LINE = ("Code mode: the code can call the user's MCP tools as Python functions (the server makes the calls): "
+                  "import mcp_tools; mcp_tools.list(); help(fn); await fn.acall(...) runs calls concurrently. Callable:")
+
+
+def code_mode_listing(broker: Broker) -> Callable[[Any, Any], Awaitable[Any]]:
+    """A middleware that adds the callable tools, one line each, to execute_code's description in tools/list
+    (the broker connects to its servers for it the first time: lazily)."""
+    async def listing(ctx: Any, call_next: Any) -> Any:
+        result = await call_next(ctx)
+        if ctx.method != "tools/list":
+            return result
+        lines = ["(the MCP servers are still starting: mcp_tools.list() in a cell names what is callable)"]
+        with anyio.move_on_after(LISTING_PATIENCE):  # a slow server must not hold up tools/list
+            entries, failed = await broker.catalog()
+            lines = broker.describe(entries) + [f"({name}: unavailable)" for name in failed]
+        extra = "\n" + CODE_MODE_LINE + "\n" + "\n".join(lines or ["(none)"])
+
+        def patched(tool: Any) -> Any:
+            if isinstance(tool, dict) and tool.get("name") in ("execute_code", "run_python"):
+                return {**tool, "description": (tool.get("description") or "") + extra}
+            if getattr(tool, "name", None) in ("execute_code", "run_python"):
+                return tool.model_copy(update={"description": (tool.description or "") + extra})
+            return tool
+
+        if isinstance(result, dict):
+            return {**result, "tools": [patched(t) for t in result.get("tools", [])]}
+        if hasattr(result, "tools"):
+            return result.model_copy(update={"tools": [patched(t) for t in result.tools]})
+        return result
+
+    return listing
 
 
 def exposed_tools(settings: Settings) -> list[str] | None:

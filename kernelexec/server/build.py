@@ -10,7 +10,7 @@ from kernelexec import __version__
 from kernelexec.config import Settings
 from kernelexec.sandbox.policy import describe
 from kernelexec.server import resources, tasks, tools, view
-from kernelexec.server.app import App
+from kernelexec.server.app import App, code_mode_listing
 from kernelexec.server.auth import StaticTokenVerifier, auth_settings, load_tokens
 from kernelexec.session.manager import SessionManager
 
@@ -43,5 +43,7 @@ def build_server(settings: Settings, sessions: SessionManager, app: App | None =
     tools.register(mcp, app)
     if apps is not None:
         mcp.middleware.append(view.hide_app_only)  # app-only tools: listed and callable only for Apps clients
+    if sessions.broker is not None:  # code mode: the callable tools in execute_code's description
+        mcp.middleware.append(code_mode_listing(sessions.broker))  # type: ignore[arg-type]
     resources.register(mcp, sessions)
     return mcp

@@ -4,6 +4,7 @@ pool (pool.py) and the background upkeep (upkeep.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import secrets
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import anyio
 
+from kernelexec.codemode.broker import from_settings as broker_from_settings
 from kernelexec.config import Settings
 from kernelexec.environment.interpreter import Environment
 from kernelexec.environment.overlay import prepare
@@ -39,6 +41,7 @@ class SessionManager:
         self.default_handle: str | None = None
         self._create_lock = anyio.Lock()
         self.runs = RunRegistry()
+        self.broker = broker_from_settings(settings)  # code mode, or None; a config a kernel could write is refused here
         self.pool = WarmPool(settings, self.environment_for, self.remove_dir)
         self.upkeep = Upkeep(settings, self.sessions)
 
@@ -50,7 +53,8 @@ class SessionManager:
         import nbformat.v4  # noqa: F401
 
         await anyio.to_thread.run_sync(rebuild_stale, self.settings.sessions_dir)  # a killed server's last cells
-        async with anyio.create_task_group() as tg:
+        code_mode = self.broker.running() if self.broker is not None else contextlib.nullcontext()  # code mode's connections
+        async with code_mode, anyio.create_task_group() as tg:
             self.runs.attach(tg)
             tg.start_soon(self.upkeep.run, tg)
             tg.start_soon(self.pool.keep_filled)
@@ -90,6 +94,7 @@ class SessionManager:
 
     def _track(self, session: Session) -> Session:
         session.admit = self.admit
+        session.broker = self.broker
         self.sessions[session.handle] = session
         return session
 

@@ -139,6 +139,7 @@ class CellMeta:
     timeout: float | None = None  # the call's timeout: a positive finite number
     ending: str = "completed"  # one of ENDINGS
     inputs: tuple[RecordedInput, ...] = ()  # the cell's input()/getpass() answers, in order
+    tool_calls: tuple[RecordedToolCall, ...] = ()  # code mode: the cell's brokered tool calls, in order
     ignored: tuple[str, ...] = ()
 
 
@@ -149,6 +150,35 @@ class RecordedInput:
 
     answer: str | None
     password: bool = False
+
+
+@dataclass(frozen=True)
+class RecordedToolCall:
+    """One recorded brokered tool call (code mode): what replay serves instead of calling the server."""
+
+    server: str
+    tool: str
+    arguments: dict[str, Any]
+    result: dict[str, Any] | None  # {kind, value, images} when it succeeded
+    error: str | None = None
+    refused: bool = False
+    duration_ms: float | None = None
+
+
+def _read_tool_calls(value: Any) -> tuple[RecordedToolCall, ...] | None:
+    if not isinstance(value, list):
+        return None
+    found = []
+    for entry in value:
+        if not isinstance(entry, dict) or not isinstance(entry.get("server"), str) or not isinstance(entry.get("tool"), str):
+            return None
+        arguments, result, error = entry.get("arguments"), entry.get("result"), entry.get("error")
+        if not isinstance(arguments, dict) or (result is not None and not isinstance(result, dict)) \
+                or (error is not None and not isinstance(error, str)) or (result is None) == (error is None):
+            return None
+        found.append(RecordedToolCall(entry["server"], entry["tool"], arguments, result, error, entry.get("refused") is True,
+                                      _positive(entry.get("duration_ms"))))
+    return tuple(found)
 
 
 def _read_inputs(value: Any) -> tuple[RecordedInput, ...] | None:
@@ -219,6 +249,12 @@ def read_cell_meta(cell: Any) -> CellMeta:
             fields["inputs"] = inputs
         else:
             ignored.append(f"inputs is {_kind(found['inputs'])}, not a list of recorded answers")
+    if "tool_calls" in found:
+        calls = _read_tool_calls(found["tool_calls"])
+        if calls is not None:
+            fields["tool_calls"] = calls
+        else:
+            ignored.append(f"tool_calls is {_kind(found['tool_calls'])}, not a list of recorded tool calls")
     return CellMeta(**fields, ignored=tuple(ignored))
 
 

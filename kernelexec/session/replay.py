@@ -14,6 +14,7 @@ Rebuilding a live session's state (restore, revival) is ``restore.py``'s; replay
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import json
@@ -31,11 +32,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
+from kernelexec.codemode.broker import Broker, RecordedCalls, catalog_from_records
 from kernelexec.environment.interpreter import Environment
 from kernelexec.environment.overlay import prepare
 from kernelexec.environment.packages import parse_specs, pip_lines
 from kernelexec.errors import InvalidRequest, KernelexecError
 from kernelexec.host import check_reach
+from kernelexec.kernel.driver import TOOL_CALL_MARK
 from kernelexec.kernel.wire import harden
 from kernelexec.layout import SessionDirs
 from kernelexec.longtext import split_cut
@@ -246,7 +249,7 @@ class _Replayer:
     """One replay: a throwaway session's kernel driven by nbclient, one cell at a time."""
 
     def __init__(self, nb: NotebookNode, settings: Settings, session: Session, roots: list[str], *, install: bool,
-                 ask: Ask | None = None) -> None:
+                 ask: Ask | None = None, live_tools: Broker | None = None) -> None:
         from nbclient import NotebookClient
 
         kernel = session.kernel
@@ -261,6 +264,8 @@ class _Replayer:
         self.ask = ask  # --ask: a cell's input()/getpass() asked on the terminal, not answered from the record
         self.stdin_notes: list[str] = []  # the current cell's
         self.notes: dict[int, list[str]] = {}  # by cell number: its stdin notes (kept when settle() compares again)
+        self.live_tools = live_tools  # --live-tools: code mode's calls go to the live servers, not the record
+        self.tool_calls: RecordedCalls | None = None  # the current cell's
         # timeouts are ours (per cell, with escalation), so nbclient waits without its own
         self.client = NotebookClient(nb, km=kernel.km, timeout=None, allow_errors=False,
                                      startup_timeout=int(settings.startup_timeout), record_timing=True)
@@ -284,6 +289,7 @@ class _Replayer:
         await self._connect()
         async with self.client.async_setup_kernel():
             try:
+                await self._tools_catalog()
                 for index, cell in enumerate(self.nb.cells):
                     meta = read_cell_meta(cell)
                     if meta.event is not None:
@@ -326,8 +332,18 @@ class _Replayer:
             return None
         return outcome.summary()
 
+    async def _tools_catalog(self) -> None:
+        """Code mode: give the kernel ``mcp_tools`` for every server.tool the notebook recorded a call to (and,
+        with --live-tools, the live catalog)."""
+        records = [call for cell in self.nb.cells for call in read_cell_meta(cell).tool_calls]
+        if not records and self.live_tools is None:
+            return
+        live = await self.live_tools.kernel_catalog() if self.live_tools is not None else None
+        await self.kernel.evaluate(f"_kernelexec_tools_catalog({catalog_from_records(records, live)!r})")
+
     async def _restart(self) -> None:
         await self.kernel.restart()
+        await self._tools_catalog()
         if self.client.km is not self.kernel.km:  # the restart fell back to a new kernel manager
             if self.client.kc is not None:
                 self.client.kc.stop_channels()
@@ -382,6 +398,12 @@ class _Replayer:
             content = msg.get("content") if isinstance(msg, dict) else None
             if not isinstance(msg, dict) or msg.get("msg_type") != "input_request" or not isinstance(content, dict):
                 continue
+            metadata = msg.get("metadata")
+            if isinstance(metadata, dict) and TOOL_CALL_MARK in metadata:  # code mode: a brokered call, by its mark
+                served = self.tool_calls
+                reply = await served.handle(metadata[TOOL_CALL_MARK]) if served is not None else {"error": "no tool calls here"}
+                kc.input(json.dumps(reply))
+                continue
             prompt, password = str(content.get("prompt", ""))[:2000], content.get("password") is True
             how = "getpass()" if password else "input()"
             answer: str | None
@@ -425,10 +447,13 @@ class _Replayer:
         installed = await self._install(request.specs, upgrade=request.upgrade) if request is not None else None
         cell.source = runnable  # the kernel cannot run pip; the install was done here, as live
         self.stdin_notes = []
+        self.tool_calls = RecordedCalls(list(meta.tool_calls), self.live_tools.cell(None) if self.live_tools else None)
         try:
             ending = await self._execute(index, cell, timeout)
         finally:
             cell.source = source
+        said = self.tool_calls.summary()
+        self.stdin_notes.extend(self.tool_calls.notes + ([said] if said else []))
         if installed and request is not None and not request.quiet:
             from nbformat.v4 import new_output
 
@@ -475,6 +500,7 @@ async def replay_notebook(
     environment: Environment | None = None,
     install: bool = False,
     ask: Ask | None = None,
+    live_tools: Broker | None = None,
 ) -> list[CellReport]:
     """Execute ``nb`` (in place) in a fresh kernel launched as a live session's, under ``profile``.
 
@@ -495,7 +521,7 @@ async def replay_notebook(
                           working_dir=settings.working_dir if profile != "strict" else None)  # strict: no files at all
         await session.ensure_kernel()
         roots = [*_session_roots(nb), str(session.dirs.root)]
-        return await _Replayer(nb, scratch, session, roots, install=install, ask=ask).run(on_cell)
+        return await _Replayer(nb, scratch, session, roots, install=install, ask=ask, live_tools=live_tools).run(on_cell)
     finally:
         with anyio.CancelScope(shield=True):
             if session is not None:
@@ -586,7 +612,7 @@ async def terminal_ask(question: str, password: bool) -> str | None:
 
 
 async def replay_command(settings: Settings, notebook: str, *, output: str | None, profile: Profile | None,
-                         install: bool = False, ask: bool = False) -> int:
+                         install: bool = False, ask: bool = False, live_tools: bool = False) -> int:
     """``kernelexec replay``: 0 when every cell matches, 1 when one differs, 2 when replay cannot run.
     Cells skipped (their installs not redone without ``install``) are listed but do not differ."""
     import nbformat
@@ -642,9 +668,24 @@ async def replay_command(settings: Settings, notebook: str, *, output: str | Non
     installs, policy = recorded_installs(nb), settings.effective_install_policy(chosen)
     if installs:
         print(safe(installs_line(installs, install=install, policy=policy)), flush=True)
+    tools = [c for c in nb.cells if read_cell_meta(c).tool_calls]
+    if tools:
+        print(safe(f"code mode: {len(tools)} cell{'s' if len(tools) != 1 else ''} made MCP tool calls; "
+                   + ("calling the live servers (--live-tools)" if live_tools else
+                      "serving their recorded results (offline; --live-tools calls the servers)")), flush=True)
     try:
-        reports = await replay_notebook(nb, settings, profile=chosen, on_cell=lambda r: print(safe(_line(r)), flush=True),
-                                        environment=environment, install=install, ask=terminal_ask if ask else None)
+        async with contextlib.AsyncExitStack() as stack:
+            broker = None
+            if live_tools:
+                from kernelexec.codemode.broker import from_settings
+
+                broker = from_settings(settings)
+                if broker is None:
+                    raise KernelexecError("--live-tools needs --tools-config (the servers to call)")
+                await stack.enter_async_context(broker.running())
+            reports = await replay_notebook(nb, settings, profile=chosen, on_cell=lambda r: print(safe(_line(r)), flush=True),
+                                            environment=environment, install=install, ask=terminal_ask if ask else None,
+                                            live_tools=broker)
     except KernelexecError as exc:
         print(safe(f"kernelexec replay: {exc}"), file=sys.stderr)
         return 2

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from kernelexec.codemode.broker import RecordedCalls, catalog_from_records
 from kernelexec.environment.packages import pip_lines
 from kernelexec.errors import InvalidRequest
 from kernelexec.kernel.execution import ReplayedCell
@@ -73,9 +74,16 @@ async def rerun(
     session: WorkingDir | None = None,
 ) -> list[ReplayedCell]:
     """Run ``restorable(cells)`` again in ``kernel``, each with its recorded timeout and (for a
-    session) in its recorded working directory. Outputs are dropped; what ran is returned."""
+    session) in its recorded working directory. Outputs are dropped; what ran is returned. Code mode: a cell's
+    brokered tool calls are answered with its recorded results (no server is called again)."""
     done: list[ReplayedCell] = []
-    for number, cell in restorable(cells):
+    chosen = restorable(cells)
+    records = [call for _, cell in chosen for call in read_cell_meta(cell).tool_calls]
+    if records:
+        catalog = catalog_from_records(records)
+        await kernel.evaluate(f"_kernelexec_tools_catalog({catalog!r})")
+        kernel.tools_catalog = catalog
+    for number, cell in chosen:
         meta = read_cell_meta(cell)
         source = "".join(cell.get("source", ""))
         if session is not None and meta.cwd:
@@ -87,7 +95,9 @@ async def rerun(
             _, runnable = pip_lines(source)
         except InvalidRequest:
             runnable = source
-        ex = await kernel.execute(runnable, timeout=cell_timeout(meta.timeout, default_timeout, max_timeout), grace=grace)
+        served = RecordedCalls(list(meta.tool_calls)) if meta.tool_calls else None
+        ex = await kernel.execute(runnable, timeout=cell_timeout(meta.timeout, default_timeout, max_timeout), grace=grace,
+                                  tools=served.handle if served is not None else None)
         if session is not None and ex.ending in ("restarted", "kernel_died"):
             session.cwd = session.default_cwd
         done.append(ReplayedCell(cell=number, first_line=first_line(source), ok=ex.success, error=_failure(ex)))

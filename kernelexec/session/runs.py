@@ -31,10 +31,12 @@ from kernelexec.layout import SessionDirs
 from kernelexec.longtext import live_tail
 
 KEEP_FINISHED = 200  # finished runs remembered for get_run
+APPROVED = "approve"  # the answer that approves a tool call (Question.approval)
 QUESTIONS_PER_MINUTE = 5  # a cell cannot make the client ask more often; the rest get EOFError
 MAX_INPUT_CHARS = 1_000_000  # one answer to input()
 
 Ask = Callable[[str, bool], Awaitable[str | None]]
+Approve = Callable[[str], Awaitable[bool | None]]  # code mode's approval question (broker.Approve)
 
 
 @dataclass
@@ -61,7 +63,7 @@ class RunHost(Protocol):
     def dirs(self) -> SessionDirs: ...
 
     async def run(self, code: str, *, timeout: float, working_dir: str | None = None, on_output: Any = None,
-                  result_rule: ResultRule = "variable", ask: Ask | None = None) -> Finished: ...
+                  result_rule: ResultRule = "variable", ask: Ask | None = None, approve: Approve | None = None) -> Finished: ...
 
 
 @dataclass
@@ -72,6 +74,7 @@ class Question:
     password: bool
     answered: anyio.Event = field(default_factory=anyio.Event)
     answer: str | None = None
+    approval: bool = False  # code mode: a tool call's approval, which only the human answers (an elicitation)
 
 
 @dataclass
@@ -90,6 +93,7 @@ class Run:
     question: Question | None = None  # the cell's input() waiting for an answer
     posted: anyio.Event = field(default_factory=anyio.Event)  # set while a question waits
     wait_for_input: bool = True  # False (run_python): a question nobody can answer at once is declined
+    elicit_retry: bool = False  # the starting call's client elicits through InputRequiredResult (2026-07-28)
     asked: list[float] = field(default_factory=list)
     pending: Question | None = None  # a question asked over the waiting call's back-channel (detach posts it)
 
@@ -156,8 +160,24 @@ class Run:
             self.question = pending
             self.posted.set()
 
-    async def _wait_for_answer(self, prompt: str, password: bool) -> str | None:
-        question = self.question = Question(prompt, password)
+    def approver(self, direct: Approve | None) -> Approve:
+        """How a brokered tool call that needs approval (--tools-approve) is asked: ``direct`` (an elicitation over
+        the waiting call's back-channel) while the call that started the run waits; otherwise nobody can be
+        asked (None: the broker refuses the call). Unanswered by the cell's timeout: declined."""
+        async def approve(question: str) -> bool | None:
+            if direct is not None and self.listener is not None:
+                with anyio.move_on_after(max(0.0, self.deadline - time.monotonic())):
+                    return await direct(question)
+                return False
+            if not self.elicit_retry:
+                return None
+            # a 2026-07-28 client: the question waits on the run and goes out in an InputRequiredResult
+            return await self._wait_for_answer(question, False, approval=True) == APPROVED
+
+        return approve
+
+    async def _wait_for_answer(self, prompt: str, password: bool, *, approval: bool = False) -> str | None:
+        question = self.question = Question(prompt, password, approval=approval)
         self.posted.set()
         try:
             with anyio.move_on_after(max(0.0, self.deadline - time.monotonic())):
@@ -167,12 +187,16 @@ class Run:
             self.question = None
             self.posted = anyio.Event()
 
-    def answer(self, text: str | None) -> Question:
-        """Answer the question the run waits on (None declines it: EOFError in the cell)."""
+    def answer(self, text: str | None, *, by_human: bool = False) -> Question:
+        """Answer the question the run waits on (None declines it: EOFError in the cell). A tool call's
+        approval is answered only ``by_human`` (an elicitation's answer), never by send_input."""
         question = self.question
         if question is None or question.answered.is_set():
             raise InvalidRequest(f"run {self.id} is not waiting for input"
                                  + (" (it has finished)" if self.done.is_set() else ""))
+        if question.approval and not by_human and text is not None:
+            raise InvalidRequest(f"run {self.id} waits for the user's approval of a tool call, which only the user gives "
+                                 "(through the client's elicitation); send_input can only decline it (cancel=true)")
         if text is not None and (not isinstance(text, str) or len(text) > MAX_INPUT_CHARS):
             raise InvalidRequest(f"text must be a string of at most {MAX_INPUT_CHARS:,} characters")
         question.answer = text
@@ -218,11 +242,12 @@ class RunRegistry:
 
     def start(self, session: RunHost, code: str, *, timeout: float, working_dir: str | None,
               listener: Callable[[str, str], Awaitable[None]] | None = None, result_rule: ResultRule = "variable",
-              ask: Ask | None = None, wait_for_input: bool = True) -> Run:
+              ask: Ask | None = None, wait_for_input: bool = True, approve: Approve | None = None,
+              elicit_retry: bool = False) -> Run:
         if self._tg is None:
             raise KernelexecError("background runs need a running session manager")
         run = Run(id="run-" + secrets.token_urlsafe(9), session=session, listener=listener, scope=anyio.CancelScope(),
-                  wait_for_input=wait_for_input)
+                  wait_for_input=wait_for_input, elicit_retry=elicit_retry)
         run.deadline = run.started + timeout
         self._runs[run.id] = run
         self._prune()
@@ -232,7 +257,7 @@ class RunRegistry:
             try:
                 with run.scope:
                     run.finished = await session.run(code, timeout=timeout, working_dir=working_dir, on_output=run.on_output,
-                                                     result_rule=result_rule, ask=run.asker(ask))
+                                                     result_rule=result_rule, ask=run.asker(ask), approve=run.approver(approve))
                 if run.scope.cancelled_caught:
                     run.failure = "cancelled by the client; the kernel was interrupted"
             except KernelexecError as exc:

@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 
 from kernelexec.backends import new_kernel
+from kernelexec.codemode.broker import Approve, Broker, CellCalls
 from kernelexec.config import Settings
 from kernelexec.environment.interpreter import Environment, project_modules
 from kernelexec.environment.packages import InstallError, InstallOutcome, check_allowed, install, installed_record, parse_specs, pip_lines
@@ -88,6 +89,7 @@ class Session:
         # (minted, or about to start a kernel) until its kernel stops: ``admit`` checks and reserves.
         self.reserved = False
         self.admit: Callable[[Session], None] | None = None
+        self.broker: Broker | None = None  # code mode (--tools-config): the server's broker, set by the manager
         self._published: Path | None = None
 
     def launch_spec(self) -> LaunchSpec:
@@ -170,7 +172,7 @@ class Session:
         return path
 
     async def run(self, code: str, *, timeout: float, working_dir: str | None = None, on_output: OnOutput | None = None,
-                  result_rule: ResultRule = "variable", ask: Ask | None = None) -> Finished:
+                  result_rule: ResultRule = "variable", ask: Ask | None = None, approve: Approve | None = None) -> Finished:
         """Run one cell in this session, record it in the notebook, and return what happened (the MCP
         layer renders it).
         ``pip install`` lines in the cell are served by the server's installer first (packages.py).
@@ -196,8 +198,11 @@ class Session:
                         await anyio.to_thread.run_sync(self.record, ex, timeout)
                         return Finished(ex, layers=kernel.spec.plan.layers)
                     installed = installed_record(outcome, request.specs)
+                calls = await self.code_mode(kernel, approve)
                 ex = await kernel.execute(runnable, timeout=timeout, grace=self.settings.interrupt_grace, on_output=on_output, ask=ask,
-                                          result_rule=result_rule)
+                                          result_rule=result_rule, tools=calls.handle if calls is not None else None)
+                if calls is not None:
+                    ex.tool_calls = calls.records
                 if request is not None:
                     ex.code = code  # the record shows the cell as written; replay installs again from its pip lines
                     ex.notes.insert(0, outcome.summary())
@@ -219,6 +224,20 @@ class Session:
                 self.busy = False
                 self.last_used = time.monotonic()
                 self.publish()  # a restart during the call (timeout, death, cancellation) may have swapped kernels
+
+    async def code_mode(self, kernel: Kernel, approve: Approve | None) -> CellCalls | None:
+        """Code mode (--tools-config): the kernel given the broker's catalog (once per kernel process and
+        catalog), and this cell's calls; None when code mode is off."""
+        if self.broker is None:
+            return None
+        catalog = await self.broker.kernel_catalog()
+        if kernel.tools_catalog != catalog:
+            count = await kernel.evaluate(f"_kernelexec_tools_catalog({catalog!r})")  # the tools it took: "3"
+            if isinstance(count, str) and count.isdigit():
+                kernel.tools_catalog = catalog
+            else:  # the kernel could not take it (an old startup file?): tried again at the next cell
+                logger.warning("session %s: the kernel did not take code mode's catalog: %s", self.handle, str(count)[:200])
+        return self.broker.cell(approve)
 
     async def open(self, working_dir: str | None = None) -> None:
         """Start the kernel of a new session (``new_session``), its default directory set first if given."""
@@ -261,6 +280,8 @@ class Session:
             meta["installed"] = installed
         if ex.inputs:
             meta["inputs"] = ex.inputs  # a password as ***
+        if ex.tool_calls:
+            meta["tool_calls"] = ex.tool_calls  # code mode: server, tool, arguments, result or error, duration
         self.recorder.append(ex, meta)
 
     async def _install(self, kernel: Kernel, specs: list[str], *, upgrade: bool = False) -> InstallOutcome:

@@ -1,0 +1,493 @@
+"""Code mode's broker: a cell's ``mcp_tools.<server>.<tool>(...)`` calls, made by the server, outside the sandbox.
+
+The kernel gets no socket, network or secret for this. A call travels over the kernel's own Jupyter stdin
+channel (startup/mcp_tools.py): an ``input_request`` whose *metadata* carries ``TOOL_CALL_MARK`` — a field a
+cell's ``input()`` cannot set — with the calls; ``Kernel._answer_stdin`` hands it to ``CellCalls.handle``
+and answers with an ``input_reply`` whose value is the JSON reply. A plain ``input()`` is never taken for a
+call (whatever its prompt says), and a call is never shown to the human as a cell's question.
+
+The broker connects to each upstream server (tools_config.py) with the SDK's ``mcp.Client``, lazily and
+once per server process, each connection held by its own task (its lifetime in a context manager); a
+connection that failed is dropped and made again on the next call. Every call is checked here, whoever
+sent it (a cell can forge any message on its own channels, so nothing the kernel says is trusted):
+``--tools-allow``, the tool exists, its arguments against its input schema (before they leave), then
+``--tools-approve`` (the human's yes through MCP elicitation, worded here; refused when nobody can be
+asked), a per-call timeout, a cap on calls per cell and on the size of a result. Each call is logged
+and returned as a record (server, tool, arguments, outcome, duration) for the journal and notebook.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from kernelexec.codemode.config import Upstream, matches, python_name, server_attr
+from kernelexec.terminal import safe
+
+logger = logging.getLogger(__name__)
+
+MAX_BATCH = 64  # calls in one request (an asyncio.gather)
+MAX_ARGUMENT_CHARS = 1_000_000
+CONNECT_TIMEOUT = 30.0  # seconds to start and connect to an upstream server
+RETRY_AFTER = 30.0  # seconds a server that failed to connect is left alone by listings (a call tries at once)
+
+# A human's yes for one call: the question (worded by the server) -> True (approved), False (declined), or
+# None when nobody can be asked
+Approve = Callable[[str], Awaitable[bool | None]]
+
+
+@dataclass
+class Limits:
+    call_timeout: float = 60.0
+    calls_per_cell: int = 100
+    result_chars: int = 200_000
+
+
+@dataclass
+class ToolEntry:
+    """One upstream tool as the kernel sees it."""
+
+    server: str  # configured server name
+    name: str  # the tool's own name
+    description: str
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any] | None
+
+    @property
+    def qualified(self) -> str:
+        return f"{server_attr(self.server)}.{python_name(self.name)}"
+
+    def for_kernel(self) -> dict[str, Any]:
+        return {"server": server_attr(self.server), "tool": python_name(self.name), "name": self.name,
+                "server_name": self.server, "description": self.description[:4000], "input_schema": self.input_schema}
+
+
+class Connection:
+    """One upstream server's client, held open by its own task until ``drop``."""
+
+    def __init__(self, upstream: Upstream) -> None:
+        self.upstream = upstream
+        self.client: Any = None
+        self.tools: dict[str, ToolEntry] | None = None
+        self.error: str | None = None
+        self._lock = anyio.Lock()
+        self._closing: anyio.Event | None = None
+        self.connects = 0
+        self.failed_at = -RETRY_AFTER  # monotonic time of the last failed connect
+
+    def _target(self) -> Any:
+        up = self.upstream
+        if up.kind == "http":
+            import httpx2
+            from mcp.client.streamable_http import streamable_http_client
+
+            return streamable_http_client(up.url, http_client=httpx2.AsyncClient(headers=up.headers, timeout=30.0))
+        from mcp.client.stdio import StdioServerParameters, stdio_client
+
+        # its stderr goes to the server's own (fd 2), whatever sys.stderr has become
+        errlog = sys.__stderr__ if sys.__stderr__ is not None else sys.stderr
+        return stdio_client(StdioServerParameters(command=up.command, args=list(up.args), env=up.env or None, cwd=up.cwd),
+                            errlog=errlog)
+
+    async def get(self, tg: Any) -> Any:
+        """The connected client, connecting first if there is none (one connect at a time)."""
+        async with self._lock:
+            if self.client is not None:
+                return self.client
+            ready = anyio.Event()
+            closing = self._closing = anyio.Event()
+            scope = anyio.CancelScope()
+            tg.start_soon(self._hold, ready, closing, scope)
+            with anyio.move_on_after(CONNECT_TIMEOUT):
+                await ready.wait()
+            if not ready.is_set():
+                scope.cancel()
+                self.error = f"could not connect to MCP server {self.upstream.name!r} within {CONNECT_TIMEOUT:g} s"
+            if self.client is None:
+                self.failed_at = time.monotonic()
+                raise ConnectionError(self.error or "could not connect")
+            return self.client
+
+    async def _hold(self, ready: anyio.Event, closing: anyio.Event, scope: anyio.CancelScope) -> None:
+        """The connection's task: the client's context entered and left here (its lifetime in one task)."""
+        from mcp import Client
+
+        with scope:
+            try:
+                async with Client(self._target()) as client:
+                    self.connects += 1
+                    self.client, self.error = client, None
+                    ready.set()
+                    await closing.wait()
+            except Exception as exc:  # noqa: BLE001 - said on the next call
+                if self.client is None:
+                    self.error = f"could not connect to MCP server {self.upstream.name!r}: {type(exc).__name__}: {exc}"[:500]
+                    logger.warning(safe(self.error))
+                else:
+                    logger.info(safe(f"MCP server {self.upstream.name!r}: connection ended ({type(exc).__name__})"))
+            finally:
+                if self._closing is closing:
+                    self.client = None
+                ready.set()
+
+    def drop(self) -> None:
+        """Close the connection (after a failure): the next call connects again."""
+        self.client = None
+        if self._closing is not None:
+            self._closing.set()
+
+    async def list_tools(self, tg: Any) -> dict[str, ToolEntry]:
+        if self.tools is None:
+            client = await self.get(tg)
+            listed = await client.list_tools()
+            self.tools = {t.name: ToolEntry(self.upstream.name, t.name, t.description or "", dict(t.input_schema or {}),
+                                            dict(t.output_schema) if t.output_schema else None) for t in listed.tools}
+        return self.tools
+
+
+class CallFailed(Exception):
+    def __init__(self, message: str, *, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
+
+
+class Broker:
+    """All upstream connections of one server process, and the rules every brokered call passes."""
+
+    def __init__(self, upstreams: list[Upstream], *, allow: list[str] | None = None, approve: list[str] | None = None,
+                 limits: Limits | None = None) -> None:
+        self.connections = {up.attr: Connection(up) for up in upstreams}
+        self.allow = list(allow) if allow else ["*"]
+        self.approve = list(approve or [])
+        self.limits = limits or Limits()
+        self._tg: Any = None
+        self.calls = 0
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[Broker]:
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            try:
+                yield self
+            finally:
+                for connection in self.connections.values():
+                    connection.drop()
+                self._tg = None
+
+    def _task_group(self) -> Any:
+        if self._tg is None:
+            raise CallFailed("the tool broker is not running")
+        return self._tg
+
+    def allowed(self, server: str, tool: str) -> bool:
+        return matches(self.allow, server, tool) is not None
+
+    async def catalog(self) -> tuple[list[ToolEntry], dict[str, str]]:
+        """Every allowed tool of every upstream (connecting to each at its first use), and the servers that
+        could not be listed with why."""
+        entries: list[ToolEntry] = []
+        failed: dict[str, str] = {}
+        tg = self._task_group()
+
+        async def one(attr: str, connection: Connection) -> None:
+            if connection.tools is None and time.monotonic() - connection.failed_at < RETRY_AFTER:
+                failed[attr] = connection.error or "could not connect"  # not tried again for every cell
+                return
+            try:
+                with anyio.fail_after(self.limits.call_timeout):
+                    tools = await connection.list_tools(tg)
+            except Exception as exc:  # noqa: BLE001 - listed as unavailable
+                connection.drop()
+                failed[attr] = connection.error or f"{type(exc).__name__}: {exc}"[:300]
+                return
+            entries.extend(t for t in tools.values() if self.allowed(t.server, t.name))
+
+        async with anyio.create_task_group() as listing:
+            for attr, connection in self.connections.items():
+                listing.start_soon(one, attr, connection)
+        entries.sort(key=lambda e: e.qualified)
+        return entries, failed
+
+    async def kernel_catalog(self) -> str:
+        """The catalog as the kernel's ``_kernelexec_tools_catalog`` takes it (JSON)."""
+        entries, failed = await self.catalog()
+        refused = {}
+        for connection in self.connections.values():
+            for tool in (connection.tools or {}).values():
+                if not self.allowed(tool.server, tool.name):
+                    refused[tool.qualified] = f"{tool.server}.{tool.name} is not allowed by --tools-allow"
+        return json.dumps({"tools": [e.for_kernel() for e in entries], "unavailable": failed, "refused": refused})
+
+    def cell(self, approve: Approve | None) -> CellCalls:
+        """The calls of one cell: counted against the per-cell cap, recorded."""
+        return CellCalls(self, approve)
+
+    def describe(self, entries: list[ToolEntry], limit: int = 60) -> list[str]:
+        """One line per callable tool, for execute_code's description."""
+        lines = []
+        for e in entries[:limit]:
+            found = e.input_schema.get("properties")
+            props: dict[str, Any] = found if isinstance(found, dict) else {}
+            summary = (e.description.strip().splitlines() or [""])[0][:80]
+            lines.append(f"mcp_tools.{e.qualified}({', '.join(list(props)[:6])}){': ' + summary if summary else ''}")
+        if len(entries) > limit:
+            lines.append(f"… {len(entries) - limit} more: mcp_tools.list()")
+        return lines
+
+    # --- one call ----------------------------------------------------------------------------
+    async def call(self, server: str, tool: str, arguments: dict[str, Any], approve: Approve | None) -> dict[str, Any]:
+        """One checked call; its reply item for the kernel (``ok``, ``value``/``images`` or ``message``)."""
+        connection = self.connections.get(server) or next(
+            (c for c in self.connections.values() if c.upstream.name == server), None)
+        if connection is None:
+            raise CallFailed(f"no MCP server {server!r} is configured (--tools-config); configured: "
+                             f"{', '.join(self.connections) or 'none'}")
+        name = connection.upstream.name
+        tools = await connection.list_tools(self._task_group()) if connection.tools is None else connection.tools
+        entry = tools.get(tool) or next((t for t in tools.values() if python_name(t.name) == tool), None)
+        if entry is None:
+            raise CallFailed(f"MCP server {name!r} has no tool {tool!r}")
+        if not self.allowed(name, entry.name):
+            raise CallFailed(f"{name}.{entry.name} is refused: it matches no --tools-allow pattern "
+                             f"({', '.join(self.allow)})", refused=True)
+        problem = schema_problem(entry.input_schema, arguments)
+        if problem is not None:
+            raise CallFailed(f"arguments for {name}.{entry.name} do not match its input schema (not sent): {problem}")
+        pattern = matches(self.approve, name, entry.name)
+        if pattern is not None:
+            verdict = None if approve is None else await approve(approval_message(name, entry.name, arguments, pattern))
+            if verdict is None:
+                raise CallFailed(f"{name}.{entry.name} needs the user's approval (--tools-approve {pattern!r}) and this "
+                                 "client cannot ask its user now (MCP elicitation while the call waits)", refused=True)
+            if not verdict:
+                raise CallFailed(f"{name}.{entry.name} was declined by the user (--tools-approve {pattern!r})", refused=True)
+        client = await connection.get(self._task_group())
+        try:
+            with anyio.fail_after(self.limits.call_timeout):
+                result = await client.call_tool(entry.name, arguments)
+        except TimeoutError:
+            raise CallFailed(f"{name}.{entry.name} timed out after {self.limits.call_timeout:g} s "
+                             "(--tools-call-timeout)") from None
+        except Exception as exc:
+            from mcp.shared.exceptions import MCPError
+
+            if not isinstance(exc, MCPError) or "closed" in str(exc).lower():
+                connection.drop()  # the server crashed or the transport broke: connect again on the next call
+                raise CallFailed(f"MCP server {name!r} failed during the call ({type(exc).__name__}: {str(exc)[:300]}); "
+                                 "it is started again on the next call") from None
+            raise CallFailed(f"{name}.{entry.name}: {str(exc)[:2000]}") from None
+        return self.convert(entry, result)
+
+    def convert(self, entry: ToolEntry, result: Any) -> dict[str, Any]:
+        """A CallToolResult as the kernel's reply item: structured content (unwrapped when the SDK wrapped a
+        plain value), else the text, with images apart."""
+        texts = [c.text for c in result.content if getattr(c, "type", None) == "text"]
+        if result.is_error:
+            raise CallFailed(f"{entry.server}.{entry.name} raised: {chr(10).join(texts)[:4000] or 'an error'}")
+        images = [{"mime_type": c.mime_type, "data": c.data} for c in result.content if getattr(c, "type", None) == "image"]
+        structured = result.structured_content
+        if structured is not None:
+            value, kind = structured, "structured"
+            props = (entry.output_schema or {}).get("properties")
+            if isinstance(structured, dict) and set(structured) == {"result"} and (not isinstance(props, dict) or set(props) == {"result"}):
+                value = structured["result"]
+        else:
+            value, kind = "\n".join(texts), "text"
+        item = {"ok": True, "kind": kind, "value": value, "images": images}
+        size = len(json.dumps(item))
+        if size > self.limits.result_chars:
+            raise CallFailed(f"{entry.server}.{entry.name} returned {size:,} characters; the cap is "
+                             f"{self.limits.result_chars:,} (--tools-max-result-chars)")
+        return item
+
+
+def approval_message(server: str, tool: str, arguments: dict[str, Any], pattern: str) -> str:
+    """The question for the human: the server's words, with the arguments as data."""
+    shown = json.dumps(arguments, ensure_ascii=False, sort_keys=True)
+    if len(shown) > 800:
+        shown = shown[:800] + " …"
+    return (f"kernelexec: code running in a session wants to call the MCP tool {server}.{tool} "
+            f"(--tools-approve {pattern!r} asks you each time). Arguments:\n{shown}\n\nApprove this one call?")
+
+
+_validators: dict[str, Any] = {}  # a tool's schema (as JSON) -> its checked validator, or None (malformed)
+
+
+def schema_problem(schema: dict[str, Any], arguments: Any) -> str | None:
+    """Why ``arguments`` fail the tool's input schema (jsonschema), or None."""
+    if not isinstance(arguments, dict):
+        return "arguments must be an object"
+    import jsonschema
+
+    key = json.dumps(schema, sort_keys=True)
+    if key not in _validators:
+        if len(_validators) > 4096:
+            _validators.clear()
+        try:
+            cls = jsonschema.validators.validator_for(schema)
+            cls.check_schema(schema)
+            _validators[key] = cls(schema)
+        except jsonschema.SchemaError:
+            _validators[key] = None  # a server's malformed schema is its own business: the server checks
+    validator = _validators[key]
+    if validator is None:
+        return None
+    error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
+    if error is None:
+        return None
+    where = ".".join(map(str, error.absolute_path))
+    return f"{where + ': ' if where else ''}{error.message[:300]}"
+
+
+@dataclass
+class CellCalls:
+    """The brokered calls of one cell (``Broker.cell``): the reply to each request, and the records."""
+
+    broker: Broker
+    approve: Approve | None
+    records: list[dict[str, Any]] = field(default_factory=list)
+    count: int = 0
+
+    async def handle(self, payload: Any) -> dict[str, Any]:
+        """A request from the kernel (untrusted): its calls made concurrently; the reply."""
+        op = payload.get("op") if isinstance(payload, dict) else None
+        calls = payload.get("calls") if isinstance(payload, dict) else None
+        if op != "call" or not isinstance(calls, list) or not 0 < len(calls) <= MAX_BATCH:
+            return {"error": f"malformed tool request (at most {MAX_BATCH} calls at once)"}
+        if len(calls) == 1:  # the usual case: no task to start
+            return {"results": [await self.one(calls[0])]}
+        results: list[dict[str, Any]] = [{} for _ in calls]
+
+        async def one(i: int, call: Any) -> None:
+            results[i] = await self.one(call)
+
+        async with anyio.create_task_group() as tg:
+            for i, call in enumerate(calls):
+                tg.start_soon(one, i, call)
+        return {"results": results}
+
+    async def one(self, call: Any) -> dict[str, Any]:
+        started = time.monotonic()
+        server = str(call.get("server", ""))[:200] if isinstance(call, dict) else ""
+        tool = str(call.get("tool", ""))[:200] if isinstance(call, dict) else ""
+        arguments = call.get("arguments") if isinstance(call, dict) else None
+        record: dict[str, Any] = {"server": server, "tool": tool, "arguments": arguments}
+        try:
+            if not isinstance(arguments, dict) or len(json.dumps(arguments)) > MAX_ARGUMENT_CHARS:
+                raise CallFailed(f"arguments must be an object of at most {MAX_ARGUMENT_CHARS:,} characters of JSON")
+            self.count += 1
+            if self.count > self.broker.limits.calls_per_cell:
+                raise CallFailed(f"this cell made more than {self.broker.limits.calls_per_cell} tool calls "
+                                 "(--tools-max-calls-per-cell)", refused=True)
+            item = await self.broker.call(server, tool, arguments, self.approve)
+            record["result"] = {k: item[k] for k in ("kind", "value", "images")}
+        except CallFailed as exc:
+            item = {"ok": False, "refused": exc.refused, "message": str(exc)}
+            record["error"], record["refused"] = str(exc), exc.refused
+        except Exception as exc:  # noqa: BLE001 - the call fails, the cell goes on
+            logger.exception("brokered call %s.%s", server, tool)
+            item = {"ok": False, "refused": False, "message": f"the broker failed: {type(exc).__name__}: {exc}"[:1000]}
+            record["error"], record["refused"] = item["message"], False
+        record["duration_ms"] = round((time.monotonic() - started) * 1000, 3)
+        self.broker.calls += 1
+        self.records.append(record)
+        if logger.isEnabledFor(logging.INFO):
+            logger.info(safe(f"tool call {server}.{tool} {json.dumps(arguments)[:300]} -> "
+                             f"{'ok' if item.get('ok') else 'refused' if item.get('refused') else 'error'} "
+                             f"in {record['duration_ms']:.1f} ms{'' if item.get('ok') else ': ' + str(item.get('message'))[:200]}"))
+        return item
+
+
+def from_settings(settings: Any) -> Broker | None:
+    """The broker ``--tools-config`` asks for, or None (code mode off). Raises ToolsConfigError."""
+    if not settings.tools_config:
+        return None
+    from kernelexec.codemode import config as tools_config
+    from kernelexec.sandbox.probe import kernel_reach
+
+    upstreams = tools_config.load(settings.tools_config, reach=kernel_reach(settings), working_dir=settings.working_dir)
+    return Broker(upstreams, allow=settings.tools_allow, approve=settings.tools_approve,
+                  limits=Limits(settings.tools_call_timeout, settings.tools_max_calls_per_cell, settings.tools_max_result_chars))
+
+
+# --- replay: recorded results instead of live calls ----------------------------------------------
+def _recorded_item(record: Any) -> dict[str, Any]:
+    if record.result is not None:
+        return {"ok": True, **{k: record.result.get(k) for k in ("kind", "value", "images")}}
+    return {"ok": False, "refused": record.refused, "message": record.error or "the call failed"}
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def catalog_from_records(records: Any, live: str | None = None) -> str:
+    """A kernel catalog (``_kernelexec_tools_catalog``) naming every recorded server.tool (arguments unchecked:
+    replay serves what was recorded), with the live broker's entries where it has them."""
+    data = json.loads(live) if live else {"tools": [], "unavailable": {}, "refused": {}}
+    have = {(t["server"], t["tool"]) for t in data["tools"]}
+    for record in records:
+        key = (python_name(record.server), python_name(record.tool))
+        if key not in have:
+            have.add(key)
+            data["tools"].append({"server": key[0], "tool": key[1], "name": record.tool, "server_name": record.server,
+                                  "description": "(recorded: replay serves this tool's recorded results)",
+                                  "input_schema": {"type": "object", "properties": {}}})
+            data["unavailable"].pop(key[0], None)
+    return json.dumps(data)
+
+
+@dataclass
+class RecordedCalls:
+    """One replayed cell's tool calls: answered from its recorded calls in order (offline, deterministic), or with
+    ``live`` by the live servers, the differences from the record noted."""
+
+    recorded: list[Any]  # recording.RecordedToolCall
+    live: CellCalls | None = None
+    served: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    async def handle(self, payload: Any) -> dict[str, Any]:
+        calls = payload.get("calls") if isinstance(payload, dict) else None
+        if not isinstance(payload, dict) or payload.get("op") != "call" or not isinstance(calls, list):
+            return {"error": "malformed tool request"}
+        results = []
+        for call in calls[:MAX_BATCH]:
+            server = str(call.get("server", "")) if isinstance(call, dict) else ""
+            tool = str(call.get("tool", "")) if isinstance(call, dict) else ""
+            at = next((i for i, r in enumerate(self.recorded)
+                       if python_name(r.server) == python_name(server) and python_name(r.tool) == python_name(tool)), None)
+            record = self.recorded.pop(at) if at is not None else None
+            if self.live is not None:
+                item = await self.live.one(call)
+                if record is None:
+                    self.notes.append(f"tool call {server}.{tool}: not in the record; called live")
+                else:
+                    was = _recorded_item(record)
+                    if {k: was.get(k) for k in ("ok", "value")} != {k: item.get(k) for k in ("ok", "value")}:
+                        self.notes.append(f"tool call {server}.{tool}: recorded {_short(was.get('value', was.get('message')))}, "
+                                          f"live {_short(item.get('value', item.get('message')))}")
+            elif record is None:
+                item = {"ok": False, "refused": False, "message": f"replay has no recorded result for {server}.{tool} "
+                        "(it serves the recorded calls; --live-tools calls the servers)"}
+                self.notes.append(f"tool call {server}.{tool}: no recorded result; the cell got ToolError")
+            else:
+                item = _recorded_item(record)
+                self.served += 1
+            results.append(item)
+        return {"results": results}
+
+    def summary(self) -> str | None:
+        """The cell's line for replay's report: how its tool calls were answered."""
+        if self.live is not None:
+            return f"tool calls: {len(self.live.records)} made live (--live-tools)" if self.live.records else None
+        return f"tool calls: {self.served} served from the record (offline; --live-tools calls the servers)" if self.served else None

@@ -1,0 +1,184 @@
+"""Code mode's configuration: which MCP servers a cell may call through the broker (broker.py).
+
+``--tools-config FILE`` is a JSON file in the ``mcpServers`` shape Claude Desktop and ``.mcp.json`` use:
+a stdio server has ``command``/``args``/``env`` (and optionally ``cwd``), an HTTP one ``"type": "http"`` with
+``url``/``headers``. ``--tools-config auto`` reads the project's ``.mcp.json`` (the working directory, or the
+project root above it) and the user's Claude Code configuration (``~/.claude.json``: its top-level
+``mcpServers`` and the project's entry), read-only; kernelexec's own entries are skipped.
+
+A tools config starts commands on the host, so it is read only from a file no kernel can write (host.py's
+rule): ``KernelReach.writes`` decides, counting the protected names bubblewrap binds read-only. A file a
+kernel could have changed is refused with one line naming it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from kernelexec.errors import KernelexecError
+from kernelexec.host import KernelReach
+
+MAX_CONFIG_BYTES = 1_000_000
+RESERVED = frozenset({"list", "gather", "ToolError", "ToolRefused", "MARK", "PROMPT", "annotations"})  # mcp_tools' own names
+
+
+class ToolsConfigError(KernelexecError):
+    """A tools config that cannot be used: unreadable, malformed, or writable by a kernel."""
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """One configured MCP server the broker may connect to."""
+
+    name: str  # as configured
+    kind: Literal["stdio", "http"]
+    source: str  # the file it came from
+    command: str = ""
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    url: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def attr(self) -> str:
+        """Its name in the kernel: ``mcp_tools.<attr>`` (``_`` added to a name the module itself uses)."""
+        return server_attr(self.name)
+
+
+def python_name(name: str) -> str:
+    """A configured server's or a tool's name as a Python identifier (``my-server`` -> ``my_server``)."""
+    text = re.sub(r"\W", "_", name)
+    if not text or text[0].isdigit():
+        text = "_" + text
+    return text if not text.startswith("__") else "x" + text
+
+
+def server_attr(name: str) -> str:
+    """A configured server's attribute of ``mcp_tools`` (``_`` added to a name the module itself uses)."""
+    attr = python_name(name)
+    return attr + "_" if attr in RESERVED else attr
+
+
+def _strings(value: Any, what: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ToolsConfigError(f"{what} must be a list of strings")
+    return tuple(value)
+
+
+def _mapping(value: Any, what: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise ToolsConfigError(f"{what} must be an object of strings")
+    return dict(value)
+
+
+def is_kernelexec(name: str, entry: dict[str, Any]) -> bool:
+    """An entry that starts kernelexec itself: never connected to (a server calling itself)."""
+    words = [str(entry.get("command", "")), *(str(a) for a in entry.get("args") or [] if isinstance(a, str))]
+    return name == "kernelexec" or any(Path(w).name == "kernelexec" for w in words)
+
+
+def parse_servers(data: Any, source: str) -> list[Upstream]:
+    """The ``mcpServers`` object of one config file, checked; kernelexec's own entries skipped."""
+    if not isinstance(data, dict):
+        raise ToolsConfigError(f"{source}: mcpServers must be an object")
+    found: list[Upstream] = []
+    for name, entry in data.items():
+        where = f"{source}: server {name!r}"
+        if not isinstance(entry, dict):
+            raise ToolsConfigError(f"{where} must be an object")
+        if is_kernelexec(name, entry):
+            continue
+        kind = entry.get("type", "http" if "url" in entry else "stdio")
+        if kind in ("http", "streamable-http", "streamable_http"):
+            url = entry.get("url")
+            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+                raise ToolsConfigError(f"{where}: url must be an http(s) URL")
+            found.append(Upstream(name, "http", source, url=url, headers=_mapping(entry.get("headers"), f"{where}: headers")))
+        elif kind == "stdio":
+            command = entry.get("command")
+            if not isinstance(command, str) or not command:
+                raise ToolsConfigError(f"{where}: command must be a non-empty string")
+            cwd = entry.get("cwd")
+            if cwd is not None and not isinstance(cwd, str):
+                raise ToolsConfigError(f"{where}: cwd must be a string")
+            found.append(Upstream(name, "stdio", source, command=command, args=_strings(entry.get("args"), f"{where}: args"),
+                                  env=_mapping(entry.get("env"), f"{where}: env"), cwd=cwd))
+        else:
+            raise ToolsConfigError(f"{where}: type {str(kind)[:40]!r} is not supported (stdio or http)")
+    return found
+
+
+def _read_json(path: Path, reach: KernelReach) -> Any:
+    if reach.writes(path):
+        raise ToolsConfigError(
+            f"refusing the tools config {path}: a kernel could have written it (it lies in a directory kernels may "
+            "write, and is not a protected name bubblewrap keeps read-only); it would start commands on this host. "
+            "Move it out of the work roots and session directories")
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ToolsConfigError(f"cannot read the tools config {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ToolsConfigError(f"the tools config {path} is over {MAX_CONFIG_BYTES:,} bytes")
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise ToolsConfigError(f"the tools config {path} is not JSON: {exc}") from None
+
+
+def project_root(start: Path) -> Path:
+    """The nearest directory at or above ``start`` with pyproject.toml, setup.py, .git or .mcp.json; else ``start``."""
+    for folder in (start, *start.parents):
+        if any((folder / marker).exists() for marker in ("pyproject.toml", "setup.py", ".git", ".mcp.json")):
+            return folder
+    return start
+
+
+def load(spec: str, *, reach: KernelReach, working_dir: Path | None = None, home: Path | None = None) -> list[Upstream]:
+    """The upstream servers ``--tools-config`` names (a file, or ``auto``). Raises ToolsConfigError."""
+    if spec != "auto":
+        path = Path(spec).expanduser()
+        data = _read_json(path, reach)
+        servers = data.get("mcpServers") if isinstance(data, dict) else None
+        if servers is None:
+            raise ToolsConfigError(f"the tools config {path} has no mcpServers object")
+        return parse_servers(servers, str(path))
+    found: dict[str, Upstream] = {}
+    start = (working_dir or Path.cwd()).resolve()
+    project = project_root(start) / ".mcp.json"
+    if project.is_file():
+        data = _read_json(project, reach)
+        for up in parse_servers(data.get("mcpServers", {}) if isinstance(data, dict) else {}, str(project)):
+            found.setdefault(up.name, up)
+    user = (home or Path(os.path.expanduser("~"))) / ".claude.json"
+    if user.is_file():
+        data = _read_json(user, reach)
+        if isinstance(data, dict):
+            projects = data.get("projects")
+            entry = projects.get(str(project.parent)) if isinstance(projects, dict) else None
+            for servers in (entry.get("mcpServers") if isinstance(entry, dict) else None, data.get("mcpServers")):
+                if servers:
+                    for up in parse_servers(servers, str(user)):
+                        found.setdefault(up.name, up)
+    return list(found.values())
+
+
+def matches(patterns: list[str], server: str, tool: str) -> str | None:
+    """The first glob in ``patterns`` matching ``server.tool`` (either the configured or the Python name), else None."""
+    for pattern in patterns:
+        for candidate in (f"{server}.{tool}", f"{python_name(server)}.{python_name(tool)}"):
+            if fnmatch.fnmatchcase(candidate, pattern):
+                return pattern
+    return None

@@ -1,0 +1,103 @@
+"""A real upstream MCP server for code mode's tests and benchmark, written with the SDK.
+
+``python codemode_upstream.py stdio NAME`` serves over stdio; ``python codemode_upstream.py http NAME PORT``
+over streamable HTTP on 127.0.0.1:PORT/mcp. NAME goes into answers, so tests can tell two servers apart.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import sys
+import time
+
+from mcp.server import MCPServer
+from mcp.server.mcpserver import Image
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import BaseModel, Field
+
+# a 1x1 PNG
+PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==")
+
+NAME = sys.argv[2] if len(sys.argv) > 2 else "upstream"
+mcp = MCPServer(NAME)
+
+
+class Forecast(BaseModel):
+    city: str
+    high_c: float
+    server: str
+
+
+@mcp.tool()
+def forecast(city: str = Field(description="City name"), days: int = Field(1, description="How many days")) -> Forecast:
+    """Tomorrow's forecast for a city."""
+    return Forecast(city=city, high_c=20.5 + days, server=NAME)
+
+
+@mcp.tool()
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@mcp.tool(structured_output=False)
+def shout(text: str) -> str:
+    """Upper-case a text (a plain text result)."""
+    return text.upper() + "!"
+
+
+@mcp.tool()
+def pixel() -> Image:
+    """A 1x1 PNG image."""
+    return Image(data=PNG, format="png")
+
+
+@mcp.tool()
+def fail(why: str = "no reason") -> str:
+    """Always raises."""
+    raise ToolError(f"upstream refused: {why}")
+
+
+@mcp.tool()
+def slow(seconds: float) -> float:
+    """Sleep, then answer."""
+    time.sleep(seconds)
+    return seconds
+
+
+@mcp.tool()
+def pid() -> int:
+    """This server process's id."""
+    return os.getpid()
+
+
+@mcp.tool()
+def crash() -> str:
+    """Exit the server process at once."""
+    os._exit(3)
+
+
+@mcp.tool()
+def secret() -> str:
+    """A tool the tests' --tools-allow refuses."""
+    return "leaked"
+
+
+@mcp.tool()
+def transfer(amount: int) -> str:
+    """A tool the tests' --tools-approve asks about."""
+    return f"sent {amount}"
+
+
+@mcp.tool()
+def counter(n: int) -> int:
+    """Return n plus a value from the environment (LIVE_OFFSET), so a live replay can differ."""
+    return n + int(os.environ.get("LIVE_OFFSET", "0"))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "http":
+        mcp.run(transport="streamable-http", host="127.0.0.1", port=int(sys.argv[3]))
+    else:
+        mcp.run()
