@@ -42,8 +42,8 @@ def run_view(app: App) -> Any:
     return view.extension(app)
 
 
-def register(mcp: MCPServer, app: App) -> None:
-    """Add the tools the preset exposes (``plugin``: execute_code; ``safe-executor``: run_python; else all)."""
+def _running_tools(app: App) -> dict[str, Any]:
+    """execute_code and the tools that follow a run: get_run, send_input."""
     settings = app.settings
 
     @translated
@@ -100,6 +100,13 @@ def register(mcp: MCPServer, app: App) -> None:
             reply.content = [TextContent(type="text", text=f"[{said}]"), *reply.content]
         return reply  # type: ignore[return-value]
 
+    return {"execute_code": execute_code, "get_run": get_run, "send_input": send_input}
+
+
+def _control_tools(app: App) -> dict[str, Any]:
+    """interrupt, run_python (the old safe executor's contract) and list_variables."""
+    settings = app.settings
+
     @translated
     async def interrupt(ctx: Context, session: SessionArg = None) -> SessionInfo:
         """Interrupt (SIGINT) the code running in a session, e.g. a background run; its answer says it was interrupted."""
@@ -130,6 +137,13 @@ def register(mcp: MCPServer, app: App) -> None:
             except ValueError:
                 raise ToolError("could not list variables: the kernel's answer is not JSON") from None
         return variables_answer(target.handle, data)
+
+    return {"interrupt": interrupt, "run_python": run_python, "list_variables": list_variables}
+
+
+def _session_tools(app: App) -> dict[str, Any]:
+    """A session's life: new_session, restart_session, close_session, install_packages."""
+    settings = app.settings
 
     @translated
     async def new_session(
@@ -178,23 +192,31 @@ def register(mcp: MCPServer, app: App) -> None:
             session=target.handle, duration_ms=outcome.duration_ms, index=outcome.index, summary=outcome.summary(),
             installed=[InstalledPackage(name=i.name, version=i.version, size=i.size) for i in outcome.installed])
 
+    return {"new_session": new_session, "restart_session": restart_session, "close_session": close_session,
+            "install_packages": install_packages}
+
+
+def register(mcp: MCPServer, app: App) -> None:
+    """Add the tools the preset exposes (``plugin``: execute_code; ``safe-executor``: run_python; else all).
+    ``tools`` below is also read, without importing this module, by hook.py (its string keys)."""
+    fns = {**_running_tools(app), **_control_tools(app), **_session_tools(app)}
     acting = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
     reading = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
     destroying = ToolAnnotations(destructive_hint=True, open_world_hint=False)
     tools: dict[str, tuple[Any, ToolAnnotations, str]] = {
-        "execute_code": (execute_code, acting, "Execute Python code"),
-        "run_python": (run_python, acting, "Run Python"),
-        "list_variables": (list_variables, reading, "List variables"),
-        "new_session": (new_session, acting, "New session"),
-        "restart_session": (restart_session, destroying, "Restart session"),
-        "close_session": (close_session, destroying, "Close session"),
-        "get_run": (get_run, reading, "Get a background run"),
-        "send_input": (send_input, acting, "Answer a run's input()"),
-        "interrupt": (interrupt, acting, "Interrupt running code"),
-        "install_packages": (install_packages, ToolAnnotations(read_only_hint=False, destructive_hint=False,
+        "execute_code": (fns["execute_code"], acting, "Execute Python code"),
+        "run_python": (fns["run_python"], acting, "Run Python"),
+        "list_variables": (fns["list_variables"], reading, "List variables"),
+        "new_session": (fns["new_session"], acting, "New session"),
+        "restart_session": (fns["restart_session"], destroying, "Restart session"),
+        "close_session": (fns["close_session"], destroying, "Close session"),
+        "get_run": (fns["get_run"], reading, "Get a background run"),
+        "send_input": (fns["send_input"], acting, "Answer a run's input()"),
+        "interrupt": (fns["interrupt"], acting, "Interrupt running code"),
+        "install_packages": (fns["install_packages"], ToolAnnotations(read_only_hint=False, destructive_hint=False,
                                                                idempotent_hint=True, open_world_hint=True), "Install packages"),
     }
-    exposed = exposed_tools(settings) or list(tools)
+    exposed = exposed_tools(app.settings) or list(tools)
     for name in exposed:
         fn, annotations, title = tools[name]
         # the run view (view.py) for hosts that render MCP Apps; others ignore the _meta and get the same answer
