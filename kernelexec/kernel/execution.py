@@ -1,8 +1,8 @@
-"""What a call produced, as plain data.
+"""What a cell produced, as plain data: the kernel's side of a call.
 
-``Execution`` is built once from the kernel's messages (driver.py) and then rendered once for MCP
-(render.py) and appended once to the session notebook (recording.py). ``ExecuteResult`` and
-friends are the tools' structured output; their JSON schemas are the tools' output schemas.
+``Execution`` is built once from the kernel's messages (driver.py, collector.py), appended once to the
+session notebook (session/recording.py) and rendered once for MCP (server/render.py). The tools'
+structured results are the MCP layer's (server/results.py).
 """
 
 from __future__ import annotations
@@ -10,10 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
-
 Ending = Literal["completed", "interrupted", "restarted", "kernel_died"]
-RunEnding = Literal["completed", "interrupted", "restarted", "kernel_died", "running", "awaiting_input"]
 # which value is a cell's result (startup/runtime.py): execute_code's rule or the old safe executor's (run_python)
 ResultRule = Literal["variable", "statement"]
 
@@ -71,123 +68,3 @@ class Execution:
     @property
     def success(self) -> bool:
         return self.error is None and self.ending == "completed"
-
-
-class OutputRef(BaseModel):
-    """A rich output kept as a file: what it is, how big, and where to get all of it."""
-
-    mime_type: str = Field(description="MIME type, e.g. image/png, image/svg+xml, text/html")
-    size: int = Field(description="Size in bytes")
-    path: str = Field(description="File holding the full item")
-    uri: str = Field(description="MCP resource URI for the same file")
-
-
-#: Any JSON value, as ``anyOf`` rather than a ``type`` array: some clients (Gemini-style function
-#: declarations) accept only one type per schema, and the MCP Inspector's --strict flags the array.
-ANY_JSON: dict[str, Any] = {"anyOf": [{"type": t} for t in ("string", "number", "boolean", "object", "array", "null")]}
-
-
-class EnvironmentInfo(BaseModel):
-    """The Python a kernel runs in, and why that one (environments.py)."""
-
-    python: str = Field(description="The interpreter the kernel was started with")
-    version: str = Field(description="Its Python version, e.g. 3.12.1")
-    source: str = Field(description="Where the choice came from: flag (--python), project .venv, VIRTUAL_ENV, conda, or own (kernelexec's)")
-    prefix: str | None = Field(None, description="The environment's prefix (sys.prefix); read-only to the kernel")
-    ipykernel: str | None = Field(None, description="Whose ipykernel: the environment's own, or kernelexec's overlay (the environment is never modified)")
-
-
-class ExecuteResult(BaseModel):
-    """The structured answer of execute_code (the old plugin's fields, extended)."""
-
-    success: bool = Field(description="True when the code ran to the end without raising")
-    result: Any = Field(
-        None,
-        description="Value of `result` if the code bound it, else of the last expression: JSON when possible, else its repr",
-        json_schema_extra=ANY_JSON,
-    )
-    stdout: str = Field("", description="Standard output (cut head+tail when long; see stdout_file)")
-    stderr: str = Field("", description="Standard error (cut head+tail when long; see stderr_file)")
-    result_file: str | None = Field(None, description="File with the whole result when it was too long to return")
-    error: str | None = Field(None, description='One line, e.g. "ZeroDivisionError: division by zero"')
-    error_type: str | None = Field(None, description="Exception class name")
-    traceback: list[str] = Field(default_factory=list, description="Traceback lines, no colour codes")
-    session: str = Field(description="Session handle this ran in; pass it back to keep state")
-    execution_count: int | None = Field(None, description="The cell number in this session's kernel")
-    outputs: list[OutputRef] = Field(default_factory=list, description="Rich outputs (images, HTML, ...) kept as files")
-    duration_ms: float = Field(0.0, description="Wall time of the call in milliseconds")
-    stdout_file: str | None = Field(None, description="Full stdout when it was cut")
-    stderr_file: str | None = Field(None, description="Full stderr when it was cut")
-    timed_out: bool = Field(False, description="The call hit its timeout")
-    ending: RunEnding = Field("completed", description="completed, interrupted (SIGINT stopped it), restarted (the kernel was "
-                              "restarted; state lost), kernel_died, running (a background run still going), or awaiting_input "
-                              "(the code waits in input()/getpass(): answer with send_input)")
-    run_id: str | None = Field(None, description="Background run id (execute_code with background=true); poll it with get_run")
-    restart_reason: str | None = Field(None, description="Why the kernel was restarted, when it was")
-    input_prompt: str | None = Field(None, description="awaiting_input: the prompt of the code's input()/getpass() (the code's words)")
-    input_password: bool | None = Field(None, description="awaiting_input: true when the code asks through getpass() (a secret)")
-    notebook: str | None = Field(None, description="Path of this session's notebook record")
-    profile: str = Field(description="Policy profile in force")
-    layers: list[str] = Field(default_factory=list, description="Isolation layers around this kernel "
-                              "(env, rlimits, landlock, seccomp, bubblewrap, netns, cgroup, guard)")
-    environment: EnvironmentInfo | None = Field(None, description="The Python environment this ran in (None: a remote backend's own)")
-    notes: list[str] = Field(default_factory=list, description="What the server did to this cell's output "
-                             "(caps it applied, malformed kernel messages it dropped)")
-
-
-class RunPythonResult(BaseModel):
-    """The old safe executor's answer."""
-
-    result: Any = Field(
-        None, description="Value of `result` or of the last expression",
-        json_schema_extra=ANY_JSON,
-    )
-    logs: str = Field("", description="Everything printed (stdout then stderr)")
-
-
-class Variable(BaseModel):
-    name: str
-    type: str
-    repr: str = Field(description="Bounded repr")
-    shape: list[int] | None = None
-    length: int | None = None
-
-
-class VariablesResult(BaseModel):
-    session: str
-    variables: list[Variable]
-
-
-class ReplayedCell(BaseModel):
-    """One recorded cell run again to rebuild a session's state (restore, revival)."""
-
-    cell: int = Field(description="Position of the cell in the session's notebook (1-based)")
-    first_line: str = Field(description="First line of its code")
-    ok: bool = Field(description="It ran without raising this time too")
-    error: str | None = Field(None, description="What went wrong this time, when it did")
-
-
-class SessionInfo(BaseModel):
-    session: str
-    status: str = Field(description="What happened: created, restarted, closed")
-    profile: str
-    working_dir: str
-    notebook: str | None = None
-    detail: str | None = None
-    replayed: list[ReplayedCell] = Field(default_factory=list, description="Cells run again to rebuild state (restart_session with replay)")
-
-
-class InstalledPackage(BaseModel):
-    name: str
-    version: str
-    size: int = Field(description="Bytes it takes in the session's overlay")
-
-
-class InstallResult(BaseModel):
-    """The answer of install_packages."""
-
-    session: str
-    installed: list[InstalledPackage] = Field(description="What was installed (dependencies included)")
-    duration_ms: float = Field(description="How long the install took")
-    index: str = Field(description="Where the wheels came from")
-    summary: str

@@ -31,17 +31,12 @@ from pydantic import BaseModel, Field
 from kernelexec.codemode.broker import Broker
 from kernelexec.config import Settings
 from kernelexec.errors import InvalidRequest, KernelexecError
-from kernelexec.kernel.execution import (
-    ExecuteResult,
-    ResultRule,
-    SessionInfo,
-    Variable,
-    VariablesResult,
-)
+from kernelexec.kernel.execution import ResultRule
 from kernelexec.kernel.wire import clean_text
 from kernelexec.longtext import live_tail
 from kernelexec.server.auth import current_principal
 from kernelexec.server.render import Rendered, Renderer, escape_tags
+from kernelexec.server.results import ExecuteResult, SessionInfo, Variable, VariablesResult
 from kernelexec.session.manager import SessionManager
 from kernelexec.session.runs import APPROVED, KEEP_FINISHED, Finished, Question, Run
 from kernelexec.session.session import Session

@@ -25,8 +25,9 @@ from typing import Any
 from mcp_types import Annotations, ContentBlock, EmbeddedResource, ImageContent, ResourceLink, TextContent, TextResourceContents
 
 from kernelexec.kernel.collector import strip_ansi
-from kernelexec.kernel.execution import CellError, ExecuteResult, Execution, OutputRef
+from kernelexec.kernel.execution import CellError, Execution
 from kernelexec.longtext import cut
+from kernelexec.server.results import ExecuteResult, OutputRef
 
 EXTENSIONS = {
     "image/png": "png",

@@ -14,17 +14,10 @@ from mcp_types import (
 )
 from pydantic import Field
 
-from kernelexec.kernel.execution import (
-    ExecuteResult,
-    InstalledPackage,
-    InstallResult,
-    RunPythonResult,
-    SessionInfo,
-    VariablesResult,
-)
 from kernelexec.server import view
 from kernelexec.server.app import RUN_PYTHON_TIMEOUT, App, exposed_tools, info, translated, variables_answer
 from kernelexec.server.render import Rendered
+from kernelexec.server.results import ExecuteResult, InstalledPackage, InstallResult, RunPythonResult, SessionInfo, VariablesResult
 from kernelexec.server.view import VIEW_META
 from kernelexec.session.restore import describe_replayed
 from kernelexec.session.runs import Run

@@ -29,8 +29,8 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
 from kernelexec.errors import KernelexecError
-from kernelexec.kernel.execution import SessionInfo, VariablesResult
 from kernelexec.server.app import App, info, translated, variables_answer
+from kernelexec.server.results import SessionInfo, VariablesResult
 
 VIEW_URI = "ui://kernelexec/run.html"
 VIEW_META: dict[str, Any] = {"ui": {"resourceUri": VIEW_URI}}

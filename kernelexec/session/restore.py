@@ -10,15 +10,25 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pydantic import BaseModel, Field
+
 from kernelexec.codemode.broker import RecordedCalls, catalog_from_records
 from kernelexec.environment.packages import pip_lines
 from kernelexec.errors import InvalidRequest
-from kernelexec.kernel.execution import ReplayedCell
 from kernelexec.session.recording import read_cell_meta
 
 if TYPE_CHECKING:
     from kernelexec.kernel.driver import Kernel
     from kernelexec.kernel.execution import Execution
+
+
+class ReplayedCell(BaseModel):
+    """One recorded cell run again to rebuild a session's state (restore, revival)."""
+
+    cell: int = Field(description="Position of the cell in the session's notebook (1-based)")
+    first_line: str = Field(description="First line of its code")
+    ok: bool = Field(description="It ran without raising this time too")
+    error: str | None = Field(None, description="What went wrong this time, when it did")
 
 
 class WorkingDir(Protocol):

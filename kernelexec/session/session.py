@@ -24,7 +24,7 @@ from kernelexec.environment.interpreter import Environment, project_modules
 from kernelexec.environment.packages import InstallError, InstallOutcome, check_allowed, install, installed_record, parse_specs, pip_lines
 from kernelexec.errors import InvalidRequest, SessionError
 from kernelexec.kernel.driver import Ask, Kernel, OnOutput
-from kernelexec.kernel.execution import CellError, Execution, ReplayedCell, ResultRule
+from kernelexec.kernel.execution import CellError, Execution, ResultRule
 from kernelexec.kernel.launch import LaunchSpec
 from kernelexec.layout import SessionDirs
 from kernelexec.sandbox.plan import plan_for
@@ -32,7 +32,7 @@ from kernelexec.sandbox.policy import kernel_policy
 from kernelexec.session import connections
 from kernelexec.session.hints import install_hint
 from kernelexec.session.recording import Recorder
-from kernelexec.session.restore import describe_replayed, rerun
+from kernelexec.session.restore import ReplayedCell, describe_replayed, rerun
 from kernelexec.session.runs import Finished
 
 logger = logging.getLogger(__name__)
