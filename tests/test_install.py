@@ -77,9 +77,11 @@ def test_the_wheel_carries_the_kernel_startup_files_and_the_console_script(wheel
         dist_info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/METADATA"))
         entry_points = zf.read(f"{dist_info}/entry_points.txt").decode()
         metadata = zf.read(f"{dist_info}/METADATA").decode()
-    for name in ("kernelexec/startup/kernel_init.py", "kernelexec/startup/guard.py", "kernelexec/startup/runtime.py",
-                 "kernelexec/__init__.py", "kernelexec/server.py", "kernelexec/hook.py"):
-        assert name in names, name
+    source = Path(__file__).resolve().parent.parent
+    expected = {str(p.relative_to(source)) for p in (source / "kernelexec").rglob("*.py") if "__pycache__" not in p.parts}
+    expected |= {f"kernelexec/startup/{p.name}" for p in (source / "startup").glob("*.py")}
+    assert expected - names == set(), f"modules missing from the wheel (pyproject's packages list): {sorted(expected - names)}"
+    assert "kernelexec/ui/run.html" in names
     assert "kernelexec = kernelexec.cli:main" in entry_points
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
     for dependency in ("mcp", "jupyter_client", "ipykernel", "numpy", "pandas", "matplotlib"):  # the data stack by default
