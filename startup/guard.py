@@ -82,6 +82,10 @@ def install(policy: dict[str, Any]) -> Callable[[], Any]:
     Called once per kernel process by ``kernel_init.py``. ``policy`` keys: ``profile``,
     ``allowed_imports`` (None = all), ``file_io`` (``"none" | "roots" | "all"``), ``read_roots``,
     ``write_roots``, ``deny_process``, ``deny_network``, ``deny_tamper``.
+
+    The steps run in this order (imports, then the audit hook). Each builds its checks as closures that
+    reach one another through closure cells; the step functions are called only here, at boot, so
+    rebinding them in ``sys.modules['_kernelexec_guard']`` afterwards changes no installed check.
     """
     profile: str = policy["profile"]
     allowed: set[str] | None = None if policy.get("allowed_imports") is None else set(policy["allowed_imports"])
@@ -99,7 +103,19 @@ def install(policy: dict[str, Any]) -> Callable[[], Any]:
     def refuse(what: str) -> PolicyError:
         return PolicyError(f"{what} is not allowed in the {profile!r} profile (kernelexec policy)")
 
-    # --- imports -------------------------------------------------------------------------
+    _guard_imports(policy, profile, allowed, allowed_hint)
+    check_path = _path_check(file_io, write_roots, read_roots, readonly_roots, bypass, refuse)
+    sys.addaudithook(_audit_hook(check_path, deny_process, deny_network, deny_tamper, refuse))
+    return _bypass_context(bypass)
+
+
+def _guard_imports(policy: dict[str, Any], profile: str, allowed: set[str] | None, allowed_hint: str) -> None:
+    """The import allowlist: wraps ``__import__`` and ``importlib.import_module`` for cells.
+
+    One scope for all its closures, so that ``guarded_import``, ``check_import`` and ``allow_more`` share
+    one ``allowed`` set (``allow_more`` grows it). ``from_user_code(2)`` counts frames: it must stay called
+    directly from the wrappers. Also leaves ``allow_more`` in ``policy["_allow_more"]`` for kernel_init.
+    """
     real_import = builtins.__import__
 
     def from_user_code(depth: int) -> bool:
@@ -142,7 +158,20 @@ def install(policy: dict[str, Any]) -> Callable[[], Any]:
         guarded_import_module.__doc__ = real_import_module.__doc__
         importlib.import_module = guarded_import_module
 
-    # --- files ---------------------------------------------------------------------------
+
+def _path_check(
+    file_io: str,
+    write_roots: tuple[str, ...],
+    read_roots: tuple[str, ...],
+    readonly_roots: tuple[str, ...],
+    bypass: threading.local,
+    refuse: Callable[[str], PolicyError],
+) -> Callable[[Any, bool], None]:
+    """The file policy for one path: the audit hook calls it for every path an event reads or writes.
+
+    A closure over the profile's roots (no module globals but ``_norm``/``_inside``, as before the split).
+    """
+
     def check_path(path: Any, write: bool) -> None:
         if file_io == "all" or getattr(bypass, "on", False):
             return
@@ -158,6 +187,21 @@ def install(policy: dict[str, Any]) -> Callable[[], Any]:
             verb = "writing" if write else "reading"
             where = ", ".join(write_roots) or "nowhere"
             raise refuse(f"{verb} {path!r} (this session may write only under: {where})")
+
+    return check_path
+
+
+def _audit_hook(
+    check_path: Callable[[Any, bool], None],
+    deny_process: bool,
+    deny_network: bool,
+    deny_tamper: bool,
+    refuse: Callable[[str], PolicyError],
+) -> Callable[[str, tuple[Any, ...]], None]:
+    """The audit hook (PEP 578) that ``install`` adds: file, process, network and tamper events.
+
+    Built here so that its closure holds exactly ``check_path``, the three ``deny_*`` flags and ``refuse``.
+    """
 
     def audit(event: str, args: tuple[Any, ...]) -> None:
         if event == "open":
@@ -187,7 +231,11 @@ def install(policy: dict[str, Any]) -> Callable[[], Any]:
         elif deny_tamper and (event in _TAMPER_EVENTS or event.startswith("ctypes.")):
             raise refuse(f"{event}")
 
-    sys.addaudithook(audit)
+    return audit
+
+
+def _bypass_context(bypass: threading.local) -> Callable[[], Any]:
+    """The context manager class ``install`` returns: switches ``check_path`` off in this thread only."""
 
     class _Bypass:
         """Lets kernelexec's own runtime write its spill files under any profile."""

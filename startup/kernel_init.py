@@ -7,6 +7,14 @@ runtime, and fails closed: if anything here raises, the kernel exits and the ser
 
 
 def _kernelexec_boot() -> None:
+    """The kernel's boot, in order: policy, runtime, guard, then what may come only after the guard.
+
+    Any exception in any step ends the kernel (exit code 70): every step runs inside the one ``try``
+    below. This file runs with the user namespace as its globals (``__name__ == '__main__'``), so once
+    the guard is installed an ``import`` here would be judged as a cell's: modules are imported here,
+    before the guard, and passed to the steps. The steps are deleted with this function; their
+    annotations are strings, so defining them evaluates nothing outside the ``try``.
+    """
     import builtins
     import importlib.util
     import json
@@ -33,97 +41,14 @@ def _kernelexec_boot() -> None:
         tools = load("mcp_tools")  # code mode: the user's other MCP servers, called through the server (any profile)
         sys.modules["mcp_tools"] = tools
         vars(builtins)["_kernelexec_tools_catalog"] = tools._install_catalog
-        formats = policy.get("figure_formats")
-        if formats:
-            # a list: the magic line is expanded first, and braces would be read as {expression}
-            shell.run_line_magic("config", f"InlineBackend.figure_formats = {list(formats)!r}")
-        runtime = runtime_mod.Runtime(shell, policy, bypass=None)
-        for stream in (sys.stdout, sys.stderr):
-            if hasattr(stream, "pub_thread"):
-                runtime.cap_stream(stream)
-        shell.events.register("pre_run_cell", runtime.pre_run_cell)
-        shell.events.register("post_run_cell", runtime.post_run_cell)
-        names["_kernelexec_report"] = runtime.report
-        names["_kernelexec_note"] = runtime.note
-        names["_kernelexec_if"] = runtime.note_if
-        shell.ast_transformers.append(runtime.transformer)
-        runtime_mod.hide_own_frames(shell.InteractiveTB)
-        names["_kernelexec_variables"] = runtime.variables
-        names["_kernelexec_chdir"] = os.chdir
+        runtime = _kernelexec_install_runtime(shell, policy, runtime_mod, names, os, sys)  # noqa: F821 - a step below, deleted after boot
         import tempfile
 
         tempfile.gettempdir()  # probes by writing a file: cache it before writes may be refused
         runtime.bypass = guard.install(policy)
-        if policy.get("deny_process"):
-            # `!cmd` and %system open a pty before they start anything: say the guard's words, not "out of pty devices"
-            def no_shell(cmd: object) -> None:
-                raise guard.PolicyError(f"running shell commands (!{str(cmd)[:60]}) is not allowed in the "
-                                        f"{policy['profile']!r} profile (kernelexec policy)")
-
-            shell.system = shell.system_piped = shell.system_raw = no_shell
-            shell.getoutput = no_shell
-        # what a cell could have written is importable only now, after the guard (kernel_main.setup_path),
-        # and the working directory ('' on sys.path) where IPython would have put it (ignore_cwd deferred it)
-        sys.path.extend(p for p in json.loads(os.environ.pop("KERNELEXEC_LATE_PATH", "[]")) if p not in sys.path)
-        if "" not in sys.path:
-            at = next((i for i, p in enumerate(sys.path) if os.path.basename(p) in ("site-packages", "dist-packages")), 0)
-            sys.path.insert(at, "")
-        if policy.get("file_io") == "none":
-            def deny_open(info: object) -> None:
-                guard.deny_open_in(shell.user_ns, policy["profile"])
-
-            deny_open(None)
-            shell.events.register("pre_run_cell", deny_open)
-        def warm() -> list:
-            """Import the data stack ahead (warm kernels: pool, spares); whatever is missing is skipped."""
-            done = []
-            for name in policy.get("warm_imports", ()):
-                try:
-                    __import__(name)
-                except Exception:  # noqa: BLE001 - not installed, or refused by the profile
-                    continue
-                done.append(name)
-            if "matplotlib.pyplot" in done:
-                try:  # the font cache and the renderers: a first figure, closed
-                    import io
-
-                    plt = sys.modules["matplotlib.pyplot"]
-                    fig = plt.figure(figsize=(1, 1))
-                    fig.gca().plot([0, 1])
-                    for fmt in policy.get("figure_formats") or ("png",):
-                        fig.savefig(io.BytesIO(), format=fmt)
-                    plt.close(fig)
-                except Exception:  # noqa: BLE001
-                    pass
-            return done
-
-        names["_kernelexec_warm"] = warm
-
-        packages = policy.get("packages_dir")
-        allow_more = policy.pop("_allow_more", None)
-
-        def packages_added():
-            """The server installed into the session's overlay (read-only here): make it importable now."""
-            with runtime.bypass():  # our own look at a server-written directory, under any profile
-                entries = os.listdir(packages) if packages and os.path.isdir(packages) else None
-            if entries is None:
-                return runtime_mod._Report({"modules": []})
-            if packages not in sys.path:
-                sys.path.append(packages)  # after the environment's own site-packages: the environment wins
-            names = []
-            for entry in entries:
-                if entry.startswith((".", "_")) or entry.endswith((".dist-info", ".data", ".egg-info")) or entry == "bin":
-                    continue
-                name = entry.split(".")[0]
-                if name.isidentifier():
-                    names.append(name)
-            if allow_more is not None:
-                allow_more(names)
-            importlib.invalidate_caches()
-            return runtime_mod._Report({"modules": sorted(set(names))})
-
-        packages_added()
-        names["_kernelexec_packages_added"] = packages_added
+        _kernelexec_after_guard(shell, policy, guard, json, os, sys)  # noqa: F821 - a step below, deleted after boot
+        _kernelexec_install_warm(policy, names, sys)  # noqa: F821 - a step below, deleted after boot
+        _kernelexec_install_packages(policy, runtime, runtime_mod, names, importlib, os, sys)  # noqa: F821 - a step below, deleted after boot
         names["_kernelexec_policy"] = lambda: runtime_mod._Report({"profile": policy["profile"], "active": True})
     except BaseException as exc:  # fail closed: no kernel without its policy
         if sys.__stderr__ is not None:
@@ -132,5 +57,112 @@ def _kernelexec_boot() -> None:
         os._exit(70)
 
 
+def _kernelexec_install_runtime(shell, policy: "dict", runtime_mod, names: "dict", os, sys):
+    """Before the guard: figure formats, the runtime's hooks (stream caps, cell events, AST transformer,
+    traceback trimming) and its builtins. Returns the runtime, whose ``bypass`` the guard sets next."""
+    formats = policy.get("figure_formats")
+    if formats:
+        # a list: the magic line is expanded first, and braces would be read as {expression}
+        shell.run_line_magic("config", f"InlineBackend.figure_formats = {list(formats)!r}")
+    runtime = runtime_mod.Runtime(shell, policy, bypass=None)
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "pub_thread"):
+            runtime.cap_stream(stream)
+    shell.events.register("pre_run_cell", runtime.pre_run_cell)
+    shell.events.register("post_run_cell", runtime.post_run_cell)
+    names["_kernelexec_report"] = runtime.report
+    names["_kernelexec_note"] = runtime.note
+    names["_kernelexec_if"] = runtime.note_if
+    shell.ast_transformers.append(runtime.transformer)
+    runtime_mod.hide_own_frames(shell.InteractiveTB)
+    names["_kernelexec_variables"] = runtime.variables
+    names["_kernelexec_chdir"] = os.chdir
+    return runtime
+
+
+def _kernelexec_after_guard(shell, policy: "dict", guard, json, os, sys) -> None:
+    """Right after the guard: shell commands refused, the deferred ``sys.path`` entries a cell could have
+    written (only now), and ``open`` refused in the user namespace for profiles without file I/O."""
+    if policy.get("deny_process"):
+        # `!cmd` and %system open a pty before they start anything: say the guard's words, not "out of pty devices"
+        def no_shell(cmd: object) -> None:
+            raise guard.PolicyError(f"running shell commands (!{str(cmd)[:60]}) is not allowed in the "
+                                    f"{policy['profile']!r} profile (kernelexec policy)")
+
+        shell.system = shell.system_piped = shell.system_raw = no_shell
+        shell.getoutput = no_shell
+    # what a cell could have written is importable only now, after the guard (kernel_main.setup_path),
+    # and the working directory ('' on sys.path) where IPython would have put it (ignore_cwd deferred it)
+    sys.path.extend(p for p in json.loads(os.environ.pop("KERNELEXEC_LATE_PATH", "[]")) if p not in sys.path)
+    if "" not in sys.path:
+        at = next((i for i, p in enumerate(sys.path) if os.path.basename(p) in ("site-packages", "dist-packages")), 0)
+        sys.path.insert(at, "")
+    if policy.get("file_io") == "none":
+        def deny_open(info: object) -> None:
+            guard.deny_open_in(shell.user_ns, policy["profile"])
+
+        deny_open(None)
+        shell.events.register("pre_run_cell", deny_open)
+
+
+def _kernelexec_install_warm(policy: "dict", names: "dict", sys) -> None:
+    """``_kernelexec_warm``: warm kernels import the data stack ahead, through the guard like a cell."""
+    def warm() -> list:
+        """Import the data stack ahead (warm kernels: pool, spares); whatever is missing is skipped."""
+        done = []
+        for name in policy.get("warm_imports", ()):
+            try:
+                __import__(name)
+            except Exception:  # noqa: BLE001 - not installed, or refused by the profile
+                continue
+            done.append(name)
+        if "matplotlib.pyplot" in done:
+            try:  # the font cache and the renderers: a first figure, closed
+                import io
+
+                plt = sys.modules["matplotlib.pyplot"]
+                fig = plt.figure(figsize=(1, 1))
+                fig.gca().plot([0, 1])
+                for fmt in policy.get("figure_formats") or ("png",):
+                    fig.savefig(io.BytesIO(), format=fmt)
+                plt.close(fig)
+            except Exception:  # noqa: BLE001
+                pass
+        return done
+
+    names["_kernelexec_warm"] = warm
+
+
+def _kernelexec_install_packages(policy: "dict", runtime, runtime_mod, names: "dict", importlib, os, sys) -> None:
+    """``_kernelexec_packages_added``: the session's package overlay made importable, run once now
+    (after the guard, whose ``allow_more`` it takes out of the policy) and again after each install."""
+    packages = policy.get("packages_dir")
+    allow_more = policy.pop("_allow_more", None)
+
+    def packages_added():
+        """The server installed into the session's overlay (read-only here): make it importable now."""
+        with runtime.bypass():  # our own look at a server-written directory, under any profile
+            entries = os.listdir(packages) if packages and os.path.isdir(packages) else None
+        if entries is None:
+            return runtime_mod._Report({"modules": []})
+        if packages not in sys.path:
+            sys.path.append(packages)  # after the environment's own site-packages: the environment wins
+        names = []
+        for entry in entries:
+            if entry.startswith((".", "_")) or entry.endswith((".dist-info", ".data", ".egg-info")) or entry == "bin":
+                continue
+            name = entry.split(".")[0]
+            if name.isidentifier():
+                names.append(name)
+        if allow_more is not None:
+            allow_more(names)
+        importlib.invalidate_caches()
+        return runtime_mod._Report({"modules": sorted(set(names))})
+
+    packages_added()
+    names["_kernelexec_packages_added"] = packages_added
+
+
 _kernelexec_boot()
-del _kernelexec_boot
+del _kernelexec_boot, _kernelexec_install_runtime, _kernelexec_after_guard, _kernelexec_install_warm
+del _kernelexec_install_packages
