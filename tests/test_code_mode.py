@@ -24,7 +24,7 @@ from kernelexec.codemode.broker import Broker, schema_problem
 from kernelexec.codemode.config import ToolsConfigError, load, matches, python_name, server_attr
 from kernelexec.errors import KernelexecError
 from kernelexec.host import KernelReach
-from kernelexec.kernel.driver import TOOL_CALL_MARK
+from kernelexec.kernel.stdin import TOOL_CALL_MARK
 from kernelexec.server.build import build_server
 from kernelexec.session.manager import SessionManager
 

@@ -38,7 +38,7 @@ from kernelexec.environment.overlay import prepare
 from kernelexec.environment.packages import parse_specs, pip_lines
 from kernelexec.errors import InvalidRequest, KernelexecError
 from kernelexec.host import check_reach
-from kernelexec.kernel.driver import TOOL_CALL_MARK
+from kernelexec.kernel.stdin import TOOL_CALL_MARK
 from kernelexec.kernel.wire import harden
 from kernelexec.layout import SessionDirs
 from kernelexec.longtext import split_cut
