@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
-from kernelexec.codemode.broker import Broker, RecordedCalls, catalog_from_records
+from kernelexec.codemode.broker import Broker
+from kernelexec.codemode.recorded_calls import RecordedCalls, catalog_from_records
 from kernelexec.environment.interpreter import Environment
 from kernelexec.environment.overlay import prepare
 from kernelexec.environment.packages import parse_specs, pip_lines

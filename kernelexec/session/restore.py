@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kernelexec.codemode.broker import RecordedCalls, catalog_from_records
+from kernelexec.codemode.recorded_calls import RecordedCalls, catalog_from_records
 from kernelexec.environment.packages import pip_lines
 from kernelexec.errors import InvalidRequest
 from kernelexec.kernel.execution import ReplayedCell
