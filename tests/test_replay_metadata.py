@@ -17,7 +17,7 @@ from typing import Any
 import nbformat
 import pytest
 
-from kernelexec.session.recording import ENDINGS, EVENTS, CellMeta, NotebookMeta, read_cell_meta, read_notebook_meta
+from kernelexec.session.record_meta import ENDINGS, EVENTS, CellMeta, NotebookMeta, read_cell_meta, read_notebook_meta
 from kernelexec.session.replay import _session_roots, ignored_metadata, installs_line, recorded_installs
 from kernelexec.session.restore import cell_timeout, restorable
 

@@ -44,7 +44,8 @@ from kernelexec.kernel.wire import harden
 from kernelexec.layout import SessionDirs
 from kernelexec.longtext import split_cut
 from kernelexec.sandbox.probe import kernel_reach
-from kernelexec.session.recording import CellMeta, NotebookMeta, RecordedInput, Recorder, notebook_meta, read_cell_meta, read_notebook_meta, read_session_meta
+from kernelexec.session.record_meta import CellMeta, NotebookMeta, RecordedInput, read_cell_meta, read_notebook_meta, read_session_meta
+from kernelexec.session.recording import Recorder, notebook_meta
 from kernelexec.session.restore import cell_timeout, first_line, rerun
 from kernelexec.session.session import Session
 from kernelexec.terminal import safe

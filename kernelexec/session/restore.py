@@ -14,7 +14,7 @@ from kernelexec.codemode.recorded_calls import RecordedCalls, catalog_from_recor
 from kernelexec.environment.packages import pip_lines
 from kernelexec.errors import InvalidRequest
 from kernelexec.kernel.execution import ReplayedCell
-from kernelexec.session.recording import read_cell_meta
+from kernelexec.session.record_meta import read_cell_meta
 
 if TYPE_CHECKING:
     from kernelexec.kernel.driver import Kernel
