@@ -19,7 +19,7 @@ import nbformat
 from mcp import Client
 
 from kernelexec.config import load_settings
-from kernelexec.replay import replay_notebook
+from kernelexec.session.replay import replay_notebook
 from kernelexec.server import build_server
 from kernelexec.sessions import SessionManager
 
