@@ -2,7 +2,7 @@
 
     python notebooks/regenerate.py
 
-- ``quickstart.ipynb``: a short, commented session, executed by ``kernelexec.replay`` under the
+- ``quickstart.ipynb``: a short, commented session, executed by ``kernelexec.session.replay`` under the
   standard profile so its outputs are real.
 - ``recorded-session.ipynb``: a session recorded by kernelexec itself: calls through a real MCP client
   (one failing, one plotting, one timing out), then ``restart_session(replay=True)``.
