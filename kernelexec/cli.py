@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
         code = sys.stdin.read() if args.code == "-" else args.code
         sys.exit(anyio.run(_exec, settings, code, args.call_timeout, args.call_working_dir))
     elif args.command == "replay":
-        from kernelexec.session.replay import replay_command
+        from kernelexec.session.replay_cli import replay_command
 
         sys.exit(anyio.run(lambda: replay_command(settings, args.notebook, output=args.output, profile=args.profile,
                                                      install=args.install, ask=args.ask, live_tools=args.live_tools)))

@@ -2,7 +2,7 @@
 
     python notebooks/regenerate.py
 
-- ``quickstart.ipynb``: a short, commented session, executed by ``kernelexec.replay`` under the
+- ``quickstart.ipynb``: a short, commented session, executed by ``kernelexec.session.replay`` under the
   standard profile so its outputs are real.
 - ``recorded-session.ipynb``: a session recorded by kernelexec itself: calls through a real MCP client
   (one failing, one plotting, one timing out), then ``restart_session(replay=True)``.
@@ -19,9 +19,9 @@ import nbformat
 from mcp import Client
 
 from kernelexec.config import load_settings
-from kernelexec.replay import replay_notebook
-from kernelexec.server import build_server
-from kernelexec.sessions import SessionManager
+from kernelexec.session.replay import replay_notebook
+from kernelexec.server.build import build_server
+from kernelexec.session.manager import SessionManager
 
 HERE = Path(__file__).resolve().parent
 

@@ -22,7 +22,7 @@ import threading
 import types
 from typing import Any
 
-MARK = "kernelexec_tool_call"  # kernelexec/broker.py TOOL_CALL_MARK
+MARK = "kernelexec_tool_call"  # kernelexec/kernel/stdin.py TOOL_CALL_MARK
 PROMPT = "[kernelexec mcp_tools call: answered by kernelexec's MCP server, not by a person]"
 
 _JSON_TYPES: dict[str, Any] = {"string": str, "integer": int, "number": float, "boolean": bool, "array": builtins.list,

@@ -20,11 +20,12 @@ import pytest
 from mcp import Client
 from mcp_types import ElicitResult
 
-from kernelexec.codemode.broker import Broker, schema_problem
+from kernelexec.codemode.broker import Broker
 from kernelexec.codemode.config import ToolsConfigError, load, matches, python_name, server_attr
+from kernelexec.codemode.schema import schema_problem
 from kernelexec.errors import KernelexecError
 from kernelexec.host import KernelReach
-from kernelexec.kernel.driver import TOOL_CALL_MARK
+from kernelexec.kernel.stdin import TOOL_CALL_MARK
 from kernelexec.server.build import build_server
 from kernelexec.session.manager import SessionManager
 
@@ -252,7 +253,7 @@ async def test_mcp_tools_works_under_strict_and_a_broken_server_only_says_so(sho
 # --- replay -------------------------------------------------------------------------------------
 async def test_replay_serves_recorded_results_offline_and_calls_live_servers_with_live_tools(
         short_tmp: Path, config_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from kernelexec.session.replay import replay_command
+    from kernelexec.session.replay_cli import replay_command
 
     settings = make_settings(short_tmp, pool_size=0, restart_spares=0, tools_config=str(write_config(config_dir, None)))
     async with SessionManager(settings).running() as sessions, Client(build_server(settings, sessions), mode="legacy") as client:

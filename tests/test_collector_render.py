@@ -16,8 +16,8 @@ import pytest
 from mcp_types import EmbeddedResource, ImageContent, ResourceLink, TextContent
 
 from kernelexec.kernel.collector import STREAM_TAIL, Caps, Collector
-from kernelexec.kernel.driver import _result
 from kernelexec.kernel.execution import CellError, CellResult, Execution
+from kernelexec.kernel.report import read_result
 from kernelexec.server.render import MODEL_EMBED_BUDGET, Renderer
 
 # --- scripted messages -----------------------------------------------------------------------------
@@ -250,7 +250,7 @@ def test_the_spill_file_stops_at_its_cap(tmp_path: Path) -> None:
     assert ex.notes[0].endswith(f"and 40 in {ex.stream_files['stdout']}")
 
 
-# --- the result report (kernel._result: the runtime's JSON, checked) ------------------------------------------
+# --- the result report (kernel/report.read_result: the runtime's JSON, checked) ------------------------------------------
 
 RESULT_TABLE = [
     ("JSON text stays JSON", {"kind": "value", "format": "json", "text": '{"a": [1, 2]}'}, CellResult('{"a": [1, 2]}', "json", value={"a": [1, 2]})),
@@ -265,7 +265,7 @@ RESULT_TABLE = [
 
 @pytest.mark.parametrize(("payload", "expected"), [row[1:] for row in RESULT_TABLE], ids=[row[0] for row in RESULT_TABLE])
 def test_the_result_report_is_read_in_the_runtimes_shape(payload: dict[str, Any], expected: CellResult | None) -> None:
-    assert _result(payload, lambda path: path == "/ok") == expected
+    assert read_result(payload, lambda path: path == "/ok") == expected
 
 
 # --- Renderer ---------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from kernelexec.session.replay import comparable, differences, normalise
+from kernelexec.session.compare import comparable, differences, normalise
 from kernelexec.session.restore import restorable
 
 from .conftest import Harness, clean_env, kernelexec_cmd, make_settings, start_harness
@@ -182,7 +182,7 @@ async def test_replay_detects_a_changed_output_and_names_the_cell(recorded: Path
 
 
 def replay_source(session: Path) -> Path:
-    from kernelexec.session.replay import load_notebook
+    from kernelexec.session.replay_cli import load_notebook
 
     return load_notebook(session)[1]
 
@@ -202,7 +202,7 @@ async def test_a_notebook_never_chooses_its_profile_or_lifts_the_timeout_limit(
     """The attack: a foreign notebook says it was recorded under `trusted` (subprocess and network
     allowed) with a cell timeout of 1e9 s on an endless loop. Replay runs it under the user's profile,
     says the recorded one differs, and caps the timeout at --max-timeout."""
-    from kernelexec.session.replay import replay_command
+    from kernelexec.session.replay_cli import replay_command
 
     nb = nbformat.v4.new_notebook(metadata={"kernelexec": {"profile": "trusted", "session": "evil-handle"}})
     nb.cells.append(nbformat.v4.new_code_cell(
@@ -227,7 +227,7 @@ async def test_a_notebook_never_chooses_its_profile_or_lifts_the_timeout_limit(
 async def test_replay_takes_the_profile_from_flags_not_from_the_notebook(
     tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from kernelexec.session.replay import replay_command
+    from kernelexec.session.replay_cli import replay_command
 
     nb = nbformat.v4.new_notebook(metadata={"kernelexec": {"profile": "strict"}})
     nb.cells.append(nbformat.v4.new_code_cell("import os", metadata={"tags": ["raises-exception"]}))
@@ -349,7 +349,7 @@ async def test_a_jupyter_notebook_matches_after_display_updates_micro_signs_and_
     """What nbclient would call the same: a later update_display rewrote an earlier cell (the recorded
     notebook holds its final state), either micro sign, uuid4().hex ids; a foreign notebook's cells have no
     recorded ending; a differing cell's console line names its error."""
-    from kernelexec.session.replay import replay_command
+    from kernelexec.session.replay_cli import replay_command
 
     def cell(source: str, outputs: list[dict]) -> nbformat.NotebookNode:
         c = nbformat.v4.new_code_cell(source, execution_count=1)
@@ -381,7 +381,7 @@ async def test_a_notebook_nbclient_ran_replays_as_matching(tmp_path: Path, short
     matches (PNG figures as Jupyter makes them, timings and micro signs normalised, final display state)."""
     from nbclient import NotebookClient
 
-    from kernelexec.session.replay import replay_command
+    from kernelexec.session.replay_cli import replay_command
 
     folder = tmp_path / "nbc"
     folder.mkdir()

@@ -17,8 +17,9 @@ from typing import Any
 import nbformat
 import pytest
 
-from kernelexec.session.recording import ENDINGS, EVENTS, CellMeta, NotebookMeta, read_cell_meta, read_notebook_meta
-from kernelexec.session.replay import _session_roots, ignored_metadata, installs_line, recorded_installs
+from kernelexec.session.record_meta import ENDINGS, EVENTS, CellMeta, NotebookMeta, read_cell_meta, read_notebook_meta
+from kernelexec.session.replay import _session_roots
+from kernelexec.session.replay_cli import ignored_metadata, installs_line, recorded_installs
 from kernelexec.session.restore import cell_timeout, restorable
 
 from .conftest import clean_env, kernelexec_cmd, make_settings
@@ -195,7 +196,7 @@ NOT_NOTEBOOKS = ['{"cells": "x"}', "[]", "not json", "", '{"nbformat": true}', '
 async def test_a_file_that_is_not_a_notebook_exits_2_with_one_line(
     text: str, tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from kernelexec.session.replay import replay_command
+    from kernelexec.session.replay_cli import replay_command
 
     path = tmp_path / "bad.ipynb"
     path.write_text(text)

@@ -2,7 +2,7 @@
 
 The kernel gets no socket, network or secret for this. A call travels over the kernel's own Jupyter stdin
 channel (startup/mcp_tools.py): an ``input_request`` whose *metadata* carries ``TOOL_CALL_MARK`` — a field a
-cell's ``input()`` cannot set — with the calls; ``Kernel._answer_stdin`` hands it to ``CellCalls.handle``
+cell's ``input()`` cannot set — with the calls; ``kernel/stdin.answer_stdin`` hands it to ``CellCalls.handle``
 and answers with an ``input_reply`` whose value is the JSON reply. A plain ``input()`` is never taken for a
 call (whatever its prompt says), and a call is never shown to the human as a cell's question.
 
@@ -10,10 +10,11 @@ The broker connects to each upstream server (tools_config.py) with the SDK's ``m
 once per server process, each connection held by its own task (its lifetime in a context manager); a
 connection that failed is dropped and made again on the next call. Every call is checked here, whoever
 sent it (a cell can forge any message on its own channels, so nothing the kernel says is trusted):
-``--tools-allow``, the tool exists, its arguments against its input schema (before they leave), then
+``--tools-allow``, the tool exists, its arguments against its input schema (schema.py; before they leave), then
 ``--tools-approve`` (the human's yes through MCP elicitation, worded here; refused when nobody can be
 asked), a per-call timeout, a cap on calls per cell and on the size of a result. Each call is logged
-and returned as a record (server, tool, arguments, outcome, duration) for the journal and notebook.
+and returned as a record (server, tool, arguments, outcome, duration) for the journal and notebook;
+replay and restore serve those records back (recorded_calls.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 import anyio
 
 from kernelexec.codemode.config import Upstream, matches, python_name, server_attr
+from kernelexec.codemode.schema import schema_problem
 from kernelexec.terminal import safe
 
 logger = logging.getLogger(__name__)
@@ -318,35 +320,6 @@ def approval_message(server: str, tool: str, arguments: dict[str, Any], pattern:
             f"(--tools-approve {pattern!r} asks you each time). Arguments:\n{shown}\n\nApprove this one call?")
 
 
-_validators: dict[str, Any] = {}  # a tool's schema (as JSON) -> its checked validator, or None (malformed)
-
-
-def schema_problem(schema: dict[str, Any], arguments: Any) -> str | None:
-    """Why ``arguments`` fail the tool's input schema (jsonschema), or None."""
-    if not isinstance(arguments, dict):
-        return "arguments must be an object"
-    import jsonschema
-
-    key = json.dumps(schema, sort_keys=True)
-    if key not in _validators:
-        if len(_validators) > 4096:
-            _validators.clear()
-        try:
-            cls = jsonschema.validators.validator_for(schema)
-            cls.check_schema(schema)
-            _validators[key] = cls(schema)
-        except jsonschema.SchemaError:
-            _validators[key] = None  # a server's malformed schema is its own business: the server checks
-    validator = _validators[key]
-    if validator is None:
-        return None
-    error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
-    if error is None:
-        return None
-    where = ".".join(map(str, error.absolute_path))
-    return f"{where + ': ' if where else ''}{error.message[:300]}"
-
-
 @dataclass
 class CellCalls:
     """The brokered calls of one cell (``Broker.cell``): the reply to each request, and the records."""
@@ -416,78 +389,3 @@ def from_settings(settings: Any) -> Broker | None:
     upstreams = tools_config.load(settings.tools_config, reach=kernel_reach(settings), working_dir=settings.working_dir)
     return Broker(upstreams, allow=settings.tools_allow, approve=settings.tools_approve,
                   limits=Limits(settings.tools_call_timeout, settings.tools_max_calls_per_cell, settings.tools_max_result_chars))
-
-
-# --- replay: recorded results instead of live calls ----------------------------------------------
-def _recorded_item(record: Any) -> dict[str, Any]:
-    if record.result is not None:
-        return {"ok": True, **{k: record.result.get(k) for k in ("kind", "value", "images")}}
-    return {"ok": False, "refused": record.refused, "message": record.error or "the call failed"}
-
-
-def _short(value: Any, limit: int = 120) -> str:
-    text = json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def catalog_from_records(records: Any, live: str | None = None) -> str:
-    """A kernel catalog (``_kernelexec_tools_catalog``) naming every recorded server.tool (arguments unchecked:
-    replay serves what was recorded), with the live broker's entries where it has them."""
-    data = json.loads(live) if live else {"tools": [], "unavailable": {}, "refused": {}}
-    have = {(t["server"], t["tool"]) for t in data["tools"]}
-    for record in records:
-        key = (python_name(record.server), python_name(record.tool))
-        if key not in have:
-            have.add(key)
-            data["tools"].append({"server": key[0], "tool": key[1], "name": record.tool, "server_name": record.server,
-                                  "description": "(recorded: replay serves this tool's recorded results)",
-                                  "input_schema": {"type": "object", "properties": {}}})
-            data["unavailable"].pop(key[0], None)
-    return json.dumps(data)
-
-
-@dataclass
-class RecordedCalls:
-    """One replayed cell's tool calls: answered from its recorded calls in order (offline, deterministic), or with
-    ``live`` by the live servers, the differences from the record noted."""
-
-    recorded: list[Any]  # recording.RecordedToolCall
-    live: CellCalls | None = None
-    served: int = 0
-    notes: list[str] = field(default_factory=list)
-
-    async def handle(self, payload: Any) -> dict[str, Any]:
-        calls = payload.get("calls") if isinstance(payload, dict) else None
-        if not isinstance(payload, dict) or payload.get("op") != "call" or not isinstance(calls, list):
-            return {"error": "malformed tool request"}
-        results = []
-        for call in calls[:MAX_BATCH]:
-            server = str(call.get("server", "")) if isinstance(call, dict) else ""
-            tool = str(call.get("tool", "")) if isinstance(call, dict) else ""
-            at = next((i for i, r in enumerate(self.recorded)
-                       if python_name(r.server) == python_name(server) and python_name(r.tool) == python_name(tool)), None)
-            record = self.recorded.pop(at) if at is not None else None
-            if self.live is not None:
-                item = await self.live.one(call)
-                if record is None:
-                    self.notes.append(f"tool call {server}.{tool}: not in the record; called live")
-                else:
-                    was = _recorded_item(record)
-                    if {k: was.get(k) for k in ("ok", "value")} != {k: item.get(k) for k in ("ok", "value")}:
-                        self.notes.append(f"tool call {server}.{tool}: recorded {_short(was.get('value', was.get('message')))}, "
-                                          f"live {_short(item.get('value', item.get('message')))}")
-            elif record is None:
-                item = {"ok": False, "refused": False, "message": f"replay has no recorded result for {server}.{tool} "
-                        "(it serves the recorded calls; --live-tools calls the servers)"}
-                self.notes.append(f"tool call {server}.{tool}: no recorded result; the cell got ToolError")
-            else:
-                item = _recorded_item(record)
-                self.served += 1
-            results.append(item)
-        return {"results": results}
-
-    def summary(self) -> str | None:
-        """The cell's line for replay's report: how its tool calls were answered."""
-        if self.live is not None:
-            return f"tool calls: {len(self.live.records)} made live (--live-tools)" if self.live.records else None
-        return f"tool calls: {self.served} served from the record (offline; --live-tools calls the servers)" if self.served else None

@@ -16,12 +16,12 @@ our provisioner inside the sandbox; ``kernelspecs.ProvisionedKernel``, a kernels
 ``Kernel.execute`` sends one request, reads IOPub (filtered by ``parent_header.msg_id``) and the
 shell reply against one monotonic deadline, and races that against ``is_alive()`` so a dead kernel
 is noticed in well under a second. On timeout it escalates: SIGINT, a short grace, then a restart.
+The stdin channel (questions, code mode's calls) is ``stdin.py``'s; reading the reply, ``report.py``'s.
 Callers hold the session lock: at most one request is ever in flight per kernel.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import signal
@@ -29,32 +29,25 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import IO, Any, ClassVar, Literal, Protocol
+from typing import IO, Any, ClassVar, Protocol
 
 import anyio
 import anyio.lowlevel
-import zmq
 from jupyter_client.manager import AsyncKernelManager
 
 from kernelexec.errors import KernelDied, KernelStartError
-from kernelexec.kernel.collector import Caps, Collector, strip_ansi
-from kernelexec.kernel.execution import CellError, CellResult, Execution, ResultRule
+from kernelexec.kernel.collector import Caps, Collector
+from kernelexec.kernel.execution import Execution, ResultRule
 from kernelexec.kernel.launch import LaunchSpec
+from kernelexec.kernel.report import take_reply
+from kernelexec.kernel.stdin import Ask, ToolCalls, answer_stdin, stdin_first
 from kernelexec.kernel.wire import harden
 from kernelexec.layout import SLOTS
 
 logger = logging.getLogger(__name__)
 
 _POLL = 0.2  # seconds between liveness checks while waiting on output
-# A question a cell asks through input()/getpass(): (prompt, password) -> the answer, or None (declined:
-# the cell gets EOFError, as at the end of a terminal's input)
-Ask = Callable[[str, bool], Awaitable[str | None]]
-
 OnOutput = Callable[[str, str], Awaitable[None]]  # (stream name, text) for progress reporting
-TOOL_CALL_MARK = "kernelexec_tool_call"  # the input_request metadata key of a brokered call (startup/mcp_tools.py MARK)
-# Code mode: a cell's brokered tool calls (a marked input_request's payload) -> the reply (broker.CellCalls.handle)
-ToolCalls = Callable[[Any], Awaitable[dict[str, Any]]]
-
 
 
 class SpareKeeper(Protocol):
@@ -337,36 +330,6 @@ class Kernel(ABC):
     answers_stdin: ClassVar[bool] = True  # a backend whose client has no stdin channel says False
     serves_tool_calls: ClassVar[bool] = True  # code mode's calls over the stdin channel (broker.py); gateways too
 
-    async def _answer_stdin(self, msg_id: str, ask: Ask | None, ex: Execution, tools: ToolCalls | None = None) -> None:
-        """Serve the cell's input()/getpass() requests (the stdin channel) through ``ask``, and its brokered tool
-        calls through ``tools``. A tool call is told apart by its metadata's ``TOOL_CALL_MARK`` (set by
-        startup/mcp_tools.py; input() cannot set metadata), never by its prompt: a cell's input() is always asked
-        as a question, and a tool call is never shown to the human as one."""
-        while await _waiting(self.kc.stdin_channel):
-            try:
-                msg = await self.kc.get_stdin_msg(timeout=0)
-            except Exception:  # noqa: BLE001 - a message that would not decode: nothing to answer
-                continue
-            parent = msg.get("parent_header") if isinstance(msg, dict) else None
-            content = msg.get("content") if isinstance(msg, dict) else None
-            if (not isinstance(parent, dict) or parent.get("msg_id") != msg_id or msg.get("msg_type") != "input_request"
-                    or not isinstance(content, dict)):
-                continue
-            metadata = msg.get("metadata")
-            if isinstance(metadata, dict) and TOOL_CALL_MARK in metadata:
-                reply = (await tools(metadata[TOOL_CALL_MARK]) if tools is not None
-                         else {"error": "code mode is off: no MCP tools are configured (kernelexec serve --tools-config)"})
-                self.kc.input(json.dumps(reply))
-                continue
-            prompt, password = str(content.get("prompt", ""))[:2000], content.get("password") is True
-            answer = await ask(prompt, password) if ask is not None else None
-            self.kc.input("\x04" if answer is None else answer)  # ipykernel raises EOFError for \x04
-            ex.inputs.append({"prompt": prompt, "password": password, "answered": answer is not None,
-                              "answer": None if answer is None else ("***" if password else answer)})
-            if answer is None:
-                ex.notes.append(f"{'getpass()' if password else 'input()'} asked {prompt[:80]!r} and got no answer (declined, "
-                                "unanswered before the cell's timeout, or this client cannot ask its user): the cell got EOFError")
-
     async def _collect(
         self, msg_id: str, collector: Collector, deadline: float, on_output: OnOutput | None, ask: Ask | None = None,
         tools: ToolCalls | None = None,
@@ -376,7 +339,7 @@ class Kernel(ABC):
         next_check = time.monotonic() + self.liveness_every
         while True:
             if ask is not None or tools is not None:
-                await self._answer_stdin(msg_id, ask, collector.ex, tools)
+                await answer_stdin(self.kc, msg_id, ask, collector.ex, tools)
             now = time.monotonic()
             if now >= next_check:
                 if not await self._manager().is_alive():
@@ -386,7 +349,7 @@ class Kernel(ABC):
             if remaining <= 0:
                 return "timeout"
             wait = min(remaining, _POLL)
-            if tools is not None and await self._stdin_first(wait):
+            if tools is not None and await stdin_first(self.kc, wait):
                 continue  # code mode: a tool call waits; served at the top, not after the next IOPub poll
             try:
                 msg = await self.kc.get_iopub_msg(timeout=0 if tools is not None else wait)
@@ -404,21 +367,6 @@ class Kernel(ABC):
                 await on_output(msg["content"]["name"], text)
             if collector.idle:
                 return "idle"
-
-    async def _stdin_first(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` for IOPub or stdin, whichever comes first; True when stdin has a message.
-        (A brokered tool call's round trip must not wait for an IOPub poll to end.)"""
-        import zmq.asyncio
-
-        sockets = [getattr(channel, "socket", None) for channel in (self.kc.iopub_channel, self.kc.stdin_channel)]
-        if any(not isinstance(sock, zmq.asyncio.Socket) for sock in sockets):  # another client kind: poll as before
-            await anyio.sleep(min(timeout, 0.01))
-            return bool(await self.kc.stdin_channel.msg_ready())
-        poller = zmq.asyncio.Poller()
-        for sock in sockets:
-            poller.register(sock, zmq.POLLIN)
-        ready = dict(await poller.poll(timeout * 1000))
-        return sockets[1] in ready
 
     async def _escalate(self, msg_id: str, collector: Collector, grace: float, ex: Execution, why: str) -> str:
         """SIGINT, wait ``grace`` for idle; if the cell still runs (C loop, SIGINT ignored), restart."""
@@ -462,21 +410,7 @@ class Kernel(ABC):
         if not isinstance(content, dict):
             ex.notes.append("the server dropped a malformed execute_reply (content is not an object)")
             return
-        count = content.get("execution_count")
-        if isinstance(count, int) and not isinstance(count, bool):
-            ex.execution_count = count
-        if content.get("status") == "error" and ex.error is None:
-            traceback = content.get("traceback", [])
-            ex.error = CellError(
-                str(content.get("ename", "Error")), str(content.get("evalue", "")),
-                [strip_ansi(t) for t in traceback if isinstance(t, str)] if isinstance(traceback, list) else [])
-        expressions = content.get("user_expressions")
-        report = expressions.get("report") if isinstance(expressions, dict) else None
-        data = report.get("data") if isinstance(report, dict) and report.get("status") == "ok" else None
-        payload = data.get("application/json") if isinstance(data, dict) else None
-        if isinstance(payload, dict):
-            ex.streams_cut = _streams_cut(payload.pop("streams", None), self.spill_path_ok)
-            ex.result = _result(payload, self.spill_path_ok)
+        take_reply(content, ex, self.spill_path_ok)
 
     async def reply_to(self, msg_id: str, timeout: float) -> dict[str, Any]:
         """The shell reply to request ``msg_id``, within ``timeout`` seconds. Replies to other requests
@@ -518,47 +452,8 @@ class Kernel(ABC):
         return data.get("application/json", data.get("text/plain")) if isinstance(data, dict) else None
 
 
-async def _waiting(channel: Any) -> bool:
-    """A message waits on ``channel``: zmq's EVENTS read directly (``_collect`` asks once per IOPub message,
-    and the channel's ``msg_ready``, an async poll through a future, costs six times as much); a channel
-    that is not a zmq socket (a gateway's queue) is asked through its ``msg_ready``."""
-    socket = getattr(channel, "socket", None)
-    if socket is not None:
-        return bool(socket.get(zmq.EVENTS) & zmq.POLLIN)
-    return bool(await channel.msg_ready())
-
-
 def _parent_id(msg: Any) -> Any:
     parent = msg.get("parent_header") if isinstance(msg, dict) else None
     return parent.get("msg_id") if isinstance(parent, dict) else None
 
 
-def _streams_cut(report: Any, spill_ok: Callable[[Any], bool]) -> dict[str, Any]:
-    """The kernel's report of what its stream cap cut, kept only in the shape the runtime gives it
-    (a file it names must pass ``spill_ok``)."""
-    if not isinstance(report, dict):
-        return {}
-    kept: dict[str, Any] = {}
-    for name in ("stdout", "stderr"):
-        item = report.get(name)
-        if isinstance(item, dict):
-            path = item.get("file")
-            ok = spill_ok(path)
-            kept[name] = {**{k: v for k, v in item.items() if k != "file"}, **({"file": path} if ok else {})}
-    return kept
-
-
-def _result(payload: dict[str, Any], spill_ok: Callable[[Any], bool]) -> CellResult | None:
-    """The runtime's result report, if it has the runtime's shape (kind, format, text, file)."""
-    text = payload.get("text")
-    if payload.get("kind") == "none" or not isinstance(text, str):
-        return None
-    fmt: Literal["json", "text"] = "json" if payload.get("format") == "json" else "text"
-    value: Any = None
-    if fmt == "json":
-        try:
-            value = json.loads(text)  # decoded once, here; the answer uses the value
-        except ValueError:
-            fmt = "text"
-    path = payload.get("file")
-    return CellResult(text, fmt, path if path is not None and spill_ok(path) else None, value)

@@ -48,8 +48,9 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import Field
 
 from kernelexec.errors import KernelexecError
-from kernelexec.server.app import App, exposed_tools, question_request
+from kernelexec.server.app import App, exposed_tools
 from kernelexec.server.auth import current_principal
+from kernelexec.server.questions import question_request
 from kernelexec.session.runs import Question, Run
 
 EXTENSION_ID = "io.modelcontextprotocol/tasks"

@@ -23,7 +23,8 @@ from kernelexec.errors import InvalidRequest, SessionError
 from kernelexec.layout import valid_handle
 from kernelexec.sandbox.probe import kernel_reach
 from kernelexec.session.pool import WarmPool
-from kernelexec.session.recording import mark_closed, read_session_meta, rebuild_stale
+from kernelexec.session.record_meta import read_session_meta
+from kernelexec.session.recording import mark_closed, rebuild_stale
 from kernelexec.session.runs import RunRegistry
 from kernelexec.session.session import Session
 from kernelexec.session.upkeep import Upkeep

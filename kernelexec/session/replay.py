@@ -5,8 +5,7 @@ a live session's is (a throwaway ``Session`` gives the launch spec: startup code
 under the profile the notebook was recorded with. Each code cell gets its recorded timeout; at the
 timeout the kernel is interrupted, and killed and restarted if that does not stop it, as live.
 Marker cells (``restart_session``, restores, revivals) are redone where they were recorded. Outputs
-are compared after normalising what legitimately changes between runs (memory addresses, uuids,
-timings, dates, the session's own directory, execution counts, tracebacks, image bytes).
+are compared by ``compare.py``'s rules; the ``kernelexec replay`` command around this is ``replay_cli.py``.
 
 Rebuilding a live session's state (restore, revival) is ``restore.py``'s; replay uses its
 ``rerun`` for restores recorded in a notebook.
@@ -14,39 +13,34 @@ Rebuilding a live session's state (restore, revival) is ``restore.py``'s; replay
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import json
 import logging
-import re
 import secrets
 import shutil
 import signal
-import sys
 import tempfile
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
-from kernelexec.codemode.broker import Broker, RecordedCalls, catalog_from_records
+from kernelexec.codemode.broker import Broker
+from kernelexec.codemode.recorded_calls import RecordedCalls, catalog_from_records
 from kernelexec.environment.interpreter import Environment
 from kernelexec.environment.overlay import prepare
 from kernelexec.environment.packages import parse_specs, pip_lines
 from kernelexec.errors import InvalidRequest, KernelexecError
-from kernelexec.host import check_reach
-from kernelexec.kernel.driver import TOOL_CALL_MARK
+from kernelexec.kernel.stdin import TOOL_CALL_MARK
 from kernelexec.kernel.wire import harden
-from kernelexec.layout import SessionDirs
-from kernelexec.longtext import split_cut
 from kernelexec.sandbox.probe import kernel_reach
-from kernelexec.session.recording import CellMeta, NotebookMeta, RecordedInput, Recorder, notebook_meta, read_cell_meta, read_notebook_meta, read_session_meta
+from kernelexec.session.compare import comparable, differences
+from kernelexec.session.record_meta import CellMeta, RecordedInput, read_cell_meta, read_notebook_meta
 from kernelexec.session.restore import cell_timeout, first_line, rerun
 from kernelexec.session.session import Session
-from kernelexec.terminal import safe
 
 if TYPE_CHECKING:
     from nbformat import NotebookNode
@@ -60,115 +54,6 @@ Ask = Callable[[str, bool], Awaitable[str | None]]
 Status = Literal["same", "different", "new", "skipped"]
 
 
-# --- comparing outputs -------------------------------------------------------------------------
-_TIME_UNIT = r"(?:ns|µs|us|ms|s|sec|seconds|min)"  # µ: MICRO SIGN U+00B5 (GREEK MU U+03BC becomes it first)
-_NORMALISE: list[tuple[re.Pattern[str], str]] = [
-    (re.compile("\u03bc"), "\u00b5"),  # %timeit prints either micro sign, by platform and IPython version
-    (re.compile(r"0x[0-9a-fA-F]{4,}"), "0x…"),
-    (re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"), "<uuid>"),
-    (re.compile(r"\b[0-9a-f]{32}\b"), "<uuid>"),  # uuid4().hex: display ids, widget and comm ids
-    (re.compile(r"\b\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?"), "<datetime>"),
-    (re.compile(rf"[\d.]+\s?{_TIME_UNIT} ± [\d.]+\s?{_TIME_UNIT} per loop \([^)]*\)"), "<timeit>"),
-    (re.compile(rf"\b(Wall time|CPU times: user|sys|total): [\d.]+\s?{_TIME_UNIT}"), r"\1: <time>"),
-    (re.compile(rf"\b\d+\.\d+\s?{_TIME_UNIT}\b"), "<time>"),
-]
-
-
-def normalise(text: str, roots: Iterable[str] = ()) -> str:
-    """Text with run-to-run noise replaced: session directories, addresses, uuids, dates, timings."""
-    for root in roots:
-        text = text.replace(root, "<session>")
-    for pattern, replacement in _NORMALISE:
-        text = pattern.sub(replacement, text)
-    return text
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, list):
-        return "".join(map(str, value))
-    if isinstance(value, dict):
-        return json.dumps(value, sort_keys=True)
-    return str(value)
-
-
-def comparable(outputs: list[dict[str, Any]], roots: Iterable[str] = ()) -> dict[str, Any]:
-    """What of a cell's outputs must match on replay.
-
-    Streams are compared as each stream's whole text (nbclient and the live collector split and
-    order stream chunks differently); rich outputs in order, images by kind only (their bytes carry
-    dates and random ids, and depend on fonts and library versions); errors by name and message, not
-    traceback. The error
-    kernelexec adds for a timed-out or killed cell is left out: endings are compared on their own.
-    """
-    roots = list(roots)
-    streams: dict[str, str] = {"stdout": "", "stderr": ""}
-    rich: list[str] = []
-    errors: list[str] = []
-    for out in outputs:
-        kind = out.get("output_type")
-        if kind == "stream":
-            name = out.get("name", "stdout")
-            streams[name] = streams.get(name, "") + _text(out.get("text", ""))
-        elif kind == "error":
-            if out.get("ename") != "KernelexecError":
-                errors.append(normalise(f"{out.get('ename')}: {out.get('evalue', '')}", roots))
-        elif kind in ("display_data", "execute_result"):
-            parts = []
-            for mime, value in sorted((out.get("data") or {}).items()):
-                if mime.startswith("image/"):
-                    parts.append(mime)
-                else:
-                    parts.append(f"{mime}: {normalise(_text(value), roots)}")
-            rich.append(f"{kind} " + " | ".join(parts))
-    return {
-        "stdout": normalise(streams.pop("stdout"), roots),
-        "stderr": normalise(streams.pop("stderr"), roots),
-        **{k: normalise(v, roots) for k, v in streams.items()},
-        "outputs": rich,
-        "errors": errors,
-    }
-
-
-def _same(recorded: Any, replayed: Any) -> bool:
-    if isinstance(recorded, str) and isinstance(replayed, str):
-        parts = split_cut(recorded)  # a flood of output is kept head+tail in the record (recording.JOURNAL_STREAM_CHARS)
-        if parts is not None:
-            head, tail = parts
-            return replayed.startswith(head) and replayed.endswith(tail)
-    return recorded == replayed
-
-
-def _short(value: Any, limit: int = 160) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def differences(recorded: dict[str, Any], replayed: dict[str, Any]) -> list[str]:
-    """Human-readable lines naming each part of two ``comparable`` results that differ."""
-    lines = []
-    for key in sorted(set(recorded) | set(replayed)):
-        a, b = recorded.get(key, ""), replayed.get(key, "")
-        if _same(a, b):
-            continue
-        if isinstance(a, list) and isinstance(b, list):
-            if len(a) != len(b):
-                lines.append(f"{key}: {len(a)} recorded, {len(b)} replayed")
-            for i, (x, y) in enumerate(zip(a, b, strict=False), 1):
-                if x != y:
-                    lines.append(f"{key} #{i}: recorded {_short(x)}")
-                    lines.append(f"{' ' * len(key)} #{i}: replayed {_short(y)}")
-                    break
-            else:  # one is the other plus more: name the first extra item
-                if len(a) != len(b):
-                    i, side, longer = min(len(a), len(b)) + 1, "recorded" if len(a) > len(b) else "replayed", max(a, b, key=len)
-                    lines.append(f"{key} #{i}: {side} {_short(longer[i - 1])}")
-        else:
-            lines.append(f"{key}: recorded {_short(a)}")
-            lines.append(f"{' ' * len(key)}  replayed {_short(b)}")
-    return lines
-
-
-# --- replaying a notebook ----------------------------------------------------------------------
 @dataclass
 class CellReport:
     """How one code cell fared on replay."""
@@ -196,53 +81,18 @@ def _session_roots(nb: NotebookNode) -> list[str]:
     return sorted(roots, key=len, reverse=True)
 
 
-@dataclass
-class RecordedInstall:
-    """An install a notebook records: an ``install_packages`` marker, or a cell's pip lines."""
-
-    cell: int  # 1-based position in the notebook
-    via: Literal["install_packages", "pip"]
-    specs: list[str]
-
-    def describe(self) -> str:
-        names = ", ".join(s[:60] for s in self.specs[:10]) + (" …" if len(self.specs) > 10 else "")
-        return f"cell {self.cell} {'%pip' if self.via == 'pip' else self.via} {names or '(no names)'}"
-
-
-def recorded_installs(nb: NotebookNode) -> list[RecordedInstall]:
-    """Every install ``nb`` records, in order (a pip line that is refused installs nothing: not listed)."""
-    found = []
-    for number, cell in enumerate(nb.cells, 1):
-        meta = read_cell_meta(cell)
-        if meta.event == "install":
-            if meta.specs:  # a marker without a list of names installs nothing (its specs were ignored)
-                found.append(RecordedInstall(number, "install_packages", list(meta.specs)))
-        elif cell.get("cell_type") == "code":
-            try:
-                request, _ = pip_lines(cell.source)
-            except InvalidRequest:
-                continue
-            if request is not None:
-                found.append(RecordedInstall(number, "pip", request.specs))
-    return found
-
-
-def installs_line(installs: list[RecordedInstall], *, install: bool, policy: str) -> str:
-    """The one console line naming the installs a notebook records, and whether replay redoes them."""
-    listed = "; ".join(i.describe() for i in installs[:20]) + (f"; … ({len(installs)} in all)" if len(installs) > 20 else "")
-    if install and policy == "off":
-        return f"installs recorded: {listed} — not redone: --install, but --install-policy off refuses them"
-    if install:
-        return f"installs recorded: {listed} — redone (--install), within --install-policy {policy}, from your index"
-    return (f"installs recorded: {listed} — not redone (a cell with pip lines is skipped); replay with --install to "
-            "redo them (within --install-policy)")
-
-
-def _annotate(holder: Any, **fields: Any) -> None:
+def annotate(holder: Any, **fields: Any) -> None:
     """Add replay's fields to a cell's or notebook's ``metadata.kernelexec`` (foreign content there is replaced)."""
     if not isinstance(holder.metadata.get("kernelexec"), dict):
         holder.metadata["kernelexec"] = {}
     holder.metadata["kernelexec"].update(fields)
+
+
+def _raised(outputs: list[Any]) -> str | None:
+    for out in outputs:
+        if isinstance(out, dict) and out.get("output_type") == "error" and out.get("ename") != "KernelexecError":
+            return f"{out.get('ename')}: {str(out.get('evalue', ''))[:160]}".splitlines()[0] if out.get("evalue") else str(out.get("ename"))
+    return None
 
 
 class _Replayer:
@@ -428,7 +278,7 @@ class _Replayer:
     def _skip(self, index: int, cell: NotebookNode, meta: CellMeta, note: str) -> CellReport:
         """A cell not run: said on its report line and in its metadata; its recorded outputs are dropped."""
         cell.outputs, cell.execution_count = [], None
-        _annotate(cell, replay_ending="skipped", replay_note=note)
+        annotate(cell, replay_ending="skipped", replay_note=note)
         return CellReport(index + 1, first_line(cell.source), "skipped", meta.ending, "skipped", [note])
 
     async def _cell(self, index: int, cell: NotebookNode, meta: CellMeta) -> CellReport:
@@ -458,7 +308,7 @@ class _Replayer:
             from nbformat.v4 import new_output
 
             cell.outputs.insert(0, new_output("stream", name="stdout", text=installed + "\n"))
-        _annotate(cell, replay_ending=ending)
+        annotate(cell, replay_ending=ending)
         report = CellReport(index + 1, first_line(cell.source), "same", recorded_ending, ending, error=_raised(cell.outputs))
         if never_ran:
             report.status = "new"
@@ -473,7 +323,7 @@ class _Replayer:
         if self.stdin_notes:
             report.details.extend(self.stdin_notes)
             self.notes[report.number] = list(self.stdin_notes)
-            _annotate(cell, replay_note="; ".join(self.stdin_notes)[:1000])
+            annotate(cell, replay_note="; ".join(self.stdin_notes)[:1000])
         return report
 
     def settle(self) -> list[CellReport]:
@@ -528,183 +378,3 @@ async def replay_notebook(
                 await session.stop_kernel()
                 session.release()
         shutil.rmtree(base, ignore_errors=True)
-
-
-# --- the command -------------------------------------------------------------------------------
-def load_notebook(path: Path) -> tuple[NotebookNode, Path, str | None]:
-    """Read a notebook; a session directory or its journal works too.
-
-    When the notebook sits in a session directory whose journal is newer (the server was killed
-    before writing it), it is rebuilt from the journal first. Returns (notebook, path, note).
-    """
-    import nbformat
-
-    if path.is_dir():
-        path = SessionDirs(path).notebook
-    if path.name == SessionDirs(path.parent).journal.name:
-        path = SessionDirs(path.parent).notebook
-    note = None
-    session_dir = path.parent
-    meta = read_session_meta(session_dir)
-    journal = SessionDirs(session_dir).journal
-    if meta is not None and journal.exists():
-        recorder = Recorder(journal, path, notebook_meta(session_dir))
-        if recorder.stale():
-            recorder.write_notebook()
-            note = "rebuilt from its journal"
-    with open(path, encoding="utf-8") as fh:
-        text = fh.read()
-    try:
-        found = json.loads(text)
-        if not isinstance(found, dict) or not isinstance(found.get("nbformat"), int) or isinstance(found["nbformat"], bool):
-            raise ValueError("no nbformat version")
-        # nbformat's converters (old versions to 4) raise what they meet on malformed input: this is the one door
-        nb = nbformat.reads(text, as_version=4)
-        nbformat.validate(nb)
-    except nbformat.ValidationError as exc:
-        raise ValueError(f"not a valid notebook ({' '.join(str(exc.message).split())[:200]})") from None
-    except RecursionError:
-        raise ValueError("not a notebook kernelexec reads (JSON nested too deeply)") from None
-    except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
-        raise ValueError(f"not a valid notebook ({' '.join(str(exc).split())[:200]})") from None
-    return nb, path, note
-
-
-def ignored_metadata(nb: NotebookNode) -> list[str]:
-    """What of ``nb``'s kernelexec metadata is not of kernelexec's shape (ignored by replay), one item a place."""
-    found = [f"notebook: {item}" for item in read_notebook_meta(nb.metadata).ignored]
-    for number, cell in enumerate(nb.cells, 1):
-        found += [f"cell {number}: {item}" for item in read_cell_meta(cell).ignored]
-    return found
-
-
-def _raised(outputs: list[Any]) -> str | None:
-    for out in outputs:
-        if isinstance(out, dict) and out.get("output_type") == "error" and out.get("ename") != "KernelexecError":
-            return f"{out.get('ename')}: {str(out.get('evalue', ''))[:160]}".splitlines()[0] if out.get("evalue") else str(out.get("ename"))
-    return None
-
-
-def _line(report: CellReport) -> str:
-    label = {"same": "same", "different": "DIFFERENT", "new": "new", "skipped": "skipped"}[report.status]
-    extra = ""
-    if report.status != "skipped" and (report.recorded_ending not in ("completed", "unknown") or report.replayed_ending != "completed"):
-        extra = f"   [{report.recorded_ending} live, {report.replayed_ending} on replay]"
-    if report.status == "different" and report.error:
-        extra += f"   raised {report.error}"
-    lines = [f"cell {report.number:<4} {label:<9} {report.first_line}{extra}"]
-    lines += [f"           {d}" for d in report.details]
-    return "\n".join(lines)
-
-
-async def terminal_ask(question: str, password: bool) -> str | None:
-    """``--ask``: a cell's question on this terminal (a password not echoed); end of input declines it."""
-    import getpass
-
-    def read() -> str | None:
-        print(safe(question.rstrip()), flush=True)
-        try:
-            return getpass.getpass("(secret, not echoed) ") if password else input("> ")
-        except EOFError:
-            return None
-
-    return await anyio.to_thread.run_sync(read)
-
-
-async def replay_command(settings: Settings, notebook: str, *, output: str | None, profile: Profile | None,
-                         install: bool = False, ask: bool = False, live_tools: bool = False) -> int:
-    """``kernelexec replay``: 0 when every cell matches, 1 when one differs, 2 when replay cannot run.
-    Cells skipped (their installs not redone without ``install``) are listed but do not differ."""
-    import nbformat
-
-    from kernelexec.errors import KernelexecError
-
-    try:
-        nb, path, note = load_notebook(Path(notebook))
-    except (OSError, ValueError) as exc:
-        print(safe(f"kernelexec replay: cannot read {notebook}: {exc}"), file=sys.stderr)
-        return 2
-    recorded: NotebookMeta = read_notebook_meta(nb.metadata)
-    recorded_profile = recorded.profile
-    chosen: Profile = profile or settings.effective_profile  # the user's flags and config; a notebook is data
-    if settings.working_dir is None and chosen != "strict" and read_session_meta(path.parent) is None:
-        # as nbclient and papermill do: in the notebook's folder, so it reads the files beside it (what is
-        # writable there follows the profile and the protected names, as for any working directory; strict
-        # has no file access at all)
-        folder = path.parent.resolve()
-        settings = settings.model_copy(update={"working_dir": folder, "work_roots": [*settings.work_roots, folder]})
-        try:
-            check_reach(settings, kernel_reach(settings))
-        except KernelexecError as exc:
-            print(safe(f"kernelexec replay: {exc}; or pass --working-dir DIR for the notebook to run in"), file=sys.stderr)
-            return 2
-    code_cells = sum(1 for c in nb.cells if c.get("cell_type") == "code")
-    print(safe(f"replaying {path} ({code_cells} code cells, profile {chosen}{'; ' + note if note else ''})"
-               f"{f' in {settings.working_dir}' if settings.working_dir else ''}"), flush=True)
-    if recorded_profile is not None and recorded_profile != chosen:
-        print(safe(f"note: recorded under profile {str(recorded_profile)[:40]!r}; replayed under {chosen}, which your "
-                   "flags and config choose (a notebook never chooses its own profile or limits)"), flush=True)
-    ignored = ignored_metadata(nb)
-    if ignored:
-        print(safe(f"note: kernelexec metadata not of kernelexec's shape, ignored: {'; '.join(ignored[:8])}"
-                   f"{f'; … ({len(ignored)} in all)' if len(ignored) > 8 else ''}"), flush=True)
-    capped = [i for i, c in enumerate(nb.cells, 1) if c.get("cell_type") == "code"
-              and (t := read_cell_meta(c).timeout) is not None and t > settings.max_timeout]
-    if capped:
-        print(safe(f"note: cell {', '.join(map(str, capped[:20]))}{' …' if len(capped) > 20 else ''}: recorded timeout "
-                   f"above --max-timeout ({settings.max_timeout:g} s); capped"), flush=True)
-    try:
-        environment = await anyio.to_thread.run_sync(
-            functools.partial(prepare, settings.python, settings.working_dir, settings.cache_dir, reach=kernel_reach(settings)))
-    except KernelexecError as exc:
-        print(safe(f"kernelexec replay: {exc}"), file=sys.stderr)
-        return 2
-    print(safe(f"environment: {environment.describe()}: {environment.reason}"), flush=True)
-    was = recorded.environment
-    if was is not None and was != (environment.python, environment.version):
-        print(safe(f"note: recorded in Python {str(was[1])[:20]} at {str(was[0])[:200]}; replayed in "
-                   f"Python {environment.version} at {environment.python}, which your flags and config choose (--python; "
-                   "a notebook never chooses its interpreter)"), flush=True)
-    installs, policy = recorded_installs(nb), settings.effective_install_policy(chosen)
-    if installs:
-        print(safe(installs_line(installs, install=install, policy=policy)), flush=True)
-    tools = [c for c in nb.cells if read_cell_meta(c).tool_calls]
-    if tools:
-        print(safe(f"code mode: {len(tools)} cell{'s' if len(tools) != 1 else ''} made MCP tool calls; "
-                   + ("calling the live servers (--live-tools)" if live_tools else
-                      "serving their recorded results (offline; --live-tools calls the servers)")), flush=True)
-    try:
-        async with contextlib.AsyncExitStack() as stack:
-            broker = None
-            if live_tools:
-                from kernelexec.codemode.broker import from_settings
-
-                broker = from_settings(settings)
-                if broker is None:
-                    raise KernelexecError("--live-tools needs --tools-config (the servers to call)")
-                await stack.enter_async_context(broker.running())
-            reports = await replay_notebook(nb, settings, profile=chosen, on_cell=lambda r: print(safe(_line(r)), flush=True),
-                                            environment=environment, install=install, ask=terminal_ask if ask else None,
-                                            live_tools=broker)
-    except KernelexecError as exc:
-        print(safe(f"kernelexec replay: {exc}"), file=sys.stderr)
-        return 2
-    different = [r.number for r in reports if r.status == "different"]
-    skipped = [r.number for r in reports if r.status == "skipped"]
-    counts = {s: sum(1 for r in reports if r.status == s) for s in ("same", "different", "new")}
-    summary = f"{len(reports)} cells: {counts['same']} same, {counts['different']} different"
-    if counts["new"]:
-        summary += f", {counts['new']} not run before"
-    if different:
-        summary += " (cell " + ", ".join(map(str, different)) + ")"
-    if skipped:
-        summary += f", {len(skipped)} skipped (cell {', '.join(map(str, skipped))})"
-    print(safe(summary), flush=True)
-    if output:
-        _annotate(nb, replay={"profile": chosen, "different": different, "skipped": skipped,
-                              "environment": environment.summary(),
-                              "installs": {"redone": install and policy != "off", "recorded": [
-                                  {"cell": i.cell, "via": i.via, "specs": i.specs} for i in installs]}})
-        nbformat.write(nb, output)
-        print(safe(f"wrote {output}"), flush=True)
-    return 1 if different else 0

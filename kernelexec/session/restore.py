@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, Field
 
-from kernelexec.codemode.broker import RecordedCalls, catalog_from_records
+from kernelexec.codemode.recorded_calls import RecordedCalls, catalog_from_records
 from kernelexec.environment.packages import pip_lines
 from kernelexec.errors import InvalidRequest
-from kernelexec.session.recording import read_cell_meta
+from kernelexec.session.record_meta import read_cell_meta
 
 if TYPE_CHECKING:
     from kernelexec.kernel.driver import Kernel

@@ -23,9 +23,10 @@ from kernelexec.config import Settings
 from kernelexec.environment.interpreter import Environment, project_modules
 from kernelexec.environment.packages import InstallError, InstallOutcome, check_allowed, install, installed_record, parse_specs, pip_lines
 from kernelexec.errors import InvalidRequest, SessionError
-from kernelexec.kernel.driver import Ask, Kernel, OnOutput
+from kernelexec.kernel.driver import Kernel, OnOutput
 from kernelexec.kernel.execution import CellError, Execution, ResultRule
 from kernelexec.kernel.launch import LaunchSpec
+from kernelexec.kernel.stdin import Ask
 from kernelexec.layout import SessionDirs
 from kernelexec.sandbox.plan import plan_for
 from kernelexec.sandbox.policy import kernel_policy

@@ -1,0 +1,104 @@
+"""A cell's questions as MCP asks them: input()/getpass() prompts and code mode's approvals, in the server's words.
+
+Over the call's back-channel (an elicitation request, protocol <= 2025-11-25) through ``asker`` and
+``approver``; from 2026-07-28 on, embedded in an ``InputRequiredResult`` (``input_required``) or a task's
+input requests (``question_request``). Apart from ``app.py`` so the wording and the forms sit in one place.
+"""
+
+from collections.abc import Awaitable, Callable
+
+from mcp.server.mcpserver import Context
+from mcp_types import ElicitRequest, ElicitRequestFormParams, InputRequiredResult
+from pydantic import BaseModel, Field
+
+from kernelexec.session.runs import Question, Run
+
+
+class _Answer(BaseModel):
+    answer: str = Field(description="Your answer, passed to the code as the value input() returns")
+
+
+INPUT_KEY = "input"  # the one embedded elicitation of an InputRequiredResult (2026-07-28)
+MULTI_ROUND_TRIP = "2026-07-28"  # from this protocol on, no server-to-client requests: InputRequiredResult
+
+
+def question_message(handle: str, prompt: str, password: bool) -> str:
+    """The words around a cell's prompt, the server's, so that a cell's prompt cannot pass for the assistant's."""
+    how = "getpass() — it asks for a password or secret" if password else "input()"
+    message = (f"Code running in kernelexec session {handle} asks for input through {how}. This question comes "
+               f"from the code, not from the assistant or kernelexec:\n\n{prompt.strip()[:500] or '(no prompt)'}")
+    if password:
+        message += "\n\nYour answer goes to the code only; the notebook records it as ***."
+    return message
+
+
+def elicits(ctx: Context | None) -> bool:
+    """The client declared (form) elicitation."""
+    try:
+        capabilities = ctx.client_capabilities if ctx is not None else None
+    except Exception:  # noqa: BLE001 - outside a request
+        return False
+    elicitation = getattr(capabilities, "elicitation", None)
+    return elicitation is not None and (getattr(elicitation, "form", None) is not None or getattr(elicitation, "url", None) is None)
+
+
+def multi_round_trip(ctx: Context | None) -> bool:
+    """The request has no back-channel: questions go out in an InputRequiredResult (2026-07-28 and later)."""
+    version = ctx.protocol_version if ctx is not None else None
+    return version is not None and version >= MULTI_ROUND_TRIP
+
+
+def asker(ctx: Context | None, handle: str) -> Callable[[str, bool], Awaitable[str | None]] | None:
+    """input()/getpass() of a cell as an MCP elicitation to the human over the call's back-channel (a
+    server-to-client request, protocol <= 2025-11-25); None when the client cannot be asked that way."""
+    if ctx is None or not elicits(ctx) or multi_round_trip(ctx):
+        return None
+
+    async def ask(prompt: str, password: bool) -> str | None:
+        try:
+            result = await ctx.elicit(question_message(handle, prompt, password), _Answer)
+        except Exception:  # noqa: BLE001 - no back-channel (stateless HTTP), the client refused: not answered
+            return None
+        data = getattr(result, "data", None)
+        return data.answer if result.action == "accept" and isinstance(data, _Answer) else None
+
+    return ask
+
+
+class _Approval(BaseModel):
+    approve: bool = Field(description="Yes: make this one tool call; no: the code gets mcp_tools.ToolRefused")
+
+
+def approver(ctx: Context | None) -> Callable[[str], Awaitable[bool | None]] | None:
+    """Code mode's approval of one tool call (--tools-approve), asked of the human as an elicitation over the call's
+    back-channel, in the broker's words; None when the client cannot be asked that way (the call is refused)."""
+    if ctx is None or not elicits(ctx) or multi_round_trip(ctx):
+        return None
+
+    async def approve(question: str) -> bool | None:
+        try:
+            result = await ctx.elicit(question, _Approval)
+        except Exception:  # noqa: BLE001 - no back-channel, the client refused: nobody was asked
+            return None
+        data = getattr(result, "data", None)
+        return result.action == "accept" and isinstance(data, _Approval) and data.approve
+
+    return approve
+
+
+def input_required(run: Run, question: Question) -> InputRequiredResult:
+    """The 2026-07-28 form of the question: an InputRequiredResult the client answers by retrying the call with
+    input_responses; request_state is the run id (sealed by the SDK: signed, bound to this call and caller)."""
+    return InputRequiredResult(input_requests={INPUT_KEY: question_request(run, question)}, request_state=run.id)
+
+
+def question_request(run: Run, question: Question) -> ElicitRequest:
+    """A cell's question as the elicitation/create request embedded in an InputRequiredResult or a task's
+    inputRequests (tasks.py): one form field, ``answer``, and the server's words around the prompt; for code
+    mode's approval, the broker's own words (broker.approval_message) and a yes/no."""
+    if question.approval:
+        return ElicitRequest(params=ElicitRequestFormParams(message=question.prompt,
+                                                            requested_schema=_Approval.model_json_schema()))
+    return ElicitRequest(params=ElicitRequestFormParams(
+        message=question_message(run.session.handle, question.prompt, question.password),
+        requested_schema=_Answer.model_json_schema()))
