@@ -1,4 +1,4 @@
-"""Code mode (issue 25): what a brokered tool call costs, and what the model reads.
+"""Code mode: what a brokered tool call costs, and what the model reads.
 
     python -m benchmarks --only codemode [--quick]       (or: python -m benchmarks.codemode [--quick])
 

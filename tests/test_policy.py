@@ -37,7 +37,7 @@ async def trusted(short_tmp: Path) -> AsyncIterator[Harness]:
 def test_strict_allows_exactly_the_safe_executor_list_plus_four() -> None:
     policy = kernel_policy("strict", session_dir=Path("/s"), spill_dir=Path("/s/o"), work_roots=[], read_dirs=[],
                            allow_imports=[], result_cap=1, stream_cap=1, disk_cap=1)
-    assert set(policy["allowed_imports"]) == STRICT_IMPORTS | CODE_MODE_MODULES  # and code mode's mcp_tools (issue 25)
+    assert set(policy["allowed_imports"]) == STRICT_IMPORTS | CODE_MODE_MODULES  # and code mode's mcp_tools
     assert policy["file_io"] == "none" and policy["write_roots"] == []
 
 
