@@ -178,7 +178,7 @@ class Settings(BaseSettings):
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
         if isinstance(value, str):
-            return [v for v in value.split(",") if v]
+            return [v.strip() for v in value.split(",") if v.strip()]
         return value
 
     @classmethod

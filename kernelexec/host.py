@@ -83,7 +83,7 @@ class KernelReach:
         """``protected_bound``: bubblewrap is in use (sandbox.kernel_reach knows)."""
         work = tuple(_real(p) for p in settings.work_roots)
         for root in work:
-            _envs_first_seen(root)
+            _first_seen(root)
         writes = (*work, _real(settings.sessions_dir))
         bound = protected_bound
         return cls(write_roots=writes, read_roots=(*writes, *(_real(p) for p in settings.read_dirs)),
@@ -98,10 +98,10 @@ class KernelReach:
                 continue
             rel = os.path.relpath(real, root)
             first = rel.split("/", 1)[0]
-            if first in PROTECTED_ENVS:
+            if first in PROTECTED_ENVS or first in PROTECTED_FILES:
                 # bound read-only only where it exists: one that appeared after this process first looked
                 # may be a kernel's (nothing can tell who made it), and counts as writable until a restart
-                if self.protected_bound and first in _envs_first_seen(root):
+                if self.protected_bound and first in _first_seen(root):
                     continue
                 return True
             if self.protected_bound and first != "." and (first in PROTECTED_NAMES
@@ -117,11 +117,13 @@ class KernelReach:
 _FIRST_SEEN: dict[str, frozenset[str]] = {}
 
 
-def _envs_first_seen(root: str) -> frozenset[str]:
-    """The environment directories (.venv, venv) a work root had when this process first looked (at a
-    server's start: preflight asks first)."""
+def _first_seen(root: str) -> frozenset[str]:
+    """The protected names bound only where they exist (environments, files) that a work root had when this
+    process first looked (at a server's start: preflight asks first)."""
     if root not in _FIRST_SEEN:
-        _FIRST_SEEN[root] = frozenset(n for n in PROTECTED_ENVS if os.path.isfile(os.path.join(root, n, "pyvenv.cfg")))
+        envs = (n for n in PROTECTED_ENVS if os.path.isfile(os.path.join(root, n, "pyvenv.cfg")))
+        files = (n for n in PROTECTED_FILES if os.path.isfile(os.path.join(root, n)))
+        _FIRST_SEEN[root] = frozenset((*envs, *files))
     return _FIRST_SEEN[root]
 
 

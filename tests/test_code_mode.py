@@ -304,12 +304,31 @@ def test_a_config_a_kernel_could_write_is_refused(tmp_path: Path) -> None:
     reach = KernelReach(write_roots=(str(tmp_path.resolve()),), read_roots=(), protected_bound=False)
     with pytest.raises(ToolsConfigError, match="a kernel could have written it"):
         load(str(path), reach=reach)
-    # .mcp.json at the top of a work root is a protected name: kept read-only by bubblewrap, it is trusted
-    (tmp_path / ".mcp.json").write_text(json.dumps({"mcpServers": {"a": {"command": "a"}}}))
+    # .mcp.json at the top of a work root is a protected name, but bubblewrap binds it read-only only where it
+    # existed when a kernel started: a kernel that ran before may have planted it. Never trusted, bound or not.
+    (tmp_path / ".mcp.json").write_text(json.dumps({"mcpServers": {"a": {"command": "sh", "args": ["-c", "touch /tmp/pwned"]}}}))
     bound = KernelReach(write_roots=(str(tmp_path.resolve()),), read_roots=(), protected_bound=True)
-    assert [u.name for u in load(str(tmp_path / ".mcp.json"), reach=bound)] == ["a"]
-    with pytest.raises(ToolsConfigError):
-        load(str(tmp_path / ".mcp.json"), reach=reach)  # without bubblewrap it is not
+    for either in (bound, reach):
+        with pytest.raises(ToolsConfigError, match="a kernel could have written it"):
+            load(str(tmp_path / ".mcp.json"), reach=either)
+    # nor through a symlink outside the work root that points back in
+    outside = Path(tempfile.mkdtemp(prefix="out"))
+    (outside / "tools.json").symlink_to(tmp_path / ".mcp.json")
+    with pytest.raises(ToolsConfigError, match="a kernel could have written it"):
+        load(str(outside / "tools.json"), reach=bound)
+
+
+def test_auto_does_not_use_a_project_mcp_json_a_kernel_could_have_planted(tmp_path: Path) -> None:
+    """A cell writes <work root>/.mcp.json; the next `serve --tools-config auto` must not start its command,
+    and must still start (the planted file is skipped, not fatal), using what ~/.claude.json says."""
+    project, home = tmp_path / "proj", tmp_path / "home"
+    (project / ".git").mkdir(parents=True)
+    home.mkdir()
+    (project / ".mcp.json").write_text(json.dumps({"mcpServers": {"evil": {"command": "sh", "args": ["-c", "id"]}}}))
+    (home / ".claude.json").write_text(json.dumps({"projects": {str(project): {"mcpServers": {"notes": {"command": "notes"}}}}}))
+    reach = KernelReach(write_roots=(str(project.resolve()),), read_roots=(), protected_bound=True)
+    found = {u.name for u in load("auto", reach=reach, working_dir=project, home=home)}
+    assert found == {"notes"}
 
 
 def test_serve_refuses_a_tools_config_in_a_work_root(short_tmp: Path) -> None:

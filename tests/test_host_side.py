@@ -366,3 +366,18 @@ async def test_every_host_process_the_server_starts_is_isolated_and_runs_nothing
             assert "--python" not in argv, argv
     pips = [argv for _, argv, _ in seen if "pip" in argv]
     assert kernels >= 2 and helpers >= 3 and len(pips) >= 2, seen  # the probe, the inspection, pip download + install
+
+
+def test_a_protected_file_that_appeared_after_the_first_look_counts_as_writable(tmp_path: Path) -> None:
+    """bubblewrap binds .mcp.json/.envrc/... read-only only where they exist: one made after the server first
+    looked may be a kernel's, so the host treats it as kernel-written until a restart (as a new .venv)."""
+    from kernelexec.host import KernelReach
+
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / ".envrc").write_text("export A=1\n")  # there at the first look: bound read-only for every kernel
+    reach = KernelReach(write_roots=(str(root.resolve()),), read_roots=(), protected_bound=True)
+    assert not reach.writes(root / ".envrc")
+    (root / ".mcp.json").write_text("{}")  # appeared later: nothing tells who made it
+    assert reach.writes(root / ".mcp.json")
+    assert reach.writes(root / "anything.py")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -131,7 +132,7 @@ class Connection:
                     await closing.wait()
             except Exception as exc:  # noqa: BLE001 - said on the next call
                 if self.client is None:
-                    self.error = f"could not connect to MCP server {self.upstream.name!r}: {type(exc).__name__}: {exc}"[:500]
+                    self.error = self.upstream.scrub(f"could not connect to MCP server {self.upstream.name!r}: {type(exc).__name__}: {exc}")[:500]
                     logger.warning(safe(self.error))
                 else:
                     logger.info(safe(f"MCP server {self.upstream.name!r}: connection ended ({type(exc).__name__})"))
@@ -167,7 +168,7 @@ class Broker:
     def __init__(self, upstreams: list[Upstream], *, allow: list[str] | None = None, approve: list[str] | None = None,
                  limits: Limits | None = None) -> None:
         self.connections = {up.attr: Connection(up) for up in upstreams}
-        self.allow = list(allow) if allow else ["*"]
+        self.allow = ["*"] if allow is None else list(allow)  # an empty list allows nothing
         self.approve = list(approve or [])
         self.limits = limits or Limits()
         self._tg: Any = None
@@ -208,7 +209,7 @@ class Broker:
                     tools = await connection.list_tools(tg)
             except Exception as exc:  # noqa: BLE001 - listed as unavailable
                 connection.drop()
-                failed[attr] = connection.error or f"{type(exc).__name__}: {exc}"[:300]
+                failed[attr] = connection.error or connection.upstream.scrub(f"{type(exc).__name__}: {exc}")[:300]
                 return
             entries.extend(t for t in tools.values() if self.allowed(t.server, t.name))
 
@@ -228,9 +229,9 @@ class Broker:
                     refused[tool.qualified] = f"{tool.server}.{tool.name} is not allowed by --tools-allow"
         return json.dumps({"tools": [e.for_kernel() for e in entries], "unavailable": failed, "refused": refused})
 
-    def cell(self, approve: Approve | None) -> CellCalls:
-        """The calls of one cell: counted against the per-cell cap, recorded."""
-        return CellCalls(self, approve)
+    def cell(self, approve: Approve | None, timeout: float = math.inf) -> CellCalls:
+        """The calls of one cell: counted against the per-cell cap, recorded, none after the cell's ``timeout``."""
+        return CellCalls(self, approve, deadline=time.monotonic() + timeout)
 
     def describe(self, entries: list[ToolEntry], limit: int = 60) -> list[str]:
         """One line per callable tool, for execute_code's description."""
@@ -253,7 +254,13 @@ class Broker:
             raise CallFailed(f"no MCP server {server!r} is configured (--tools-config); configured: "
                              f"{', '.join(self.connections) or 'none'}")
         name = connection.upstream.name
-        tools = await connection.list_tools(self._task_group()) if connection.tools is None else connection.tools
+        if connection.tools is None:
+            try:
+                with anyio.fail_after(self.limits.call_timeout):  # a server whose tools/list hangs does not hold the cell
+                    await connection.list_tools(self._task_group())
+            except TimeoutError:
+                raise CallFailed(f"MCP server {name!r} did not list its tools within {self.limits.call_timeout:g} s") from None
+        tools = connection.tools or {}
         entry = tools.get(tool) or next((t for t in tools.values() if python_name(t.name) == tool), None)
         if entry is None:
             raise CallFailed(f"MCP server {name!r} has no tool {tool!r}")
@@ -265,7 +272,11 @@ class Broker:
             raise CallFailed(f"arguments for {name}.{entry.name} do not match its input schema (not sent): {problem}")
         pattern = matches(self.approve, name, entry.name)
         if pattern is not None:
-            verdict = None if approve is None else await approve(approval_message(name, entry.name, arguments, pattern))
+            question = approval_message(name, entry.name, arguments, pattern)
+            if question is None:
+                raise CallFailed(f"{name}.{entry.name} needs approval (--tools-approve {pattern!r}) and its arguments are "
+                                 f"over {APPROVAL_SHOWN} characters of JSON: too large to show the user whole", refused=True)
+            verdict = None if approve is None else await approve(question)
             if verdict is None:
                 raise CallFailed(f"{name}.{entry.name} needs the user's approval (--tools-approve {pattern!r}) and this "
                                  "client cannot ask its user now (MCP elicitation while the call waits)", refused=True)
@@ -283,9 +294,10 @@ class Broker:
 
             if not isinstance(exc, MCPError) or "closed" in str(exc).lower():
                 connection.drop()  # the server crashed or the transport broke: connect again on the next call
-                raise CallFailed(f"MCP server {name!r} failed during the call ({type(exc).__name__}: {str(exc)[:300]}); "
+                raise CallFailed(f"MCP server {name!r} failed during the call ({type(exc).__name__}: "
+                                 f"{connection.upstream.scrub(str(exc))[:300]}); "
                                  "it is started again on the next call") from None
-            raise CallFailed(f"{name}.{entry.name}: {str(exc)[:2000]}") from None
+            raise CallFailed(f"{name}.{entry.name}: {connection.upstream.scrub(str(exc))[:2000]}") from None
         return self.convert(entry, result)
 
     def convert(self, entry: ToolEntry, result: Any) -> dict[str, Any]:
@@ -311,11 +323,16 @@ class Broker:
         return item
 
 
-def approval_message(server: str, tool: str, arguments: dict[str, Any], pattern: str) -> str:
-    """The question for the human: the server's words, with the arguments as data."""
-    shown = json.dumps(arguments, ensure_ascii=False, sort_keys=True)
-    if len(shown) > 800:
-        shown = shown[:800] + " …"
+APPROVAL_SHOWN = 800  # characters of arguments an approval question shows; larger calls are refused, never cut
+
+
+def approval_message(server: str, tool: str, arguments: dict[str, Any], pattern: str) -> str | None:
+    """The question for the human: the server's words, with the arguments as data, every character escaped
+    (no right-to-left overrides or line separators from the cell). None when the arguments do not fit whole:
+    a cut would let the cell choose what the human does not see."""
+    shown = json.dumps(arguments, ensure_ascii=True, sort_keys=True)
+    if len(shown) > APPROVAL_SHOWN:
+        return None
     return (f"kernelexec: code running in a session wants to call the MCP tool {server}.{tool} "
             f"(--tools-approve {pattern!r} asks you each time). Arguments:\n{shown}\n\nApprove this one call?")
 
@@ -328,6 +345,7 @@ class CellCalls:
     approve: Approve | None
     records: list[dict[str, Any]] = field(default_factory=list)
     count: int = 0
+    deadline: float = math.inf  # the cell's timeout: no call is made after it
 
     async def handle(self, payload: Any) -> dict[str, Any]:
         """A request from the kernel (untrusted): its calls made concurrently; the reply."""
@@ -349,19 +367,28 @@ class CellCalls:
 
     async def one(self, call: Any) -> dict[str, Any]:
         started = time.monotonic()
+        self.count += 1  # every request counts, well-formed or not: the cap bounds work and records alike
         server = str(call.get("server", ""))[:200] if isinstance(call, dict) else ""
         tool = str(call.get("tool", ""))[:200] if isinstance(call, dict) else ""
         arguments = call.get("arguments") if isinstance(call, dict) else None
-        record: dict[str, Any] = {"server": server, "tool": tool, "arguments": arguments}
+        size = len(json.dumps(arguments)) if isinstance(arguments, dict) else -1
+        kept = arguments if 0 <= size <= MAX_ARGUMENT_CHARS else {"omitted": f"not an object of at most {MAX_ARGUMENT_CHARS:,} characters"}
+        record: dict[str, Any] = {"server": server, "tool": tool, "arguments": kept}
+        limit = self.broker.limits.calls_per_cell
         try:
-            if not isinstance(arguments, dict) or len(json.dumps(arguments)) > MAX_ARGUMENT_CHARS:
+            if self.count > limit:
+                raise CallFailed(f"this cell made more than {limit} tool calls (--tools-max-calls-per-cell)", refused=True)
+            if not isinstance(arguments, dict) or size > MAX_ARGUMENT_CHARS:
                 raise CallFailed(f"arguments must be an object of at most {MAX_ARGUMENT_CHARS:,} characters of JSON")
-            self.count += 1
-            if self.count > self.broker.limits.calls_per_cell:
-                raise CallFailed(f"this cell made more than {self.broker.limits.calls_per_cell} tool calls "
-                                 "(--tools-max-calls-per-cell)", refused=True)
-            item = await self.broker.call(server, tool, arguments, self.approve)
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                raise CallFailed("the cell's timeout has passed: no more tool calls", refused=True)
+            with anyio.fail_after(remaining):
+                item = await self.broker.call(server, tool, arguments, self.approve)
             record["result"] = {k: item[k] for k in ("kind", "value", "images")}
+        except TimeoutError:
+            item = {"ok": False, "refused": True, "message": "the cell's timeout passed during the call"}
+            record["error"], record["refused"] = item["message"], True
         except CallFailed as exc:
             item = {"ok": False, "refused": exc.refused, "message": str(exc)}
             record["error"], record["refused"] = str(exc), exc.refused
@@ -371,9 +398,14 @@ class CellCalls:
             record["error"], record["refused"] = item["message"], False
         record["duration_ms"] = round((time.monotonic() - started) * 1000, 3)
         self.broker.calls += 1
-        self.records.append(record)
+        if self.count <= limit:
+            self.records.append(record)
+        elif self.count == limit + 1:  # past the cap: one line says so, the record stays bounded
+            self.records.append({"server": "", "tool": "", "arguments": {}, "refused": True,
+                                 "error": f"further calls past --tools-max-calls-per-cell ({limit}) refused and not recorded",
+                                 "duration_ms": 0.0})
         if logger.isEnabledFor(logging.INFO):
-            logger.info(safe(f"tool call {server}.{tool} {json.dumps(arguments)[:300]} -> "
+            logger.info(safe(f"tool call {server}.{tool} {json.dumps(kept)[:300]} -> "
                              f"{'ok' if item.get('ok') else 'refused' if item.get('refused') else 'error'} "
                              f"in {record['duration_ms']:.1f} ms{'' if item.get('ok') else ': ' + str(item.get('message'))[:200]}"))
         return item

@@ -15,14 +15,19 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import logging
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from kernelexec.errors import KernelexecError
-from kernelexec.host import KernelReach
+from kernelexec.host import KernelReach, inside
+from kernelexec.terminal import safe
+
+logger = logging.getLogger(__name__)
 
 MAX_CONFIG_BYTES = 1_000_000
 RESERVED = frozenset({"list", "gather", "ToolError", "ToolRefused", "MARK", "PROMPT", "annotations"})  # mcp_tools' own names
@@ -45,6 +50,20 @@ class Upstream:
     cwd: str | None = None
     url: str = ""
     headers: dict[str, str] = field(default_factory=dict)
+
+    def scrub(self, text: str) -> str:
+        """``text`` (an error from connecting or calling) without this server's secrets: header and env values,
+        and the URL's credentials and query string, which may carry an API key. Errors reach the kernel and
+        the notebook record."""
+        secrets = [v for v in (*self.headers.values(), *self.env.values()) if len(v) >= 4]
+        if self.url:
+            parts = urlsplit(self.url)
+            if parts.query or parts.username or parts.password:
+                secrets.append(self.url)
+                secrets.extend(s for s in (parts.query, parts.password or "", parts.username or "") if len(s) >= 4)
+        for secret in sorted(set(secrets), key=len, reverse=True):
+            text = text.replace(secret, "***")
+        return text
 
     @property
     def attr(self) -> str:
@@ -119,14 +138,30 @@ def parse_servers(data: Any, source: str) -> list[Upstream]:
     return found
 
 
+def in_kernel_reach(path: str | os.PathLike[str], reach: KernelReach) -> bool:
+    """A tools config starts commands on this host, so no file under a work root or a session directory is
+    trusted, protected name or not: bubblewrap keeps ``.mcp.json`` read-only only where it existed when a
+    kernel started, and a kernel that ran before it existed may have made it (nothing tells who did)."""
+    return reach.writes(path) or inside(path, reach.write_roots)
+
+
+def _refusal(path: Path) -> ToolsConfigError:
+    return ToolsConfigError(
+        f"refusing the tools config {path}: a kernel could have written it (it lies in a directory kernels may "
+        "write: a work root or a session directory); it would start commands on this host. Copy it out of the "
+        "work roots (e.g. ~/.config/kernelexec/tools.json), or add the servers with `claude mcp add` for auto")
+
+
 def _read_json(path: Path, reach: KernelReach) -> Any:
-    if reach.writes(path):
-        raise ToolsConfigError(
-            f"refusing the tools config {path}: a kernel could have written it (it lies in a directory kernels may "
-            "write, and is not a protected name bubblewrap keeps read-only); it would start commands on this host. "
-            "Move it out of the work roots and session directories")
+    if in_kernel_reach(path, reach):
+        raise _refusal(path)
     try:
-        with open(path, "rb") as fh:
+        fd = os.open(path, os.O_RDONLY)
+        opened = os.path.realpath(f"/proc/self/fd/{fd}")
+        if in_kernel_reach(opened, reach):  # swapped under us between the check and the open
+            os.close(fd)
+            raise _refusal(path)
+        with os.fdopen(fd, "rb") as fh:
             raw = fh.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ToolsConfigError(f"cannot read the tools config {path}: {exc.strerror or exc}") from None
@@ -158,7 +193,12 @@ def load(spec: str, *, reach: KernelReach, working_dir: Path | None = None, home
     found: dict[str, Upstream] = {}
     start = (working_dir or Path.cwd()).resolve()
     project = project_root(start) / ".mcp.json"
-    if project.is_file():
+    if project.is_file() and in_kernel_reach(project, reach):
+        # a project's .mcp.json in a work root may be a kernel's: not used (not fatal either, so a cell cannot
+        # stop the next server from starting by planting one); ~/.claude.json's entries for it still are
+        logger.warning("--tools-config auto: not using %s (kernels can write there); `claude mcp add` its servers, or "
+                       "pass --tools-config a file outside the work roots", safe(str(project)))
+    elif project.is_file():
         data = _read_json(project, reach)
         for up in parse_servers(data.get("mcpServers", {}) if isinstance(data, dict) else {}, str(project)):
             found.setdefault(up.name, up)

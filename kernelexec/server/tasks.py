@@ -51,7 +51,7 @@ from kernelexec.errors import KernelexecError
 from kernelexec.server.app import App, exposed_tools
 from kernelexec.server.auth import current_principal
 from kernelexec.server.questions import question_request
-from kernelexec.session.runs import Question, Run
+from kernelexec.session.runs import APPROVED, Question, Run
 
 EXTENSION_ID = "io.modelcontextprotocol/tasks"
 TASK_TOOLS = ("execute_code", "install_packages")
@@ -290,10 +290,14 @@ class Tasks(Extension):
         run, question = task.run, task.question
         response = params.input_responses.get(task.key) if task.key else None
         if run is not None and question is not None and run.awaiting is question and isinstance(response, Mapping):
-            content = response.get("content")
-            text = content.get("answer") if response.get("action") == "accept" and isinstance(content, Mapping) else None
+            found = response.get("content")
+            content: Mapping[str, Any] = found if response.get("action") == "accept" and isinstance(found, Mapping) else {}
+            if question.approval:  # code mode's approval: the form's yes/no (elicited from the human by the client)
+                text = APPROVED if content.get("approve") is True else None
+            else:
+                text = content.get("answer")
             try:
-                run.answer(text if isinstance(text, str) else None)
+                run.answer(text if isinstance(text, str) else None, by_human=question.approval)
             except KernelexecError as exc:  # too long: said as the spec's invalid params
                 raise MCPError(code=INVALID_PARAMS, message=str(exc)) from None
         return {"resultType": "complete"}

@@ -95,6 +95,7 @@ class Run:
     wait_for_input: bool = True  # False (run_python): a question nobody can answer at once is declined
     elicit_retry: bool = False  # the starting call's client elicits through InputRequiredResult (2026-07-28)
     asked: list[float] = field(default_factory=list)
+    approving: anyio.Lock = field(default_factory=anyio.Lock)  # code mode's approvals, one at a time
     pending: Question | None = None  # a question asked over the waiting call's back-channel (detach posts it)
 
     async def on_output(self, name: str, text: str) -> None:
@@ -165,14 +166,22 @@ class Run:
         the waiting call's back-channel) while the call that started the run waits; otherwise nobody can be
         asked (None: the broker refuses the call). Unanswered by the cell's timeout: declined."""
         async def approve(question: str) -> bool | None:
-            if direct is not None and self.listener is not None:
-                with anyio.move_on_after(max(0.0, self.deadline - time.monotonic())):
-                    return await direct(question)
-                return False
-            if not self.elicit_retry:
-                return None
-            # a 2026-07-28 client: the question waits on the run and goes out in an InputRequiredResult
-            return await self._wait_for_answer(question, False, approval=True) == APPROVED
+            # one approval at a time per run, so an answer always meets the question the human saw; and
+            # approvals share input()'s QUESTIONS_PER_MINUTE (a cell cannot wear the human down with prompts)
+            async with self.approving:
+                now = time.monotonic()
+                self.asked[:] = [t for t in self.asked if now - t < 60]
+                if len(self.asked) >= QUESTIONS_PER_MINUTE:
+                    return False
+                self.asked.append(now)
+                if direct is not None and self.listener is not None:
+                    with anyio.move_on_after(max(0.0, self.deadline - time.monotonic())):
+                        return await direct(question)
+                    return False
+                if not self.elicit_retry:
+                    return None
+                # a 2026-07-28 client: the question waits on the run and goes out in an InputRequiredResult
+                return await self._wait_for_answer(question, False, approval=True) == APPROVED
 
         return approve
 

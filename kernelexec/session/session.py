@@ -199,7 +199,7 @@ class Session:
                         await anyio.to_thread.run_sync(self.record, ex, timeout)
                         return Finished(ex, layers=kernel.spec.plan.layers)
                     installed = installed_record(outcome, request.specs)
-                calls = await self.code_mode(kernel, approve)
+                calls = await self.code_mode(kernel, approve, timeout)
                 ex = await kernel.execute(runnable, timeout=timeout, grace=self.settings.interrupt_grace, on_output=on_output, ask=ask,
                                           result_rule=result_rule, tools=calls.handle if calls is not None else None)
                 if calls is not None:
@@ -226,7 +226,7 @@ class Session:
                 self.last_used = time.monotonic()
                 self.publish()  # a restart during the call (timeout, death, cancellation) may have swapped kernels
 
-    async def code_mode(self, kernel: Kernel, approve: Approve | None) -> CellCalls | None:
+    async def code_mode(self, kernel: Kernel, approve: Approve | None, timeout: float) -> CellCalls | None:
         """Code mode (--tools-config): the kernel given the broker's catalog (once per kernel process and
         catalog), and this cell's calls; None when code mode is off."""
         if self.broker is None:
@@ -238,7 +238,7 @@ class Session:
                 kernel.tools_catalog = catalog
             else:  # the kernel could not take it (an old startup file?): tried again at the next cell
                 logger.warning("session %s: the kernel did not take code mode's catalog: %s", self.handle, str(count)[:200])
-        return self.broker.cell(approve)
+        return self.broker.cell(approve, timeout)
 
     async def open(self, working_dir: str | None = None) -> None:
         """Start the kernel of a new session (``new_session``), its default directory set first if given."""
