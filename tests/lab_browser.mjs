@@ -10,7 +10,7 @@ import { createInterface } from "node:readline";
 const opts = JSON.parse(process.argv[2]);
 const require = createRequire(import.meta.url);
 const { chromium } = require(opts.playwright);
-const WAIT = 30_000; // every wait is bounded
+const WAIT = 60_000; // every wait is bounded (generous: a loaded 2-core CI machine starts Lab slowly)
 const say = (step, extra = {}) => console.log(JSON.stringify({ step, ...extra }));
 const stdinLines = createInterface({ input: process.stdin })[Symbol.asyncIterator]();
 async function waitForGo() { // the test plants the kernel's hook, then writes a line
