@@ -96,10 +96,13 @@ SUBPROCESS: dict[str, Any] = {
         os.waitpid(pid, 0)
     """,
     "ctypes-raw-clone-SIGCHLD": """
-        c = libc(); os = M('os')
+        os = M('os'); c = M('ctypes').PyDLL(None, use_errno=True)  # as ctypes-libc-fork: the child uses libc alone
+        staged = P['marker'] + '.staged'
+        fd = os.open(staged, os.O_WRONLY | os.O_CREAT, 0o644)
         pid = check(c.syscall(56, 17, 0, 0, 0, 0), 'clone')
         if pid == 0:
-            open(P['marker'], 'w').write('cloned'); os._exit(0)
+            c.write(fd, b'cloned', 6); c.rename(staged.encode(), P['marker'].encode()); c._exit(0)
+        os.close(fd)
         os.waitpid(pid, 0)
     """,
     "ctypes-vfork-exec": """
@@ -112,11 +115,14 @@ SUBPROCESS: dict[str, Any] = {
     """,
     "ctypes-clone3": """
         # main interpreter (the child runs on: CPython refuses fork-likes in sub-interpreters)
-        ct = M('ctypes'); os = M('os')
+        ct = M('ctypes'); os = M('os'); c = ct.PyDLL(None, use_errno=True)  # the child uses libc alone (see libc-fork)
+        staged = P['marker'] + '.staged'
+        fd = os.open(staged, os.O_WRONLY | os.O_CREAT, 0o644)
         args = (ct.c_uint64 * 11)(0, 0, 0, 0, 17, 0, 0, 0, 0, 0, 0)  # flags 0, exit_signal SIGCHLD: a fork
-        pid = check(libc().syscall(435, args, 88), 'clone3')
+        pid = check(c.syscall(435, args, 88), 'clone3')
         if pid == 0:
-            open(P['marker'], 'w').write('cloned'); os._exit(0)
+            c.write(fd, b'cloned', 6); c.rename(staged.encode(), P['marker'].encode()); c._exit(0)
+        os.close(fd)
         os.waitpid(pid, 0)
     """,
     "thread-then-execve": """
