@@ -108,17 +108,23 @@ class Run:
             except Exception:  # noqa: BLE001 - a client gone mid-call never stops the cell
                 self.listener = None
 
+    def _may_ask(self) -> bool:
+        """One more question (input() or an approval) within QUESTIONS_PER_MINUTE, counted if so."""
+        now = time.monotonic()
+        self.asked[:] = [t for t in self.asked if now - t < 60]
+        if len(self.asked) >= QUESTIONS_PER_MINUTE:
+            return False
+        self.asked.append(now)
+        return True
+
     def asker(self, direct: Ask | None) -> Ask:
         """How the cell's input()/getpass() is answered: ``direct`` (an elicitation over the waiting call's
         back-channel) while the call that started the run waits for it; otherwise the question waits on the
         run (``question``) for ``answer`` — send_input, or the retried call of a 2026-07-28 client — until
         the cell's timeout. At most QUESTIONS_PER_MINUTE questions a minute; the rest are declined."""
         async def ask(prompt: str, password: bool) -> str | None:
-            now = time.monotonic()
-            self.asked[:] = [t for t in self.asked if now - t < 60]
-            if len(self.asked) >= QUESTIONS_PER_MINUTE:
+            if not self._may_ask():
                 return None
-            self.asked.append(now)
             if direct is not None and self.listener is not None:
                 return await self._ask_directly(direct, prompt, password)
             if not self.wait_for_input:
@@ -169,11 +175,8 @@ class Run:
             # one approval at a time per run, so an answer always meets the question the human saw; and
             # approvals share input()'s QUESTIONS_PER_MINUTE (a cell cannot wear the human down with prompts)
             async with self.approving:
-                now = time.monotonic()
-                self.asked[:] = [t for t in self.asked if now - t < 60]
-                if len(self.asked) >= QUESTIONS_PER_MINUTE:
+                if not self._may_ask():
                     return False
-                self.asked.append(now)
                 if direct is not None and self.listener is not None:
                     with anyio.move_on_after(max(0.0, self.deadline - time.monotonic())):
                         return await direct(question)
