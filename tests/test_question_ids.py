@@ -77,6 +77,7 @@ async def test_a_replayed_yes_for_one_call_does_not_approve_the_next_call(short_
         assert ran(log) == ["transfer 1"]
 
         replayed = await ask(client, arguments, YES, first.request_state)  # the same retry, sent again
+        assert ran(log) == ["transfer 1"], replayed  # transfer(2) was not run on the strength of transfer(1)'s yes
         assert isinstance(replayed, CallToolResult) and replayed.is_error, replayed
         assert "already answered" in replayed.content[0].text  # type: ignore[union-attr]
 
@@ -111,6 +112,7 @@ async def test_a_second_viewers_late_yes_does_not_approve_the_call_asked_after(s
         assert '{"amount": 2}' in second.input_requests["input"].params.message  # type: ignore[union-attr]
         late = await client.session.call_tool("get_run", viewing, input_responses=YES, request_state=viewer.request_state,
                                               allow_input_required=True)
+        assert ran(log) == [], late  # the viewer's yes (to transfer(1)) did not run transfer(2)
         assert isinstance(late, CallToolResult) and late.is_error, late
         assert "already declined" in late.content[0].text  # type: ignore[union-attr]
         third = await ask(client, arguments, NO, second.request_state)
@@ -129,28 +131,29 @@ async def test_send_input_takes_one_answer_per_question_and_only_for_the_questio
             Client(build_server(settings, sessions), mode="legacy") as client:
         other: Any = (await client.call_tool("execute_code", {"code": "input('other? ')", "background": True})).structured_content
         other = (await client.call_tool("get_run", {"run_id": other["run_id"], "wait_s": 30})).structured_content
-        assert other["ending"] == "awaiting_input" and other["question_id"], other
+        assert other["ending"] == "awaiting_input", other
         handle = (await client.call_tool("new_session", {})).structured_content["session"]  # type: ignore[index]
         code = "a = input('First? ')\nb = input('Second? ')\n[a, b]"
         r: Any = (await client.call_tool("execute_code", {"code": code, "session": handle})).structured_content
         assert r["ending"] == "awaiting_input" and r["input_prompt"] == "First? ", r
-        first_id, run_id = r["question_id"], r["run_id"]
-        assert first_id.startswith("q-") and len(first_id) >= 18  # unguessable
+        first_id, run_id = r.get("question_id"), r["run_id"]
 
         def send(question_id: Any, text: str | None = "x", **more: Any) -> Any:
             return client.call_tool("send_input", {"run_id": run_id, "question_id": question_id, "text": text, "wait_s": 15, **more})
 
         asked: Any = (await send(first_id, "Ada")).structured_content
         assert asked["ending"] == "awaiting_input" and asked["input_prompt"] == "Second? ", asked
-        assert asked["question_id"] != first_id
-        for wrong, why in ((first_id, "already answered"), (other["question_id"], "asked no question"),
-                           ("q-made-up-id-000", "asked no question"), ("", "asked no question")):
-            refused = await send(wrong, "Mallory")
-            assert refused.is_error and why in refused.content[0].text, (wrong, refused.content)
-        declined = await send(first_id, None, cancel=True)  # nor can an old id decline the new question
-        assert declined.is_error and "already answered" in declined.content[0].text, declined.content
+        wrongs = ((first_id, "already answered"), (other.get("question_id"), "asked no question"),
+                  ("q-made-up-id-000", "asked no question"), ("", "asked no question"))
+        replies = [await send(wrong, "Mallory") for wrong, _ in wrongs]
+        replies.append(await send(first_id, None, cancel=True))  # nor can an old id decline the new question
         looked: Any = (await client.call_tool("get_run", {"run_id": run_id, "wait_s": 0})).structured_content
-        assert looked["ending"] == "awaiting_input" and looked["question_id"] == asked["question_id"], looked
+        # the judge: the cell still waits in its second input(), which none of those answered
+        assert looked["ending"] == "awaiting_input" and looked["input_prompt"] == "Second? ", looked
+        assert looked["question_id"] == asked["question_id"] != first_id, looked
+        assert first_id.startswith("q-") and len(first_id) >= 18  # unguessable
+        for (wrong, why), refused in zip((*wrongs, (first_id, "already answered")), replies, strict=True):
+            assert refused.is_error and why in refused.content[0].text, (wrong, refused.content)
         done: Any = (await send(asked["question_id"], "Lovelace")).structured_content
         assert done["result"] == ["Ada", "Lovelace"], done  # what input() returned: each question its own answer
         twice = await send(asked["question_id"], "again")
@@ -193,3 +196,30 @@ async def test_a_task_answer_under_a_stale_key_does_not_answer_the_next_question
             "input-2": {"action": "accept", "content": {"answer": "Lovelace"}}}})
         done = await carol.until(task, "completed")
         assert done["result"]["structuredContent"]["result"] == ["Ada", "Lovelace"], done
+
+
+async def test_the_broker_makes_a_call_only_on_a_verdict_for_that_very_call(short_tmp: Path) -> None:
+    """Whatever the approval path hands back, Broker.call checks the verdict is for the call it is about to make
+    (server, tool, arguments as the question showed them): a yes for another call makes no call."""
+    from kernelexec.codemode.broker import ApprovalCall, Broker, CallFailed, Verdict
+    from kernelexec.codemode.config import Upstream
+
+    log = short_tmp / f"calls-{time.monotonic_ns()}.log"
+    upstream = Upstream("local", "stdio", "test", command=sys.executable, args=(str(UPSTREAM), "stdio", "local"),
+                        env={"UPSTREAM_CALL_LOG": str(log)})
+    asked: list[ApprovalCall] = []
+
+    def saying(verdict_for: ApprovalCall | None) -> Any:
+        async def approve(message: str, call: ApprovalCall) -> Verdict:
+            asked.append(call)
+            return Verdict(verdict_for or call, True)
+        return approve
+
+    async with Broker([upstream], approve=["local.transfer"]).running() as broker:
+        other = ApprovalCall("local", "transfer", '{"amount": 1}')
+        with pytest.raises(CallFailed, match="approval given was for another call"):
+            await broker.call("local", "transfer", {"amount": 500}, saying(other))
+        assert asked[-1] == ApprovalCall("local", "transfer", '{"amount": 500}')  # the question named the call asked
+        assert ran(log) == []
+        item = await broker.call("local", "transfer", {"amount": 1}, saying(None))
+        assert item["value"] == "sent 1" and ran(log) == ["transfer 1"]
