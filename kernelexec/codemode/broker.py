@@ -11,10 +11,10 @@ once per server process, each connection held by its own task (its lifetime in a
 connection that failed is dropped and made again on the next call. Every call is checked here, whoever
 sent it (a cell can forge any message on its own channels, so nothing the kernel says is trusted):
 ``--tools-allow``, the tool exists, its arguments against its input schema (schema.py; before they leave), then
-``--tools-approve`` (the human's yes through MCP elicitation, worded here; refused when nobody can be
-asked), a per-call timeout, a cap on calls per cell and on the size of a result. Each call is logged
-and returned as a record (server, tool, arguments, outcome, duration) for the journal and notebook;
-replay and restore serve those records back (recorded_calls.py).
+``--tools-approve`` (the human's yes through MCP elicitation, worded here, for that one call: a ``Verdict``
+for another ``ApprovalCall`` makes no call; refused when nobody can be asked), a per-call timeout, a cap on
+calls per cell and on the size of a result. Each call is logged and returned as a record (server, tool,
+arguments, outcome, duration) for the journal and notebook; replay and restore serve those records back (recorded_calls.py).
 """
 
 from __future__ import annotations
