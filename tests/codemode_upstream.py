@@ -2,6 +2,7 @@
 
 ``python codemode_upstream.py stdio NAME`` serves over stdio; ``python codemode_upstream.py http NAME PORT``
 over streamable HTTP on 127.0.0.1:PORT/mcp. NAME goes into answers, so tests can tell two servers apart.
+With UPSTREAM_CALL_LOG set, ``transfer`` appends each call it runs to that file.
 """
 
 from __future__ import annotations
@@ -87,6 +88,10 @@ def secret() -> str:
 @mcp.tool()
 def transfer(amount: int) -> str:
     """A tool the tests' --tools-approve asks about."""
+    log = os.environ.get("UPSTREAM_CALL_LOG")
+    if log:  # the upstream's own record of the calls it ran (tests/test_question_ids.py judges by it)
+        with open(log, "a", encoding="utf-8") as fh:
+            fh.write(f"transfer {amount}\n")
     return f"sent {amount}"
 
 

@@ -62,10 +62,11 @@ async def test_only_the_runs_owner_may_answer_its_input_over_stateless_http(serv
         handle = (await alice.call_tool("new_session", {})).structured_content["session"]
         asked = (await alice.call_tool("execute_code", {"code": "input('pin? ')", "session": handle})).structured_content
         assert asked["ending"] == "awaiting_input" and asked["input_prompt"] == "pin? ", asked
-        stolen = await bob.call_tool("send_input", {"run_id": asked["run_id"], "text": "bob's"})
+        stolen = await bob.call_tool("send_input", {"run_id": asked["run_id"], "question_id": asked["question_id"], "text": "bob's"})
         assert stolen.is_error and "unknown run" in stolen.content[0].text
         assert (await bob.call_tool("get_run", {"run_id": asked["run_id"], "wait_s": 0})).is_error
-        done = (await alice.call_tool("send_input", {"run_id": asked["run_id"], "text": "1234"})).structured_content
+        done = (await alice.call_tool("send_input", {"run_id": asked["run_id"], "question_id": asked["question_id"],
+                                                     "text": "1234"})).structured_content
         assert done["result"] == "1234", done
         await alice.call_tool("close_session", {"session": handle})
 

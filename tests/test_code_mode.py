@@ -424,7 +424,7 @@ def test_send_input_cannot_approve_a_tool_call() -> None:
     from kernelexec.session.runs import Question, Run
 
     run = Run(id="run-x", session=None)  # type: ignore[arg-type]
-    run.question = Question("kernelexec: … wants to call the MCP tool a.b …", False, approval=True)
+    question = run.question = run.opened(Question("kernelexec: … wants to call the MCP tool a.b …", False, approval=True))
     with pytest.raises(InvalidRequest, match="only the user gives"):
-        run.answer("approve")
-    assert run.answer(None).answer is None  # declining is allowed
+        run.answer(question.id, "approve")
+    assert run.answer(question.id, None).answer is None  # declining is allowed

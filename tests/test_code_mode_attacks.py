@@ -13,10 +13,10 @@ from typing import Any
 import anyio
 import pytest
 
-from kernelexec.codemode.broker import APPROVAL_SHOWN, Broker, Limits, approval_message
+from kernelexec.codemode.broker import APPROVAL_SHOWN, ApprovalCall, Broker, Limits, approval_message
 from kernelexec.codemode.config import Upstream
 from kernelexec.config import Settings
-from kernelexec.session.runs import QUESTIONS_PER_MINUTE, Run
+from kernelexec.session.runs import QUESTIONS_PER_MINUTE, Question, Run
 
 pytestmark = pytest.mark.anyio
 
@@ -74,7 +74,7 @@ async def test_approvals_of_one_run_are_asked_one_at_a_time_and_rate_limited() -
     asking = 0
     most = 0
 
-    async def direct(question: str) -> bool:
+    async def direct(question: Question) -> bool:
         nonlocal asking, most
         asking += 1
         most = max(most, asking)
@@ -87,7 +87,10 @@ async def test_approvals_of_one_run_are_asked_one_at_a_time_and_rate_limited() -
     verdicts: list[bool | None] = []
 
     async def one() -> None:
-        verdicts.append(await approve("kernelexec: ... Approve this one call?"))
+        call = ApprovalCall("fs", "write", '{"n": 1}')
+        verdict = await approve("kernelexec: ... Approve this one call?", call)
+        assert verdict is not None and verdict.call == call  # the verdict names the call it was asked about
+        verdicts.append(verdict.approved)
 
     async with anyio.create_task_group() as tg:
         for _ in range(QUESTIONS_PER_MINUTE + 3):

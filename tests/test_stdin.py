@@ -65,21 +65,24 @@ async def test_a_client_without_elicitation_gets_awaiting_input_and_answers_with
             assert "send_input" in first.content[0].text and "not from the user" in first.content[0].text  # type: ignore[union-attr]
             looked: Any = (await client.call_tool("get_run", {"run_id": r["run_id"], "wait_s": 0})).structured_content
             assert looked["ending"] == "awaiting_input", looked  # the run waits, get_run says so
-            sent = await client.call_tool("send_input", {"run_id": r["run_id"], "text": "Ada"})
+            assert r["question_id"] and r["question_id"] in first.content[0].text, r  # type: ignore[union-attr]
+            sent = await client.call_tool("send_input", {"run_id": r["run_id"], "question_id": r["question_id"], "text": "Ada"})
             done: Any = sent.structured_content
             assert done["result"] == "hi Ada" and "before" in done["stdout"] and done["run_id"] == r["run_id"], done
             assert "input sent" in sent.content[0].text  # type: ignore[union-attr]
-            again = await client.call_tool("send_input", {"run_id": r["run_id"], "text": "late"})
-            assert again.is_error and "not waiting for input" in again.content[0].text  # type: ignore[union-attr]
+            again = await client.call_tool("send_input", {"run_id": r["run_id"], "question_id": r["question_id"], "text": "late"})
+            assert again.is_error and "already answered" in again.content[0].text  # type: ignore[union-attr]
 
             r = (await client.call_tool("execute_code", {"code": "import getpass\ngetpass.getpass('Token: ')"})).structured_content
             assert r["ending"] == "awaiting_input" and r["input_password"] is True, r
-            done = (await client.call_tool("send_input", {"run_id": r["run_id"], "cancel": True})).structured_content
+            done = (await client.call_tool("send_input", {"run_id": r["run_id"], "question_id": r["question_id"],
+                                                          "cancel": True})).structured_content
             assert not done["success"] and done["error_type"] == "EOFError", done
             r = (await client.call_tool("execute_code", {"code": "input('again? ')", "background": True})).structured_content
             done = (await client.call_tool("get_run", {"run_id": r["run_id"], "wait_s": 30})).structured_content
             assert done["ending"] == "awaiting_input" and done["input_prompt"] == "again? ", done  # a background run asks too
-            done = (await client.call_tool("send_input", {"run_id": r["run_id"], "text": None})).structured_content
+            done = (await client.call_tool("send_input", {"run_id": r["run_id"], "question_id": done["question_id"],
+                                                          "text": None})).structured_content
             assert done["error_type"] == "EOFError", done
             r = (await client.call_tool("execute_code", {"code": "1 + 1"})).structured_content
             assert r["result"] == 2, r  # the kernel stays usable
@@ -115,7 +118,8 @@ async def test_interrupt_stops_a_cell_waiting_for_input(short_tmp: Path) -> None
             assert not done["success"] and done["error_type"] in ("KeyboardInterrupt", "EOFError"), done
             r = (await client.call_tool("execute_code", {"code": "input('again? ')"})).structured_content
             assert r["ending"] == "awaiting_input", r  # no stale answer left behind
-            done = (await client.call_tool("send_input", {"run_id": r["run_id"], "text": "yes"})).structured_content
+            done = (await client.call_tool("send_input", {"run_id": r["run_id"], "question_id": r["question_id"],
+                                                          "text": "yes"})).structured_content
             assert done["result"] == "yes", done
 
 
@@ -248,9 +252,10 @@ async def test_an_elicitation_in_flight_when_the_call_yields_waits_on_the_run_fo
             assert r["ending"] == "awaiting_input" and r["input_prompt"] == "Your name? ", r
             assert "send_input" in first.content[0].text  # type: ignore[union-attr]
             looked: Any = (await client.call_tool("get_run", {"run_id": r["run_id"], "wait_s": 0})).structured_content
-            assert looked["ending"] == "awaiting_input", looked
+            assert looked["ending"] == "awaiting_input" and looked["question_id"] == r["question_id"], looked
             with anyio.fail_after(30):
-                done: Any = (await client.call_tool("send_input", {"run_id": r["run_id"], "text": "Ada"})).structured_content
+                done: Any = (await client.call_tool("send_input", {"run_id": r["run_id"], "question_id": looked["question_id"],
+                                                                   "text": "Ada"})).structured_content
             assert done["result"] == "hi Ada", done
             r = (await client.call_tool("execute_code", {"code": "1 + 1"})).structured_content
             assert r["result"] == 2, r

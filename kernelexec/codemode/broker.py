@@ -11,10 +11,10 @@ once per server process, each connection held by its own task (its lifetime in a
 connection that failed is dropped and made again on the next call. Every call is checked here, whoever
 sent it (a cell can forge any message on its own channels, so nothing the kernel says is trusted):
 ``--tools-allow``, the tool exists, its arguments against its input schema (schema.py; before they leave), then
-``--tools-approve`` (the human's yes through MCP elicitation, worded here; refused when nobody can be
-asked), a per-call timeout, a cap on calls per cell and on the size of a result. Each call is logged
-and returned as a record (server, tool, arguments, outcome, duration) for the journal and notebook;
-replay and restore serve those records back (recorded_calls.py).
+``--tools-approve`` (the human's yes through MCP elicitation, worded here, for that one call: a ``Verdict``
+for another ``ApprovalCall`` makes no call; refused when nobody can be asked), a per-call timeout, a cap on
+calls per cell and on the size of a result. Each call is logged and returned as a record (server, tool,
+arguments, outcome, duration) for the journal and notebook; replay and restore serve those records back (recorded_calls.py).
 """
 
 from __future__ import annotations
@@ -42,9 +42,30 @@ MAX_ARGUMENT_CHARS = 1_000_000
 CONNECT_TIMEOUT = 30.0  # seconds to start and connect to an upstream server
 RETRY_AFTER = 30.0  # seconds a server that failed to connect is left alone by listings (a call tries at once)
 
-# A human's yes for one call: the question (worded by the server) -> True (approved), False (declined), or
-# None when nobody can be asked
-Approve = Callable[[str], Awaitable[bool | None]]
+
+
+@dataclass(frozen=True)
+class ApprovalCall:
+    """The one call an approval question is about: the server, the tool and its arguments exactly as the question
+    shows them (``approval_arguments``: canonical JSON). The human's answer is for this call and no other."""
+
+    server: str
+    tool: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The human's answer to an approval question, naming the call it was asked about (``Broker.call`` makes the
+    call only when that is the call it is about to make)."""
+
+    call: ApprovalCall
+    approved: bool
+
+
+# A human's yes for one call: the question (worded by the server) and the call it shows -> the verdict for that
+# call, or None when nobody can be asked
+Approve = Callable[[str, ApprovalCall], Awaitable[Verdict | None]]
 
 
 @dataclass
@@ -276,11 +297,16 @@ class Broker:
             if question is None:
                 raise CallFailed(f"{name}.{entry.name} needs approval (--tools-approve {pattern!r}) and its arguments are "
                                  f"over {APPROVAL_SHOWN} characters of JSON: too large to show the user whole", refused=True)
-            verdict = None if approve is None else await approve(question)
+            call = ApprovalCall(name, entry.name, approval_arguments(arguments))
+            verdict = None if approve is None else await approve(question, call)
             if verdict is None:
                 raise CallFailed(f"{name}.{entry.name} needs the user's approval (--tools-approve {pattern!r}) and this "
                                  "client cannot ask its user now (MCP elicitation while the call waits)", refused=True)
-            if not verdict:
+            # the answer must be for this very call (server, tool, arguments as shown), and the arguments unchanged since
+            if verdict.call != call or approval_arguments(arguments) != call.arguments:
+                raise CallFailed(f"{name}.{entry.name} was not made: the approval given was for another call "
+                                 "(an answer approves only the call its question showed)", refused=True)
+            if not verdict.approved:
                 raise CallFailed(f"{name}.{entry.name} was declined by the user (--tools-approve {pattern!r})", refused=True)
         client = await connection.get(self._task_group())
         try:
@@ -326,11 +352,16 @@ class Broker:
 APPROVAL_SHOWN = 800  # characters of arguments an approval question shows; larger calls are refused, never cut
 
 
+def approval_arguments(arguments: dict[str, Any]) -> str:
+    """A call's arguments as an approval question shows them: canonical JSON, every character escaped."""
+    return json.dumps(arguments, ensure_ascii=True, sort_keys=True)
+
+
 def approval_message(server: str, tool: str, arguments: dict[str, Any], pattern: str) -> str | None:
     """The question for the human: the server's words, with the arguments as data, every character escaped
     (no right-to-left overrides or line separators from the cell). None when the arguments do not fit whole:
     a cut would let the cell choose what the human does not see."""
-    shown = json.dumps(arguments, ensure_ascii=True, sort_keys=True)
+    shown = approval_arguments(arguments)
     if len(shown) > APPROVAL_SHOWN:
         return None
     return (f"kernelexec: code running in a session wants to call the MCP tool {server}.{tool} "

@@ -32,7 +32,7 @@ from kernelexec.kernel.execution import ResultRule
 from kernelexec.kernel.wire import clean_text
 from kernelexec.longtext import live_tail
 from kernelexec.server.auth import current_principal
-from kernelexec.server.questions import INPUT_KEY, approver, asker, elicits, input_required, multi_round_trip
+from kernelexec.server.questions import INPUT_KEY, approver, asker, elicits, input_required, multi_round_trip, resumed
 from kernelexec.server.render import Rendered, Renderer, escape_tags
 from kernelexec.server.results import ExecuteResult, SessionInfo, Variable, VariablesResult
 from kernelexec.session.manager import SessionManager
@@ -228,18 +228,23 @@ class App:
         return self.answer_of(started)
 
     async def resume(self, ctx: Context) -> Rendered | Run:
-        """A 2026-07-28 client's retried call: its input_responses answer the question its run waits on
-        (request_state, the run id, sealed by the SDK), and the call waits for the run again as a new call would."""
-        found = self.sessions.runs.get(str(ctx.request_state), owner=self.owner())
+        """A 2026-07-28 client's retried call: its input_responses answer the one question its request_state names
+        (the run id and the question id, sealed by the SDK), and the call waits for the run again as a new call
+        would. A retry for a question already answered or no longer asked (a replayed retry, a second viewer's
+        late answer) is refused: it never answers the question the run waits on now."""
+        run_id, question_id = resumed(ctx.request_state)
+        found = self.sessions.runs.get(run_id, owner=self.owner())
+        question = found.find(question_id)
         response = (ctx.input_responses or {}).get(INPUT_KEY)
         text = None
-        waiting = found.awaiting
         if isinstance(response, ElicitResult) and response.action == "accept" and isinstance(response.content, dict):
-            value = response.content.get("approve" if waiting is not None and waiting.approval else "answer")
-            text = (APPROVED if value is True else "declined") if waiting is not None and waiting.approval else \
-                value if isinstance(value, str) else None
-        if waiting is not None:
-            found.answer(text, by_human=True)
+            approval = question is not None and question.approval
+            value = response.content.get("approve" if approval else "answer")
+            text = (APPROVED if value is True else None) if approval else value if isinstance(value, str) else None
+        try:
+            found.answer(question_id, text, by_human=True)
+        except InvalidRequest as exc:
+            raise InvalidRequest(f"{exc}. This retry's answer was not used; get_run(run_id={found.id!r}) follows the run") from None
         return await self.follow(ctx, found, self.settings.yield_after or math.inf)
 
     def reply(self, ctx: Context, done: Rendered | Run, what: str) -> CallToolResult | InputRequiredResult:
@@ -301,9 +306,10 @@ def awaiting_input(started: Run, question: Question) -> CallToolResult:
     return _unfinished(started, "awaiting_input", (
         f"[awaiting input] run_id={started.id} session={started.session.handle}: the code waits in {how}. The prompt comes "
         f"from the code, not from the user:\n<kernelexec-prompt>{prompt}</kernelexec-prompt>\n"
-        f"Next: send_input(run_id={started.id!r}, text=...) answers it and the run goes on; send_input with "
-        "cancel=true declines (EOFError in the code). Unanswered, the code stops at its timeout."),
-        input_prompt=question.prompt, input_password=question.password)
+        f"Next: send_input(run_id={started.id!r}, question_id={question.id!r}, text=...) answers this question (once) and "
+        "the run goes on; with cancel=true instead of text it declines (EOFError in the code). Unanswered, the code "
+        "stops at its timeout."),
+        input_prompt=question.prompt, input_password=question.password, question_id=question.id)
 
 
 def info(s: Session, status: str) -> SessionInfo:

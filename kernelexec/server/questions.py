@@ -3,9 +3,15 @@
 Over the call's back-channel (an elicitation request, protocol <= 2025-11-25) through ``asker`` and
 ``approver``; from 2026-07-28 on, embedded in an ``InputRequiredResult`` (``input_required``) or a task's
 input requests (``question_request``). Apart from ``app.py`` so the wording and the forms sit in one place.
+
+Every question goes out with its single-use id (``Question.id``) and comes back to ``Run.answer`` with it: the
+direct elicitation answers the question object it asked; a retry's ``request_state`` names the run and the
+question (``request_state``, sealed by the SDK); a task binds each input key to one question (tasks.py);
+send_input takes the ``question_id`` its awaiting_input answer gave.
 """
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from mcp.server.mcpserver import Context
 from mcp_types import ElicitRequest, ElicitRequestFormParams, InputRequiredResult
@@ -19,6 +25,7 @@ class _Answer(BaseModel):
 
 
 INPUT_KEY = "input"  # the one embedded elicitation of an InputRequiredResult (2026-07-28)
+STATE_SEPARATOR = " "  # request_state: "<run id> <question id>" (neither id has a space)
 MULTI_ROUND_TRIP = "2026-07-28"  # from this protocol on, no server-to-client requests: InputRequiredResult
 
 
@@ -48,15 +55,16 @@ def multi_round_trip(ctx: Context | None) -> bool:
     return version is not None and version >= MULTI_ROUND_TRIP
 
 
-def asker(ctx: Context | None, handle: str) -> Callable[[str, bool], Awaitable[str | None]] | None:
+def asker(ctx: Context | None, handle: str) -> Callable[[Question], Awaitable[str | None]] | None:
     """input()/getpass() of a cell as an MCP elicitation to the human over the call's back-channel (a
-    server-to-client request, protocol <= 2025-11-25); None when the client cannot be asked that way."""
+    server-to-client request, protocol <= 2025-11-25); None when the client cannot be asked that way. The
+    answer is to this one question (the elicitation's response to its request), which Run.asker answers by id."""
     if ctx is None or not elicits(ctx) or multi_round_trip(ctx):
         return None
 
-    async def ask(prompt: str, password: bool) -> str | None:
+    async def ask(question: Question) -> str | None:
         try:
-            result = await ctx.elicit(question_message(handle, prompt, password), _Answer)
+            result = await ctx.elicit(question_message(handle, question.prompt, question.password), _Answer)
         except Exception:  # noqa: BLE001 - no back-channel (stateless HTTP), the client refused: not answered
             return None
         data = getattr(result, "data", None)
@@ -69,15 +77,16 @@ class _Approval(BaseModel):
     approve: bool = Field(description="Yes: make this one tool call; no: the code gets mcp_tools.ToolRefused")
 
 
-def approver(ctx: Context | None) -> Callable[[str], Awaitable[bool | None]] | None:
+def approver(ctx: Context | None) -> Callable[[Question], Awaitable[bool | None]] | None:
     """Code mode's approval of one tool call (--tools-approve), asked of the human as an elicitation over the call's
-    back-channel, in the broker's words; None when the client cannot be asked that way (the call is refused)."""
+    back-channel, in the broker's words; None when the client cannot be asked that way (the call is refused). The
+    yes or no is for this question's call only (Run.approver turns it into the verdict for that call)."""
     if ctx is None or not elicits(ctx) or multi_round_trip(ctx):
         return None
 
-    async def approve(question: str) -> bool | None:
+    async def approve(question: Question) -> bool | None:
         try:
-            result = await ctx.elicit(question, _Approval)
+            result = await ctx.elicit(question.prompt, _Approval)
         except Exception:  # noqa: BLE001 - no back-channel, the client refused: nobody was asked
             return None
         data = getattr(result, "data", None)
@@ -88,8 +97,16 @@ def approver(ctx: Context | None) -> Callable[[str], Awaitable[bool | None]] | N
 
 def input_required(run: Run, question: Question) -> InputRequiredResult:
     """The 2026-07-28 form of the question: an InputRequiredResult the client answers by retrying the call with
-    input_responses; request_state is the run id (sealed by the SDK: signed, bound to this call and caller)."""
-    return InputRequiredResult(input_requests={INPUT_KEY: question_request(run, question)}, request_state=run.id)
+    input_responses; request_state names the run and the question (sealed by the SDK: encrypted, bound to this
+    call and caller — not to a question, hence the question's own single-use id in it)."""
+    return InputRequiredResult(input_requests={INPUT_KEY: question_request(run, question)},
+                               request_state=run.id + STATE_SEPARATOR + question.id)
+
+
+def resumed(request_state: Any) -> tuple[str, str]:
+    """The run id and the question id a retried call's (unsealed) request_state names."""
+    run_id, _, question_id = str(request_state).partition(STATE_SEPARATOR)
+    return run_id, question_id
 
 
 def question_request(run: Run, question: Question) -> ElicitRequest:

@@ -65,6 +65,7 @@ class ExecuteResult(BaseModel):
     restart_reason: str | None = Field(None, description="Why the kernel was restarted, when it was")
     input_prompt: str | None = Field(None, description="awaiting_input: the prompt of the code's input()/getpass() (the code's words)")
     input_password: bool | None = Field(None, description="awaiting_input: true when the code asks through getpass() (a secret)")
+    question_id: str | None = Field(None, description="awaiting_input: the question's single-use id; send_input names it to answer")
     notebook: str | None = Field(None, description="Path of this session's notebook record")
     profile: str = Field(description="Policy profile in force")
     layers: list[str] = Field(default_factory=list, description="Isolation layers around this kernel "

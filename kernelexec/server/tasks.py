@@ -16,7 +16,9 @@ A task is a view of what already runs, not a second way to run it:
 ``elicitation/create`` in ``inputRequests`` (keys ``input-1``, ``input-2``… never reused; a client that
 declared no elicitation sees ``working`` and a status message naming ``send_input``); ``completed`` with
 exactly the ``CallToolResult`` get_run would give (a failed run: ``isError``); ``cancelled``.
-``tasks/update`` answers the question (as ``send_input``); ``tasks/cancel`` cancels the run as a
+``tasks/update`` answers the question (as ``send_input``): each key is bound to the one question it was issued
+for (its ``Question.id``), so an answer under an old key never answers a later question (it is ignored, as an
+unknown key is); ``tasks/cancel`` cancels the run as a
 cancelled call would: SIGINT, the cell stops, variables stay.
 
 Ownership: a task belongs to the auth principal that created it (``auth.current_principal``); to any
@@ -51,7 +53,7 @@ from kernelexec.errors import KernelexecError
 from kernelexec.server.app import App, exposed_tools
 from kernelexec.server.auth import current_principal
 from kernelexec.server.questions import question_request
-from kernelexec.session.runs import APPROVED, Question, Run
+from kernelexec.session.runs import APPROVED, KEEP_QUESTIONS, Question, Run
 
 EXTENSION_ID = "io.modelcontextprotocol/tasks"
 TASK_TOOLS = ("execute_code", "install_packages")
@@ -96,6 +98,7 @@ class Task:
     question: Question | None = None  # the question inputRequests carries under ``key``
     key: str = ""
     asked: int = 0
+    keys: dict[str, str] = field(default_factory=dict)  # each key issued -> the id of the one question it asks
 
     @property
     def finished(self) -> bool:
@@ -272,10 +275,13 @@ class Tasks(Extension):
                                    f"{run.output_chars:,} characters of output")
         if not task.elicits:
             return "working", {}, (f"the code waits in {'getpass()' if question.password else 'input()'} ({where}); "
-                                   f"send_input(run_id={run.id!r}, text=...) answers it")
-        if question is not task.question:  # a new question: a new key, never one used before
+                                   f"send_input(run_id={run.id!r}, question_id={question.id!r}, text=...) answers it")
+        if question is not task.question:  # a new question: a new key, never one used before, bound to its id
             task.asked += 1
             task.question, task.key = question, f"input-{task.asked}"
+            task.keys[task.key] = question.id
+            for old in list(task.keys)[:-KEEP_QUESTIONS]:
+                del task.keys[old]
         request = question_request(run, question)
         return "input_required", {"inputRequests": {task.key: _wire(request)}}, "the code waits for input"
 
@@ -284,12 +290,16 @@ class Tasks(Extension):
         return {"resultType": "complete", **self._task(self.store.get(params.task_id))}
 
     async def update(self, ctx: ServerRequestContext[Any, Any], params: UpdateTaskParams) -> dict[str, Any]:
-        """inputResponses for the outstanding key answer the cell's question; any other key is ignored."""
+        """inputResponses answer, each, the one question its key was issued for (``Run.answer`` with that
+        question's id); a key the task never issued, or one whose question was answered or is no longer asked,
+        is ignored: it never answers another question."""
         require_client_extension(ctx, EXTENSION_ID)
         task = self.store.get(params.task_id)
-        run, question = task.run, task.question
-        response = params.input_responses.get(task.key) if task.key else None
-        if run is not None and question is not None and run.awaiting is question and isinstance(response, Mapping):
+        run = task.run
+        for key, response in params.input_responses.items():
+            question = run.find(task.keys.get(key)) if run is not None else None
+            if run is None or question is None or question.closed is not None or not isinstance(response, Mapping):
+                continue  # unknown or stale: ignored
             found = response.get("content")
             content: Mapping[str, Any] = found if response.get("action") == "accept" and isinstance(found, Mapping) else {}
             if question.approval:  # code mode's approval: the form's yes/no (elicited from the human by the client)
@@ -297,7 +307,7 @@ class Tasks(Extension):
             else:
                 text = content.get("answer")
             try:
-                run.answer(text if isinstance(text, str) else None, by_human=question.approval)
+                run.answer(question.id, text if isinstance(text, str) else None, by_human=True)
             except KernelexecError as exc:  # too long: said as the spec's invalid params
                 raise MCPError(code=INVALID_PARAMS, message=str(exc)) from None
         return {"resultType": "complete"}

@@ -78,13 +78,14 @@ def _running_tools(app: App) -> dict[str, Any]:
     async def send_input(
         ctx: Context,
         run_id: Annotated[str, Field(description="The run_id of the answer that said ending: awaiting_input")],
+        question_id: Annotated[str, Field(description="That answer's question_id: the question this answers (once)")],
         text: Annotated[str | None, Field(description="The user's answer, the value input()/getpass() returns; null declines")] = None,
         cancel: Annotated[bool, Field(description="Decline the question: the code gets EOFError")] = False,
         wait_s: Annotated[float, Field(ge=0, le=600, description="Seconds to wait for the run after answering (0 = just look)")] = 30,
     ) -> Annotated[CallToolResult, ExecuteResult]:
         """Answer the input()/getpass() a run waits on (ending: awaiting_input) with what the user gave; the run goes on."""
         found = app.sessions.runs.get(run_id, owner=app.owner())
-        question = found.answer(None if cancel else text)
+        question = found.answer(question_id, None if cancel else text)
         said = (f"input sent to run {found.id}" if question.answer is not None
                 else f"input declined for run {found.id}: the code gets EOFError")
         reply = finished(await app.follow(ctx, found, wait_s), ctx, f"{said}; still running")

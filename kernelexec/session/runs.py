@@ -11,6 +11,12 @@ started the run, while it waits) or else waits on the run as a ``Question`` unti
 ``send_input`` answers it, or a 2026-07-28 client's retried call (its ``input_responses``), or a task's
 ``tasks/update`` (tasks.py: a task is a view of a run). A direct question still open when its call stops
 waiting (``Run.detach``) waits on the run too: the first answer wins.
+
+An answer names the question it answers: every question (an ``input()``, a tool call's approval) has a
+single-use, unguessable ``Question.id``, and ``Run.answer(question_id, text)`` — the one way any channel
+answers — refuses an answer for a question the run does not wait on, and a second answer to one it did. An
+approval's question keeps the call it shows (``ApprovalCall``), and its verdict names that call (the broker
+makes the call only if it is the one it is about to make): a yes never approves another call.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import Any, Protocol
 
 import anyio
 
+from kernelexec.codemode.broker import ApprovalCall, Approve, Verdict
 from kernelexec.errors import InvalidRequest, KernelexecError
 from kernelexec.kernel.execution import Execution, ResultRule
 from kernelexec.layout import SessionDirs
@@ -34,9 +41,11 @@ KEEP_FINISHED = 200  # finished runs remembered for get_run
 APPROVED = "approve"  # the answer that approves a tool call (Question.approval)
 QUESTIONS_PER_MINUTE = 5  # a cell cannot make the client ask more often; the rest get EOFError
 MAX_INPUT_CHARS = 1_000_000  # one answer to input()
+KEEP_QUESTIONS = 32  # a run's last questions remembered, so that a late or second answer is told why it is refused
 
-Ask = Callable[[str, bool], Awaitable[str | None]]
-Approve = Callable[[str], Awaitable[bool | None]]  # code mode's approval question (broker.Approve)
+Ask = Callable[[str, bool], Awaitable[str | None]]  # the cell's input()/getpass(), as the kernel asks it (kernel.stdin.Ask)
+DirectAsk = Callable[["Question"], Awaitable[str | None]]  # the question as an elicitation over the call's back-channel
+DirectApprove = Callable[["Question"], Awaitable[bool | None]]  # an approval the same way (None: nobody could be asked)
 
 
 @dataclass
@@ -66,15 +75,29 @@ class RunHost(Protocol):
                   result_rule: ResultRule = "variable", ask: Ask | None = None, approve: Approve | None = None) -> Finished: ...
 
 
+def question_id() -> str:
+    """A new question's id: single-use and unguessable (an answer must name it)."""
+    return "q-" + secrets.token_urlsafe(12)
+
+
 @dataclass
 class Question:
-    """A cell's input()/getpass() waiting for an answer (send_input, or a retried call's input_responses)."""
+    """A cell's input()/getpass(), or a tool call's approval, waiting for its one answer (``Run.answer`` with its
+    ``id``: send_input, a retried call's input_responses, tasks/update, or the direct elicitation's)."""
 
     prompt: str
     password: bool
     answered: anyio.Event = field(default_factory=anyio.Event)
     answer: str | None = None
     approval: bool = False  # code mode: a tool call's approval, which only the human answers (an elicitation)
+    call: ApprovalCall | None = None  # an approval: the one call its prompt shows, the only call its answer is for
+    id: str = field(default_factory=question_id)
+    closed: str | None = None  # why it takes no (more) answer: answered, declined, no longer asked
+
+    def verdict(self) -> Verdict:
+        """An answered approval as the broker takes it: approved or not, for the call this question showed."""
+        assert self.call is not None
+        return Verdict(self.call, self.answered.is_set() and self.answer == APPROVED)
 
 
 @dataclass
@@ -97,6 +120,7 @@ class Run:
     asked: list[float] = field(default_factory=list)
     approving: anyio.Lock = field(default_factory=anyio.Lock)  # code mode's approvals, one at a time
     pending: Question | None = None  # a question asked over the waiting call's back-channel (detach posts it)
+    asked_questions: OrderedDict[str, Question] = field(default_factory=OrderedDict)  # the last KEEP_QUESTIONS, by id
 
     async def on_output(self, name: str, text: str) -> None:
         self.output_chars += len(text)
@@ -117,7 +141,7 @@ class Run:
         self.asked.append(now)
         return True
 
-    def asker(self, direct: Ask | None) -> Ask:
+    def asker(self, direct: DirectAsk | None) -> Ask:
         """How the cell's input()/getpass() is answered: ``direct`` (an elicitation over the waiting call's
         back-channel) while the call that started the run waits for it; otherwise the question waits on the
         run (``question``) for ``answer`` — send_input, or the retried call of a 2026-07-28 client — until
@@ -126,24 +150,49 @@ class Run:
             if not self._may_ask():
                 return None
             if direct is not None and self.listener is not None:
-                return await self._ask_directly(direct, prompt, password)
+                return await self._ask_directly(direct, Question(prompt, password))
             if not self.wait_for_input:
                 return None
-            return await self._wait_for_answer(prompt, password)
+            return await self._wait_for_answer(Question(prompt, password))
 
         return ask
 
-    async def _ask_directly(self, direct: Ask, prompt: str, password: bool) -> str | None:
+    def opened(self, question: Question) -> Question:
+        """Register a question the run asks: from now on ``answer`` takes one answer for its id."""
+        self.asked_questions[question.id] = question
+        while len(self.asked_questions) > KEEP_QUESTIONS:
+            self.asked_questions.popitem(last=False)
+        return question
+
+    def find(self, question_id: Any) -> Question | None:
+        """A question this run asked (answered or not), by its id."""
+        return self.asked_questions.get(question_id) if isinstance(question_id, str) else None
+
+    @staticmethod
+    def _close(question: Question) -> None:
+        """Its time is up (the cell's timeout, the cell stopped): no answer is taken for it any more."""
+        if question.closed is None:
+            question.closed = "is no longer asked (the cell's timeout passed, or the cell stopped)"
+
+    def _answered_directly(self, question: Question, text: str | None) -> None:
+        """The direct elicitation's answer, through ``answer`` like any other; the first answer wins, and an
+        answer ``answer`` refuses (too long) declines the question."""
+        try:
+            self.answer(question.id, text, by_human=True)
+        except InvalidRequest:
+            if question.closed is None:
+                self.answer(question.id, None, by_human=True)
+
+    async def _ask_directly(self, direct: DirectAsk, question: Question) -> str | None:
         """Ask over the waiting call's back-channel until the cell's timeout. If that call stops waiting first
         (it yielded: ``detach``), the same question also waits on the run for send_input; the first answer wins,
         and a failed elicitation after the call went (None: no back-channel any more) is not an answer."""
-        question = self.pending = Question(prompt, password)
+        self.pending = self.opened(question)
 
         async def directly() -> None:
-            answer = await direct(prompt, password)
-            if (self.pending is question or answer is not None) and not question.answered.is_set():
-                question.answer = answer
-                question.answered.set()
+            answer = await direct(question)
+            if self.pending is question or answer is not None:
+                self._answered_directly(question, answer)
 
         try:
             with anyio.move_on_after(max(0.0, self.deadline - time.monotonic())):  # unanswered: the cell's timeout
@@ -153,6 +202,7 @@ class Run:
                     tg.cancel_scope.cancel()
             return question.answer
         finally:
+            self._close(question)
             self.pending = None
             if self.question is question:
                 self.question = None
@@ -167,51 +217,74 @@ class Run:
             self.question = pending
             self.posted.set()
 
-    def approver(self, direct: Approve | None) -> Approve:
+    def approver(self, direct: DirectApprove | None) -> Approve:
         """How a brokered tool call that needs approval (--tools-approve) is asked: ``direct`` (an elicitation over
-        the waiting call's back-channel) while the call that started the run waits; otherwise nobody can be
-        asked (None: the broker refuses the call). Unanswered by the cell's timeout: declined."""
-        async def approve(question: str) -> bool | None:
-            # one approval at a time per run, so an answer always meets the question the human saw; and
+        the waiting call's back-channel) while the call that started the run waits; else, for a 2026-07-28 client,
+        the question waits on the run and goes out in an InputRequiredResult; otherwise nobody can be asked (None:
+        the broker refuses the call). Unanswered by the cell's timeout: declined. The question keeps the call it
+        shows, and the verdict names it: the broker makes the call only if it is that call."""
+        async def approve(message: str, call: ApprovalCall) -> Verdict | None:
+            # one approval at a time per run, so the question waiting is always the one the human sees; and
             # approvals share input()'s QUESTIONS_PER_MINUTE (a cell cannot wear the human down with prompts)
             async with self.approving:
                 if not self._may_ask():
-                    return False
+                    return Verdict(call, False)
+                question = Question(message, False, approval=True, call=call)
                 if direct is not None and self.listener is not None:
-                    with anyio.move_on_after(max(0.0, self.deadline - time.monotonic())):
-                        return await direct(question)
-                    return False
+                    self.opened(question)
+                    try:
+                        with anyio.move_on_after(max(0.0, self.deadline - time.monotonic())):
+                            said = await direct(question)
+                            if said is None and not question.answered.is_set():
+                                return None  # nobody could be asked
+                            if not question.answered.is_set():
+                                self._answered_directly(question, APPROVED if said else None)
+                        return question.verdict()
+                    finally:
+                        self._close(question)
                 if not self.elicit_retry:
                     return None
                 # a 2026-07-28 client: the question waits on the run and goes out in an InputRequiredResult
-                return await self._wait_for_answer(question, False, approval=True) == APPROVED
+                await self._wait_for_answer(question)
+                return question.verdict()
 
         return approve
 
-    async def _wait_for_answer(self, prompt: str, password: bool, *, approval: bool = False) -> str | None:
-        question = self.question = Question(prompt, password, approval=approval)
+    async def _wait_for_answer(self, question: Question) -> str | None:
+        self.question = self.opened(question)
         self.posted.set()
         try:
             with anyio.move_on_after(max(0.0, self.deadline - time.monotonic())):
                 await question.answered.wait()
             return question.answer
         finally:
+            self._close(question)
             self.question = None
             self.posted = anyio.Event()
 
-    def answer(self, text: str | None, *, by_human: bool = False) -> Question:
-        """Answer the question the run waits on (None declines it: EOFError in the cell). A tool call's
-        approval is answered only ``by_human`` (an elicitation's answer), never by send_input."""
-        question = self.question
-        if question is None or question.answered.is_set():
-            raise InvalidRequest(f"run {self.id} is not waiting for input"
-                                 + (" (it has finished)" if self.done.is_set() else ""))
+    def answer(self, question_id: str, text: str | None, *, by_human: bool = False) -> Question:
+        """Answer the question ``question_id`` (None declines it: EOFError in the cell, or the call not made) — the
+        one way every channel answers. Refused: an id this run did not ask (or no longer remembers), a question
+        already answered or no longer asked (an answer is used once, and never for another question), a tool
+        call's approval not ``by_human`` (an elicitation's answer; send_input can only decline it), a bad text."""
+        question = self.find(question_id)
+        if question is None:
+            raise InvalidRequest(
+                f"run {self.id} asked no question with question_id {str(question_id)[:80]!r}"
+                + (" (it has finished)" if self.done.is_set() else
+                   "; an answer must name the question it answers (get_run shows the question the run waits on now)"))
+        if question.closed is not None:
+            raise InvalidRequest(f"question {question.id} of run {self.id} {question.closed}: a question takes one answer, "
+                                 "and no answer is applied to another question")
         if question.approval and not by_human and text is not None:
             raise InvalidRequest(f"run {self.id} waits for the user's approval of a tool call, which only the user gives "
                                  "(through the client's elicitation); send_input can only decline it (cancel=true)")
         if text is not None and (not isinstance(text, str) or len(text) > MAX_INPUT_CHARS):
             raise InvalidRequest(f"text must be a string of at most {MAX_INPUT_CHARS:,} characters")
+        if question.approval and text is not None and text != APPROVED:
+            text = None  # anything but the yes declines
         question.answer = text
+        question.closed = "was already answered" if text is not None else "was already declined"
         question.answered.set()
         return question
 
@@ -254,7 +327,7 @@ class RunRegistry:
 
     def start(self, session: RunHost, code: str, *, timeout: float, working_dir: str | None,
               listener: Callable[[str, str], Awaitable[None]] | None = None, result_rule: ResultRule = "variable",
-              ask: Ask | None = None, wait_for_input: bool = True, approve: Approve | None = None,
+              ask: DirectAsk | None = None, wait_for_input: bool = True, approve: DirectApprove | None = None,
               elicit_retry: bool = False) -> Run:
         if self._tg is None:
             raise KernelexecError("background runs need a running session manager")
@@ -297,8 +370,9 @@ class RunRegistry:
     def decline_waiting(self, session: RunHost) -> None:
         """Decline the question a run of ``session`` waits on (the cell was interrupted: nobody will answer)."""
         for run in list(self._runs.values()):
-            if run.session is session and run.awaiting is not None:
-                run.answer(None)
+            waiting = run.awaiting
+            if run.session is session and waiting is not None:
+                run.answer(waiting.id, None)
 
     def forget(self, run: Run) -> None:
         """Drop a run whose answer its own call returned (no get_run will ask), so the finished runs kept

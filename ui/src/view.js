@@ -236,7 +236,9 @@ async function answer(text) {
   if (!s.run_id) return;
   $("input-send").disabled = $("input-decline").disabled = true;
   try {
-    const args = text === null ? { run_id: s.run_id, cancel: true, wait_s: 0 } : { run_id: s.run_id, text, wait_s: 0 };
+    // the answer names the question it answers: the one this view shows (a later question is refused it)
+    const asked = { run_id: s.run_id, question_id: s.question_id, wait_s: 0 };
+    const args = text === null ? { ...asked, cancel: true } : { ...asked, text };
     const result = await app.callServerTool({ name: "send_input", arguments: args });
     if (result.isError) throw new Error((result.content || []).map((c) => c.text || "").join(" ") || "send_input failed");
     $("input-text").value = "";
