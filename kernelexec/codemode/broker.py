@@ -33,6 +33,7 @@ import anyio
 
 from kernelexec.codemode.config import Upstream, matches, python_name, server_attr
 from kernelexec.codemode.schema import schema_problem
+from kernelexec.display import display
 from kernelexec.terminal import safe
 
 logger = logging.getLogger(__name__)
@@ -333,8 +334,8 @@ def approval_message(server: str, tool: str, arguments: dict[str, Any], pattern:
     shown = json.dumps(arguments, ensure_ascii=True, sort_keys=True)
     if len(shown) > APPROVAL_SHOWN:
         return None
-    return (f"kernelexec: code running in a session wants to call the MCP tool {server}.{tool} "
-            f"(--tools-approve {pattern!r} asks you each time). Arguments:\n{shown}\n\nApprove this one call?")
+    return display(f"kernelexec: code running in a session wants to call the MCP tool {server}.{tool} "
+                   f"(--tools-approve {pattern!r} asks you each time). Arguments:\n{shown}\n\nApprove this one call?", None)
 
 
 @dataclass
