@@ -345,7 +345,7 @@ def code_mode_listing(broker: Broker) -> Callable[[Any, Any], Awaitable[Any]]:
             return result
         lines = ["(the MCP servers are still starting: mcp_tools.list() in a cell names what is callable)"]
         with anyio.move_on_after(LISTING_PATIENCE):  # a slow server must not hold up tools/list
-            entries, failed = await broker.catalog()
+            entries, failed = await broker.catalog(current_principal())
             lines = broker.describe(entries) + [f"({name}: unavailable)" for name in failed]
         extra = "\n" + CODE_MODE_LINE + "\n" + "\n".join(lines or ["(none)"])
 
