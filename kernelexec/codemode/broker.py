@@ -398,6 +398,8 @@ class Broker:
                                  "client cannot ask its user now (MCP elicitation while the call waits)", refused=True)
             if not verdict:
                 raise CallFailed(f"{name}.{entry.name} was declined by the user (--tools-approve {pattern!r})", refused=True)
+        # looked up again: while the human was asked, the connection may have been closed (idle, or for a budget)
+        connection = self.connection(principal, attr)
         try:
             with anyio.fail_after(self.limits.call_timeout):
                 result = await connection.request(self._task_group(), "call_tool", entry.name, arguments)
