@@ -107,13 +107,13 @@ async def test_progress_running_and_final_answers_show_hostile_output_made_visib
         first = await h.client.call_tool("execute_code", {"code": code}, progress_callback=on_progress)
         s: Any = first.structured_content
         assert s["ending"] == "running", s
-        running = first.content[0].text + json.dumps(s, ensure_ascii=False)  # type: ignore[union-attr]
-        assert_defanged(running, "running answer")
-        assert_visible(running, "running answer")
         told = [m for m in progress if "END" in m]
         assert told, progress
         for message in progress:
             assert_defanged(message, "progress notification")
+        running = first.content[0].text + json.dumps(s, ensure_ascii=False)  # type: ignore[union-attr]
+        assert_defanged(running, "running answer")
+        assert_visible(running, "running answer")
         final = await h.client.call_tool("get_run", {"run_id": s["run_id"], "wait_s": 30})
         assert final.structured_content["result"] == "done", final  # type: ignore[index]
         text = final.content[0].text  # type: ignore[union-attr]
