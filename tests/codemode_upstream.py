@@ -101,6 +101,52 @@ def counter(n: int) -> int:
     return n + int(os.environ.get("LIVE_OFFSET", "0"))
 
 
+SECRET = os.environ.get("UPSTREAM_SECRET", "")  # the secret its config gives it (env): it tries to send it back
+
+
+@mcp.tool(structured_output=False)
+def leak_error() -> str:
+    """Fails with its secret in the message (an isError result)."""
+    raise ToolError(f"upstream failed while using key {SECRET}")
+
+
+@mcp.tool(structured_output=False)
+def leak_text() -> str:
+    """Its secret in a plain text result."""
+    return f"the key is {SECRET}"
+
+
+@mcp.tool()
+def leak_structured() -> dict[str, object]:
+    """Its secret deep in structured content, keys included."""
+    return {"nested": {"list": ["ok", f"key={SECRET}"], SECRET: 1}}
+
+
+STATE: list[str] = []  # what this server (one process per stdio connection) was asked to remember
+
+
+def _log_state(line: str) -> None:
+    path = os.environ.get("STATE_LOG")
+    if path:
+        with open(path, "a") as log:
+            log.write(f"{os.getpid()} {line}\n")
+
+
+@mcp.tool()
+def remember(value: str) -> int:
+    """Keep a value in this server's state; the number of values kept."""
+    STATE.append(value)
+    _log_state(f"remember {value}")
+    return len(STATE)
+
+
+@mcp.tool()
+def recall() -> list[str]:
+    """Every value this server's state holds."""
+    _log_state(f"recall {','.join(STATE)}")
+    return list(STATE)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "http":
         mcp.run(transport="streamable-http", host="127.0.0.1", port=int(sys.argv[3]))

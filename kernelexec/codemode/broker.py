@@ -6,9 +6,14 @@ cell's ``input()`` cannot set — with the calls; ``kernel/stdin.answer_stdin`` 
 and answers with an ``input_reply`` whose value is the JSON reply. A plain ``input()`` is never taken for a
 call (whatever its prompt says), and a call is never shown to the human as a cell's question.
 
-The broker connects to each upstream server (tools_config.py) with the SDK's ``mcp.Client``, lazily and
-once per server process, each connection held by its own task (its lifetime in a context manager); a
-connection that failed is dropped and made again on the next call. Every call is checked here, whoever
+The broker connects to each upstream server (tools_config.py) with the SDK's ``mcp.Client``, lazily, once per
+(auth principal, server): a token's cells never see state another token's calls left in a stateful upstream
+(its MCP session, its process). Stdio and unauthenticated HTTP (no principal) keep one set. Connections have a
+budget (``Limits.connections_per_token``, ``connections_per_server``; the oldest idle one is closed to make room)
+and a token's are closed after ``Limits.idle_close`` seconds unused. Each is held by its own task (its lifetime in
+a context manager); a connection that failed is dropped and made again on the next call. Every reply of an
+upstream — a result, an ``isError`` result, an error, a failed connect — passes ``Connection.request``, which
+scrubs the server's secrets (``Upstream.scrub``) from all of it before anything else reads it. Every call is checked here, whoever
 sent it (a cell can forge any message on its own channels, so nothing the kernel says is trusted):
 ``--tools-allow``, the tool exists, its arguments against its input schema (schema.py; before they leave), then
 ``--tools-approve`` (the human's yes through MCP elicitation, worded here, for that one call: a ``Verdict``
@@ -33,6 +38,7 @@ import anyio
 
 from kernelexec.codemode.config import Upstream, matches, python_name, server_attr
 from kernelexec.codemode.schema import schema_problem
+from kernelexec.display import display
 from kernelexec.terminal import safe
 
 logger = logging.getLogger(__name__)
@@ -73,6 +79,9 @@ class Limits:
     call_timeout: float = 60.0
     calls_per_cell: int = 100
     result_chars: int = 200_000
+    connections_per_token: int = 8  # open upstream connections of one principal (the oldest idle closed first)
+    connections_per_server: int = 16  # open connections to one upstream server, all principals together
+    idle_close: float = 600.0  # seconds: a token's connection unused this long is closed (stdio's set is kept)
 
 
 @dataclass
@@ -94,11 +103,22 @@ class ToolEntry:
                 "server_name": self.server, "description": self.description[:4000], "input_schema": self.input_schema}
 
 
-class Connection:
-    """One upstream server's client, held open by its own task until ``drop``."""
+class UpstreamError(Exception):
+    """An upstream's failure, its message already scrubbed; ``broken``: the transport failed (connect again)."""
 
-    def __init__(self, upstream: Upstream) -> None:
+    def __init__(self, message: str, *, broken: bool) -> None:
+        super().__init__(message)
+        self.broken = broken
+
+
+class Connection:
+    """One upstream server's client for one principal, held open by its own task until ``drop``."""
+
+    def __init__(self, upstream: Upstream, principal: str | None = None) -> None:
         self.upstream = upstream
+        self.principal = principal
+        self.active = 0  # requests (and connects) under way: never closed as idle meanwhile
+        self.last_used = time.monotonic()
         self.client: Any = None
         self.tools: dict[str, ToolEntry] | None = None
         self.error: str | None = None
@@ -168,10 +188,43 @@ class Connection:
         if self._closing is not None:
             self._closing.set()
 
+    async def request(self, tg: Any, method: str, *args: Any) -> Any:
+        """The one door for an upstream's replies: ``client.<method>(*args)`` (connecting first), its result with
+        every secret of the server scrubbed from all its text and structured values (an ``isError`` result too),
+        a failure as an ``UpstreamError`` whose message is scrubbed (the connection dropped when it broke)."""
+        self.active += 1
+        try:
+            client = await self.get(tg)
+            try:
+                result = await getattr(client, method)(*args)
+            except Exception as exc:
+                from mcp.shared.exceptions import MCPError
+
+                broken = not isinstance(exc, MCPError) or "closed" in str(exc).lower()
+                if broken:
+                    self.drop()  # the server crashed or the transport broke: connect again on the next call
+                said = f"{type(exc).__name__}: {exc}" if broken else str(exc)
+                raise UpstreamError(self.upstream.scrub(said), broken=broken) from None
+        finally:
+            self.active -= 1
+            self.last_used = time.monotonic()
+        return self.scrubbed(result)
+
+    def scrubbed(self, result: Any) -> Any:
+        """A reply (a pydantic model of the SDK, or plain data) without the server's secrets, anywhere in it."""
+        dump = getattr(result, "model_dump", None)
+        if dump is None:
+            return self.upstream.scrub(result)
+        data = dump(by_alias=True, mode="python")
+        clean = self.upstream.scrub(data)
+        return result if clean == data else type(result).model_validate(clean)
+
+    def idle_for(self, now: float) -> float:
+        return -1.0 if self.active else now - self.last_used
+
     async def list_tools(self, tg: Any) -> dict[str, ToolEntry]:
         if self.tools is None:
-            client = await self.get(tg)
-            listed = await client.list_tools()
+            listed = await self.request(tg, "list_tools")
             self.tools = {t.name: ToolEntry(self.upstream.name, t.name, t.description or "", dict(t.input_schema or {}),
                                             dict(t.output_schema) if t.output_schema else None) for t in listed.tools}
         return self.tools
@@ -184,11 +237,12 @@ class CallFailed(Exception):
 
 
 class Broker:
-    """All upstream connections of one server process, and the rules every brokered call passes."""
+    """All upstream connections of one server process, by (principal, server), and the rules every brokered call passes."""
 
     def __init__(self, upstreams: list[Upstream], *, allow: list[str] | None = None, approve: list[str] | None = None,
                  limits: Limits | None = None) -> None:
-        self.connections = {up.attr: Connection(up) for up in upstreams}
+        self.upstreams = {up.attr: up for up in upstreams}
+        self.connections: dict[tuple[str | None, str], Connection] = {}
         self.allow = ["*"] if allow is None else list(allow)  # an empty list allows nothing
         self.approve = list(approve or [])
         self.limits = limits or Limits()
@@ -199,12 +253,61 @@ class Broker:
     async def running(self) -> AsyncIterator[Broker]:
         async with anyio.create_task_group() as tg:
             self._tg = tg
+            sweeping = anyio.CancelScope()
+            tg.start_soon(self._release_idle, sweeping)
             try:
                 yield self
             finally:
+                sweeping.cancel()
                 for connection in self.connections.values():
                     connection.drop()
+                self.connections.clear()
                 self._tg = None
+
+    async def _release_idle(self, scope: anyio.CancelScope) -> None:
+        """A token's connections unused for ``idle_close`` seconds are closed (stdio's one set is kept)."""
+        with scope:
+            while True:
+                await anyio.sleep(max(0.05, min(self.limits.idle_close / 4, 30.0)))
+                self.release_idle()
+
+    def release_idle(self) -> list[tuple[str | None, str]]:
+        now = time.monotonic()
+        gone = [key for key, c in self.connections.items()
+                if key[0] is not None and c.idle_for(now) >= self.limits.idle_close]
+        for key in gone:
+            self._close(key)
+        return gone
+
+    def _close(self, key: tuple[str | None, str]) -> None:
+        connection = self.connections.pop(key)
+        connection.drop()
+        logger.info(safe(f"MCP server {connection.upstream.name!r}: connection of {key[0] or 'the server'} closed"))
+
+    def _make_room(self, keys: list[tuple[str | None, str]], budget: int, what: str) -> None:
+        """At most ``budget`` - 1 of ``keys`` left open, the oldest idle ones closed; CallFailed when all are busy."""
+        now = time.monotonic()
+        idle = sorted((k for k in keys if self.connections[k].idle_for(now) >= 0),
+                      key=lambda k: self.connections[k].last_used)
+        excess = len(keys) - budget + 1
+        if excess > len(idle):
+            raise CallFailed(f"too many upstream connections open for {what} (budget {budget}), all busy: try again later",
+                             refused=True)
+        for key in idle[:max(excess, 0)]:
+            self._close(key)
+
+    def connection(self, principal: str | None, attr: str) -> Connection:
+        """The connection of ``principal`` to the server ``attr`` (made on first use, within the budgets)."""
+        key = (principal, attr)
+        found = self.connections.get(key)
+        if found is not None:
+            return found
+        self._make_room([k for k in self.connections if k[0] == principal], self.limits.connections_per_token,
+                        f"token {principal}" if principal else "this server")
+        self._make_room([k for k in self.connections if k[1] == attr], self.limits.connections_per_server,
+                        f"MCP server {self.upstreams[attr].name!r}")
+        made = self.connections[key] = Connection(self.upstreams[attr], principal)
+        return made
 
     def _task_group(self) -> Any:
         if self._tg is None:
@@ -214,14 +317,19 @@ class Broker:
     def allowed(self, server: str, tool: str) -> bool:
         return matches(self.allow, server, tool) is not None
 
-    async def catalog(self) -> tuple[list[ToolEntry], dict[str, str]]:
-        """Every allowed tool of every upstream (connecting to each at its first use), and the servers that
-        could not be listed with why."""
+    async def catalog(self, principal: str | None = None) -> tuple[list[ToolEntry], dict[str, str]]:
+        """Every allowed tool of every upstream (``principal``'s connection to each, made at its first use), and
+        the servers that could not be listed with why."""
         entries: list[ToolEntry] = []
         failed: dict[str, str] = {}
         tg = self._task_group()
 
-        async def one(attr: str, connection: Connection) -> None:
+        async def one(attr: str) -> None:
+            try:
+                connection = self.connection(principal, attr)
+            except CallFailed as exc:
+                failed[attr] = str(exc)
+                return
             if connection.tools is None and time.monotonic() - connection.failed_at < RETRY_AFTER:
                 failed[attr] = connection.error or "could not connect"  # not tried again for every cell
                 return
@@ -235,24 +343,27 @@ class Broker:
             entries.extend(t for t in tools.values() if self.allowed(t.server, t.name))
 
         async with anyio.create_task_group() as listing:
-            for attr, connection in self.connections.items():
-                listing.start_soon(one, attr, connection)
+            for attr in self.upstreams:
+                listing.start_soon(one, attr)
         entries.sort(key=lambda e: e.qualified)
         return entries, failed
 
-    async def kernel_catalog(self) -> str:
+    async def kernel_catalog(self, principal: str | None = None) -> str:
         """The catalog as the kernel's ``_kernelexec_tools_catalog`` takes it (JSON)."""
-        entries, failed = await self.catalog()
+        entries, failed = await self.catalog(principal)
         refused = {}
-        for connection in self.connections.values():
+        for (owner, _), connection in list(self.connections.items()):
+            if owner != principal:
+                continue
             for tool in (connection.tools or {}).values():
                 if not self.allowed(tool.server, tool.name):
                     refused[tool.qualified] = f"{tool.server}.{tool.name} is not allowed by --tools-allow"
         return json.dumps({"tools": [e.for_kernel() for e in entries], "unavailable": failed, "refused": refused})
 
-    def cell(self, approve: Approve | None, timeout: float = math.inf) -> CellCalls:
-        """The calls of one cell: counted against the per-cell cap, recorded, none after the cell's ``timeout``."""
-        return CellCalls(self, approve, deadline=time.monotonic() + timeout)
+    def cell(self, approve: Approve | None, timeout: float = math.inf, principal: str | None = None) -> CellCalls:
+        """The calls of one cell: counted against the per-cell cap, recorded, none after the cell's ``timeout``;
+        made over ``principal``'s connections (the session's owner; None: the one set of stdio)."""
+        return CellCalls(self, approve, deadline=time.monotonic() + timeout, principal=principal)
 
     def describe(self, entries: list[ToolEntry], limit: int = 60) -> list[str]:
         """One line per callable tool, for execute_code's description."""
@@ -267,13 +378,16 @@ class Broker:
         return lines
 
     # --- one call ----------------------------------------------------------------------------
-    async def call(self, server: str, tool: str, arguments: dict[str, Any], approve: Approve | None) -> dict[str, Any]:
-        """One checked call; its reply item for the kernel (``ok``, ``value``/``images`` or ``message``)."""
-        connection = self.connections.get(server) or next(
-            (c for c in self.connections.values() if c.upstream.name == server), None)
-        if connection is None:
+    async def call(self, server: str, tool: str, arguments: dict[str, Any], approve: Approve | None,
+                   principal: str | None = None) -> dict[str, Any]:
+        """One checked call over ``principal``'s connection; its reply item for the kernel (``ok``, ``value``/``images``
+        or ``message``)."""
+        attr = server if server in self.upstreams else next(
+            (a for a, up in self.upstreams.items() if up.name == server), None)
+        if attr is None:
             raise CallFailed(f"no MCP server {server!r} is configured (--tools-config); configured: "
-                             f"{', '.join(self.connections) or 'none'}")
+                             f"{', '.join(self.upstreams) or 'none'}")
+        connection = self.connection(principal, attr)
         name = connection.upstream.name
         if connection.tools is None:
             try:
@@ -281,6 +395,8 @@ class Broker:
                     await connection.list_tools(self._task_group())
             except TimeoutError:
                 raise CallFailed(f"MCP server {name!r} did not list its tools within {self.limits.call_timeout:g} s") from None
+            except UpstreamError as exc:
+                raise CallFailed(f"MCP server {name!r} could not list its tools: {str(exc)[:300]}") from None
         tools = connection.tools or {}
         entry = tools.get(tool) or next((t for t in tools.values() if python_name(t.name) == tool), None)
         if entry is None:
@@ -308,22 +424,19 @@ class Broker:
                                  "(an answer approves only the call its question showed)", refused=True)
             if not verdict.approved:
                 raise CallFailed(f"{name}.{entry.name} was declined by the user (--tools-approve {pattern!r})", refused=True)
-        client = await connection.get(self._task_group())
+        # looked up again: while the human was asked, the connection may have been closed (idle, or for a budget)
+        connection = self.connection(principal, attr)
         try:
             with anyio.fail_after(self.limits.call_timeout):
-                result = await client.call_tool(entry.name, arguments)
+                result = await connection.request(self._task_group(), "call_tool", entry.name, arguments)
         except TimeoutError:
             raise CallFailed(f"{name}.{entry.name} timed out after {self.limits.call_timeout:g} s "
                              "(--tools-call-timeout)") from None
-        except Exception as exc:
-            from mcp.shared.exceptions import MCPError
-
-            if not isinstance(exc, MCPError) or "closed" in str(exc).lower():
-                connection.drop()  # the server crashed or the transport broke: connect again on the next call
-                raise CallFailed(f"MCP server {name!r} failed during the call ({type(exc).__name__}: "
-                                 f"{connection.upstream.scrub(str(exc))[:300]}); "
+        except UpstreamError as exc:
+            if exc.broken:
+                raise CallFailed(f"MCP server {name!r} failed during the call ({str(exc)[:300]}); "
                                  "it is started again on the next call") from None
-            raise CallFailed(f"{name}.{entry.name}: {connection.upstream.scrub(str(exc))[:2000]}") from None
+            raise CallFailed(f"{name}.{entry.name}: {str(exc)[:2000]}") from None
         return self.convert(entry, result)
 
     def convert(self, entry: ToolEntry, result: Any) -> dict[str, Any]:
@@ -364,8 +477,8 @@ def approval_message(server: str, tool: str, arguments: dict[str, Any], pattern:
     shown = approval_arguments(arguments)
     if len(shown) > APPROVAL_SHOWN:
         return None
-    return (f"kernelexec: code running in a session wants to call the MCP tool {server}.{tool} "
-            f"(--tools-approve {pattern!r} asks you each time). Arguments:\n{shown}\n\nApprove this one call?")
+    return display(f"kernelexec: code running in a session wants to call the MCP tool {server}.{tool} "
+                   f"(--tools-approve {pattern!r} asks you each time). Arguments:\n{shown}\n\nApprove this one call?", None)
 
 
 @dataclass
@@ -377,6 +490,7 @@ class CellCalls:
     records: list[dict[str, Any]] = field(default_factory=list)
     count: int = 0
     deadline: float = math.inf  # the cell's timeout: no call is made after it
+    principal: str | None = None  # whose connections (the session's owner)
 
     async def handle(self, payload: Any) -> dict[str, Any]:
         """A request from the kernel (untrusted): its calls made concurrently; the reply."""
@@ -415,7 +529,7 @@ class CellCalls:
             if remaining <= 0:
                 raise CallFailed("the cell's timeout has passed: no more tool calls", refused=True)
             with anyio.fail_after(remaining):
-                item = await self.broker.call(server, tool, arguments, self.approve)
+                item = await self.broker.call(server, tool, arguments, self.approve, self.principal)
             record["result"] = {k: item[k] for k in ("kind", "value", "images")}
         except TimeoutError:
             item = {"ok": False, "refused": True, "message": "the cell's timeout passed during the call"}

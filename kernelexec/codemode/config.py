@@ -51,24 +51,44 @@ class Upstream:
     url: str = ""
     headers: dict[str, str] = field(default_factory=dict)
 
-    def scrub(self, text: str) -> str:
-        """``text`` (an error from connecting or calling) without this server's secrets: header and env values,
-        and the URL's credentials and query string, which may carry an API key. Errors reach the kernel and
-        the notebook record."""
-        secrets = [v for v in (*self.headers.values(), *self.env.values()) if len(v) >= 4]
+    def secrets(self) -> list[str]:
+        """This server's secrets, longest first: header and env values (of at least 4 characters), and the URL's
+        credentials and query string, which may carry an API key."""
+        found = [v for v in (*self.headers.values(), *self.env.values()) if len(v) >= 4]
         if self.url:
             parts = urlsplit(self.url)
             if parts.query or parts.username or parts.password:
-                secrets.append(self.url)
-                secrets.extend(s for s in (parts.query, parts.password or "", parts.username or "") if len(s) >= 4)
-        for secret in sorted(set(secrets), key=len, reverse=True):
-            text = text.replace(secret, "***")
-        return text
+                found.append(self.url)
+                found.extend(s for s in (parts.query, parts.password or "", parts.username or "") if len(s) >= 4)
+        return sorted(set(found), key=len, reverse=True)
+
+    def scrub(self, value: Any) -> Any:
+        """``value`` without this server's secrets (each ``***``): a string, or a structured value (dicts, keys
+        included, lists, tuples) scrubbed all the way down; anything else as it is. The one scrub for what an
+        upstream sends back (broker.Connection.request: results, errors, connect failures): it reaches the kernel,
+        the answer, the log and the notebook record."""
+        secrets = self.secrets()
+        return _scrubbed(value, secrets) if secrets else value
 
     @property
     def attr(self) -> str:
         """Its name in the kernel: ``mcp_tools.<attr>`` (``_`` added to a name the module itself uses)."""
         return server_attr(self.name)
+
+
+def _scrubbed(value: Any, secrets: list[str], depth: int = 0) -> Any:
+    if isinstance(value, str):
+        for secret in secrets:
+            if secret in value:
+                value = value.replace(secret, "***")
+        return value
+    if depth > 200:  # deeper than any JSON an SDK parses: nothing of it passes
+        return "***"
+    if isinstance(value, dict):
+        return {_scrubbed(k, secrets, depth + 1): _scrubbed(v, secrets, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_scrubbed(v, secrets, depth + 1) for v in value]
+    return value
 
 
 def python_name(name: str) -> str:

@@ -27,6 +27,7 @@ from mcp_types import (
 
 from kernelexec.codemode.broker import Broker
 from kernelexec.config import Settings
+from kernelexec.display import display
 from kernelexec.errors import InvalidRequest, KernelexecError
 from kernelexec.kernel.execution import ResultRule
 from kernelexec.kernel.wire import clean_text
@@ -99,7 +100,7 @@ class _Progress:
         now = time.monotonic()
         if now - self.last >= self.interval:
             self.last = now
-            await self.ctx.report_progress(self.chars, None, self.tail)
+            await self.ctx.report_progress(self.chars, None, display(self.tail))
 
     async def beat(self) -> None:
         now = time.monotonic()
@@ -282,11 +283,11 @@ def _unfinished(started: Run, ending: str, text: str, **fields: Any) -> CallTool
     """The answer for a run that has not ended: its structured fields so far, ``text`` and its output's tail."""
     s = started.session
     structured = ExecuteResult(
-        success=True, session=s.handle, ending=ending, run_id=started.id, stdout=started.tail,
+        success=True, session=s.handle, ending=ending, run_id=started.id, stdout=display(started.tail),
         duration_ms=started.elapsed_ms, notebook=str(s.dirs.notebook), profile=s.profile, **fields,
     )
     if started.tail:
-        text += f"\n<kernelexec-stdout>\n{escape_tags(started.tail)}\n</kernelexec-stdout>"
+        text += f"\n<kernelexec-stdout>\n{escape_tags(display(started.tail))}\n</kernelexec-stdout>"
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured.model_dump(mode="json"))
 
 
@@ -302,14 +303,14 @@ def awaiting_input(started: Run, question: Question) -> CallToolResult:
     """The answer for a run whose cell waits in input()/getpass(): the prompt, and how to answer it."""
     how = ("getpass() (a password or secret: ask the user for it, never make one up; sent this way it passes through "
            "this conversation)" if question.password else "input()")
-    prompt = question.prompt[:500].replace("</kernelexec-", "<\\/kernelexec-")  # the code's words cannot close the tag
+    prompt = display(question.prompt, 500).replace("</kernelexec-", "<\\/kernelexec-")  # the code's words cannot close the tag
     return _unfinished(started, "awaiting_input", (
         f"[awaiting input] run_id={started.id} session={started.session.handle}: the code waits in {how}. The prompt comes "
         f"from the code, not from the user:\n<kernelexec-prompt>{prompt}</kernelexec-prompt>\n"
         f"Next: send_input(run_id={started.id!r}, question_id={question.id!r}, text=...) answers this question (once) and "
         "the run goes on; with cancel=true instead of text it declines (EOFError in the code). Unanswered, the code "
         "stops at its timeout."),
-        input_prompt=question.prompt, input_password=question.password, question_id=question.id)
+        input_prompt=display(question.prompt, 500), input_password=question.password, question_id=question.id)
 
 
 def info(s: Session, status: str) -> SessionInfo:
@@ -350,7 +351,7 @@ def code_mode_listing(broker: Broker) -> Callable[[Any, Any], Awaitable[Any]]:
             return result
         lines = ["(the MCP servers are still starting: mcp_tools.list() in a cell names what is callable)"]
         with anyio.move_on_after(LISTING_PATIENCE):  # a slow server must not hold up tools/list
-            entries, failed = await broker.catalog()
+            entries, failed = await broker.catalog(current_principal())
             lines = broker.describe(entries) + [f"({name}: unavailable)" for name in failed]
         extra = "\n" + CODE_MODE_LINE + "\n" + "\n".join(lines or ["(none)"])
 

@@ -17,6 +17,7 @@ from mcp.server.mcpserver import Context
 from mcp_types import ElicitRequest, ElicitRequestFormParams, InputRequiredResult
 from pydantic import BaseModel, Field
 
+from kernelexec.display import display
 from kernelexec.session.runs import Question, Run
 
 
@@ -33,7 +34,7 @@ def question_message(handle: str, prompt: str, password: bool) -> str:
     """The words around a cell's prompt, the server's, so that a cell's prompt cannot pass for the assistant's."""
     how = "getpass() — it asks for a password or secret" if password else "input()"
     message = (f"Code running in kernelexec session {handle} asks for input through {how}. This question comes "
-               f"from the code, not from the assistant or kernelexec:\n\n{prompt.strip()[:500] or '(no prompt)'}")
+               f"from the code, not from the assistant or kernelexec:\n\n{display(prompt.strip(), 500).strip() or '(no prompt)'}")
     if password:
         message += "\n\nYour answer goes to the code only; the notebook records it as ***."
     return message
@@ -86,7 +87,7 @@ def approver(ctx: Context | None) -> Callable[[Question], Awaitable[bool | None]
 
     async def approve(question: Question) -> bool | None:
         try:
-            result = await ctx.elicit(question.prompt, _Approval)
+            result = await ctx.elicit(display(question.prompt, None), _Approval)
         except Exception:  # noqa: BLE001 - no back-channel, the client refused: nobody was asked
             return None
         data = getattr(result, "data", None)
@@ -114,7 +115,7 @@ def question_request(run: Run, question: Question) -> ElicitRequest:
     inputRequests (tasks.py): one form field, ``answer``, and the server's words around the prompt; for code
     mode's approval, the broker's own words (broker.approval_message) and a yes/no."""
     if question.approval:
-        return ElicitRequest(params=ElicitRequestFormParams(message=question.prompt,
+        return ElicitRequest(params=ElicitRequestFormParams(message=display(question.prompt, None),
                                                             requested_schema=_Approval.model_json_schema()))
     return ElicitRequest(params=ElicitRequestFormParams(
         message=question_message(run.session.handle, question.prompt, question.password),

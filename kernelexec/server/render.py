@@ -24,6 +24,7 @@ from typing import Any
 
 from mcp_types import Annotations, ContentBlock, EmbeddedResource, ImageContent, ResourceLink, TextContent, TextResourceContents
 
+from kernelexec.display import display
 from kernelexec.kernel.collector import strip_ansi
 from kernelexec.kernel.execution import CellError, Execution
 from kernelexec.longtext import cut
@@ -132,7 +133,7 @@ class Renderer:
         self._context_told = context
         if shown_text:
             text += "".join(f"\n<kernelexec-display>\n{escape_tags(t.rstrip())}\n</kernelexec-display>" for t in shown_text)
-        return Rendered(structured, [TextContent(type="text", text=text, annotations=FOR_BOTH), *blocks])
+        return Rendered(structured, [TextContent(type="text", text=display(text, None), annotations=FOR_BOTH), *blocks])
 
     def _result(self, ex: Execution, stem: str) -> tuple[Any, str | None]:
         """The result's value, cut past ``result_chars`` with the whole kept in its file."""

@@ -28,6 +28,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
+from kernelexec.display import display
 from kernelexec.errors import KernelexecError
 from kernelexec.server.app import App, info, translated, variables_answer
 from kernelexec.server.results import SessionInfo, VariablesResult
@@ -99,9 +100,10 @@ def parse_page(data: Any) -> dict[str, Any]:
     columns, rows, total = found.get("columns"), found.get("rows"), found.get("total")
     if not (isinstance(columns, list) and isinstance(rows, list) and isinstance(total, int)):
         raise ToolError("could not read the table: the kernel's answer has the wrong shape")
-    return {"columns": [str(c)[:MAX_CELL_CHARS] for c in columns[:MAX_COLUMNS]],
-            "index_name": str(found.get("index_name") or "")[:MAX_CELL_CHARS],
-            "rows": [[str(v)[:MAX_CELL_CHARS] for v in r[: MAX_COLUMNS + 1]] for r in rows[:MAX_PAGE_ROWS] if isinstance(r, list)],
+    return {"columns": [display(str(c)[:MAX_CELL_CHARS], MAX_CELL_CHARS) for c in columns[:MAX_COLUMNS]],
+            "index_name": display(str(found.get("index_name") or "")[:MAX_CELL_CHARS], MAX_CELL_CHARS),
+            "rows": [[display(str(v)[:MAX_CELL_CHARS], MAX_CELL_CHARS) for v in r[: MAX_COLUMNS + 1]]
+                     for r in rows[:MAX_PAGE_ROWS] if isinstance(r, list)],
             "total": max(total, 0)}
 
 

@@ -231,14 +231,14 @@ class Session:
         catalog), and this cell's calls; None when code mode is off."""
         if self.broker is None:
             return None
-        catalog = await self.broker.kernel_catalog()
+        catalog = await self.broker.kernel_catalog(self.owner)  # the owner's connections (broker.py)
         if kernel.tools_catalog != catalog:
             count = await kernel.evaluate(f"_kernelexec_tools_catalog({catalog!r})")  # the tools it took: "3"
             if isinstance(count, str) and count.isdigit():
                 kernel.tools_catalog = catalog
             else:  # the kernel could not take it (an old startup file?): tried again at the next cell
                 logger.warning("session %s: the kernel did not take code mode's catalog: %s", self.handle, str(count)[:200])
-        return self.broker.cell(approve, timeout)
+        return self.broker.cell(approve, timeout, principal=self.owner)
 
     async def open(self, working_dir: str | None = None) -> None:
         """Start the kernel of a new session (``new_session``), its default directory set first if given."""
