@@ -139,6 +139,14 @@ class Settings(BaseSettings):
     auth_token: SecretStr | None = Field(None, description="Bearer token HTTP clients must send (at least 16 characters).")
     auth_token_file: Path | None = Field(None, description="File of bearer tokens, one per line; each is its own principal.")
     max_sessions_per_token: int = Field(8, ge=1, description="Most live sessions one HTTP token may hold.")
+    max_queued_runs_per_session: int = Field(
+        16, ge=1, description="Most runs (execute_code cells, background or foreground) one session may have queued or "
+        "running at once; more are refused until one finishes.")
+    max_queued_runs_per_token: int = Field(
+        32, ge=1, description="Most runs queued or running at once over all sessions of one HTTP token.")
+    max_queued_runs: int = Field(
+        128, ge=1, description="Most runs queued or running at once in the whole server (each holds its code: at most "
+        "this many times --max-code-bytes).")
     pool_size: int = Field(1, ge=0, description="Kernels kept started (inside their sandbox) for new sessions; 0 = no pool.")
     restart_spares: int = Field(
         1, ge=0, description="Sessions (the most recently used) that keep a warm spare kernel, started inside their own "

@@ -123,7 +123,8 @@ class App:
     settings: Settings
     sessions: SessionManager
     _renderers: "weakref.WeakKeyDictionary[Session, Renderer]" = field(default_factory=weakref.WeakKeyDictionary)
-    _answers: "OrderedDict[str, Rendered]" = field(default_factory=OrderedDict)  # finished runs' answers, once each
+    # finished runs' answers, once each, by owner (token): the last KEEP_FINISHED of each, like the runs kept
+    _answers: "dict[str | None, OrderedDict[str, Rendered]]" = field(default_factory=dict)
 
     def renderer(self, session: Session) -> Renderer:
         """The session's renderer (it numbers the session's output files and tells the header once)."""
@@ -150,12 +151,13 @@ class App:
 
     def answer_of(self, run: Run) -> Rendered:
         """A finished run's answer, rendered once (its output files are written once) and kept like the run."""
-        rendered = self._answers.get(run.id)
+        kept = self._answers.setdefault(run.session.owner, OrderedDict())
+        rendered = kept.get(run.id)
         if rendered is None:
             assert run.finished is not None and isinstance(run.session, Session)
-            rendered = self._answers[run.id] = self.render(run.session, run.finished)
-            while len(self._answers) > KEEP_FINISHED:
-                self._answers.popitem(last=False)
+            rendered = kept[run.id] = self.render(run.session, run.finished)
+            while len(kept) > KEEP_FINISHED:
+                kept.popitem(last=False)
         return rendered
 
     @staticmethod
@@ -165,17 +167,51 @@ class App:
 
     async def resolve(self, ctx: Context | None, handle: str | None) -> Session:
         """The session a call means: its handle, else its connection's default (see DESIGN.md, sessions)."""
-        owner, working_dir = self.owner(), self.settings.working_dir
+        return (await self._resolve(ctx, handle))[0]
+
+    async def _resolve(self, ctx: Context | None, handle: str | None, working_dir: str | None = None) -> tuple[Session, bool]:
+        """``resolve``, and whether the session was made for this call. A call's ``working_dir`` is checked
+        before a session is made for it (what can be checked without one: ``SessionManager.check_working_dir``),
+        and again on the session; a session made for this call that fails that is given up (``discard``)."""
+        owner, default_dir = self.owner(), self.settings.working_dir
         if handle:
-            return await self.sessions.lookup(handle, owner=owner)  # revives a session a restarted server left
+            target = await self.sessions.lookup(handle, owner=owner)  # revives a session a restarted server left
+            target.resolve_working_dir(working_dir)  # a bad working_dir is answered before anything starts
+            return target, False
+        self.sessions.check_working_dir(working_dir)  # before anything is reserved
+        known = set(self.sessions.sessions)
         headers = ctx.headers if ctx is not None else None
         if headers is None:  # stdio, in-memory: one client per process
-            return await self.sessions.default(working_dir=working_dir)
-        transport_id = headers.get("mcp-session-id")
-        if transport_id:  # legacy streamable HTTP (protocol <= 2025-11-25)
-            return await self.sessions.for_transport(transport_id, owner=owner, working_dir=working_dir)
-        # stateless HTTP (2026-07-28): no way to tell clients apart, so a fresh session per call without a handle
-        return await self.sessions.create(owner=owner, working_dir=working_dir)
+            target = await self.sessions.default(working_dir=default_dir)
+        elif transport_id := headers.get("mcp-session-id"):  # legacy streamable HTTP (protocol <= 2025-11-25)
+            target = await self.sessions.for_transport(transport_id, owner=owner, working_dir=default_dir)
+        else:  # stateless HTTP (2026-07-28): no way to tell clients apart, so a fresh session per call without a handle
+            target = await self.sessions.create(owner=owner, working_dir=default_dir)
+        fresh = target.handle not in known
+        try:
+            target.resolve_working_dir(working_dir)
+        except BaseException:
+            if fresh:
+                await self.sessions.discard(target)
+            raise
+        return target, fresh
+
+    async def _start(self, ctx: Context, session: str | None, working_dir: str | None,
+                     start: Callable[[Session, Callable[[Run], Awaitable[None]] | None], Run]) -> Run:
+        """Resolve the call's session and start its run; a session made for this call is given up when the run
+        cannot start (a run budget) or ends without running anything (its place is never held by a failure)."""
+        target, fresh = await self._resolve(ctx, session, working_dir)
+
+        async def unused(run: Run) -> None:
+            if target.kernel is None or not await anyio.to_thread.run_sync(target.recorder.cells):  # nothing ran in it
+                await self.sessions.discard(target)
+
+        try:
+            return start(target, unused if fresh else None)
+        except BaseException:
+            if fresh:
+                await self.sessions.discard(target)
+            raise
 
     async def run(self, ctx: Context, code: str, session: str | None, timeout: float | None,
                   working_dir: str | None, result_rule: ResultRule = "variable") -> Rendered:
@@ -191,14 +227,12 @@ class App:
         (the cell is never cut by a client's patience). A call cancelled before that cancels the cell."""
         _check_code(self.settings, code)
         seconds = _timeout(self.settings, timeout)
-        target = await self.resolve(ctx, session)
-        target.resolve_working_dir(working_dir)  # a bad working_dir is answered before anything starts
         progress = _Progress(ctx)
-        started = self.sessions.runs.start(target, code, timeout=seconds, working_dir=working_dir, listener=progress,
-                                           result_rule=result_rule, ask=asker(ctx, target.handle), approve=approver(ctx),
-                                           elicit_retry=elicits(ctx) and multi_round_trip(ctx),
-                                           # a question waits for send_input only where there is one (not in the presets)
-                                           wait_for_input=yield_after is None and exposed_tools(self.settings) is None)
+        started = await self._start(ctx, session, working_dir, lambda target, unused: self.sessions.runs.start(
+            target, code, timeout=seconds, working_dir=working_dir, listener=progress, result_rule=result_rule,
+            ask=asker(ctx, target.handle), approve=approver(ctx), elicit_retry=elicits(ctx) and multi_round_trip(ctx),
+            # a question waits for send_input only where there is one (not in the presets)
+            wait_for_input=yield_after is None and exposed_tools(self.settings) is None, unused=unused))
         patience = self.settings.yield_after if yield_after is None else yield_after
         return await self.follow(ctx, started, patience or math.inf, progress, cancel=True)
 
@@ -268,9 +302,8 @@ class App:
                                working_dir: str | None) -> CallToolResult:
         _check_code(self.settings, code)
         seconds = _timeout(self.settings, timeout if timeout is not None else self.settings.max_timeout)
-        target = await self.resolve(ctx, session)
-        target.resolve_working_dir(working_dir)
-        started = self.sessions.runs.start(target, code, timeout=seconds, working_dir=working_dir)
+        started = await self._start(ctx, session, working_dir, lambda target, unused: self.sessions.runs.start(
+            target, code, timeout=seconds, working_dir=working_dir, unused=unused))
         return running(started, f"started in the background (timeout {seconds:g} s)")
 
 

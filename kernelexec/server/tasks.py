@@ -23,7 +23,7 @@ cancelled call would: SIGINT, the cell stops, variables stay.
 
 Ownership: a task belongs to the auth principal that created it (``auth.current_principal``); to any
 other it does not exist (-32602, as an unknown id). Lifetime: ``ttlMs`` from creation, the cell's timeout
-plus ``KEEP_AFTER`` (an install: ``--max-timeout`` plus it), and at most ``KEEP_FINISHED`` finished tasks;
+plus ``KEEP_AFTER`` (an install: ``--max-timeout`` plus it), and at most ``KEEP_FINISHED`` finished tasks per owner;
 tasks live in this server process (a restart forgets them; the notebook keeps every finished cell).
 A request that did not declare the extension never gets a task, and ``tasks/*`` answer it -32021.
 """
@@ -59,7 +59,7 @@ EXTENSION_ID = "io.modelcontextprotocol/tasks"
 TASK_TOOLS = ("execute_code", "install_packages")
 POLL_INTERVAL_MS = 1000
 KEEP_AFTER = 3600.0  # seconds a task outlives its cell's timeout (ttlMs)
-KEEP_FINISHED = 200  # finished tasks kept, the most recent
+KEEP_FINISHED = 200  # finished tasks kept per owner (token), the most recent
 
 
 class TaskParams(RequestParams):
@@ -141,7 +141,7 @@ class TaskStore:
         self._tasks: OrderedDict[str, Task] = OrderedDict()
 
     def add(self, task: Task) -> Task:
-        self._prune()
+        self._prune(task.owner)
         self._tasks[task.id] = task
         return task
 
@@ -155,10 +155,12 @@ class TaskStore:
             raise MCPError(code=INVALID_PARAMS, message="Failed to retrieve task: Task not found")
         return task
 
-    def _prune(self) -> None:
+    def _prune(self, owner: str | None) -> None:
+        """Expired tasks go; of ``owner``'s finished tasks the last KEEP_FINISHED - 1 stay (room for the one added).
+        Kept per owner (token): one token's many quick tasks never evict another's unread result."""
         for key in [k for k, t in self._tasks.items() if t.expired]:
             del self._tasks[key]
-        finished = [k for k, t in self._tasks.items() if t.finished]
+        finished = [k for k, t in self._tasks.items() if t.finished and t.owner == owner]
         for key in finished[: max(0, len(finished) - KEEP_FINISHED + 1)]:
             del self._tasks[key]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import secrets
 import shutil
 from collections.abc import AsyncIterator
@@ -41,7 +42,7 @@ class SessionManager:
         self.aliases: dict[str, str] = {}  # transport session id (legacy HTTP) -> handle
         self.default_handle: str | None = None
         self._create_lock = anyio.Lock()
-        self.runs = RunRegistry()
+        self.runs = RunRegistry(settings)  # the run budgets (--max-queued-runs*) and the finished runs kept
         self.broker = broker_from_settings(settings)  # code mode, or None; a config a kernel could write is refused here
         self.pool = WarmPool(settings, self.environment_for, self.remove_dir)
         self.upkeep = Upkeep(settings, self.sessions)
@@ -126,6 +127,56 @@ class SessionManager:
                     self.remove_dir(session)
                     raise
             return self._track(session)
+
+    def check_working_dir(self, working_dir: str | None) -> None:
+        """Check a call's ``working_dir`` for a session not made yet, before anything is reserved for it: what
+        can be judged without the session (an absolute path, or one relative to --working-dir) must exist and
+        lie in --work-roots, as ``Session.resolve_working_dir`` will ask. A path relative to the new session's
+        own directory is checked once it exists (and the session given up if it fails: ``discard``)."""
+        if working_dir is None or not isinstance(working_dir, str):
+            return
+        path = Path(os.path.expanduser(working_dir))
+        if not path.is_absolute():
+            if self.settings.working_dir is None:
+                return
+            path = self.settings.working_dir / path
+        path = path.resolve()
+        if not path.is_dir():
+            raise InvalidRequest(f"working_dir {working_dir!r} does not exist or is not a directory")
+        roots = [Path(r).resolve() for r in self.settings.work_roots]
+        if self.settings.effective_profile == "trusted" and not roots:
+            return
+        if not any(path == r or r in path.parents for r in roots):
+            raise InvalidRequest(f"working_dir {working_dir!r} is outside the allowed roots ({', '.join(map(str, roots))}); "
+                                 "see --work-roots")
+
+    async def discard(self, session: Session) -> None:
+        """Give up a session made for a call that failed before it ran anything (a bad working_dir, a run budget,
+        a refused pip line, a kernel that did not start): its place under --max-sessions and
+        --max-sessions-per-token is released, its handle forgotten, and its directory removed when nothing was
+        recorded in it (else kept, closed). A session in use (its lock held) is left alone."""
+        if session.closed or self.sessions.get(session.handle) is not session or session.lock.locked():
+            return
+        async with session.lock:
+            if session.closed:
+                return
+            session.closed = True
+            try:
+                await session.stop_kernel()
+            except Exception:  # its place is given back all the same
+                logger.exception("stopping the kernel of discarded session %s", session.handle)
+            session.reserved = False
+            recorded = await anyio.to_thread.run_sync(session.recorder.cells)
+            if recorded:
+                mark_closed(session.dirs.root)
+            session.release()
+        self.sessions.pop(session.handle, None)
+        for key in [k for k, h in self.aliases.items() if h == session.handle]:
+            del self.aliases[key]
+        if self.default_handle == session.handle:
+            self.default_handle = None
+        if not recorded:
+            self.remove_dir(session)
 
     def get(self, handle: str, *, owner: str | None = None) -> Session:
         """Look a handle up; a session from another owner is reported exactly like an unknown one."""

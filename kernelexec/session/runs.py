@@ -32,7 +32,8 @@ from typing import Any, Protocol
 import anyio
 
 from kernelexec.codemode.broker import ApprovalCall, Approve, Verdict
-from kernelexec.errors import InvalidRequest, KernelexecError
+from kernelexec.config import Settings
+from kernelexec.errors import InvalidRequest, KernelexecError, SessionError
 from kernelexec.kernel.execution import Execution, ResultRule
 from kernelexec.layout import SessionDirs
 from kernelexec.longtext import live_tail
@@ -316,26 +317,54 @@ class Run:
 
 
 class RunRegistry:
-    """All background runs of one server process."""
+    """All runs of one server process: those queued or running, under the run budgets (``--max-queued-runs-per-
+    session``, ``-per-token``, ``--max-queued-runs``, checked in ``start`` before anything is made), and the
+    finished ones kept for get_run, the last ``KEEP_FINISHED`` of each owner (token), so that one token's runs
+    never evict another's unread answer."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: Settings | None = None) -> None:
         self._runs: OrderedDict[str, Run] = OrderedDict()
         self._tg: Any = None
+        defaults = Settings.model_construct() if settings is None else settings
+        self.per_session = defaults.max_queued_runs_per_session
+        self.per_token = defaults.max_queued_runs_per_token
+        self.per_server = defaults.max_queued_runs
 
     def attach(self, task_group: Any) -> None:
         self._tg = task_group
 
+    def check_budget(self, session: RunHost) -> None:
+        """Refuse one more run for ``session`` when it, its owner or the server is at its run budget."""
+        live = [r for r in self._runs.values() if not r.done.is_set()]
+        if len(live) >= self.per_server:
+            raise SessionError(f"the server already has {len(live)} runs queued or running (--max-queued-runs); "
+                               "wait for one to finish (get_run) and try again")
+        owner = session.owner
+        if owner is not None:
+            held = sum(1 for r in live if r.session.owner == owner)
+            if held >= self.per_token:
+                raise SessionError(f"this token already has {held} runs queued or running (--max-queued-runs-per-token); "
+                                   "wait for one to finish (get_run) or interrupt one")
+        queued = sum(1 for r in live if r.session is session)
+        if queued >= self.per_session:
+            raise SessionError(f"session {session.handle} already has {queued} runs queued or running "
+                               "(--max-queued-runs-per-session); wait for one to finish (get_run) or interrupt(session)")
+
     def start(self, session: RunHost, code: str, *, timeout: float, working_dir: str | None,
               listener: Callable[[str, str], Awaitable[None]] | None = None, result_rule: ResultRule = "variable",
               ask: DirectAsk | None = None, wait_for_input: bool = True, approve: DirectApprove | None = None,
-              elicit_retry: bool = False) -> Run:
+              elicit_retry: bool = False, unused: Callable[[Run], Awaitable[None]] | None = None) -> Run:
+        """Start a cell as a run (the budgets checked first: at a limit nothing is made). ``unused``: called when
+        the run ended without a cell run and no other run of its session is pending (a session made for this
+        call gives its place back)."""
         if self._tg is None:
             raise KernelexecError("background runs need a running session manager")
+        self.check_budget(session)
         run = Run(id="run-" + secrets.token_urlsafe(9), session=session, listener=listener, scope=anyio.CancelScope(),
                   wait_for_input=wait_for_input, elicit_retry=elicit_retry)
         run.deadline = run.started + timeout
         self._runs[run.id] = run
-        self._prune()
+        self._prune(session.owner)
 
         async def body() -> None:
             assert run.scope is not None
@@ -351,6 +380,10 @@ class RunRegistry:
                 run.failure = f"{type(exc).__name__}: {exc}"
             finally:
                 run.done.set()
+                if unused is not None and run.finished is None and not run.scope.cancelled_caught and not any(
+                        r.session is session and not r.done.is_set() for r in self._runs.values()):
+                    with anyio.CancelScope(shield=True):
+                        await unused(run)
 
         self._tg.start_soon(body)
         return run
@@ -364,7 +397,8 @@ class RunRegistry:
     def get(self, run_id: str, *, owner: str | None) -> Run:
         run = self._runs.get(run_id) if isinstance(run_id, str) else None
         if run is None or (run.session.owner is not None and run.session.owner != owner):
-            raise InvalidRequest(f"unknown run {str(run_id)[:80]!r} (finished runs are kept for the last {KEEP_FINISHED} runs)")
+            raise InvalidRequest(f"unknown run {str(run_id)[:80]!r} (finished runs are kept for the last {KEEP_FINISHED} "
+                                 "runs of each token)")
         return run
 
     def decline_waiting(self, session: RunHost) -> None:
@@ -384,7 +418,8 @@ class RunRegistry:
             await run.done.wait()
         return run.done.is_set()
 
-    def _prune(self) -> None:
-        finished = [k for k, r in self._runs.items() if r.done.is_set()]
+    def _prune(self, owner: str | None) -> None:
+        """Keep the last KEEP_FINISHED finished runs of ``owner``; other owners' are not touched."""
+        finished = [k for k, r in self._runs.items() if r.done.is_set() and r.session.owner == owner]
         for key in finished[: max(0, len(finished) - KEEP_FINISHED)]:
             del self._runs[key]
