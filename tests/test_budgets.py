@@ -108,6 +108,28 @@ async def test_stateless_calls_that_fail_give_their_session_back(short_tmp: Path
             assert not mine.is_error and mine.structured_content["result"] == "still served", mine.content
 
 
+async def test_stateless_calls_that_run_no_code_hold_no_session(short_tmp: Path, tokens: Path) -> None:
+    """The tools that run no code, over stateless HTTP without a handle: interrupt, list_variables and
+    restart_session name no session and are refused without making one; install_packages that fails (a bad
+    spec) gives its fresh session back. 30 such calls, then the other token and alice still get a session of
+    --max-sessions 2 (before, each of them made a session that held its place for good)."""
+    with http_server(short_tmp / "nocode", "--auth-token-file", str(tokens), "--max-sessions", "2",
+                     "--max-sessions-per-token", "2", *QUIET) as url:
+        async with client(url, ALICE) as alice:
+            for i in range(8):
+                for tool in ("interrupt", "list_variables", "restart_session"):
+                    result = await alice.call_tool(tool, {})
+                    assert result.is_error and "session handle" in result.content[0].text, (tool, result.content)
+            for i in range(6):
+                result = await alice.call_tool("install_packages", {"packages": [f"not a valid spec {i} !!"]})
+                assert result.is_error, result.content
+            async with client(url, BOB) as bob:
+                done = await bob.call_tool("execute_code", {"code": "6 * 7"})
+                assert not done.is_error and done.structured_content["result"] == 42, done.content
+            mine = await alice.call_tool("execute_code", {"code": "'still served'"})
+            assert not mine.is_error and mine.structured_content["result"] == "still served", mine.content
+
+
 async def test_one_tokens_quick_runs_do_not_evict_anothers_unread_result(short_tmp: Path, tokens: Path) -> None:
     """Finished runs are kept for get_run per token: bob's finished, unread background run survives alice's 250
     quick ones. Before, the 200 kept runs were one pool for all tokens and bob's run was gone ("unknown run")."""

@@ -166,8 +166,26 @@ class App:
         return current_principal()
 
     async def resolve(self, ctx: Context | None, handle: str | None) -> Session:
-        """The session a call means: its handle, else its connection's default (see DESIGN.md, sessions)."""
+        """The session a call that runs no code means (interrupt, list_variables, restart, the view's buttons): its
+        handle, else its connection's default (see DESIGN.md, sessions). Over stateless HTTP a call without a
+        handle names no session, and a session made for it would hold a place for nothing: refused, nothing made."""
+        headers = ctx.headers if ctx is not None else None
+        if not handle and headers is not None and not headers.get("mcp-session-id"):
+            raise InvalidRequest("over stateless HTTP (protocol 2026-07-28) a call without a session handle names no "
+                                 "session: pass session=... from an earlier answer (execute_code and new_session give it)")
         return (await self._resolve(ctx, handle))[0]
+
+    async def using(self, ctx: Context | None, handle: str | None, work: Callable[[Session], Awaitable[T]]) -> T:
+        """``work`` on the call's session (made for it when it names none); a session made for this call is given up
+        when ``work`` fails (its place is never held by a failure)."""
+        target, fresh = await self._resolve(ctx, handle)
+        try:
+            return await work(target)
+        except BaseException:
+            if fresh:
+                with anyio.CancelScope(shield=True):
+                    await self.sessions.discard(target)
+            raise
 
     async def _resolve(self, ctx: Context | None, handle: str | None, working_dir: str | None = None) -> tuple[Session, bool]:
         """``resolve``, and whether the session was made for this call. A call's ``working_dir`` is checked

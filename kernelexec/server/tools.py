@@ -21,6 +21,7 @@ from kernelexec.server.results import ExecuteResult, InstalledPackage, InstallRe
 from kernelexec.server.view import VIEW_META
 from kernelexec.session.restore import describe_replayed
 from kernelexec.session.runs import Run
+from kernelexec.session.session import Session
 
 SessionArg = Annotated[
     str | None,
@@ -180,14 +181,17 @@ def _session_tools(app: App) -> dict[str, Any]:
         upgrade: Annotated[bool, Field(description="Upgrade what the session's overlay already has")] = False,
     ) -> InstallResult:
         """Install packages for a session (the server fetches wheels; the kernel stays offline); importable at once."""
-        target = await app.resolve(ctx, session)
-        outcome = await target.install(packages, upgrade=upgrade)
+        target, outcome = await app.using(ctx, session, lambda s: _installed(s, packages, upgrade))
         return InstallResult(
             session=target.handle, duration_ms=outcome.duration_ms, index=outcome.index, summary=outcome.summary(),
             installed=[InstalledPackage(name=i.name, version=i.version, size=i.size) for i in outcome.installed])
 
     return {"new_session": new_session, "restart_session": restart_session, "close_session": close_session,
             "install_packages": install_packages}
+
+
+async def _installed(target: Session, packages: list[str], upgrade: bool) -> tuple[Session, Any]:
+    return target, await target.install(packages, upgrade=upgrade)
 
 
 def register(mcp: MCPServer, app: App) -> None:
