@@ -139,6 +139,12 @@ class Settings(BaseSettings):
     auth_token: SecretStr | None = Field(None, description="Bearer token HTTP clients must send (at least 16 characters).")
     auth_token_file: Path | None = Field(None, description="File of bearer tokens, one per line; each is its own principal.")
     max_sessions_per_token: int = Field(8, ge=1, description="Most live sessions one HTTP token may hold.")
+    store: SecretStr | None = Field(
+        None,
+        description="The session store, where runs and tasks outlive a restart: a postgresql://user:password@host/db URL "
+        "(the [postgres] extra; prefer KERNELEXEC_STORE to a flag, which other local users can read). "
+        "Default: SQLite at <state dir>/kernelexec.db. Never printed.",
+    )
     pool_size: int = Field(1, ge=0, description="Kernels kept started (inside their sandbox) for new sessions; 0 = no pool.")
     restart_spares: int = Field(
         1, ge=0, description="Sessions (the most recently used) that keep a warm spare kernel, started inside their own "
