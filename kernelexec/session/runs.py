@@ -15,6 +15,8 @@ waiting (``Run.detach``) waits on the run too: the first answer wins.
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 import secrets
 import time
@@ -35,8 +37,13 @@ APPROVED = "approve"  # the answer that approves a tool call (Question.approval)
 QUESTIONS_PER_MINUTE = 5  # a cell cannot make the client ask more often; the rest get EOFError
 MAX_INPUT_CHARS = 1_000_000  # one answer to input()
 
+logger = logging.getLogger(__name__)
+
 Ask = Callable[[str, bool], Awaitable[str | None]]
 Approve = Callable[[str], Awaitable[bool | None]]  # code mode's approval question (broker.Approve)
+# told of each run's changes: "started", "awaiting_input", "running" (answered), "finished" (done is set); the
+# server records them in the session store (server/durable.py). Never raises into the run; shielded from cancellation.
+RunObserver = Callable[["Run", str], Awaitable[None]]
 
 
 @dataclass
@@ -97,6 +104,7 @@ class Run:
     asked: list[float] = field(default_factory=list)
     approving: anyio.Lock = field(default_factory=anyio.Lock)  # code mode's approvals, one at a time
     pending: Question | None = None  # a question asked over the waiting call's back-channel (detach posts it)
+    notify: Callable[[str], Awaitable[None]] | None = None  # the registry's observers (RunRegistry.observers)
 
     async def on_output(self, name: str, text: str) -> None:
         self.output_chars += len(text)
@@ -192,12 +200,16 @@ class Run:
         question = self.question = Question(prompt, password, approval=approval)
         self.posted.set()
         try:
+            if self.notify is not None:
+                await self.notify("awaiting_input")
             with anyio.move_on_after(max(0.0, self.deadline - time.monotonic())):
                 await question.answered.wait()
             return question.answer
         finally:
             self.question = None
             self.posted = anyio.Event()
+            if self.notify is not None:
+                await self.notify("running")
 
     def answer(self, text: str | None, *, by_human: bool = False) -> Question:
         """Answer the question the run waits on (None declines it: EOFError in the cell). A tool call's
@@ -248,6 +260,7 @@ class RunRegistry:
     def __init__(self) -> None:
         self._runs: OrderedDict[str, Run] = OrderedDict()
         self._tg: Any = None
+        self.observers: list[RunObserver] = []  # each run's start, questions and end (the session store's record)
 
     def attach(self, task_group: Any) -> None:
         self._tg = task_group
@@ -261,11 +274,13 @@ class RunRegistry:
         run = Run(id="run-" + secrets.token_urlsafe(9), session=session, listener=listener, scope=anyio.CancelScope(),
                   wait_for_input=wait_for_input, elicit_retry=elicit_retry)
         run.deadline = run.started + timeout
+        run.notify = functools.partial(self._notify, run)
         self._runs[run.id] = run
         self._prune()
 
         async def body() -> None:
             assert run.scope is not None
+            await self._notify(run, "started")
             try:
                 with run.scope:
                     run.finished = await session.run(code, timeout=timeout, working_dir=working_dir, on_output=run.on_output,
@@ -278,9 +293,19 @@ class RunRegistry:
                 run.failure = f"{type(exc).__name__}: {exc}"
             finally:
                 run.done.set()
+                await self._notify(run, "finished")
 
         self._tg.start_soon(body)
         return run
+
+    async def _notify(self, run: Run, event: str) -> None:
+        """Tell the observers; shielded (a cancelled run's end is still told), and never failing the run."""
+        for observer in self.observers:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await observer(run, event)
+                except Exception:
+                    logger.exception("run %s: recording %s", run.id, event)
 
     def spawn(self, work: Callable[[], Awaitable[None]]) -> None:
         """Start ``work`` in the runs' task group: work that outlives the call that started it (a task's job)."""
