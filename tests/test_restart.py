@@ -1,32 +1,39 @@
 """Nothing promised is lost with the process (issue 31): a real ``kernelexec serve`` over HTTP is killed with
-SIGKILL and started again on the same state directory (its session store, SQLite by default); the runs and
-tasks it had answer as before — a finished one with its answer, one that was running (or waiting in input())
-when the server died with an honest "lost" — and another token still sees none of them."""
+SIGKILL and started again on the same state directory and store (SQLite by default, or a real PostgreSQL
+through KERNELEXEC_STORE); the runs and tasks it had answer as before — a finished one with its answer, one
+that was running (or waiting in input()) when the server died with an honest "lost" — and another token still
+sees none of them. The store's password appears in no output of the server or of ``kernelexec config``."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 
+from .pg import Postgres, postgres
 from .support import clean_env, free_port, kernelexec_cmd, wait_for_port
 from .test_tasks import ALICE, BOB, Raw, assert_task
+
+__all__ = ["postgres"]  # the session's PostgreSQL, a fixture
 
 pytestmark = pytest.mark.anyio
 
 
 @contextmanager
-def serving(state_dir: Path, tokens: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def serving(state_dir: Path, tokens: Path, log: Path, **env: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     port = free_port()
-    proc = subprocess.Popen(
-        kernelexec_cmd("serve", "--transport", "http", "--port", str(port), "--state-dir", str(state_dir), "--auth-token-file",
-                       str(tokens), "--yield-after", "1", "--restart-spares", "0", "--pool-size", "0"),
-        env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            kernelexec_cmd("serve", "--transport", "http", "--port", str(port), "--state-dir", str(state_dir), "--auth-token-file",
+                           str(tokens), "--yield-after", "1", "--restart-spares", "0", "--pool-size", "0"),
+            env=clean_env(**env), stdout=out, stderr=out)
     try:
         wait_for_port(port, proc)
         yield f"http://127.0.0.1:{port}/mcp", proc
@@ -44,11 +51,20 @@ def text(result: dict[str, Any]) -> str:
     return "".join(c.get("text", "") for c in result["content"])
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_env(request: pytest.FixtureRequest) -> dict[str, str]:
+    if request.param == "sqlite":
+        return {}
+    pg: Postgres = request.getfixturevalue("postgres")
+    return {"KERNELEXEC_STORE": pg.url(pg.create_db())}
+
+
 @pytest.mark.slow
-async def test_runs_and_tasks_survive_a_sigkilled_server(short_tmp: Path) -> None:
-    state, tokens = short_tmp / "restart", short_tmp / "restart-tokens"
+async def test_runs_and_tasks_survive_a_sigkilled_server(short_tmp: Path, store_env: dict[str, str]) -> None:
+    base = Path(tempfile.mkdtemp(prefix="r", dir=short_tmp))  # short: the kernels' unix socket paths
+    state, tokens, log = base / "state", base / "tokens", base / "server.log"
     tokens.write_text(f"{ALICE}\n{BOB}\n")
-    with serving(state, tokens) as (url, proc):
+    with serving(state, tokens, log, **store_env) as (url, proc):
         alice, bob = Raw(url, ALICE), Raw(url, BOB)
         handle = (await alice.call("new_session"))["structuredContent"]["session"]
         # a background run, finished before the kill (its answer collected once; a restart must keep it)
@@ -74,7 +90,7 @@ async def test_runs_and_tasks_survive_a_sigkilled_server(short_tmp: Path) -> Non
         proc.send_signal(signal.SIGKILL)
         proc.wait(15)
 
-    with serving(state, tokens) as (url, proc):
+    with serving(state, tokens, log, **store_env) as (url, proc):
         alice, bob = Raw(url, ALICE), Raw(url, BOB)
         again = await alice.call("get_run", run_id=finished_id, wait_s=0)
         assert again["isError"] is False and again["structuredContent"] == finished["structuredContent"], again
@@ -107,3 +123,19 @@ async def test_runs_and_tasks_survive_a_sigkilled_server(short_tmp: Path) -> Non
         if after.get("resultType") == "task":  # reviving the session's kernel may take longer than --yield-after
             after = (await alice.until(after["taskId"], "completed", within=90))["result"]
         assert after.get("isError") is not True and after["structuredContent"]["result"] == 2, after
+
+    shown = log.read_text(errors="replace")
+    assert "kernelexec: MCP over streamable HTTP" in shown  # the log is the servers' output
+    assert (state / "kernelexec.db").exists() is not bool(store_env)  # the store the server used: SQLite, or PostgreSQL
+    if store_env:
+        secret = store_env["KERNELEXEC_STORE"].split("//", 1)[1].split("@", 1)[0].split(":", 1)[1]
+        assert secret not in shown and unquote(secret) not in shown
+        config = subprocess.run(kernelexec_cmd("config", "--store", store_env["KERNELEXEC_STORE"]), env=clean_env(),
+                                capture_output=True, text=True, timeout=60)
+        assert config.returncode == 0 and '"store": "**********"' in config.stdout, config
+        assert secret not in config.stdout + config.stderr and unquote(secret) not in config.stdout + config.stderr
+        wrong = store_env["KERNELEXEC_STORE"].replace(secret, "Wr0ngPassw0rd")  # the server refuses it: serve exits
+        refused = subprocess.run(kernelexec_cmd("serve", "--state-dir", str(base / "other"), "--store", wrong), env=clean_env(),
+                                 stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 1 and "kernelexec: cannot open the store" in refused.stderr, refused.stderr
+        assert "Wr0ngPassw0rd" not in refused.stdout + refused.stderr and "Traceback" not in refused.stderr
