@@ -123,6 +123,14 @@ async def test_runs_and_tasks_survive_a_sigkilled_server(short_tmp: Path, store_
         if after.get("resultType") == "task":  # reviving the session's kernel may take longer than --yield-after
             after = (await alice.until(after["taskId"], "completed", within=90))["result"]
         assert after.get("isError") is not True and after["structuredContent"]["result"] == 2, after
+        if not store_env:  # the host rule: the store is out of the kernel's reach (its file, its directory)
+            db = state / "kernelexec.db"
+            probe = await alice.call("execute_code", session=handle, code=(
+                "import os\nseen = []\n"
+                f"for p in ({str(db)!r}, {str(db) + '-wal'!r}):\n"
+                "    try:\n        open(p, 'rb').read(16); seen.append(p)\n    except Exception as e:\n        seen.append(type(e).__name__)\n"
+                "result = seen"))
+            assert probe.get("isError") is not True and str(db) not in probe["structuredContent"]["result"], probe
 
     shown = log.read_text(errors="replace")
     assert "kernelexec: MCP over streamable HTTP" in shown  # the log is the servers' output
