@@ -487,3 +487,22 @@ def test_sqlite_keeps_every_committed_record_through_50_sigkills(tmp_path: Path)
 
     anyio.run(check)
     assert sum(confirmed.values()) > 200 and sum(1 for c in confirmed.values() if c) >= 30, confirmed
+
+
+async def test_postgres_reconnects_after_its_connection_is_lost(postgres: Postgres) -> None:
+    import psycopg
+
+    url = postgres.url(postgres.create_db())
+    s = await open_store(url, Path("/nonexistent"))
+    try:
+        await s.put_run(RunRecord("run-1", "s1", None, "running"))
+        with psycopg.connect(url, autocommit=True) as admin:  # the server drops the store's connection
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'kernelexec' "
+                          "AND datname = current_database()")
+        with pytest.raises(StoreError) as lost:  # the call in flight fails, said plainly (never retried: was it done?)
+            await s.put_run(RunRecord("run-2", "s1", None, "running"))
+        assert postgres.password not in _shown(lost.value)
+        await s.put_run(RunRecord("run-3", "s1", None, "running"))  # the next call has a new connection
+        assert (await s.get_run("run-1", owner=None)) is not None and (await s.get_run("run-3", owner=None)) is not None
+    finally:
+        await s.close()

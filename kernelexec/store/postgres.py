@@ -85,17 +85,20 @@ class PostgresStore:
     def _error(self, exc: BaseException, doing: str) -> StoreError:
         return StoreError(f"{doing} ({self.url}): {scrubbed(str(exc).strip(), self._url)}")
 
-    @classmethod
-    async def open(cls, url: str) -> PostgresStore:
+    @staticmethod
+    async def _connect(url: str) -> Any:
         try:
             import psycopg
         except ImportError:
             raise StoreError("a PostgreSQL store needs psycopg: pip install 'kernelexec[postgres]'") from None
         try:
-            conn = await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=10,
-                                                         application_name="kernelexec")
+            return await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=10, application_name="kernelexec")
         except (psycopg.Error, ValueError) as exc:  # ValueError: a malformed URL, whose text holds the password
             raise StoreError(f"cannot open the store {redacted(url)}: {scrubbed(str(exc).strip(), url)}") from None
+
+    @classmethod
+    async def open(cls, url: str) -> PostgresStore:
+        conn = await cls._connect(url)
         store = cls(url, conn)
         try:
             await store._migrate()
@@ -111,6 +114,8 @@ class PostgresStore:
         async with self._lock:
             if self._conn is None:
                 raise StoreError("the store is closed")
+            if self._conn.closed:  # the connection was lost (a failed call said so): a new one. A call is never
+                self._conn = await self._connect(self._url)  # retried: whether a lost commit happened is unknown
             try:
                 async with self._conn.transaction(), self._conn.cursor() as cur:
                     return await work(cur)
