@@ -14,6 +14,7 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+import anyio
 from mcp_types import CallToolResult, TextContent
 
 from kernelexec.errors import InvalidRequest, KernelexecError
@@ -42,10 +43,30 @@ def error(text: str) -> CallToolResult:
 def observer(app: App) -> Any:
     """The RunRegistry observer that records ``app``'s runs in its session store."""
 
+    started: dict[str, anyio.Event] = {}  # a run's first record, written in the background (the cell does not wait)
+
     async def record(run: Run, event: str) -> None:
         store = app.sessions.store
         if store is None:
             return
+        if event == "started":
+            written = started[run.id] = anyio.Event()
+
+            async def first() -> None:
+                try:
+                    await store.put_run(RunRecord(run.id, run.session.handle, run.session.owner, "running"))
+                except KernelexecError:
+                    logger.exception("recording run %s", run.id)
+                finally:
+                    written.set()
+
+            app.sessions.runs.spawn(first)
+            return
+        first_written = started.get(run.id)
+        if first_written is not None:  # every later record after the first, in order
+            await first_written.wait()
+            if event == "finished":
+                del started[run.id]
         state: RunState
         answer: dict[str, Any] | None = None
         if event != "finished":
