@@ -7,6 +7,7 @@ sees none of them. The store's password appears in no output of the server or of
 from __future__ import annotations
 
 import signal
+import sqlite3
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -147,3 +148,26 @@ async def test_runs_and_tasks_survive_a_sigkilled_server(short_tmp: Path, store_
                                  stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
         assert refused.returncode == 1 and "kernelexec: cannot open the store" in refused.stderr, refused.stderr
         assert "Wr0ngPassw0rd" not in refused.stdout + refused.stderr and "Traceback" not in refused.stderr
+
+
+@pytest.mark.slow
+async def test_a_run_going_when_the_server_is_stopped_answers_lost_after_the_restart(short_tmp: Path) -> None:
+    """SIGTERM: the run that was going is lost with the server, and the next server says so."""
+    base = Path(tempfile.mkdtemp(prefix="r", dir=short_tmp))
+    state, tokens, log = base / "state", base / "tokens", base / "server.log"
+    tokens.write_text(f"{ALICE}\n{BOB}\n")
+    with serving(state, tokens, log) as (url, proc):
+        alice = Raw(url, ALICE)
+        handle = (await alice.call("new_session"))["structuredContent"]["session"]
+        going = (await alice.call("execute_code", code="import time\nprint('begun', flush=True)\ntime.sleep(600)", session=handle,
+                                  background=True))["structuredContent"]["run_id"]
+        seen = await Raw(url, ALICE, elicitation=False).call("get_run", run_id=going, wait_s=1)
+        assert seen["structuredContent"]["ending"] == "running", seen
+        proc.terminate()
+        assert proc.wait(30) is not None
+    with sqlite3.connect(state / "kernelexec.db") as db:  # uvicorn re-raises SIGTERM after its own shutdown: the process
+        # ends before the session manager's clean-up (as on main), so the next server's start marks the run lost
+        assert db.execute("SELECT state FROM runs WHERE id = ?", (going,)).fetchall() == [("running",)]
+    with serving(state, tokens, log) as (url, proc):
+        lost = await Raw(url, ALICE).call("get_run", run_id=going, wait_s=0)
+        assert lost["isError"] is True and "was lost" in text(lost), lost
