@@ -162,16 +162,21 @@ def main(argv: list[str] | None = None) -> None:
                      "set --auth-token / KERNELEXEC_AUTH_TOKEN or --auth-token-file, or bind 127.0.0.1"))
     import anyio
 
-    if args.command == "serve":
-        anyio.run(_serve, settings)
-    elif args.command == "exec":
-        code = sys.stdin.read() if args.code == "-" else args.code
-        sys.exit(anyio.run(_exec, settings, code, args.call_timeout, args.call_working_dir))
-    elif args.command == "replay":
-        from kernelexec.session.replay_cli import replay_command
+    from kernelexec.store import StoreError
 
-        sys.exit(anyio.run(lambda: replay_command(settings, args.notebook, output=args.output, profile=args.profile,
-                                                     install=args.install, ask=args.ask, live_tools=args.live_tools)))
+    try:  # a store that cannot be opened: one line saying why (its URL's password redacted), no traceback
+        if args.command == "serve":
+            anyio.run(_serve, settings)
+        elif args.command == "exec":
+            code = sys.stdin.read() if args.code == "-" else args.code
+            sys.exit(anyio.run(_exec, settings, code, args.call_timeout, args.call_working_dir))
+        elif args.command == "replay":
+            from kernelexec.session.replay_cli import replay_command
+
+            sys.exit(anyio.run(lambda: replay_command(settings, args.notebook, output=args.output, profile=args.profile,
+                                                         install=args.install, ask=args.ask, live_tools=args.live_tools)))
+    except StoreError as exc:
+        sys.exit(safe(f"kernelexec: {exc}"))
 
 
 async def _serve(settings: Settings) -> None:

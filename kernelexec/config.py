@@ -147,6 +147,12 @@ class Settings(BaseSettings):
     max_queued_runs: int = Field(
         128, ge=1, description="Most runs queued or running at once in the whole server (each holds its code: at most "
         "this many times --max-code-bytes).")
+    store: SecretStr | None = Field(
+        None,
+        description="The session store, where runs and tasks outlive a restart: a postgresql://user:password@host/db URL "
+        "(the [postgres] extra; prefer KERNELEXEC_STORE to a flag, which other local users can read). "
+        "Default: SQLite at <state dir>/kernelexec.db. Never printed.",
+    )
     pool_size: int = Field(1, ge=0, description="Kernels kept started (inside their sandbox) for new sessions; 0 = no pool.")
     restart_spares: int = Field(
         1, ge=0, description="Sessions (the most recently used) that keep a warm spare kernel, started inside their own "

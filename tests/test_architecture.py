@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("kernel", {"kernel"}),
     ("sandbox", {"sandbox"}),
     ("environment", {"environment"}),
+    ("store", {"store"}),
     ("base", {"__init__", "config", "errors", "layout", "host", "longtext", "terminal", "display"}),
 ]
 SAME_RANK = {"lab": 1, "server": 1}  # side by side: neither imports the other

@@ -116,7 +116,7 @@ async def test_stateless_calls_that_run_no_code_hold_no_session(short_tmp: Path,
     with http_server(short_tmp / "nocode", "--auth-token-file", str(tokens), "--max-sessions", "2",
                      "--max-sessions-per-token", "2", *QUIET) as url:
         async with client(url, ALICE) as alice:
-            for i in range(8):
+            for _ in range(8):
                 for tool in ("interrupt", "list_variables", "restart_session"):
                     result = await alice.call_tool(tool, {})
                     assert result.is_error and "session handle" in result.content[0].text, (tool, result.content)

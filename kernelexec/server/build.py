@@ -9,7 +9,7 @@ from mcp.server.mcpserver import MCPServer
 from kernelexec import __version__
 from kernelexec.config import Settings
 from kernelexec.sandbox.policy import describe
-from kernelexec.server import resources, tasks, tools, view
+from kernelexec.server import durable, resources, tasks, tools, view
 from kernelexec.server.app import App, code_mode_listing
 from kernelexec.server.auth import StaticTokenVerifier, auth_settings, load_tokens
 from kernelexec.session.manager import SessionManager
@@ -30,6 +30,7 @@ def build_server(settings: Settings, sessions: SessionManager, app: App | None =
     profile = settings.effective_profile
     tokens = load_tokens(settings) if settings.transport == "http" else []
     app = app or App(settings, sessions)
+    sessions.runs.observers.append(durable.observer(app))  # runs recorded in the session store (a restart keeps them)
     apps = tools.run_view(app)  # the MCP Apps extension of the run view (view.py), where execute_code is exposed
     long_calls = tasks.extension(app)  # MCP Tasks (tasks.py) for long execute_code / install_packages calls
     mcp = MCPServer(

@@ -24,7 +24,8 @@ cancelled call would: SIGINT, the cell stops, variables stay.
 Ownership: a task belongs to the auth principal that created it (``auth.current_principal``); to any
 other it does not exist (-32602, as an unknown id). Lifetime: ``ttlMs`` from creation, the cell's timeout
 plus ``KEEP_AFTER`` (an install: ``--max-timeout`` plus it), and at most ``KEEP_FINISHED`` finished tasks per owner;
-tasks live in this server process (a restart forgets them; the notebook keeps every finished cell).
+tasks live in this server process, and are recorded in the session store (durable.py): a restarted server
+reads back a task it does not hold (its run's stored answer, or that the run was lost with the server).
 A request that did not declare the extension never gets a task, and ``tasks/*`` answer it -32021.
 """
 
@@ -50,6 +51,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import Field
 
 from kernelexec.errors import KernelexecError
+from kernelexec.server import durable
 from kernelexec.server.app import App, exposed_tools
 from kernelexec.server.auth import current_principal
 from kernelexec.server.questions import question_request
@@ -191,9 +193,11 @@ class Tasks(Extension):
         run = self._unfinished_run(params, result)
         if run is None:
             return result
-        return self._created(self.store.add(Task(
+        task = self.store.add(Task(
             id=secrets.token_urlsafe(18), owner=current_principal(), run=run, job=None, elicits=_elicits(ctx),
-            ttl_s=(run.deadline - run.started) + KEEP_AFTER)))
+            ttl_s=(run.deadline - run.started) + KEEP_AFTER))
+        await durable.record_task(self.app, task.id, task.owner, run.id, task.ttl_s, task.created)  # a restart keeps it
+        return self._created(task)
 
     def _unfinished_run(self, params: CallToolRequestParams, result: HandlerResult) -> Run | None:
         """The run a call answered as still going (``ending: "running"``). Not background=true (its run_id was
@@ -230,9 +234,42 @@ class Tasks(Extension):
             await job.done.wait()
         if job.done.is_set():
             return job.result
-        return self._created(self.store.add(Task(
+        task = self.store.add(Task(
             id=secrets.token_urlsafe(18), owner=current_principal(), run=None, job=job, elicits=False,
-            ttl_s=self.app.settings.max_timeout + KEEP_AFTER)))
+            ttl_s=self.app.settings.max_timeout + KEEP_AFTER))
+        await self._record_job(task, job)
+        return self._created(task)
+
+    async def _record_job(self, task: Task, job: Job) -> None:
+        """The job in the session store as a run record (running, then its result), and the task over it."""
+        job_id = "job-" + task.id
+        await durable.record_job(self.app, job_id, task.owner, None)
+        await durable.record_task(self.app, task.id, task.owner, job_id, task.ttl_s, task.created)
+
+        async def recorded() -> None:
+            await job.done.wait()
+            await durable.record_job(self.app, job_id, task.owner, job.result)
+
+        self.app.sessions.runs.spawn(recorded)
+
+    async def _stored(self, task_id: str) -> dict[str, Any] | None:
+        """A task this process does not hold (one from before a restart), read back from the session store."""
+        found = await durable.stored_task(self.app, task_id, current_principal())
+        if found is None:
+            return None
+        task, run = found
+        shown: dict[str, Any] = {"taskId": task.id}
+        extra: dict[str, Any]
+        if run is None:
+            status, extra = "completed", {"result": durable.wire(durable.error(f"task {task.id}: its run was not recorded"))}
+        elif run.state in ("running", "awaiting_input"):
+            said = durable.stored_answer(run).content[0]
+            status, extra = "working", {"statusMessage": said.text if isinstance(said, TextContent) else run.state}
+        else:
+            status, extra = "completed", {"result": durable.wire(durable.stored_answer(run))}
+        updated = run.updated if run is not None else task.updated
+        return shown | {"status": status, "createdAt": _stamp(task.created), "lastUpdatedAt": _stamp(updated),
+                        "ttlMs": int(task.ttl_s * 1000), "pollIntervalMs": POLL_INTERVAL_MS} | extra
 
     def _created(self, task: Task) -> dict[str, Any]:
         """The CreateTaskResult (``Result & Task``): the task's seed state with ``resultType: "task"``, its
@@ -289,14 +326,26 @@ class Tasks(Extension):
 
     async def get(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> dict[str, Any]:
         require_client_extension(ctx, EXTENSION_ID)
-        return {"resultType": "complete", **self._task(self.store.get(params.task_id))}
+        try:
+            task = self.store.get(params.task_id)
+        except MCPError:
+            stored = await self._stored(params.task_id)
+            if stored is None:
+                raise
+            return {"resultType": "complete", **stored}
+        return {"resultType": "complete", **self._task(task)}
 
     async def update(self, ctx: ServerRequestContext[Any, Any], params: UpdateTaskParams) -> dict[str, Any]:
         """inputResponses answer, each, the one question its key was issued for (``Run.answer`` with that
         question's id); a key the task never issued, or one whose question was answered or is no longer asked,
         is ignored: it never answers another question."""
         require_client_extension(ctx, EXTENSION_ID)
-        task = self.store.get(params.task_id)
+        try:
+            task = self.store.get(params.task_id)
+        except MCPError:  # a task from before a restart: its question went with that server; nothing to answer
+            if await self._stored(params.task_id) is None:
+                raise
+            return {"resultType": "complete"}
         run = task.run
         for key, response in params.input_responses.items():
             question = run.find(task.keys.get(key)) if run is not None else None
@@ -317,7 +366,12 @@ class Tasks(Extension):
     async def cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> dict[str, Any]:
         """Cancel as a cancelled call would: the cell is interrupted (SIGINT), the session's variables stay."""
         require_client_extension(ctx, EXTENSION_ID)
-        task = self.store.get(params.task_id)
+        try:
+            task = self.store.get(params.task_id)
+        except MCPError:  # a task from before a restart: its work ended with that server
+            if await self._stored(params.task_id) is None:
+                raise
+            return {"resultType": "complete"}
         if not task.finished:
             task.cancelled = True
             if task.run is not None:

@@ -14,7 +14,8 @@ from mcp_types import (
 )
 from pydantic import Field
 
-from kernelexec.server import view
+from kernelexec.errors import InvalidRequest
+from kernelexec.server import durable, view
 from kernelexec.server.app import RUN_PYTHON_TIMEOUT, App, exposed_tools, info, translated, variables_answer
 from kernelexec.server.render import Rendered
 from kernelexec.server.results import ExecuteResult, InstalledPackage, InstallResult, RunPythonResult, SessionInfo, VariablesResult
@@ -70,7 +71,11 @@ def _running_tools(app: App) -> dict[str, Any]:
         """Get a background run's answer, waiting up to wait_s; while it runs, its output so far."""
         if ctx.request_state:
             return finished(await app.resume(ctx), ctx)  # type: ignore[return-value]
-        return finished(await app.follow(ctx, app.sessions.runs.get(run_id, owner=app.owner()), wait_s), ctx)  # type: ignore[return-value]
+        try:
+            found = app.sessions.runs.get(run_id, owner=app.owner())
+        except InvalidRequest as unknown:  # not in this process: a run from before a restart, from the store
+            return await durable.get_run(app, run_id, unknown)
+        return finished(await app.follow(ctx, found, wait_s), ctx)  # type: ignore[return-value]
 
     def finished(done: Rendered | Run, ctx: Context, what: str = "still running") -> CallToolResult | InputRequiredResult:
         return app.reply(ctx, done, what)
@@ -85,7 +90,11 @@ def _running_tools(app: App) -> dict[str, Any]:
         wait_s: Annotated[float, Field(ge=0, le=600, description="Seconds to wait for the run after answering (0 = just look)")] = 30,
     ) -> Annotated[CallToolResult, ExecuteResult]:
         """Answer the input()/getpass() a run waits on (ending: awaiting_input) with what the user gave; the run goes on."""
-        found = app.sessions.runs.get(run_id, owner=app.owner())
+        try:
+            found = app.sessions.runs.get(run_id, owner=app.owner())
+        except InvalidRequest as unknown:  # not in this process: the store says why it cannot be answered
+            await durable.send_input(app, run_id, unknown)
+            raise
         question = found.answer(question_id, None if cancel else text)
         said = (f"input sent to run {found.id}" if question.answer is not None
                 else f"input declined for run {found.id}: the code gets EOFError")

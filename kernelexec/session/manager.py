@@ -29,6 +29,7 @@ from kernelexec.session.recording import mark_closed, rebuild_stale
 from kernelexec.session.runs import RunRegistry
 from kernelexec.session.session import Session
 from kernelexec.session.upkeep import Upkeep
+from kernelexec.store import Store, open_store
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ class SessionManager:
         self.default_handle: str | None = None
         self._create_lock = anyio.Lock()
         self.runs = RunRegistry(settings)  # the run budgets (--max-queued-runs*) and the finished runs kept
+        self.store: Store | None = None  # the session store, while running (runs and tasks a restart keeps)
         self.broker = broker_from_settings(settings)  # code mode, or None; a config a kernel could write is refused here
         self.pool = WarmPool(settings, self.environment_for, self.remove_dir)
         self.upkeep = Upkeep(settings, self.sessions)
@@ -56,7 +58,7 @@ class SessionManager:
 
         await anyio.to_thread.run_sync(rebuild_stale, self.settings.sessions_dir)  # a killed server's last cells
         code_mode = self.broker.running() if self.broker is not None else contextlib.nullcontext()  # code mode's connections
-        async with code_mode, anyio.create_task_group() as tg:
+        async with self._store(), code_mode, anyio.create_task_group() as tg:
             self.runs.attach(tg)
             tg.start_soon(self.upkeep.run, tg)
             tg.start_soon(self.pool.keep_filled)
@@ -66,6 +68,23 @@ class SessionManager:
                 tg.cancel_scope.cancel()
                 with anyio.CancelScope(shield=True):
                     await self.aclose()
+
+    @asynccontextmanager
+    async def _store(self) -> AsyncIterator[Store]:
+        """The session store (--store, or <state dir>/kernelexec.db) while running. Runs a previous server left
+        running or waiting for input died with it: they are marked lost, so they answer so."""
+        url = self.settings.store.get_secret_value() if self.settings.store is not None else None
+        store = await open_store(url, self.settings.state_dir)
+        try:
+            lost = await store.lose_unfinished()
+            if lost:
+                logger.warning("%d run(s) were still running when the previous server stopped: recorded as lost", lost)
+            self.store = store
+            yield store
+        finally:
+            self.store = None
+            with anyio.CancelScope(shield=True):
+                await store.close()
 
     async def aclose(self) -> None:
         await self.pool.close()

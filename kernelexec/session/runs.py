@@ -21,6 +21,8 @@ makes the call only if it is the one it is about to make): a yes never approves 
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 import secrets
 import time
@@ -44,9 +46,14 @@ QUESTIONS_PER_MINUTE = 5  # a cell cannot make the client ask more often; the re
 MAX_INPUT_CHARS = 1_000_000  # one answer to input()
 KEEP_QUESTIONS = 32  # a run's last questions remembered, so that a late or second answer is told why it is refused
 
+logger = logging.getLogger(__name__)
+
 Ask = Callable[[str, bool], Awaitable[str | None]]  # the cell's input()/getpass(), as the kernel asks it (kernel.stdin.Ask)
 DirectAsk = Callable[["Question"], Awaitable[str | None]]  # the question as an elicitation over the call's back-channel
 DirectApprove = Callable[["Question"], Awaitable[bool | None]]  # an approval the same way (None: nobody could be asked)
+# told of each run's changes: "started", "awaiting_input", "running" (answered), "finished" (done is set); the
+# server records them in the session store (server/durable.py). Never raises into the run; shielded from cancellation.
+RunObserver = Callable[["Run", str], Awaitable[None]]
 
 
 @dataclass
@@ -122,6 +129,7 @@ class Run:
     approving: anyio.Lock = field(default_factory=anyio.Lock)  # code mode's approvals, one at a time
     pending: Question | None = None  # a question asked over the waiting call's back-channel (detach posts it)
     asked_questions: OrderedDict[str, Question] = field(default_factory=OrderedDict)  # the last KEEP_QUESTIONS, by id
+    notify: Callable[[str], Awaitable[None]] | None = None  # the registry's observers (RunRegistry.observers)
 
     async def on_output(self, name: str, text: str) -> None:
         self.output_chars += len(text)
@@ -255,6 +263,8 @@ class Run:
         self.question = self.opened(question)
         self.posted.set()
         try:
+            if self.notify is not None:
+                await self.notify("awaiting_input")
             with anyio.move_on_after(max(0.0, self.deadline - time.monotonic())):
                 await question.answered.wait()
             return question.answer
@@ -262,6 +272,8 @@ class Run:
             self._close(question)
             self.question = None
             self.posted = anyio.Event()
+            if self.notify is not None:
+                await self.notify("running")
 
     def answer(self, question_id: str, text: str | None, *, by_human: bool = False) -> Question:
         """Answer the question ``question_id`` (None declines it: EOFError in the cell, or the call not made) — the
@@ -329,6 +341,7 @@ class RunRegistry:
         self.per_session = defaults.max_queued_runs_per_session
         self.per_token = defaults.max_queued_runs_per_token
         self.per_server = defaults.max_queued_runs
+        self.observers: list[RunObserver] = []  # each run's start, questions and end (the session store's record)
 
     def attach(self, task_group: Any) -> None:
         self._tg = task_group
@@ -363,11 +376,13 @@ class RunRegistry:
         run = Run(id="run-" + secrets.token_urlsafe(9), session=session, listener=listener, scope=anyio.CancelScope(),
                   wait_for_input=wait_for_input, elicit_retry=elicit_retry)
         run.deadline = run.started + timeout
+        run.notify = functools.partial(self._notify, run)
         self._runs[run.id] = run
         self._prune(session.owner)
 
         async def body() -> None:
             assert run.scope is not None
+            await self._notify(run, "started")
             try:
                 with run.scope:
                     run.finished = await session.run(code, timeout=timeout, working_dir=working_dir, on_output=run.on_output,
@@ -380,6 +395,7 @@ class RunRegistry:
                 run.failure = f"{type(exc).__name__}: {exc}"
             finally:
                 run.done.set()
+                await self._notify(run, "finished")
                 if unused is not None and run.finished is None and not run.scope.cancelled_caught and not any(
                         r.session is session and not r.done.is_set() for r in self._runs.values()):
                     with anyio.CancelScope(shield=True):
@@ -387,6 +403,15 @@ class RunRegistry:
 
         self._tg.start_soon(body)
         return run
+
+    async def _notify(self, run: Run, event: str) -> None:
+        """Tell the observers; shielded (a cancelled run's end is still told), and never failing the run."""
+        for observer in self.observers:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await observer(run, event)
+                except Exception:
+                    logger.exception("run %s: recording %s", run.id, event)
 
     def spawn(self, work: Callable[[], Awaitable[None]]) -> None:
         """Start ``work`` in the runs' task group: work that outlives the call that started it (a task's job)."""

@@ -1,0 +1,171 @@
+"""Runs and tasks a restart keeps: each run's changes recorded in the session store (``RunRegistry.observers``),
+with its final answer as the client would get it (the ``CallToolResult``'s JSON); and read back for a run or
+task this process does not hold — one from before a restart, or one no longer kept in memory.
+
+A run recorded as running or waiting for input when its server died is marked ``lost`` when the next server
+starts (``SessionManager``); its answer says so, honestly, and never "unknown". Nothing read back is executed:
+a stored answer is JSON validated as a ``CallToolResult``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from mcp_types import CallToolResult, TextContent
+
+from kernelexec.errors import InvalidRequest, KernelexecError
+from kernelexec.session.runs import Run
+from kernelexec.store import RunRecord, RunState, Store, TaskRecord
+
+if TYPE_CHECKING:
+    from kernelexec.server.app import App
+
+logger = logging.getLogger(__name__)
+
+
+def _when(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def wire(result: CallToolResult) -> dict[str, Any]:
+    dumped: dict[str, Any] = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return dumped
+
+
+def error(text: str) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+
+
+def observer(app: App) -> Any:
+    """The RunRegistry observer that records ``app``'s runs in its session store."""
+
+    started: dict[str, anyio.Event] = {}  # a run's first record, written in the background (the cell does not wait)
+
+    async def record(run: Run, event: str) -> None:
+        store = app.sessions.store
+        if store is None:
+            return
+        if event == "started":
+            written = started[run.id] = anyio.Event()
+
+            async def first() -> None:
+                try:
+                    await store.put_run(RunRecord(run.id, run.session.handle, run.session.owner, "running"))
+                except KernelexecError:
+                    logger.exception("recording run %s", run.id)
+                finally:
+                    written.set()
+
+            app.sessions.runs.spawn(first)
+            return
+        first_written = started.get(run.id)
+        if first_written is not None:  # every later record after the first, in order
+            await first_written.wait()
+            if event == "finished":
+                del started[run.id]
+        state: RunState
+        answer: dict[str, Any] | None = None
+        if event != "finished":
+            state = "awaiting_input" if event == "awaiting_input" else "running"
+            if run.done.is_set():  # a question's end told after the run's: the run's end stands
+                return
+        elif run.finished is None and run.failure is None:  # stopped with the server (cancelled by its shutdown)
+            state = "lost"
+        else:
+            try:
+                result, state = app.finished_answer(run), "finished"
+            except KernelexecError as exc:  # what get_run answers for a failed run: a tool error
+                result, state = error(str(exc)), "failed"
+            answer = wire(result)
+        await store.put_run(RunRecord(run.id, run.session.handle, run.session.owner, state, answer))
+
+    return record
+
+
+def _lost(record: RunRecord) -> str:
+    return (f"run {record.id} of session {record.session} was lost: the server was stopped or died while its cell ran "
+            f"(started {_when(record.created)}, last recorded {_when(record.updated)}), so it has no answer and cannot go on. "
+            "The session's notebook keeps every cell that finished before it; the variables this cell was making "
+            "were in the kernel that went with the server. Run the code again if it is needed.")
+
+
+def stored_answer(record: RunRecord) -> CallToolResult:
+    """A stored run's answer: the one it finished with, or what happened to it."""
+    if record.state in ("finished", "failed") and record.answer is not None:
+        return CallToolResult.model_validate(record.answer)
+    if record.state == "lost":
+        return error(_lost(record))
+    return error(f"run {record.id} of session {record.session} is recorded as {record.state.replace('_', ' ')}, but "
+                 "not by this server process (another server's, or one that has not marked it lost yet); ask again later")
+
+
+async def stored_run(store: Store | None, run_id: str, owner: str | None) -> RunRecord | None:
+    if store is None or not isinstance(run_id, str):
+        return None
+    try:
+        return await store.get_run(run_id, owner=owner)
+    except KernelexecError:
+        logger.exception("reading run %s from the store", run_id[:80])
+        return None
+
+
+async def get_run(app: App, run_id: str, unknown: InvalidRequest) -> CallToolResult:
+    """get_run for a run this process does not hold: from the store (the caller's only), else ``unknown``."""
+    record = await stored_run(app.sessions.store, run_id, app.owner())
+    if record is None:
+        raise unknown
+    return stored_answer(record)
+
+
+async def send_input(app: App, run_id: str, unknown: InvalidRequest) -> None:
+    """send_input for a run this process does not hold: a clear refusal (from the store), else ``unknown``."""
+    record = await stored_run(app.sessions.store, run_id, app.owner())
+    if record is None:
+        raise unknown
+    if record.state == "lost":
+        raise InvalidRequest(_lost(record) + " Its question cannot be answered any more.")
+    raise InvalidRequest(f"run {record.id} is not waiting for input (it is {record.state.replace('_', ' ')}); "
+                         f"get_run(run_id={record.id!r}) gives its answer")
+
+
+async def record_task(app: App, task_id: str, owner: str | None, run_id: str, ttl_s: float, created: float) -> None:
+    """A task as created (its status is its run's: read from the run record when the task is read back)."""
+    store = app.sessions.store
+    if store is None:
+        return
+    try:
+        await store.put_task(TaskRecord(task_id, owner, run_id, ttl_s, "working", created, created))
+    except KernelexecError:
+        logger.exception("recording task %s", task_id)
+
+
+async def record_job(app: App, job_id: str, owner: str | None, result: CallToolResult | None) -> None:
+    """An install_packages job (a task's work that is not a cell) as a run record: running, then its result."""
+    store = app.sessions.store
+    if store is None:
+        return
+    state: RunState = "running" if result is None else ("failed" if result.is_error else "finished")
+    try:
+        await store.put_run(RunRecord(job_id, "", owner, state, wire(result) if result is not None else None))
+    except KernelexecError:
+        logger.exception("recording job %s", job_id)
+
+
+async def stored_task(app: App, task_id: str, owner: str | None) -> tuple[TaskRecord, RunRecord | None] | None:
+    """A task this process does not hold, with its run's record; None if unknown to ``owner`` or expired."""
+    store = app.sessions.store
+    if store is None:
+        return None
+    try:
+        task = await store.get_task(task_id, owner=owner)
+        if task is None or time.time() > task.expires:
+            return None
+        run = await store.get_run(task.run_id, owner=owner) if task.run_id is not None else None
+    except KernelexecError:
+        logger.exception("reading task %s from the store", task_id[:80])
+        return None
+    return task, run

@@ -1,0 +1,222 @@
+"""The session store's seam: what a session owns outside its kernel, as plain records, and the one async
+interface (``Store``) both backends fill (sqlite.py, postgres.py).
+
+Records are frozen dataclasses of plain data (str, int, float, bool, JSON-able dicts); times are seconds
+since the epoch. Ownership: a record with an owner is unknown to any other caller (``None`` included),
+exactly as the in-memory registries treat runs and tasks; a record without one (stdio, no auth) is anyone's.
+Nothing read from a store is ever executed: it is data, rendered or compared.
+
+Leases keep two processes apart on one session: ``acquire`` succeeds when the session's lease is free or
+expired (compare-and-set), and every acquisition takes a new fencing token, strictly greater than every
+token the session had before (a released lease keeps its token row). A write that carries a ``Fence`` is
+refused (``StaleLease``) unless it is still the session's current token — so a holder whose lease expired
+and was taken by another can no longer write, even if it does not know yet.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+from urllib.parse import urlsplit, urlunsplit
+
+from kernelexec.errors import KernelexecError
+
+SCHEMA_VERSION = 1
+
+RunState = Literal["running", "awaiting_input", "finished", "failed", "lost"]
+RUN_STATES: tuple[RunState, ...] = ("running", "awaiting_input", "finished", "failed", "lost")
+UNFINISHED: tuple[RunState, ...] = ("running", "awaiting_input")
+
+
+class StoreError(KernelexecError):
+    """The store cannot be opened or refused a write (its message never holds a store URL's password)."""
+
+
+class StaleLease(StoreError):
+    """A write fenced by a token that is no longer the session's current lease."""
+
+
+class AlreadyAnswered(StoreError):
+    """A pending question was answered before: an answer is single-use."""
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    handle: str
+    owner: str | None
+    working_dir: str
+    environment: str  # the interpreter the session's kernels run (Environment's description)
+    profile: str
+    local_slot: str | None = None  # where its kernel is: a local slot ("k"/"s")…
+    gateway_kernel_id: str | None = None  # …or a kernel on a gateway
+    created: float = 0.0
+    updated: float = 0.0
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    id: str
+    session: str  # the session's handle
+    owner: str | None
+    state: RunState
+    answer: dict[str, Any] | None = None  # the final answer (a CallToolResult's JSON dump), once there is one
+    created: float = 0.0
+    updated: float = 0.0
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    id: str
+    owner: str | None
+    run_id: str | None  # None: a job that is not a cell (install_packages)
+    ttl_s: float
+    status: str  # the Tasks extension's status: working, input_required, completed, cancelled, failed
+    created: float = 0.0
+    updated: float = 0.0
+
+    @property
+    def expires(self) -> float:
+        return self.created + self.ttl_s
+
+
+@dataclass(frozen=True)
+class QuestionRecord:
+    """A cell's input()/getpass() or a tool call's approval, waiting for one answer. The answer's text is
+    never stored (a getpass() answer is a secret); ``answered`` makes the question single-use."""
+
+    id: str
+    run_id: str
+    prompt: str
+    password: bool = False
+    approval: bool = False  # only the human answers it (an elicitation)
+    answerer: str | None = None  # who may answer: the run's owner (None: anyone)
+    answered: bool = False
+    created: float = 0.0
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Which process drives a session now."""
+
+    session: str
+    holder: str
+    token: int  # the fencing token: strictly increasing per session
+    expires: float
+
+
+@dataclass(frozen=True)
+class Fence:
+    """What a fenced write carries: the session and the token its writer's lease had."""
+
+    session: str
+    token: int
+
+    @classmethod
+    def of(cls, lease: Lease) -> Fence:
+        return cls(lease.session, lease.token)
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    session: str
+    seq: int  # 1, 2, 3… per session, in append order
+    record: dict[str, Any] = field(default_factory=dict)  # one cell's record (outputs or references to output files)
+
+
+def visible(owner: str | None, caller: str | None) -> bool:
+    """A record of ``owner`` exists for ``caller``."""
+    return owner is None or owner == caller
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Everything a session owns outside its kernel. Every method is async and safe to call from the event
+    loop (a backend does its blocking work elsewhere); each write is one transaction, durable when it returns."""
+
+    @property
+    def url(self) -> str:
+        """Where the store is, its password redacted."""
+        ...
+
+    async def close(self) -> None: ...
+
+    # sessions
+    async def put_session(self, record: SessionRecord, *, fence: Fence | None = None) -> None: ...
+    async def get_session(self, handle: str, *, owner: str | None) -> SessionRecord | None: ...
+    async def list_sessions(self, *, owner: str | None) -> list[SessionRecord]: ...
+    async def delete_session(self, handle: str, *, fence: Fence | None = None) -> None: ...
+
+    # runs
+    async def put_run(self, record: RunRecord) -> None: ...
+    async def get_run(self, run_id: str, *, owner: str | None) -> RunRecord | None: ...
+    async def runs_of(self, session: str, *, owner: str | None) -> list[RunRecord]: ...
+    async def lose_unfinished(self, *, session: str | None = None) -> int:
+        """Mark every running/awaiting_input run (of ``session``, or all) as lost: its server died. How many."""
+        ...
+
+    # tasks
+    async def put_task(self, record: TaskRecord) -> None: ...
+    async def get_task(self, task_id: str, *, owner: str | None) -> TaskRecord | None: ...
+
+    # pending questions
+    async def put_question(self, record: QuestionRecord) -> None: ...
+    async def get_question(self, question_id: str, *, owner: str | None) -> QuestionRecord | None: ...
+    async def answer_question(self, question_id: str, *, by: str | None) -> QuestionRecord:
+        """Mark the question answered (compare-and-set): ``AlreadyAnswered`` if it was; ``StoreError`` if
+        ``by`` may not answer it or it is unknown."""
+        ...
+
+    # leases
+    async def acquire_lease(self, session: str, holder: str, ttl_s: float) -> Lease | None: ...
+    async def renew_lease(self, lease: Lease, ttl_s: float) -> Lease | None: ...
+    async def release_lease(self, lease: Lease) -> bool: ...
+    async def current_lease(self, session: str) -> Lease | None: ...
+
+    # the journal
+    async def append_journal(self, session: str, record: dict[str, Any], *, fence: Fence | None = None) -> int: ...
+    async def journal(self, session: str, *, after: int = 0) -> list[JournalEntry]: ...
+
+
+_PASSWORD_IN_TEXT = re.compile(r"(?i)(password\s*=\s*)('[^']*'|\S+)")
+
+
+def redacted(url: str) -> str:
+    """``url`` with its password (``user:PASSWORD@``, ``?password=``) replaced by ``***``; anything unparsable
+    is returned with every ``:…@`` userinfo and ``password=`` value masked."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, host = netloc.rsplit("@", 1)
+            if ":" in userinfo:
+                userinfo = userinfo.split(":", 1)[0] + ":***"
+            netloc = f"{userinfo}@{host}"
+        query = re.sub(r"(?i)(^|&)(password=)[^&]*", r"\1\2***", parts.query)
+        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    except ValueError:
+        return _PASSWORD_IN_TEXT.sub(r"\1***", re.sub(r":[^:@/]*@", ":***@", url))
+
+
+def url_password(url: str) -> str | None:
+    """The password a store URL carries, if any (to scrub it from a driver's messages)."""
+    try:
+        parts = urlsplit(url)
+        found = parts.password
+        if not found:
+            match = re.search(r"(?i)(?:^|&)password=([^&]*)", parts.query)
+            found = match.group(1) if match else None
+        return found or None
+    except ValueError:
+        return None
+
+
+def scrubbed(text: str, url: str) -> str:
+    """A driver's message with the URL's password (raw and URL-encoded) masked, and any ``password=…``."""
+    from urllib.parse import unquote
+
+    secret = url_password(url)
+    for form in {secret, unquote(secret)} if secret else set():
+        if form:
+            text = text.replace(form, "***")
+    return _PASSWORD_IN_TEXT.sub(r"\1***", text)

@@ -1,0 +1,357 @@
+"""The store for a fleet: PostgreSQL through psycopg 3 (async), ``--store postgresql://user:pass@host/db``.
+
+psycopg is an extra (``pip install 'kernelexec[postgres]'``), imported only when a PostgreSQL store opens.
+One connection per process, one transaction per call (an ``anyio.Lock`` keeps this process's calls in
+turn); checks and their writes are made atomic against other processes by row locks (``FOR UPDATE`` on the
+lease, the question) and a per-session advisory lock (the journal's next number). Lease times are the
+database's clock, so processes on different hosts agree on expiry. The schema is created and migrated at
+open under an advisory lock (two servers starting together migrate once), recorded in ``schema_version``.
+JSON is stored as ``json`` (text kept as written: key order, and the NUL characters ``jsonb`` refuses).
+
+The URL's password never leaves this module: ``url`` and ``repr`` show it redacted, and every driver
+message is scrubbed before it becomes a ``StoreError`` (raised ``from None``: no chained driver exception).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import anyio
+
+from kernelexec.store.interface import (
+    RUN_STATES,
+    SCHEMA_VERSION,
+    UNFINISHED,
+    AlreadyAnswered,
+    Fence,
+    JournalEntry,
+    Lease,
+    QuestionRecord,
+    RunRecord,
+    SessionRecord,
+    StaleLease,
+    StoreError,
+    TaskRecord,
+    redacted,
+    scrubbed,
+    visible,
+)
+from kernelexec.store.sqlite import QUESTION_COLUMNS, SESSION_COLUMNS, TASK_COLUMNS, dumps, question_row, run_row, session_row, task_row
+
+RUN_COLUMNS = "id, session, owner, state, answer::text, created, updated"
+MIGRATION_LOCK = 0x6B65_7865  # pg_advisory_xact_lock key: "kexe"
+
+_STATES = ", ".join(f"'{s}'" for s in RUN_STATES)
+MIGRATIONS: dict[int, list[str]] = {
+    1: [
+        """CREATE TABLE sessions (handle TEXT PRIMARY KEY, owner TEXT, working_dir TEXT NOT NULL, environment TEXT NOT NULL,
+           profile TEXT NOT NULL, local_slot TEXT, gateway_kernel_id TEXT, created DOUBLE PRECISION NOT NULL,
+           updated DOUBLE PRECISION NOT NULL, CHECK (local_slot IS NULL OR gateway_kernel_id IS NULL))""",
+        f"""CREATE TABLE runs (id TEXT PRIMARY KEY, session TEXT NOT NULL, owner TEXT, state TEXT NOT NULL CHECK (state IN ({_STATES})),
+           answer JSON, created DOUBLE PRECISION NOT NULL, updated DOUBLE PRECISION NOT NULL)""",
+        "CREATE INDEX runs_by_session ON runs (session)",
+        "CREATE INDEX runs_by_state ON runs (state)",
+        """CREATE TABLE tasks (id TEXT PRIMARY KEY, owner TEXT, run_id TEXT, ttl_s DOUBLE PRECISION NOT NULL, status TEXT NOT NULL,
+           created DOUBLE PRECISION NOT NULL, updated DOUBLE PRECISION NOT NULL)""",
+        """CREATE TABLE questions (id TEXT PRIMARY KEY, run_id TEXT NOT NULL, prompt TEXT NOT NULL, password BOOLEAN NOT NULL,
+           approval BOOLEAN NOT NULL, answerer TEXT, answered BOOLEAN NOT NULL DEFAULT false, created DOUBLE PRECISION NOT NULL)""",
+        "CREATE INDEX questions_by_run ON questions (run_id)",
+        "CREATE TABLE leases (session TEXT PRIMARY KEY, holder TEXT, token BIGINT NOT NULL, expires DOUBLE PRECISION NOT NULL)",
+        "CREATE TABLE journal (session TEXT NOT NULL, seq BIGINT NOT NULL, record JSON NOT NULL, PRIMARY KEY (session, seq))",
+    ],
+}
+assert max(MIGRATIONS) == SCHEMA_VERSION
+
+NOW = "extract(epoch from clock_timestamp())::float8"
+
+
+class PostgresStore:
+    """The ``Store`` in a PostgreSQL database. Open with ``await PostgresStore.open(url)``."""
+
+    def __init__(self, url: str, conn: Any) -> None:
+        self._url = url
+        self._conn: Any = conn
+        self._lock = anyio.Lock()
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({self.url!r})"
+
+    @property
+    def url(self) -> str:
+        return redacted(self._url)
+
+    def _error(self, exc: BaseException, doing: str) -> StoreError:
+        return StoreError(f"{doing} ({self.url}): {scrubbed(str(exc).strip(), self._url)}")
+
+    @staticmethod
+    async def _connect(url: str) -> Any:
+        try:
+            import psycopg
+        except ImportError:
+            raise StoreError("a PostgreSQL store needs psycopg: pip install 'kernelexec[postgres]'") from None
+        try:
+            return await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=10, application_name="kernelexec")
+        except (psycopg.Error, ValueError) as exc:  # ValueError: a malformed URL, whose text holds the password
+            raise StoreError(f"cannot open the store {redacted(url)}: {scrubbed(str(exc).strip(), url)}") from None
+
+    @classmethod
+    async def open(cls, url: str) -> PostgresStore:
+        conn = await cls._connect(url)
+        store = cls(url, conn)
+        try:
+            await store._migrate()
+        except BaseException:
+            await conn.close()
+            raise
+        return store
+
+    async def _run(self, work: Any, doing: str) -> Any:
+        """``await work(cursor)`` in one transaction; driver errors become scrubbed ``StoreError``s."""
+        import psycopg
+
+        async with self._lock:
+            if self._conn is None:
+                raise StoreError("the store is closed")
+            if self._conn.closed:  # the connection was lost (a failed call said so): a new one. A call is never
+                self._conn = await self._connect(self._url)  # retried: whether a lost commit happened is unknown
+            try:
+                async with self._conn.transaction(), self._conn.cursor() as cur:
+                    return await work(cur)
+            except psycopg.Error as exc:
+                raise self._error(exc, doing) from None
+
+    async def _migrate(self) -> None:
+        async def migrate(cur: Any) -> None:
+            await cur.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+            await cur.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            await cur.execute("SELECT max(version) FROM schema_version")
+            found = (await cur.fetchone())[0] or 0
+            if found > SCHEMA_VERSION:
+                raise StoreError(f"the store {self.url} has schema version {found}, newer than this kernelexec's "
+                                 f"({SCHEMA_VERSION}): upgrade kernelexec")
+            for version in range(found + 1, SCHEMA_VERSION + 1):
+                for statement in MIGRATIONS[version]:
+                    await cur.execute(statement)
+                await cur.execute("INSERT INTO schema_version (version) VALUES (%s)", (version,))
+
+        await self._run(migrate, "cannot create the store's schema")
+
+    async def close(self) -> None:
+        async with self._lock:
+            if self._conn is not None:
+                await self._conn.close()
+                self._conn = None
+
+    @staticmethod
+    async def _fenced(cur: Any, fence: Fence | None) -> None:
+        if fence is None:
+            return
+        await cur.execute("SELECT holder, token FROM leases WHERE session = %s FOR SHARE", (fence.session,))
+        row = await cur.fetchone()
+        if row is None or row[0] is None or row[1] != fence.token:
+            raise StaleLease(f"session {fence.session}: fencing token {fence.token} is stale "
+                             f"(the session's lease is {'free' if row is None or row[0] is None else f'token {row[1]}'})")
+
+    async def _one(self, sql: str, params: tuple[Any, ...], doing: str) -> Any:
+        async def one(cur: Any) -> Any:
+            await cur.execute(sql, params)
+            return await cur.fetchone()
+
+        return await self._run(one, doing)
+
+    async def _all(self, sql: str, params: tuple[Any, ...], doing: str) -> list[Any]:
+        async def rows(cur: Any) -> list[Any]:
+            await cur.execute(sql, params)
+            return list(await cur.fetchall())
+
+        result: list[Any] = await self._run(rows, doing)
+        return result
+
+    # sessions
+
+    async def put_session(self, record: SessionRecord, *, fence: Fence | None = None) -> None:
+        if fence is not None and fence.session != record.handle:
+            raise StaleLease(f"a fence of session {fence.session} cannot write session {record.handle}")
+        now = time.time()
+
+        async def put(cur: Any) -> None:
+            await self._fenced(cur, fence)
+            await cur.execute(
+                """INSERT INTO sessions (handle, owner, working_dir, environment, profile, local_slot, gateway_kernel_id, created, updated)
+                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
+                   ON CONFLICT (handle) DO UPDATE SET working_dir = excluded.working_dir, environment = excluded.environment,
+                   profile = excluded.profile, local_slot = excluded.local_slot, gateway_kernel_id = excluded.gateway_kernel_id,
+                   updated = excluded.updated""",
+                (record.handle, record.owner, record.working_dir, record.environment, record.profile, record.local_slot,
+                 record.gateway_kernel_id, record.created or now, now))
+
+        await self._run(put, "cannot write the session")
+
+    async def get_session(self, handle: str, *, owner: str | None) -> SessionRecord | None:
+        row = await self._one(f"SELECT {SESSION_COLUMNS} FROM sessions WHERE handle = %s", (handle,), "cannot read the session")
+        found = session_row(row) if row is not None else None
+        return found if found is not None and visible(found.owner, owner) else None
+
+    async def list_sessions(self, *, owner: str | None) -> list[SessionRecord]:
+        rows = await self._all(f"SELECT {SESSION_COLUMNS} FROM sessions ORDER BY created, handle", (), "cannot read the sessions")
+        return [s for s in map(session_row, rows) if visible(s.owner, owner)]
+
+    async def delete_session(self, handle: str, *, fence: Fence | None = None) -> None:
+        async def delete(cur: Any) -> None:
+            await self._fenced(cur, fence)
+            await cur.execute("DELETE FROM sessions WHERE handle = %s", (handle,))
+
+        await self._run(delete, "cannot delete the session")
+
+    # runs
+
+    async def put_run(self, record: RunRecord) -> None:
+        if record.state not in RUN_STATES:
+            raise StoreError(f"not a run state: {record.state!r}")
+        now = time.time()
+        answer = dumps(record.answer) if record.answer is not None else None
+
+        async def put(cur: Any) -> None:
+            await cur.execute(
+                """INSERT INTO runs (id, session, owner, state, answer, created, updated) VALUES (%s, %s, %s, %s, %s::json, %s, %s)
+                   ON CONFLICT (id) DO UPDATE SET state = excluded.state, answer = excluded.answer, updated = excluded.updated""",
+                (record.id, record.session, record.owner, record.state, answer, record.created or now, now))
+
+        await self._run(put, "cannot write the run")
+
+    async def get_run(self, run_id: str, *, owner: str | None) -> RunRecord | None:
+        row = await self._one(f"SELECT {RUN_COLUMNS} FROM runs WHERE id = %s", (run_id,), "cannot read the run")
+        found = run_row(row) if row is not None else None
+        return found if found is not None and visible(found.owner, owner) else None
+
+    async def runs_of(self, session: str, *, owner: str | None) -> list[RunRecord]:
+        rows = await self._all(f"SELECT {RUN_COLUMNS} FROM runs WHERE session = %s ORDER BY created, id", (session,), "cannot read the runs")
+        return [r for r in map(run_row, rows) if visible(r.owner, owner)]
+
+    async def lose_unfinished(self, *, session: str | None = None) -> int:
+        async def lose(cur: Any) -> int:
+            await cur.execute(
+                "UPDATE runs SET state = 'lost', updated = %s WHERE state = ANY(%s) AND (%s::text IS NULL OR session = %s)",
+                (time.time(), list(UNFINISHED), session, session))
+            count: int = cur.rowcount
+            return count
+
+        result: int = await self._run(lose, "cannot mark the unfinished runs lost")
+        return result
+
+    # tasks
+
+    async def put_task(self, record: TaskRecord) -> None:
+        now = time.time()
+
+        async def put(cur: Any) -> None:
+            await cur.execute(
+                """INSERT INTO tasks (id, owner, run_id, ttl_s, status, created, updated) VALUES (%s, %s, %s, %s, %s, %s, %s)
+                   ON CONFLICT (id) DO UPDATE SET status = excluded.status, ttl_s = excluded.ttl_s, updated = excluded.updated""",
+                (record.id, record.owner, record.run_id, record.ttl_s, record.status, record.created or now, record.updated or now))
+
+        await self._run(put, "cannot write the task")
+
+    async def get_task(self, task_id: str, *, owner: str | None) -> TaskRecord | None:
+        row = await self._one(f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = %s", (task_id,), "cannot read the task")
+        found = task_row(row) if row is not None else None
+        return found if found is not None and visible(found.owner, owner) else None
+
+    # questions
+
+    async def put_question(self, record: QuestionRecord) -> None:
+        async def put(cur: Any) -> None:
+            await cur.execute(
+                """INSERT INTO questions (id, run_id, prompt, password, approval, answerer, answered, created)
+                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s)""",
+                (record.id, record.run_id, record.prompt, record.password, record.approval, record.answerer, record.answered,
+                 record.created or time.time()))
+
+        await self._run(put, f"cannot write question {record.id}")
+
+    async def get_question(self, question_id: str, *, owner: str | None) -> QuestionRecord | None:
+        row = await self._one(f"SELECT {QUESTION_COLUMNS} FROM questions WHERE id = %s", (question_id,), "cannot read the question")
+        found = question_row(row) if row is not None else None
+        return found if found is not None and visible(found.answerer, owner) else None
+
+    async def answer_question(self, question_id: str, *, by: str | None) -> QuestionRecord:
+        async def answer(cur: Any) -> QuestionRecord:
+            await cur.execute(f"SELECT {QUESTION_COLUMNS} FROM questions WHERE id = %s FOR UPDATE", (question_id,))
+            row = await cur.fetchone()
+            found = question_row(row) if row is not None else None
+            if found is None or not visible(found.answerer, by):
+                raise StoreError(f"unknown question {question_id[:80]!r}")
+            if found.answered:
+                raise AlreadyAnswered(f"question {question_id} was answered already")
+            await cur.execute("UPDATE questions SET answered = true WHERE id = %s AND NOT answered", (question_id,))
+            return QuestionRecord(**{**found.__dict__, "answered": True})
+
+        result: QuestionRecord = await self._run(answer, "cannot answer the question")
+        return result
+
+    # leases
+
+    async def acquire_lease(self, session: str, holder: str, ttl_s: float) -> Lease | None:
+        async def acquire(cur: Any) -> Lease | None:
+            await cur.execute("INSERT INTO leases (session, holder, token, expires) VALUES (%s, NULL, 0, 0) ON CONFLICT DO NOTHING",
+                              (session,))
+            await cur.execute(f"SELECT holder, token, expires, {NOW} FROM leases WHERE session = %s FOR UPDATE", (session,))
+            current, token, expires, now = await cur.fetchone()
+            if current is not None and expires > now:
+                return None
+            lease = Lease(session, holder, token + 1, now + ttl_s)
+            await cur.execute("UPDATE leases SET holder = %s, token = %s, expires = %s WHERE session = %s",
+                              (holder, lease.token, lease.expires, session))
+            return lease
+
+        result: Lease | None = await self._run(acquire, "cannot acquire the lease")
+        return result
+
+    async def renew_lease(self, lease: Lease, ttl_s: float) -> Lease | None:
+        async def renew(cur: Any) -> Lease | None:
+            await cur.execute(f"UPDATE leases SET expires = {NOW} + %s WHERE session = %s AND holder = %s AND token = %s RETURNING expires",
+                              (ttl_s, lease.session, lease.holder, lease.token))
+            row = await cur.fetchone()
+            return Lease(lease.session, lease.holder, lease.token, row[0]) if row is not None else None
+
+        result: Lease | None = await self._run(renew, "cannot renew the lease")
+        return result
+
+    async def release_lease(self, lease: Lease) -> bool:
+        async def release(cur: Any) -> bool:
+            await cur.execute("UPDATE leases SET holder = NULL, expires = 0 WHERE session = %s AND holder = %s AND token = %s",
+                              (lease.session, lease.holder, lease.token))
+            return bool(cur.rowcount)
+
+        result: bool = await self._run(release, "cannot release the lease")
+        return result
+
+    async def current_lease(self, session: str) -> Lease | None:
+        row = await self._one(f"SELECT session, holder, token, expires FROM leases WHERE session = %s AND holder IS NOT NULL AND expires > {NOW}",
+                              (session,), "cannot read the lease")
+        return Lease(*row) if row is not None else None
+
+    # the journal
+
+    async def append_journal(self, session: str, record: dict[str, Any], *, fence: Fence | None = None) -> int:
+        if fence is not None and fence.session != session:
+            raise StaleLease(f"a fence of session {fence.session} cannot write session {session}'s journal")
+        text = dumps(record)
+
+        async def append(cur: Any) -> int:
+            await self._fenced(cur, fence)
+            await cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ("journal:" + session,))
+            await cur.execute("SELECT coalesce(max(seq), 0) + 1 FROM journal WHERE session = %s", (session,))
+            seq: int = (await cur.fetchone())[0]
+            await cur.execute("INSERT INTO journal (session, seq, record) VALUES (%s, %s, %s::json)", (session, seq, text))
+            return seq
+
+        result: int = await self._run(append, "cannot append to the journal")
+        return result
+
+    async def journal(self, session: str, *, after: int = 0) -> list[JournalEntry]:
+        rows = await self._all("SELECT session, seq, record::text FROM journal WHERE session = %s AND seq > %s ORDER BY seq",
+                               (session, after), "cannot read the journal")
+        return [JournalEntry(s, q, json.loads(r)) for s, q, r in rows]

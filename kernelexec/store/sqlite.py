@@ -1,0 +1,362 @@
+"""The built-in store: one SQLite file, ``<state dir>/kernelexec.db`` (WAL, synchronous=FULL, mode 0600).
+
+One connection, used by one worker thread at a time (``anyio.to_thread`` under a limiter of one): the event
+loop never waits on the disk. Every write is one ``BEGIN IMMEDIATE`` transaction, so a check and its write
+(a lease's compare-and-set, a fence, a question's single answer, the journal's next number) cannot interleave
+with another process's. The schema is created and migrated when the store opens (``schema_version``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import anyio.to_thread
+
+from kernelexec.store.interface import (
+    RUN_STATES,
+    SCHEMA_VERSION,
+    UNFINISHED,
+    AlreadyAnswered,
+    Fence,
+    JournalEntry,
+    Lease,
+    QuestionRecord,
+    RunRecord,
+    SessionRecord,
+    StaleLease,
+    StoreError,
+    TaskRecord,
+    visible,
+)
+
+T = TypeVar("T")
+DB_NAME = "kernelexec.db"
+
+# the columns each record is read from, in its fields' order (never SELECT *: a migration may add columns)
+SESSION_COLUMNS = "handle, owner, working_dir, environment, profile, local_slot, gateway_kernel_id, created, updated"
+RUN_COLUMNS = "id, session, owner, state, answer, created, updated"
+TASK_COLUMNS = "id, owner, run_id, ttl_s, status, created, updated"
+QUESTION_COLUMNS = "id, run_id, prompt, password, approval, answerer, answered, created"
+
+_STATES = ", ".join(f"'{s}'" for s in RUN_STATES)
+MIGRATIONS: dict[int, list[str]] = {
+    1: [
+        """CREATE TABLE sessions (handle TEXT PRIMARY KEY, owner TEXT, working_dir TEXT NOT NULL, environment TEXT NOT NULL,
+           profile TEXT NOT NULL, local_slot TEXT, gateway_kernel_id TEXT, created REAL NOT NULL, updated REAL NOT NULL,
+           CHECK (local_slot IS NULL OR gateway_kernel_id IS NULL))""",
+        f"""CREATE TABLE runs (id TEXT PRIMARY KEY, session TEXT NOT NULL, owner TEXT, state TEXT NOT NULL CHECK (state IN ({_STATES})),
+           answer TEXT, created REAL NOT NULL, updated REAL NOT NULL)""",
+        "CREATE INDEX runs_by_session ON runs (session)",
+        "CREATE INDEX runs_by_state ON runs (state)",
+        """CREATE TABLE tasks (id TEXT PRIMARY KEY, owner TEXT, run_id TEXT, ttl_s REAL NOT NULL, status TEXT NOT NULL,
+           created REAL NOT NULL, updated REAL NOT NULL)""",
+        """CREATE TABLE questions (id TEXT PRIMARY KEY, run_id TEXT NOT NULL, prompt TEXT NOT NULL, password INTEGER NOT NULL,
+           approval INTEGER NOT NULL, answerer TEXT, answered INTEGER NOT NULL DEFAULT 0, created REAL NOT NULL)""",
+        "CREATE INDEX questions_by_run ON questions (run_id)",
+        "CREATE TABLE leases (session TEXT PRIMARY KEY, holder TEXT, token INTEGER NOT NULL, expires REAL NOT NULL)",
+        "CREATE TABLE journal (session TEXT NOT NULL, seq INTEGER NOT NULL, record TEXT NOT NULL, PRIMARY KEY (session, seq))",
+    ],
+}
+assert max(MIGRATIONS) == SCHEMA_VERSION
+
+
+def dumps(value: Any) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"not storable as JSON: {exc}") from None
+
+
+class SQLiteStore:
+    """The ``Store`` in one SQLite file. Open with ``await SQLiteStore.open(path)``."""
+
+    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
+        self.path = path
+        self._conn: sqlite3.Connection | None = conn
+        self._lock = threading.Lock()
+        self._limiter = anyio.CapacityLimiter(1)
+
+    def __repr__(self) -> str:
+        return f"SQLiteStore({str(self.path)!r})"
+
+    @property
+    def url(self) -> str:
+        return f"sqlite:///{self.path}"
+
+    @classmethod
+    async def open(cls, path: Path | str) -> SQLiteStore:
+        return await anyio.to_thread.run_sync(cls.open_sync, Path(path))
+
+    @classmethod
+    def open_sync(cls, path: Path) -> SQLiteStore:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600))  # the -wal and -shm files take its mode
+        try:
+            conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            store = cls(path, conn)
+            store._migrate()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the store {path}: {exc}") from None
+        return store
+
+    def _migrate(self) -> None:
+        def migrate(db: sqlite3.Connection) -> None:
+            db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            found = db.execute("SELECT max(version) FROM schema_version").fetchone()[0] or 0
+            if found > SCHEMA_VERSION:
+                raise StoreError(f"the store {self.path} has schema version {found}, newer than this kernelexec's "
+                                 f"({SCHEMA_VERSION}): upgrade kernelexec")
+            for version in range(found + 1, SCHEMA_VERSION + 1):
+                for statement in MIGRATIONS[version]:
+                    db.execute(statement)
+                db.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+
+        self._tx(migrate)
+
+    def _tx(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """``work`` in one immediate (write-locked) transaction, committed or rolled back."""
+        with self._lock:
+            db = self._conn
+            if db is None:
+                raise StoreError("the store is closed")
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                result = work(db)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+            return result
+
+    def _read(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        with self._lock:
+            db = self._conn
+            if db is None:
+                raise StoreError("the store is closed")
+            return work(db)
+
+    async def _write(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        try:
+            return await anyio.to_thread.run_sync(self._tx, work, limiter=self._limiter)
+        except sqlite3.Error as exc:
+            raise StoreError(f"store write failed: {exc}") from None
+
+    async def _query(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        try:
+            return await anyio.to_thread.run_sync(self._read, work, limiter=self._limiter)
+        except sqlite3.Error as exc:
+            raise StoreError(f"store read failed: {exc}") from None
+
+    async def close(self) -> None:
+        def close() -> None:
+            with self._lock:
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None
+
+        await anyio.to_thread.run_sync(close, limiter=self._limiter)
+
+    @staticmethod
+    def _fenced(db: sqlite3.Connection, fence: Fence | None) -> None:
+        if fence is None:
+            return
+        row = db.execute("SELECT holder, token FROM leases WHERE session = ?", (fence.session,)).fetchone()
+        if row is None or row[0] is None or row[1] != fence.token:
+            raise StaleLease(f"session {fence.session}: fencing token {fence.token} is stale "
+                             f"(the session's lease is {'free' if row is None or row[0] is None else f'token {row[1]}'})")
+
+    # sessions
+
+    async def put_session(self, record: SessionRecord, *, fence: Fence | None = None) -> None:
+        if fence is not None and fence.session != record.handle:
+            raise StaleLease(f"a fence of session {fence.session} cannot write session {record.handle}")
+        now = time.time()
+
+        def put(db: sqlite3.Connection) -> None:
+            self._fenced(db, fence)
+            db.execute(
+                """INSERT INTO sessions (handle, owner, working_dir, environment, profile, local_slot, gateway_kernel_id, created, updated)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+                   ON CONFLICT (handle) DO UPDATE SET working_dir = excluded.working_dir, environment = excluded.environment,
+                   profile = excluded.profile, local_slot = excluded.local_slot, gateway_kernel_id = excluded.gateway_kernel_id,
+                   updated = excluded.updated""",
+                (record.handle, record.owner, record.working_dir, record.environment, record.profile, record.local_slot,
+                 record.gateway_kernel_id, record.created or now, now))
+
+        await self._write(put)
+
+    async def get_session(self, handle: str, *, owner: str | None) -> SessionRecord | None:
+        row = await self._query(lambda db: db.execute(f"SELECT {SESSION_COLUMNS} FROM sessions WHERE handle = ?", (handle,)).fetchone())
+        found = session_row(row) if row is not None else None
+        return found if found is not None and visible(found.owner, owner) else None
+
+    async def list_sessions(self, *, owner: str | None) -> list[SessionRecord]:
+        rows = await self._query(lambda db: db.execute(f"SELECT {SESSION_COLUMNS} FROM sessions ORDER BY created, handle").fetchall())
+        return [s for s in map(session_row, rows) if visible(s.owner, owner)]
+
+    async def delete_session(self, handle: str, *, fence: Fence | None = None) -> None:
+        def delete(db: sqlite3.Connection) -> None:
+            self._fenced(db, fence)
+            db.execute("DELETE FROM sessions WHERE handle = ?", (handle,))
+
+        await self._write(delete)
+
+    # runs
+
+    async def put_run(self, record: RunRecord) -> None:
+        if record.state not in RUN_STATES:
+            raise StoreError(f"not a run state: {record.state!r}")
+        now = time.time()
+        answer = dumps(record.answer) if record.answer is not None else None
+        await self._write(lambda db: db.execute(
+            """INSERT INTO runs (id, session, owner, state, answer, created, updated) VALUES (?, ?, ?, ?, ?, ?, ?)
+               ON CONFLICT (id) DO UPDATE SET state = excluded.state, answer = excluded.answer, updated = excluded.updated""",
+            (record.id, record.session, record.owner, record.state, answer, record.created or now, now)))
+
+    async def get_run(self, run_id: str, *, owner: str | None) -> RunRecord | None:
+        row = await self._query(lambda db: db.execute(f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,)).fetchone())
+        found = run_row(row) if row is not None else None
+        return found if found is not None and visible(found.owner, owner) else None
+
+    async def runs_of(self, session: str, *, owner: str | None) -> list[RunRecord]:
+        rows = await self._query(lambda db: db.execute(f"SELECT {RUN_COLUMNS} FROM runs WHERE session = ? ORDER BY created, id", (session,)).fetchall())
+        return [r for r in map(run_row, rows) if visible(r.owner, owner)]
+
+    async def lose_unfinished(self, *, session: str | None = None) -> int:
+        now = time.time()
+        marks = ", ".join("?" for _ in UNFINISHED)
+        where = f"state IN ({marks})" + (" AND session = ?" if session is not None else "")
+        params: tuple[Any, ...] = (now, *UNFINISHED, *((session,) if session is not None else ()))
+        return await self._write(lambda db: db.execute(f"UPDATE runs SET state = 'lost', updated = ? WHERE {where}", params).rowcount)
+
+    # tasks
+
+    async def put_task(self, record: TaskRecord) -> None:
+        now = time.time()
+        await self._write(lambda db: db.execute(
+            """INSERT INTO tasks (id, owner, run_id, ttl_s, status, created, updated) VALUES (?, ?, ?, ?, ?, ?, ?)
+               ON CONFLICT (id) DO UPDATE SET status = excluded.status, ttl_s = excluded.ttl_s, updated = excluded.updated""",
+            (record.id, record.owner, record.run_id, record.ttl_s, record.status, record.created or now, record.updated or now)))
+
+    async def get_task(self, task_id: str, *, owner: str | None) -> TaskRecord | None:
+        row = await self._query(lambda db: db.execute(f"SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?", (task_id,)).fetchone())
+        found = task_row(row) if row is not None else None
+        return found if found is not None and visible(found.owner, owner) else None
+
+    # questions
+
+    async def put_question(self, record: QuestionRecord) -> None:
+        now = time.time()
+        try:
+            await self._write(lambda db: db.execute(
+                """INSERT INTO questions (id, run_id, prompt, password, approval, answerer, answered, created)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?)""",
+                (record.id, record.run_id, record.prompt, record.password, record.approval, record.answerer, record.answered,
+                 record.created or now)))
+        except StoreError as exc:
+            raise StoreError(f"question {record.id} exists already: {exc}") from None
+
+    async def get_question(self, question_id: str, *, owner: str | None) -> QuestionRecord | None:
+        row = await self._query(lambda db: db.execute(f"SELECT {QUESTION_COLUMNS} FROM questions WHERE id = ?", (question_id,)).fetchone())
+        found = question_row(row) if row is not None else None
+        return found if found is not None and visible(found.answerer, owner) else None
+
+    async def answer_question(self, question_id: str, *, by: str | None) -> QuestionRecord:
+        def answer(db: sqlite3.Connection) -> QuestionRecord:
+            row = db.execute(f"SELECT {QUESTION_COLUMNS} FROM questions WHERE id = ?", (question_id,)).fetchone()
+            found = question_row(row) if row is not None else None
+            if found is None or not visible(found.answerer, by):
+                raise StoreError(f"unknown question {question_id[:80]!r}")
+            if found.answered:
+                raise AlreadyAnswered(f"question {question_id} was answered already")
+            db.execute("UPDATE questions SET answered = 1 WHERE id = ? AND answered = 0", (question_id,))
+            return QuestionRecord(**{**found.__dict__, "answered": True})
+
+        return await self._write(answer)
+
+    # leases
+
+    async def acquire_lease(self, session: str, holder: str, ttl_s: float) -> Lease | None:
+        def acquire(db: sqlite3.Connection) -> Lease | None:
+            now = time.time()
+            row = db.execute("SELECT holder, token, expires FROM leases WHERE session = ?", (session,)).fetchone()
+            if row is not None and row[0] is not None and row[2] > now:
+                return None
+            lease = Lease(session, holder, (row[1] if row is not None else 0) + 1, now + ttl_s)
+            db.execute("""INSERT INTO leases (session, holder, token, expires) VALUES (?, ?, ?, ?)
+                          ON CONFLICT (session) DO UPDATE SET holder = excluded.holder, token = excluded.token, expires = excluded.expires""",
+                       (lease.session, lease.holder, lease.token, lease.expires))
+            return lease
+
+        return await self._write(acquire)
+
+    async def renew_lease(self, lease: Lease, ttl_s: float) -> Lease | None:
+        def renew(db: sqlite3.Connection) -> Lease | None:
+            expires = time.time() + ttl_s
+            done = db.execute("UPDATE leases SET expires = ? WHERE session = ? AND holder = ? AND token = ?",
+                              (expires, lease.session, lease.holder, lease.token)).rowcount
+            return Lease(lease.session, lease.holder, lease.token, expires) if done else None
+
+        return await self._write(renew)
+
+    async def release_lease(self, lease: Lease) -> bool:
+        return bool(await self._write(lambda db: db.execute(
+            "UPDATE leases SET holder = NULL, expires = 0 WHERE session = ? AND holder = ? AND token = ?",
+            (lease.session, lease.holder, lease.token)).rowcount))
+
+    async def current_lease(self, session: str) -> Lease | None:
+        row = await self._query(lambda db: db.execute("SELECT session, holder, token, expires FROM leases WHERE session = ?",
+                                                      (session,)).fetchone())
+        if row is None or row[1] is None or row[3] <= time.time():
+            return None
+        return Lease(*row)
+
+    # the journal
+
+    async def append_journal(self, session: str, record: dict[str, Any], *, fence: Fence | None = None) -> int:
+        if fence is not None and fence.session != session:
+            raise StaleLease(f"a fence of session {fence.session} cannot write session {session}'s journal")
+        text = dumps(record)
+
+        def append(db: sqlite3.Connection) -> int:
+            self._fenced(db, fence)
+            seq: int = db.execute("SELECT coalesce(max(seq), 0) + 1 FROM journal WHERE session = ?", (session,)).fetchone()[0]
+            db.execute("INSERT INTO journal (session, seq, record) VALUES (?, ?, ?)", (session, seq, text))
+            return seq
+
+        return await self._write(append)
+
+    async def journal(self, session: str, *, after: int = 0) -> list[JournalEntry]:
+        rows = await self._query(lambda db: db.execute("SELECT session, seq, record FROM journal WHERE session = ? AND seq > ? ORDER BY seq",
+                                                       (session, after)).fetchall())
+        return [JournalEntry(s, q, json.loads(r)) for s, q, r in rows]
+
+
+def session_row(row: tuple[Any, ...]) -> SessionRecord:
+    handle, owner, working_dir, environment, profile, local_slot, gateway_kernel_id, created, updated = row
+    return SessionRecord(handle, owner, working_dir, environment, profile, local_slot, gateway_kernel_id, created, updated)
+
+
+def run_row(row: tuple[Any, ...]) -> RunRecord:
+    run_id, session, owner, state, answer, created, updated = row
+    return RunRecord(run_id, session, owner, state, json.loads(answer) if answer is not None else None, created, updated)
+
+
+def task_row(row: tuple[Any, ...]) -> TaskRecord:
+    return TaskRecord(*row)
+
+
+def question_row(row: tuple[Any, ...]) -> QuestionRecord:
+    qid, run_id, prompt, password, approval, answerer, answered, created = row
+    return QuestionRecord(qid, run_id, prompt, bool(password), bool(approval), answerer, bool(answered), created)

@@ -1,0 +1,508 @@
+"""The session store (kernelexec/store/): one suite, run against both backends — SQLite (the built-in default)
+and a real PostgreSQL 15 started here with initdb/pg_ctl as an unprivileged user (no stand-in for either).
+
+What it shows: records round-trip; a record of one owner does not exist for another; a lease is taken only
+when free or expired (compare-and-set, raced from two connections), every acquisition gets a larger fencing
+token, and a writer whose lease was taken can neither renew nor write; a question is answered once; the
+journal keeps its order; everything survives close and reopen; a store URL's password is never shown; and
+SQLite survives SIGKILL at random points (50 kills) with every committed record there.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import secrets
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+import traceback
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from kernelexec.store import (
+    AlreadyAnswered,
+    Fence,
+    QuestionRecord,
+    RunRecord,
+    SessionRecord,
+    StaleLease,
+    Store,
+    StoreError,
+    TaskRecord,
+    open_store,
+    redacted,
+)
+from kernelexec.store.sqlite import DB_NAME, SQLiteStore
+
+from .pg import PG_USER, Postgres, free_port, postgres
+
+__all__ = ["postgres"]  # the session's PostgreSQL, a fixture
+
+@dataclass
+class Where:
+    """One store's location: how to open it again (reopen tests) and a second connection (race tests)."""
+
+    kind: str
+    url: str | None
+    state_dir: Path
+    secret: str = ""
+
+    async def open(self) -> Store:
+        return await open_store(self.url, self.state_dir)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> Where:
+    if request.param == "sqlite":
+        return Where("sqlite", None, tmp_path)
+    pg: Postgres = request.getfixturevalue("postgres")
+    return Where("postgres", pg.url(pg.create_db()), tmp_path, pg.password)
+
+
+@pytest.fixture
+async def store(where: Where) -> AsyncIterator[Store]:
+    opened = await where.open()
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+pytestmark = pytest.mark.anyio
+
+
+def _session(handle: str = "s1", owner: str | None = "alice", **kw: Any) -> SessionRecord:
+    return SessionRecord(handle=handle, owner=owner, working_dir=kw.pop("working_dir", "/work/x"),
+                         environment=kw.pop("environment", "/usr/bin/python3 (3.11)"), profile=kw.pop("profile", "standard"), **kw)
+
+
+ANSWER = {"content": [{"type": "text", "text": "π ≈ 3.14 — and a NUL: \x00, a quote \" and \\ backslash"}],
+          "structuredContent": {"ending": "finished", "n": [1, 2.5, None, True], "nested": {"z": 1, "a": 2}}, "isError": False}
+
+
+# --- records ----------------------------------------------------------------------------------------------
+async def test_sessions_round_trip_update_list_and_delete(store: Store) -> None:
+    await store.put_session(_session("s1", local_slot="k"))
+    await store.put_session(_session("s2", owner="bob", gateway_kernel_id="8f1c-kernel"))
+    await store.put_session(_session("s3", owner=None))
+    got = await store.get_session("s1", owner="alice")
+    assert got is not None and (got.handle, got.owner, got.local_slot, got.gateway_kernel_id) == ("s1", "alice", "k", None)
+    assert (got.working_dir, got.environment, got.profile) == ("/work/x", "/usr/bin/python3 (3.11)", "standard")
+    assert got.created > 0 and got.updated >= got.created
+    await anyio.sleep(0.01)
+    await store.put_session(_session("s1", working_dir="/work/y", local_slot="s"))
+    again = await store.get_session("s1", owner="alice")
+    assert again is not None and again.working_dir == "/work/y" and again.local_slot == "s"
+    assert again.created == got.created and again.updated > got.updated  # created kept, updated moved
+    assert [s.handle for s in await store.list_sessions(owner="alice")] == ["s1", "s3"]
+    assert [s.handle for s in await store.list_sessions(owner="bob")] == ["s2", "s3"]
+    assert [s.handle for s in await store.list_sessions(owner=None)] == ["s3"]
+    with pytest.raises(StoreError):  # a kernel is in one place: a local slot or a gateway, not both
+        await store.put_session(_session("s4", local_slot="k", gateway_kernel_id="g"))
+    await store.delete_session("s1")
+    assert await store.get_session("s1", owner="alice") is None
+    assert await store.get_session("s2", owner="bob") is not None
+
+
+async def test_runs_round_trip_and_their_answer_as_json(store: Store) -> None:
+    await store.put_run(RunRecord("run-1", "s1", "alice", "running"))
+    got = await store.get_run("run-1", owner="alice")
+    assert got is not None and got.state == "running" and got.answer is None and got.session == "s1"
+    await store.put_run(RunRecord("run-1", "s1", "alice", "awaiting_input"))
+    await store.put_run(RunRecord("run-1", "s1", "alice", "finished", ANSWER))
+    done = await store.get_run("run-1", owner="alice")
+    assert done is not None and done.state == "finished" and done.answer == ANSWER and done.created == got.created
+    assert list(done.answer["structuredContent"]["nested"]) == ["z", "a"]  # kept as written
+    await store.put_run(RunRecord("run-2", "s1", "alice", "failed", {"content": [], "isError": True}))
+    await store.put_run(RunRecord("run-3", "s1", "alice", "awaiting_input"))
+    await store.put_run(RunRecord("run-4", "s2", "alice", "running"))
+    assert [r.id for r in await store.runs_of("s1", owner="alice")] == ["run-1", "run-2", "run-3"]
+    with pytest.raises(StoreError):
+        await store.put_run(RunRecord("run-5", "s1", "alice", "bogus"))  # type: ignore[arg-type]
+    with pytest.raises(StoreError):
+        await store.put_run(RunRecord("run-6", "s1", "alice", "finished", {"x": float("nan")}))
+    assert await store.lose_unfinished(session="s1") == 1  # run-3 only; run-4 is another session's
+    assert (await store.get_run("run-3", owner="alice")).state == "lost"  # type: ignore[union-attr]
+    assert (await store.get_run("run-4", owner="alice")).state == "running"  # type: ignore[union-attr]
+    assert await store.lose_unfinished() == 1
+    assert {r.state for r in await store.runs_of("s1", owner="alice")} == {"finished", "failed", "lost"}
+
+
+async def test_tasks_round_trip(store: Store) -> None:
+    task = TaskRecord("t-1", "alice", "run-1", ttl_s=3600.0, status="working", created=1000.0, updated=1000.0)
+    await store.put_task(task)
+    assert await store.get_task("t-1", owner="alice") == task
+    assert task.expires == 4600.0
+    await store.put_task(TaskRecord("t-1", "alice", "run-1", ttl_s=3600.0, status="completed", created=1000.0, updated=1005.0))
+    got = await store.get_task("t-1", owner="alice")
+    assert got is not None and (got.status, got.created, got.updated) == ("completed", 1000.0, 1005.0)
+    await store.put_task(TaskRecord("t-2", None, None, ttl_s=60.0, status="working"))
+    job = await store.get_task("t-2", owner="anyone")
+    assert job is not None and job.run_id is None and job.created > 0
+
+
+async def test_a_record_of_one_owner_is_unknown_to_another(store: Store) -> None:
+    await store.put_session(_session("sa", owner="alice"))
+    await store.put_run(RunRecord("run-a", "sa", "alice", "finished", ANSWER))
+    await store.put_task(TaskRecord("t-a", "alice", "run-a", 60.0, "completed"))
+    await store.put_question(QuestionRecord("q-a", "run-a", "Name? ", answerer="alice"))
+    for other in ("bob", None, "Alice", "alice "):
+        assert await store.get_session("sa", owner=other) is None
+        assert await store.get_run("run-a", owner=other) is None
+        assert await store.get_task("t-a", owner=other) is None
+        assert await store.get_question("q-a", owner=other) is None
+        assert await store.runs_of("sa", owner=other) == []
+        with pytest.raises(StoreError) as refused:
+            await store.answer_question("q-a", by=other)
+        assert not isinstance(refused.value, AlreadyAnswered) and "unknown question" in str(refused.value)
+    assert await store.get_run("run-a", owner="alice") is not None
+    assert await store.get_task("t-a", owner="alice") is not None
+    # bob's refused attempts did not use up alice's question
+    assert (await store.answer_question("q-a", by="alice")).answered
+    # an owner-less record (stdio, no auth) is anyone's
+    await store.put_run(RunRecord("run-n", "sn", None, "running"))
+    assert await store.get_run("run-n", owner="bob") is not None and await store.get_run("run-n", owner=None) is not None
+
+
+# --- leases and fencing -----------------------------------------------------------------------------------
+async def test_lease_compare_and_set_and_fencing(store: Store) -> None:
+    await store.put_session(_session("s1"))
+    a = await store.acquire_lease("s1", "server-a", ttl_s=0.4)
+    assert a is not None and a.token == 1 and a.holder == "server-a"
+    assert await store.acquire_lease("s1", "server-b", ttl_s=5) is None  # held
+    assert await store.acquire_lease("s1", "server-a", ttl_s=5) is None  # held, even for its holder: renew it
+    assert await store.current_lease("s1") == a
+    renewed = await store.renew_lease(a, ttl_s=0.4)
+    assert renewed is not None and renewed.token == a.token and renewed.expires >= a.expires
+    assert await store.append_journal("s1", {"cell": 1}, fence=Fence.of(a)) == 1  # A writes while it holds the lease
+    await anyio.sleep(0.6)  # A's lease expires (A is stuck and does not know)
+    assert await store.current_lease("s1") is None
+    b = await store.acquire_lease("s1", "server-b", ttl_s=30)
+    assert b is not None and b.token > a.token
+    assert await store.renew_lease(a, ttl_s=30) is None  # A's renew with its old token fails
+    assert await store.release_lease(a) is False  # and so does its release
+    with pytest.raises(StaleLease):  # A's writes with the stale token are refused
+        await store.append_journal("s1", {"cell": "from A, too late"}, fence=Fence.of(a))
+    with pytest.raises(StaleLease):
+        await store.put_session(_session("s1", working_dir="/from/a"), fence=Fence.of(a))
+    with pytest.raises(StaleLease):
+        await store.delete_session("s1", fence=Fence.of(a))
+    with pytest.raises(StaleLease):  # a fence is for its own session only
+        await store.append_journal("s2", {"cell": 1}, fence=Fence.of(b))
+    assert await store.append_journal("s1", {"cell": 2}, fence=Fence.of(b)) == 2
+    await store.put_session(_session("s1", working_dir="/from/b"), fence=Fence.of(b))
+    assert [e.record for e in await store.journal("s1")] == [{"cell": 1}, {"cell": 2}]
+    session = await store.get_session("s1", owner="alice")
+    assert session is not None and session.working_dir == "/from/b"
+    assert await store.current_lease("s1") == b
+    assert await store.release_lease(b) is True
+    assert await store.current_lease("s1") is None
+    with pytest.raises(StaleLease):  # a released lease fences nothing
+        await store.append_journal("s1", {"cell": "after release"}, fence=Fence.of(b))
+    c = await store.acquire_lease("s1", "server-a", ttl_s=30)
+    assert c is not None and c.token > b.token  # monotonic across a release
+    with pytest.raises(StaleLease):  # a fence for a session that never had a lease
+        await store.append_journal("s9", {"cell": 1}, fence=Fence("s9", 1))
+
+
+async def test_racing_acquirers_on_two_connections_one_wins(where: Where) -> None:
+    first, second = await where.open(), await where.open()
+    try:
+        for round_ in range(8):
+            session = f"race-{round_}"
+            won: list[Any] = []
+            setup = await first.acquire_lease(session, "setup", ttl_s=30)  # the race is for a lease row that exists, free
+            assert setup is not None and await first.release_lease(setup)
+
+            async def grab(s: Store, name: str, session: str = session, won: list[Any] = won) -> None:
+                lease = await s.acquire_lease(session, name, ttl_s=30)
+                if lease is not None:
+                    won.append(lease)
+
+            async with anyio.create_task_group() as tg:
+                for i in range(3):
+                    tg.start_soon(grab, first, f"a{i}")
+                    tg.start_soon(grab, second, f"b{i}")
+            assert len(won) == 1, won
+            assert won[0].token == 2
+    finally:
+        await first.close()
+        await second.close()
+
+
+# --- questions --------------------------------------------------------------------------------------------
+async def test_a_question_is_answered_once(store: Store) -> None:
+    await store.put_question(QuestionRecord("q-1", "run-1", "Password: ", password=True, answerer="alice"))
+    await store.put_question(QuestionRecord("q-2", "run-1", "Run tool fetch(url=…)?", approval=True, answerer="alice"))
+    q = await store.get_question("q-1", owner="alice")
+    assert q is not None and q.password and not q.approval and not q.answered and q.prompt == "Password: "
+    approval = await store.get_question("q-2", owner="alice")
+    assert approval is not None and approval.approval and not approval.password
+    answered = await store.answer_question("q-1", by="alice")
+    assert answered.answered and answered.id == "q-1"
+    with pytest.raises(AlreadyAnswered):
+        await store.answer_question("q-1", by="alice")
+    stored = await store.get_question("q-1", owner="alice")
+    assert stored is not None and stored.answered
+    assert not (await store.get_question("q-2", owner="alice")).answered  # type: ignore[union-attr]
+    with pytest.raises(StoreError):
+        await store.answer_question("q-nope", by="alice")
+    with pytest.raises(StoreError):  # an id is a question's for good
+        await store.put_question(QuestionRecord("q-1", "run-2", "again? "))
+
+
+async def test_racing_answers_on_two_connections_one_wins(where: Where) -> None:
+    first, second = await where.open(), await where.open()
+    try:
+        for n in range(6):
+            await first.put_question(QuestionRecord(f"q-{n}", "run-1", "Name? ", answerer="alice"))
+            outcomes: list[str] = []
+
+            async def answer(s: Store, qid: str = f"q-{n}", outcomes: list[str] = outcomes) -> None:
+                try:
+                    await s.answer_question(qid, by="alice")
+                    outcomes.append("answered")
+                except AlreadyAnswered:
+                    outcomes.append("refused")
+
+            async with anyio.create_task_group() as tg:
+                for s in (first, second, first, second):
+                    tg.start_soon(answer, s)
+            assert sorted(outcomes) == ["answered", "refused", "refused", "refused"]
+    finally:
+        await first.close()
+        await second.close()
+
+
+# --- the journal ------------------------------------------------------------------------------------------
+async def test_the_journal_keeps_order_per_session(store: Store) -> None:
+    for i in range(25):
+        assert await store.append_journal("s1", {"cell": i, "source": f"x = {i}", "outputs": [{"text": "é\x00" * (i % 3)}]}) == i + 1
+        if i % 5 == 0:
+            await store.append_journal("s2", {"other": i})
+    entries = await store.journal("s1")
+    assert [e.seq for e in entries] == list(range(1, 26))
+    assert [e.record["cell"] for e in entries] == list(range(25))
+    assert entries[5].record["outputs"] == [{"text": "é\x00é\x00"}]
+    assert [e.record["cell"] for e in await store.journal("s1", after=20)] == [20, 21, 22, 23, 24]
+    assert [e.record for e in await store.journal("s2")] == [{"other": i} for i in range(0, 25, 5)]
+    assert await store.journal("nobody") == []
+
+
+async def test_concurrent_appends_from_two_connections_are_numbered_once(where: Where) -> None:
+    first, second = await where.open(), await where.open()
+    try:
+        async def write(s: Store, name: str) -> None:
+            for i in range(15):
+                await s.append_journal("s1", {"by": name, "i": i})
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(write, first, "a")
+            tg.start_soon(write, second, "b")
+        entries = await first.journal("s1")
+        assert [e.seq for e in entries] == list(range(1, 31))
+        for name in ("a", "b"):  # each writer's records in its own order
+            assert [e.record["i"] for e in entries if e.record["by"] == name] == list(range(15))
+    finally:
+        await first.close()
+        await second.close()
+
+
+# --- reopen and schema ------------------------------------------------------------------------------------
+async def test_reopen_after_close_keeps_everything(where: Where) -> None:
+    s = await where.open()
+    await s.put_session(_session("s1", gateway_kernel_id="gw-1"))
+    await s.put_run(RunRecord("run-1", "s1", "alice", "finished", ANSWER))
+    await s.put_run(RunRecord("run-2", "s1", "alice", "running"))
+    await s.put_task(TaskRecord("t-1", "alice", "run-1", 60.0, "completed", 5.0, 6.0))
+    await s.put_question(QuestionRecord("q-1", "run-2", "Name? ", answerer="alice"))
+    await s.answer_question("q-1", by="alice")
+    await s.put_question(QuestionRecord("q-2", "run-2", "Age? ", answerer="alice"))
+    lease = await s.acquire_lease("s1", "server-a", ttl_s=60)
+    assert lease is not None
+    for i in range(3):
+        await s.append_journal("s1", {"cell": i}, fence=Fence.of(lease))
+    await s.close()
+    with pytest.raises(StoreError):  # closed is closed
+        await s.get_run("run-1", owner="alice")
+
+    s = await where.open()  # the schema is there: opened again, not created again
+    try:
+        session = await s.get_session("s1", owner="alice")
+        assert session is not None and session.gateway_kernel_id == "gw-1"
+        run = await s.get_run("run-1", owner="alice")
+        assert run is not None and run.state == "finished" and run.answer == ANSWER
+        assert (await s.get_run("run-2", owner="alice")).state == "running"  # type: ignore[union-attr]
+        assert await s.get_task("t-1", owner="alice") == TaskRecord("t-1", "alice", "run-1", 60.0, "completed", 5.0, 6.0)
+        with pytest.raises(AlreadyAnswered):
+            await s.answer_question("q-1", by="alice")
+        assert (await s.answer_question("q-2", by="alice")).answered
+        assert await s.current_lease("s1") == lease
+        assert await s.append_journal("s1", {"cell": 3}, fence=Fence.of(lease)) == 4
+        assert [e.record["cell"] for e in await s.journal("s1")] == [0, 1, 2, 3]
+        assert await s.acquire_lease("s1", "server-b", ttl_s=1) is None
+    finally:
+        await s.close()
+
+
+async def test_a_store_from_a_newer_kernelexec_is_refused(where: Where) -> None:
+    s = await where.open()
+    await s.close()
+    if where.kind == "sqlite":
+        with sqlite3.connect(where.state_dir / DB_NAME) as db:
+            db.execute("INSERT INTO schema_version (version) VALUES (99)")
+    else:
+        import psycopg
+
+        assert where.url is not None
+        with psycopg.connect(where.url, autocommit=True) as conn:
+            conn.execute("INSERT INTO schema_version (version) VALUES (99)")
+    with pytest.raises(StoreError, match="schema version 99"):
+        await where.open()
+
+
+async def test_the_sqlite_store_is_private_and_in_wal_mode(tmp_path: Path) -> None:
+    s = await open_store(None, tmp_path)
+    try:
+        assert isinstance(s, SQLiteStore) and s.path == tmp_path / "kernelexec.db"
+        await s.put_run(RunRecord("run-1", "s1", None, "running"))
+        for name in ("kernelexec.db", "kernelexec.db-wal"):
+            assert (tmp_path / name).stat().st_mode & 0o077 == 0, name
+        with sqlite3.connect(tmp_path / DB_NAME) as db:
+            assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+            assert db.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+    finally:
+        await s.close()
+    assert isinstance(await open_store(f"sqlite:///{tmp_path}/other.db", tmp_path), SQLiteStore)
+
+
+# --- the password is never shown --------------------------------------------------------------------------
+@pytest.mark.parametrize(("url", "shown"), [
+    ("postgresql://kx:hunter2@db.example:5432/kernelexec", "postgresql://kx:***@db.example:5432/kernelexec"),
+    ("postgres://kx:p%40ss%3Aw0rd@10.0.0.1/k?sslmode=require", "postgres://kx:***@10.0.0.1/k?sslmode=require"),
+    ("postgresql://kx@host/db?password=hunter2&sslmode=require", "postgresql://kx@host/db?password=***&sslmode=require"),
+    ("postgresql://kx:hunter2@[::1]:5432/db", "postgresql://kx:***@[::1]:5432/db"),
+    ("postgresql://kx:hunter2@host:notaport/db", "postgresql://kx:***@host:notaport/db"),
+    ("postgresql://host/db", "postgresql://host/db"),
+])
+async def test_redacted_hides_a_urls_password(url: str, shown: str) -> None:
+    assert redacted(url) == shown
+    assert "hunter2" not in redacted(url) and "p%40ss" not in redacted(url)
+
+
+def _shown(exc: BaseException) -> str:
+    return str(exc) + repr(exc) + "".join(traceback.format_exception(exc))
+
+
+async def test_a_postgres_password_never_appears(postgres: Postgres, caplog: pytest.LogCaptureFixture) -> None:
+    from urllib.parse import unquote
+
+    secret = unquote(postgres.password)
+    forms = {secret, postgres.password}
+    url = postgres.url(postgres.create_db())
+    s = await open_store(url, Path("/nonexistent"))
+    try:
+        assert "***" in s.url and not any(f in s.url or f in repr(s) or f in str(s) for f in forms)
+        await s.put_run(RunRecord("run-1", "s1", None, "running"))
+        with pytest.raises(StoreError) as failed:  # a driver error during a call
+            await s.put_question(QuestionRecord("q", "r", "x"))
+            await s.put_question(QuestionRecord("q", "r", "x"))
+        assert not any(f in _shown(failed.value) for f in forms)
+    finally:
+        await s.close()
+    wrong = "Wr0ng-" + secrets.token_hex(4)
+    bad_urls = [postgres.url(password=wrong),  # refused by the server
+                f"postgresql://{PG_USER}:{wrong}@127.0.0.1:notaport/postgres",  # malformed
+                f"postgresql://{PG_USER}:{wrong}@127.0.0.1:{free_port()}/postgres",  # nobody listening
+                f"postgresql://{PG_USER}@127.0.0.1:{postgres.port}/postgres?password={wrong}",
+                f"mysql://{PG_USER}:{wrong}@127.0.0.1/db"]  # not a store URL
+    for bad in bad_urls:
+        with pytest.raises(StoreError) as refused:
+            await open_store(bad, Path("/nonexistent"))
+        shown = _shown(refused.value)
+        assert wrong not in shown, shown
+        assert "***" in shown or "password=" not in shown
+    assert not any(f in caplog.text for f in [*forms, wrong])
+
+
+# --- SQLite under SIGKILL ---------------------------------------------------------------------------------
+WRITER = textwrap.dedent("""
+    import sys, anyio
+    from pathlib import Path
+    from kernelexec.store import Fence, RunRecord, open_store
+
+    async def main(state_dir, tag):
+        store = await open_store(None, Path(state_dir))
+        lease = await store.acquire_lease(tag, tag, ttl_s=3600)
+        i = 0
+        while True:
+            await store.put_run(RunRecord(f"{tag}-{i}", tag, "alice", "running"))
+            await store.append_journal(tag, {"i": i, "pad": "x" * (i % 7) * 500}, fence=Fence.of(lease))
+            await store.put_run(RunRecord(f"{tag}-{i}", tag, "alice", "finished", {"i": i}))
+            print(i, flush=True)  # only after its three writes were committed
+            i += 1
+
+    anyio.run(main, sys.argv[1], sys.argv[2])
+""")
+
+
+@pytest.mark.slow
+def test_sqlite_keeps_every_committed_record_through_50_sigkills(tmp_path: Path) -> None:
+    rng = random.Random(int(os.environ.get("KERNELEXEC_TEST_SEED", "31")))
+    confirmed: dict[str, int] = {}
+    for kill in range(50):
+        tag = f"w{kill}"
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), tag], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(rng.uniform(0.05, 0.6))  # some kills land while it opens (or creates) the store, most mid-write
+        proc.send_signal(signal.SIGKILL)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == -signal.SIGKILL, err.decode(errors="replace")
+        lines = out.decode().split()
+        confirmed[tag] = int(lines[-1]) + 1 if lines else 0
+
+        with sqlite3.connect(tmp_path / DB_NAME) as db:  # the file opens and is whole
+            assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+    async def check() -> None:
+        store = await open_store(None, tmp_path)
+        try:
+            for tag, count in confirmed.items():
+                journal = await store.journal(tag)
+                assert [e.record["i"] for e in journal[:count]] == list(range(count)), tag
+                assert len(journal) <= count + 1  # at most the one committed after the last line printed
+                for i in range(count):
+                    run = await store.get_run(f"{tag}-{i}", owner="alice")
+                    assert run is not None and run.state == "finished" and run.answer == {"i": i}, (tag, i)
+        finally:
+            await store.close()
+
+    anyio.run(check)
+    assert sum(confirmed.values()) > 200 and sum(1 for c in confirmed.values() if c) >= 30, confirmed
+
+
+async def test_postgres_reconnects_after_its_connection_is_lost(postgres: Postgres) -> None:
+    import psycopg
+
+    url = postgres.url(postgres.create_db())
+    s = await open_store(url, Path("/nonexistent"))
+    try:
+        await s.put_run(RunRecord("run-1", "s1", None, "running"))
+        with psycopg.connect(url, autocommit=True) as admin:  # the server drops the store's connection
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'kernelexec' "
+                          "AND datname = current_database()")
+        with pytest.raises(StoreError) as lost:  # the call in flight fails, said plainly (never retried: was it done?)
+            await s.put_run(RunRecord("run-2", "s1", None, "running"))
+        assert postgres.password not in _shown(lost.value)
+        await s.put_run(RunRecord("run-3", "s1", None, "running"))  # the next call has a new connection
+        assert (await s.get_run("run-1", owner=None)) is not None and (await s.get_run("run-3", owner=None)) is not None
+    finally:
+        await s.close()
