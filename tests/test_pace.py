@@ -1,0 +1,117 @@
+"""No cell sets the server's pace: whatever a kernel sends on its stdin channel, and however it stops reading
+the replies, the server's event loop keeps serving every other session, and the cell ends by its own timeout
+with a small answer and a small journal line. Written as the attacks, judged from outside (a real MCP client,
+real kernels)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client
+from mcp_types import ElicitResult
+
+from kernelexec.server.build import build_server
+from kernelexec.session.manager import SessionManager
+
+from .conftest import make_settings, until
+
+pytestmark = pytest.mark.anyio
+
+
+async def decline(context: Any, params: Any) -> ElicitResult:
+    """A human who declines every question at once (the fastest a question can be answered)."""
+    return ElicitResult(action="decline")
+
+
+# input_requests sent straight on the kernel's stdin socket with its own session key, never reading a reply
+FREEZER = """\
+k = get_ipython().kernel
+parent, ident = k.get_parent('shell'), k._parent_ident['shell']
+open('flooding', 'w').close()
+while True:
+    k.session.send(k.stdin_socket, 'input_request', {'prompt': 'x', 'password': False}, parent=parent, ident=ident)
+"""
+
+# input() asked in a loop, every answer declined (EOFError), forever
+DECLINED_FLOOD = """\
+open('flooding', 'w').close()
+n = 0
+while True:
+    try:
+        input('q? ')
+    except EOFError:
+        n += 1
+"""
+
+
+async def _attack_while_timing_another_session(code: str, timeout: float, short_tmp: Path) -> tuple[dict, list[float], float, Path]:
+    """Run ``code`` in one session while another session's ``x = 1`` calls are timed; returns the attacking
+    call's structured answer (plus its whole answer's size), the other session's latencies, the attacking
+    call's duration, and the attacking session's journal."""
+    settings = make_settings(short_tmp, pool_size=0, restart_spares=0)
+    answer: dict[str, Any] = {}
+    latencies: list[float] = []
+    async with SessionManager(settings).running() as sessions:
+        async with Client(build_server(settings, sessions), mode="legacy", elicitation_callback=decline) as client:
+            attacker: Any = (await client.call_tool("new_session", {})).structured_content["session"]
+            other: Any = (await client.call_tool("new_session", {})).structured_content["session"]
+            first: Any = (await client.call_tool("execute_code", {"code": "1", "session": attacker})).structured_content
+            r: Any = (await client.call_tool("execute_code", {"code": "1", "session": other})).structured_content
+            assert r["success"], r
+            session_dir = Path(first["notebook"]).parent
+            flooding = session_dir / "work" / "flooding"
+            took: list[float] = []
+
+            async def attack() -> None:
+                t = time.monotonic()
+                result = await client.call_tool("execute_code", {"code": code, "session": attacker, "timeout": timeout})
+                took.append(time.monotonic() - t)
+                answer.update(result.structured_content or {})
+                answer["_answer_bytes"] = len(json.dumps([c.model_dump() for c in result.content])) + len(
+                    json.dumps(result.structured_content))
+
+            with anyio.fail_after(120):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(attack)
+                    await until(flooding.exists, "the attack never began")
+                    while not answer:
+                        t = time.monotonic()
+                        r = (await client.call_tool("execute_code", {"code": "x = 1", "session": other})).structured_content
+                        latencies.append(time.monotonic() - t)
+                        assert r["success"], r
+                        await anyio.sleep(0.05)
+            r = (await client.call_tool("execute_code", {"code": "2 + 2", "session": attacker})).structured_content
+            assert r["result"] == 4, r  # the attacked session still works after
+    print(f"attack: ending={answer.get('ending')} took={took[0]:.1f}s answer={answer.get('_answer_bytes')} B; other session: "
+          f"{len(latencies)} calls, max {max(latencies, default=0):.2f}s; journal {(session_dir / 'journal.jsonl').stat().st_size} B; "
+          f"notes={answer.get('notes')}")
+    return answer, latencies, took[0], session_dir / "journal.jsonl"
+
+
+async def test_a_cell_flooding_input_requests_and_never_reading_replies_does_not_freeze_other_sessions(short_tmp: Path) -> None:
+    answer, latencies, took, journal = await _attack_while_timing_another_session(FREEZER, 8, short_tmp)
+    assert latencies, "the attack ended before another session's call could be timed"
+    assert max(latencies) < 2.0, f"another session's x = 1 took {max(latencies):.2f} s during the attack: {latencies}"
+    assert answer["ending"] in ("interrupted", "restarted"), answer
+    assert took < 8 + 3 + 15, f"the attacking cell ran {took:.1f} s with a timeout of 8 s"
+    assert answer["_answer_bytes"] < 20_000, answer["_answer_bytes"]
+    assert journal.stat().st_size < 60_000, journal.stat().st_size
+
+
+async def test_a_flood_of_declined_input_questions_ends_at_the_timeout_with_a_small_answer_and_record(short_tmp: Path) -> None:
+    answer, latencies, took, journal = await _attack_while_timing_another_session(DECLINED_FLOOD, 5, short_tmp)
+    assert took < 5 + 3 + 5, f"a 5 s cell ran {took:.1f} s"
+    assert answer["ending"] in ("interrupted", "restarted"), answer
+    notes = answer.get("notes") or []
+    assert len(json.dumps(notes)) < 1_500, notes[:5]
+    assert any("got no answer" in n for n in notes), notes
+    assert answer["_answer_bytes"] < 20_000, answer["_answer_bytes"]
+    lines = journal.read_text().splitlines()
+    flood_line = next(line for line in lines if "input('q? ')" in line)
+    assert len(flood_line) < 20_000, f"the journal line is {len(flood_line):,} bytes"
+    assert latencies and max(latencies) < 2.0, latencies
