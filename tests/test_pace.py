@@ -24,7 +24,10 @@ pytestmark = pytest.mark.anyio
 
 
 async def decline(context: Any, params: Any) -> ElicitResult:
-    """A human who declines every question at once (the fastest a question can be answered)."""
+    """A human who declines every question at once (the fastest a question can be answered), but for the one
+    asked after the attack ("again?"), answered "yes"."""
+    if "again?" in params.message:
+        return ElicitResult(action="accept", content={"answer": "yes"})
     return ElicitResult(action="decline")
 
 
@@ -99,6 +102,8 @@ async def _attack_while_timing_another_session(code: str, timeout: float, short_
                         await anyio.sleep(0.05)
             r = (await client.call_tool("execute_code", {"code": "2 + 2", "session": attacker})).structured_content
             assert r["result"] == 4, r  # the attacked session still works after
+            r = (await client.call_tool("execute_code", {"code": "input('again? ')", "session": attacker})).structured_content
+            assert r["result"] == "yes", r  # and its next question gets its own answer, no stale reply of the attack
     print(f"attack: ending={answer.get('ending')} took={took[0]:.1f}s answer={answer.get('_answer_bytes')} B; other session: "
           f"{len(latencies)} calls, max {max(latencies, default=0):.2f}s; journal {(session_dir / 'journal.jsonl').stat().st_size} B; "
           f"notes={answer.get('notes')}")

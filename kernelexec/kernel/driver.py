@@ -33,6 +33,7 @@ from typing import IO, Any, ClassVar, Protocol
 
 import anyio
 import anyio.lowlevel
+import zmq
 from jupyter_client.manager import AsyncKernelManager
 
 from kernelexec.errors import KernelDied, KernelStartError
@@ -306,6 +307,7 @@ class Kernel(ABC):
                 state = await self._escalate(msg_id, collector, grace, ex, f"timed out after {timeout:.3g} s")
             elif state == "hung":  # it stopped reading its channels: a hung kernel, whatever its deadline says
                 state = await self._escalate(msg_id, collector, grace, ex, "the kernel stopped reading its channels")
+                self._fresh_stdin()
             if state == "dead":
                 await self._after_death(ex, silent=not collector.began)
             elif state == "idle":
@@ -320,6 +322,15 @@ class Kernel(ABC):
             collector.finish()
             ex.duration_ms = round((time.monotonic() - started) * 1000, 3)
         return ex
+
+    def _fresh_stdin(self) -> None:
+        """After a kernel left the stdin channel full: a new stdin socket, the old one closed without linger, so
+        the replies it never read are dropped rather than taken by its next input() as the answer."""
+        kc = self.kc
+        channel = getattr(kc, "_stdin_channel", None)
+        if channel is not None and isinstance(getattr(channel, "socket", None), zmq.Socket):
+            channel.close()
+            kc._stdin_channel = None  # jupyter_client connects a new one when next asked for it
 
     def caps(self) -> Caps:
         """The server's own per-cell caps: a little above what the kernel's cap forwards, so an honest
