@@ -140,3 +140,85 @@ async def test_a_flood_of_declined_input_questions_ends_at_the_timeout_with_a_sm
     flood_line = next(line for line in lines if "input('q? ')" in line)
     assert len(flood_line) < 20_000, f"the journal line is {len(flood_line):,} bytes"
     assert latencies and max(latencies) < 2.0, latencies
+
+
+async def _ticks_during(send: Any) -> tuple[BaseException | None, int, float]:
+    """Run ``send()`` while a task counts 10 ms ticks of the event loop: (what it raised, ticks, seconds)."""
+    ticks = 0
+    raised: list[BaseException] = []
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await anyio.sleep(0.01)
+
+    started = time.monotonic()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(tick)
+        try:
+            await send()
+        except Exception as exc:  # noqa: BLE001 - reported to the caller
+            raised.append(exc)
+        tg.cancel_scope.cancel()
+    return (raised[0] if raised else None), ticks, time.monotonic() - started
+
+
+async def test_a_zmq_channel_the_kernel_never_reads_is_a_stall_not_a_frozen_loop() -> None:
+    """The local backends' transport: jupyter_client's own channel on a real DEALER whose ROUTER never reads
+    (jupyter_client's ``channel.send`` would block the loop here: Session.send shadows the socket as a sync one)."""
+    import zmq
+    import zmq.asyncio
+    from jupyter_client.channels import AsyncZMQSocketChannel
+    from jupyter_client.session import Session
+
+    from kernelexec.kernel.stdin import KernelStalled, send_to_kernel
+
+    ctx = zmq.asyncio.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.set(zmq.RCVHWM, 10)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.set(zmq.SNDHWM, 10)
+    dealer.connect(f"tcp://127.0.0.1:{port}")
+    session = Session(key=b"k")
+    channel = AsyncZMQSocketChannel(dealer, session)
+    try:
+        async def flood() -> None:
+            for _ in range(100_000):
+                await send_to_kernel(channel, session.msg("input_reply", {"value": "x" * 10_000}), within=0.5)
+
+        raised, ticks, took = await _ticks_during(flood)
+    finally:
+        dealer.close(linger=0)
+        router.close(linger=0)
+        ctx.term()
+    assert isinstance(raised, KernelStalled), raised
+    assert took < 5 and ticks >= took / 0.01 / 4, (took, ticks)  # the loop kept its pace throughout
+
+
+async def test_a_blocking_channel_send_runs_off_the_loop_and_is_abandoned_at_its_deadline() -> None:
+    """A gateway's transport: a channel whose send is a blocking write (a WebSocket) on a real connection whose
+    peer never reads."""
+    import socket
+
+    from kernelexec.kernel.stdin import KernelStalled, send_to_kernel
+
+    ours, peer = socket.socketpair()
+
+    class Channel:  # the shape of gateway_channels._Channel: a named channel with a blocking send
+        channel_name = "stdin"
+
+        def send(self, msg: dict[str, Any]) -> None:
+            ours.sendall(json.dumps(msg).encode() * 10_000)
+
+    try:
+        async def once() -> None:
+            await send_to_kernel(Channel(), {"value": "x" * 1000}, within=0.5)
+
+        raised, ticks, took = await _ticks_during(once)
+    finally:
+        ours.close()  # the abandoned writer's sendall ends with an error
+        peer.close()
+    assert isinstance(raised, KernelStalled), raised
+    assert took < 2 and ticks >= 20, (took, ticks)
