@@ -117,11 +117,9 @@ async def test_a_cell_flooding_input_requests_and_never_reading_replies_does_not
     answer, latencies, took, journal = await _attack_while_timing_another_session(code, 8, short_tmp)
     assert latencies, "the attack ended before another session's call could be timed"
     assert max(latencies) < 2.0, f"another session's x = 1 took {max(latencies):.2f} s during the attack: {latencies}"
-    if sigint == "honoured":
-        assert answer["ending"] in ("interrupted", "restarted"), answer
-    else:  # a hung kernel the interrupt does not stop is restarted, and the answer says why
-        assert answer["ending"] == "restarted", answer
-        assert "stopped reading" in json.dumps(answer), answer
+    # a hung kernel is interrupted, then restarted (whether the interrupt ended the cell or not), and the answer says why
+    assert answer["ending"] == "restarted", answer
+    assert "stopped reading" in json.dumps(answer), answer
     assert any("stopped reading" in n for n in answer["notes"]), answer["notes"]
     assert took < 8 + 3 + 15, f"the attacking cell ran {took:.1f} s with a timeout of 8 s"
     assert answer["_answer_bytes"] < 20_000, answer["_answer_bytes"]

@@ -306,8 +306,7 @@ class Kernel(ABC):
                 ex.timed_out = True
                 state = await self._escalate(msg_id, collector, grace, ex, f"timed out after {timeout:.3g} s")
             elif state == "hung":  # it stopped reading its channels: a hung kernel, whatever its deadline says
-                state = await self._escalate(msg_id, collector, grace, ex, "the kernel stopped reading its channels")
-                self._fresh_stdin()
+                state = await self._hung(msg_id, collector, grace, ex)
             if state == "dead":
                 await self._after_death(ex, silent=not collector.began)
             elif state == "idle":
@@ -323,9 +322,25 @@ class Kernel(ABC):
             ex.duration_ms = round((time.monotonic() - started) * 1000, 3)
         return ex
 
+    async def _hung(self, msg_id: str, collector: Collector, grace: float, ex: Execution) -> str:
+        """A kernel that stopped reading its channels: interrupted (the cell's end is collected), then restarted.
+        Not kept: the replies it left unread (thousands, in its socket and ours) would answer its next input()s,
+        and its own stdin socket keeps our connection's place until it reads them. Our stdin socket is replaced
+        before the restart, so none of them reaches the new process."""
+        self._fresh_stdin()
+        why = "the kernel stopped reading its channels"
+        state = await self._escalate(msg_id, collector, grace, ex, why)
+        if state == "interrupted":
+            ex.ending = "restarted"
+            ex.restart_reason = (f"{why} (a hung kernel): the interrupt ended the cell, and the kernel was restarted "
+                                 "so that nothing it left unread answers a later call (variables lost)")
+            await self.restart()
+            state = "restarted"
+        return state
+
     def _fresh_stdin(self) -> None:
-        """After a kernel left the stdin channel full: a new stdin socket, the old one closed without linger, so
-        the replies it never read are dropped rather than taken by its next input() as the answer."""
+        """A new stdin socket, the old one closed without linger: the replies queued to a kernel that stopped
+        reading them are dropped."""
         kc = self.kc
         channel = getattr(kc, "_stdin_channel", None)
         if channel is not None and isinstance(getattr(channel, "socket", None), zmq.Socket):
