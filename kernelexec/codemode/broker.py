@@ -2,7 +2,7 @@
 
 The kernel gets no socket, network or secret for this. A call travels over the kernel's own Jupyter stdin
 channel (startup/mcp_tools.py): an ``input_request`` whose *metadata* carries ``TOOL_CALL_MARK`` — a field a
-cell's ``input()`` cannot set — with the calls; ``kernel/stdin.answer_stdin`` hands it to ``CellCalls.handle``
+cell's ``input()`` cannot set — with the calls; ``kernel/stdin.Stdin`` hands it to ``CellCalls.handle``
 and answers with an ``input_reply`` whose value is the JSON reply. A plain ``input()`` is never taken for a
 call (whatever its prompt says), and a call is never shown to the human as a cell's question.
 

@@ -33,6 +33,7 @@ from typing import IO, Any, ClassVar, Protocol
 
 import anyio
 import anyio.lowlevel
+import zmq
 from jupyter_client.manager import AsyncKernelManager
 
 from kernelexec.errors import KernelDied, KernelStartError
@@ -40,7 +41,7 @@ from kernelexec.kernel.collector import Caps, Collector
 from kernelexec.kernel.execution import Execution, ResultRule
 from kernelexec.kernel.launch import LaunchSpec
 from kernelexec.kernel.report import take_reply
-from kernelexec.kernel.stdin import Ask, ToolCalls, answer_stdin, stdin_first
+from kernelexec.kernel.stdin import Ask, KernelStalled, Stdin, ToolCalls, send_to_kernel, stdin_first
 from kernelexec.kernel.wire import harden
 from kernelexec.layout import SLOTS
 
@@ -290,13 +291,22 @@ class Kernel(ABC):
             ex.restart_reason = await self.restart_after_death()
         ask = ask if self.answers_stdin else None
         tools = tools if self.serves_tool_calls else None
-        msg_id = self._send(code, result_rule, allow_stdin=ask is not None or tools is not None)
+        request = self._request(code, result_rule, allow_stdin=ask is not None or tools is not None)
+        msg_id = str(request["header"]["msg_id"])
         collector = Collector(ex, self.caps(), self.spec.dirs.outputs, tag=f"stream-{msg_id[:12]}")
+        stdin = Stdin(self.kc, msg_id, ask, ex, tools) if ask is not None or tools is not None else None
         try:
-            state = await self._collect(msg_id, collector, started + timeout, on_output, ask, tools)
+            try:
+                await send_to_kernel(self.kc.shell_channel, request)
+                state = await self._collect(msg_id, collector, started + timeout, on_output, stdin)
+            except KernelStalled as exc:
+                ex.notes.append(f"{exc}: the request could not be sent, so the kernel was treated as hung")
+                state = "hung"
             if state == "timeout":
                 ex.timed_out = True
                 state = await self._escalate(msg_id, collector, grace, ex, f"timed out after {timeout:.3g} s")
+            elif state == "hung":  # it stopped reading its channels: a hung kernel, whatever its deadline says
+                state = await self._hung(msg_id, collector, grace, ex)
             if state == "dead":
                 await self._after_death(ex, silent=not collector.began)
             elif state == "idle":
@@ -312,6 +322,31 @@ class Kernel(ABC):
             ex.duration_ms = round((time.monotonic() - started) * 1000, 3)
         return ex
 
+    async def _hung(self, msg_id: str, collector: Collector, grace: float, ex: Execution) -> str:
+        """A kernel that stopped reading its channels: interrupted (the cell's end is collected), then restarted.
+        Not kept: the replies it left unread (thousands, in its socket and ours) would answer its next input()s,
+        and its own stdin socket keeps our connection's place until it reads them. Our stdin socket is replaced
+        before the restart, so none of them reaches the new process."""
+        self._fresh_stdin()
+        why = "the kernel stopped reading its channels"
+        state = await self._escalate(msg_id, collector, grace, ex, why)
+        if state == "interrupted":
+            ex.ending = "restarted"
+            ex.restart_reason = (f"{why} (a hung kernel): the interrupt ended the cell, and the kernel was restarted "
+                                 "so that nothing it left unread answers a later call (variables lost)")
+            await self.restart()
+            state = "restarted"
+        return state
+
+    def _fresh_stdin(self) -> None:
+        """A new stdin socket, the old one closed without linger: the replies queued to a kernel that stopped
+        reading them are dropped."""
+        kc = self.kc
+        channel = getattr(kc, "_stdin_channel", None)
+        if channel is not None and isinstance(getattr(channel, "socket", None), zmq.Socket):
+            channel.close()
+            kc._stdin_channel = None  # jupyter_client connects a new one when next asked for it
+
     def caps(self) -> Caps:
         """The server's own per-cell caps: a little above what the kernel's cap forwards, so an honest
         kernel never meets them."""
@@ -319,27 +354,30 @@ class Kernel(ABC):
         stream_cap = int(policy.get("stream_cap", 1_000_000))
         return Caps(stream_keep=stream_cap + stream_cap // 10 + 1000, spill_cap=max(int(policy.get("disk_cap", 64_000_000)), stream_cap))
 
-    def _send(self, code: str, result_rule: ResultRule = "variable", *, allow_stdin: bool = False) -> str:
+    def _request(self, code: str, result_rule: ResultRule = "variable", *, allow_stdin: bool = False) -> dict[str, Any]:
+        """The cell's execute_request (sent by ``execute`` through ``stdin.send_to_kernel``, as every message to a
+        kernel while a cell runs: never blocking the event loop)."""
         content = {"code": code, "silent": False, "store_history": True, "user_expressions": {"report": "_kernelexec_report()"},
                    "allow_stdin": allow_stdin, "stop_on_error": False}
         # the rule travels in the request's metadata, which the runtime reads before the cell runs
-        msg = self.kc.session.msg("execute_request", content, metadata={"kernelexec_result": result_rule})
-        self.kc.shell_channel.send(msg)
-        return str(msg["header"]["msg_id"])
+        msg: dict[str, Any] = self.kc.session.msg("execute_request", content, metadata={"kernelexec_result": result_rule})
+        return msg
 
     answers_stdin: ClassVar[bool] = True  # a backend whose client has no stdin channel says False
     serves_tool_calls: ClassVar[bool] = True  # code mode's calls over the stdin channel (broker.py); gateways too
 
     async def _collect(
-        self, msg_id: str, collector: Collector, deadline: float, on_output: OnOutput | None, ask: Ask | None = None,
-        tools: ToolCalls | None = None,
+        self, msg_id: str, collector: Collector, deadline: float, on_output: OnOutput | None, stdin: Stdin | None = None,
     ) -> str:
-        """Read IOPub until the request's idle status: returns ``idle``, ``timeout`` or ``dead``; meanwhile
-        the cell's questions on the stdin channel go to ``ask``."""
+        """Read IOPub until the request's idle status: returns ``idle``, ``timeout``, ``dead`` or ``hung`` (the
+        kernel stopped reading a reply, see ``stdin.send_to_kernel``); meanwhile ``stdin`` serves the cell's
+        questions and tool calls. The deadline is checked before every message, on either channel."""
         next_check = time.monotonic() + self.liveness_every
         while True:
-            if ask is not None or tools is not None:
-                await answer_stdin(self.kc, msg_id, ask, collector.ex, tools)
+            if stdin is not None:
+                served = await stdin.serve(deadline)
+                if served != "ok":
+                    return served
             now = time.monotonic()
             if now >= next_check:
                 if not await self._manager().is_alive():
@@ -349,10 +387,11 @@ class Kernel(ABC):
             if remaining <= 0:
                 return "timeout"
             wait = min(remaining, _POLL)
-            if tools is not None and await stdin_first(self.kc, wait):
+            code_mode = stdin is not None and stdin.tools is not None
+            if code_mode and await stdin_first(self.kc, wait):
                 continue  # code mode: a tool call waits; served at the top, not after the next IOPub poll
             try:
-                msg = await self.kc.get_iopub_msg(timeout=0 if tools is not None else wait)
+                msg = await self.kc.get_iopub_msg(timeout=0 if code_mode else wait)
             except queue.Empty:
                 continue
             except Exception as exc:  # a message that would not decode (see wire.loads): dropped, counted

@@ -8,10 +8,13 @@ because it is its own small protocol, and the mark is shared with replay and sta
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
+import anyio.lowlevel
+import anyio.to_thread
 import zmq
 
 from kernelexec.kernel.execution import Execution
@@ -24,35 +27,147 @@ TOOL_CALL_MARK = "kernelexec_tool_call"  # the input_request metadata key of a b
 ToolCalls = Callable[[Any], Awaitable[dict[str, Any]]]
 
 
-async def answer_stdin(kc: Any, msg_id: str, ask: Ask | None, ex: Execution, tools: ToolCalls | None = None) -> None:
-    """Serve the cell's input()/getpass() requests (the stdin channel) through ``ask``, and its brokered tool
-    calls through ``tools``. A tool call is told apart by its metadata's ``TOOL_CALL_MARK`` (set by
+STALL_S = 2.0  # a reply the kernel leaves unaccepted this long (its channel full: it stopped reading) means it is hung
+BATCH = 64  # stdin messages served before the IOPub loop (liveness, output) has its turn again
+INPUTS_KEPT = 20  # questions recorded per cell (``ex.inputs``, replayed in order); the rest are counted in one note
+PROMPT_KEPT = 200  # characters of a prompt in the record
+
+
+class KernelStalled(Exception):
+    """The kernel stopped reading a channel: a message to it could not be handed over within ``STALL_S``."""
+
+
+async def send_to_kernel(channel: Any, msg: dict[str, Any], *, within: float = STALL_S) -> None:
+    """The one way the server sends a message to a kernel while a cell runs: never blocks the event loop, never
+    queues without bound. A zmq channel is sent to without waiting (``DONTWAIT``); a full queue (the kernel left
+    its high-water mark of messages unread) is waited on asynchronously for ``within`` seconds, then it raises
+    ``KernelStalled``. Any other channel (a gateway's WebSocket, a blocking write) sends in a worker thread,
+    abandoned after ``within`` seconds, with the same ``KernelStalled``.
+    (jupyter_client's ``channel.send`` on a zmq.asyncio socket queues every send it cannot make at once as a
+    pending future, without limit, to a kernel that never reads.)"""
+    import zmq.asyncio
+
+    socket = getattr(channel, "socket", None)
+    if isinstance(socket, zmq.asyncio.Socket):
+        parts = channel.session.serialize(msg)
+        deadline = time.monotonic() + within
+        while True:
+            try:
+                zmq.Socket.shadow(socket.underlying).send_multipart(parts, flags=zmq.DONTWAIT)
+                return
+            except zmq.Again:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise KernelStalled(f"the kernel left its {channel_name(channel)} channel full for {within:g} s") from None
+                await socket.poll(max(1, int(remaining * 1000)), zmq.POLLOUT)  # type: ignore[call-arg]  # pyzmq types poll without its flags
+    sent = False
+
+    def send() -> None:
+        nonlocal sent
+        channel.send(msg)
+        sent = True
+
+    with anyio.move_on_after(within):
+        await anyio.to_thread.run_sync(send, abandon_on_cancel=True)
+    if not sent:
+        raise KernelStalled(f"a send on the kernel's {channel_name(channel)} channel did not finish within {within:g} s")
+
+
+def channel_name(channel: Any) -> str:
+    return str(getattr(channel, "channel_name", "stdin"))
+
+
+class Stdin:
+    """One cell's stdin channel: its input()/getpass() requests served through ``ask``, its brokered tool calls
+    through ``tools``. A tool call is told apart by its metadata's ``TOOL_CALL_MARK`` (set by
     startup/mcp_tools.py; input() cannot set metadata), never by its prompt: a cell's input() is always asked
-    as a question, and a tool call is never shown to the human as one."""
-    while await waiting(kc.stdin_channel):
-        try:
-            msg = await kc.get_stdin_msg(timeout=0)
-        except Exception:  # noqa: BLE001 - a message that would not decode: nothing to answer
-            continue
+    as a question, and a tool call is never shown to the human as one.
+
+    Bounded whatever the kernel sends: the cell's deadline is checked before every message, the event loop
+    gets a turn after every one, a batch at most is served before IOPub's turn, every reply goes through
+    ``send_to_kernel`` (a kernel that stops reading is hung), and what the questions add to the cell's record
+    is capped: the first declined question is named in a note, the rest counted in one more line, and
+    ``INPUTS_KEPT`` questions at most are recorded."""
+
+    def __init__(self, kc: Any, msg_id: str, ask: Ask | None, ex: Execution, tools: ToolCalls | None = None) -> None:
+        self.kc, self.msg_id, self.ask, self.ex, self.tools = kc, msg_id, ask, ex, tools
+        self.declined = 0
+        self.unrecorded = 0
+        self._more_note: int | None = None  # the index in ex.notes of the counted line, once there is one
+        self._unrecorded_note: int | None = None
+
+    async def serve(self, deadline: float) -> str:
+        """Serve what waits on the stdin channel: ``ok`` (drained, or a batch served), ``timeout`` (the cell's
+        deadline passed), or ``hung`` (the kernel did not take a reply: ``KernelStalled``, noted)."""
+        for _ in range(BATCH):
+            if time.monotonic() >= deadline:
+                return "timeout"
+            if not await waiting(self.kc.stdin_channel):
+                return "ok"
+            try:
+                msg = await self.kc.get_stdin_msg(timeout=0)
+            except Exception:  # noqa: BLE001 - a message that would not decode: nothing to answer
+                await anyio.lowlevel.checkpoint()
+                continue
+            try:
+                await self._one(msg)
+            except KernelStalled as exc:
+                self.ex.notes.append(f"{exc}: it stopped reading the server's replies to its questions, so it was "
+                                     "treated as hung")
+                return "hung"
+            await anyio.lowlevel.checkpoint()  # every message gives the loop a turn, however fast they come
+        return "ok"
+
+    async def _one(self, msg: Any) -> None:
         parent = msg.get("parent_header") if isinstance(msg, dict) else None
         content = msg.get("content") if isinstance(msg, dict) else None
-        if (not isinstance(parent, dict) or parent.get("msg_id") != msg_id or msg.get("msg_type") != "input_request"
+        if (not isinstance(parent, dict) or parent.get("msg_id") != self.msg_id or msg.get("msg_type") != "input_request"
                 or not isinstance(content, dict)):
-            continue
+            return
         metadata = msg.get("metadata")
         if isinstance(metadata, dict) and TOOL_CALL_MARK in metadata:
-            reply = (await tools(metadata[TOOL_CALL_MARK]) if tools is not None
+            reply = (await self.tools(metadata[TOOL_CALL_MARK]) if self.tools is not None
                      else {"error": "code mode is off: no MCP tools are configured (kernelexec serve --tools-config)"})
-            kc.input(json.dumps(reply))
-            continue
+            await self._reply(json.dumps(reply))
+            return
         prompt, password = str(content.get("prompt", ""))[:2000], content.get("password") is True
-        answer = await ask(prompt, password) if ask is not None else None
-        kc.input("\x04" if answer is None else answer)  # ipykernel raises EOFError for \x04
-        ex.inputs.append({"prompt": prompt, "password": password, "answered": answer is not None,
-                          "answer": None if answer is None else ("***" if password else answer)})
-        if answer is None:
+        answer = await self.ask(prompt, password) if self.ask is not None else None
+        await self._reply("\x04" if answer is None else answer)  # ipykernel raises EOFError for \x04
+        self._record(prompt, password, answer)
+
+    async def _reply(self, value: str) -> None:
+        await send_to_kernel(self.kc.stdin_channel, self.kc.session.msg("input_reply", {"value": value}))
+
+    def _record(self, prompt: str, password: bool, answer: str | None) -> None:
+        ex = self.ex
+        if len(ex.inputs) < INPUTS_KEPT:
+            ex.inputs.append({"prompt": prompt[:PROMPT_KEPT], "password": password, "answered": answer is not None,
+                              "answer": None if answer is None else ("***" if password else answer)})
+        else:
+            self.unrecorded += 1
+            line = (f"{self.unrecorded} more input()/getpass() question{'s' if self.unrecorded > 1 else ''} past the "
+                    f"first {INPUTS_KEPT} {'are' if self.unrecorded > 1 else 'is'} not in the record (a replay gives "
+                    "them EOFError)")
+            self._unrecorded_note = _put_note(ex, self._unrecorded_note, line)
+        if answer is not None:
+            return
+        self.declined += 1
+        if self.declined == 1:
             ex.notes.append(f"{'getpass()' if password else 'input()'} asked {prompt[:80]!r} and got no answer (declined, "
                             "unanswered before the cell's timeout, or this client cannot ask its user): the cell got EOFError")
+        else:
+            more = self.declined - 1
+            self._more_note = _put_note(ex, self._more_note, f"and {more} more input()/getpass() question"
+                                        f"{'s' if more > 1 else ''} got no answer: EOFError each time")
+
+
+def _put_note(ex: Execution, index: int | None, line: str) -> int:
+    """One counted note, kept up to date in place: its index in ``ex.notes``."""
+    if index is None:
+        ex.notes.append(line)
+        return len(ex.notes) - 1
+    ex.notes[index] = line
+    return index
 
 
 async def stdin_first(kc: Any, timeout: float) -> bool:

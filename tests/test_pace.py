@@ -1,0 +1,222 @@
+"""No cell sets the server's pace: whatever a kernel sends on its stdin channel, and however it stops reading
+the replies, the server's event loop keeps serving every other session, and the cell ends by its own timeout
+with a small answer and a small journal line. Written as the attacks, judged from outside (a real MCP client,
+real kernels)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client
+from mcp_types import ElicitResult
+
+from kernelexec.server.build import build_server
+from kernelexec.session.manager import SessionManager
+
+from .conftest import make_settings, until
+
+pytestmark = pytest.mark.anyio
+
+
+async def decline(context: Any, params: Any) -> ElicitResult:
+    """A human who declines every question at once (the fastest a question can be answered), but for the one
+    asked after the attack ("again?"), answered "yes"."""
+    if "again?" in params.message:
+        return ElicitResult(action="accept", content={"answer": "yes"})
+    return ElicitResult(action="decline")
+
+
+# input_requests sent straight on the kernel's stdin socket with its own session key, never reading a reply
+FREEZER = """\
+k = get_ipython().kernel
+parent, ident = k.get_parent('shell'), k._parent_ident['shell']
+open('flooding', 'w').close()
+while True:
+    k.session.send(k.stdin_socket, 'input_request', {'prompt': 'x', 'password': False}, parent=parent, ident=ident)
+"""
+
+# input() asked in a loop, every answer declined (EOFError), forever; a thread keeps the server's IOPub loop awake
+# (messages parented elsewhere, dropped by the server) so each question follows the last within a millisecond
+DECLINED_FLOOD = """\
+import threading, time
+k = get_ipython().kernel
+running = True
+def wake():
+    while running:
+        k.session.send(k.iopub_socket, 'stream', {'name': 'stdout', 'text': ''}, parent={'msg_id': 'elsewhere'})
+        time.sleep(0.0005)
+threading.Thread(target=wake, daemon=True).start()
+open('flooding', 'w').close()
+n = 0
+try:
+    while True:
+        try:
+            input('q? ')
+        except EOFError:
+            n += 1
+finally:
+    running = False
+"""
+
+
+async def _attack_while_timing_another_session(code: str, timeout: float, short_tmp: Path) -> tuple[dict, list[float], float, Path]:
+    """Run ``code`` in one session while another session's ``x = 1`` calls are timed; returns the attacking
+    call's structured answer (plus its whole answer's size), the other session's latencies, the attacking
+    call's duration, and the attacking session's journal."""
+    settings = make_settings(short_tmp, pool_size=0, restart_spares=0)
+    answer: dict[str, Any] = {}
+    latencies: list[float] = []
+    async with SessionManager(settings).running() as sessions:
+        async with Client(build_server(settings, sessions), mode="legacy", elicitation_callback=decline) as client:
+            attacker: Any = (await client.call_tool("new_session", {})).structured_content["session"]
+            other: Any = (await client.call_tool("new_session", {})).structured_content["session"]
+            first: Any = (await client.call_tool("execute_code", {"code": "1", "session": attacker})).structured_content
+            r: Any = (await client.call_tool("execute_code", {"code": "1", "session": other})).structured_content
+            assert r["success"], r
+            session_dir = Path(first["notebook"]).parent
+            flooding = session_dir / "work" / "flooding"
+            took: list[float] = []
+
+            async def attack() -> None:
+                t = time.monotonic()
+                result = await client.call_tool("execute_code", {"code": code, "session": attacker, "timeout": timeout})
+                took.append(time.monotonic() - t)
+                answer.update(result.structured_content or {})
+                answer["_answer_bytes"] = len(json.dumps([c.model_dump() for c in result.content])) + len(
+                    json.dumps(result.structured_content))
+
+            with anyio.fail_after(120):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(attack)
+                    await until(flooding.exists, "the attack never began")
+                    while not answer:
+                        t = time.monotonic()
+                        r = (await client.call_tool("execute_code", {"code": "x = 1", "session": other})).structured_content
+                        latencies.append(time.monotonic() - t)
+                        assert r["success"], r
+                        await anyio.sleep(0.05)
+            r = (await client.call_tool("execute_code", {"code": "2 + 2", "session": attacker})).structured_content
+            assert r["result"] == 4, r  # the attacked session still works after
+            r = (await client.call_tool("execute_code", {"code": "input('again? ')", "session": attacker})).structured_content
+            assert r["result"] == "yes", r  # and its next question gets its own answer, no stale reply of the attack
+    print(f"attack: ending={answer.get('ending')} took={took[0]:.1f}s answer={answer.get('_answer_bytes')} B; other session: "
+          f"{len(latencies)} calls, max {max(latencies, default=0):.2f}s; journal {(session_dir / 'journal.jsonl').stat().st_size} B; "
+          f"notes={answer.get('notes')}")
+    return answer, latencies, took[0], session_dir / "journal.jsonl"
+
+
+@pytest.mark.parametrize("sigint", ["honoured", "ignored"])
+async def test_a_cell_flooding_input_requests_and_never_reading_replies_does_not_freeze_other_sessions(
+        sigint: str, short_tmp: Path) -> None:
+    code = FREEZER if sigint == "honoured" else "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n" + FREEZER
+    answer, latencies, took, journal = await _attack_while_timing_another_session(code, 8, short_tmp)
+    assert latencies, "the attack ended before another session's call could be timed"
+    assert max(latencies) < 2.0, f"another session's x = 1 took {max(latencies):.2f} s during the attack: {latencies}"
+    # a hung kernel is interrupted, then restarted (whether the interrupt ended the cell or not), and the answer says why
+    assert answer["ending"] == "restarted", answer
+    assert "stopped reading" in json.dumps(answer), answer
+    assert any("stopped reading" in n for n in answer["notes"]), answer["notes"]
+    assert took < 8 + 3 + 15, f"the attacking cell ran {took:.1f} s with a timeout of 8 s"
+    assert answer["_answer_bytes"] < 20_000, answer["_answer_bytes"]
+    assert journal.stat().st_size < 60_000, journal.stat().st_size
+
+
+async def test_a_flood_of_declined_input_questions_ends_at_the_timeout_with_a_small_answer_and_record(short_tmp: Path) -> None:
+    answer, latencies, took, journal = await _attack_while_timing_another_session(DECLINED_FLOOD, 5, short_tmp)
+    assert took < 5 + 3 + 5, f"a 5 s cell ran {took:.1f} s"
+    assert answer["ending"] in ("interrupted", "restarted"), answer
+    notes = answer.get("notes") or []
+    assert len(json.dumps(notes)) < 1_500, notes[:5]
+    assert any("got no answer" in n for n in notes), notes
+    assert answer["_answer_bytes"] < 20_000, answer["_answer_bytes"]
+    lines = journal.read_text().splitlines()
+    flood_line = next(line for line in lines if "input('q? ')" in line)
+    assert len(flood_line) < 20_000, f"the journal line is {len(flood_line):,} bytes"
+    assert latencies and max(latencies) < 2.0, latencies
+
+
+async def _ticks_during(send: Any) -> tuple[BaseException | None, int, float]:
+    """Run ``send()`` while a task counts 10 ms ticks of the event loop: (what it raised, ticks, seconds)."""
+    ticks = 0
+    raised: list[BaseException] = []
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await anyio.sleep(0.01)
+
+    started = time.monotonic()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(tick)
+        try:
+            await send()
+        except Exception as exc:  # noqa: BLE001 - reported to the caller
+            raised.append(exc)
+        tg.cancel_scope.cancel()
+    return (raised[0] if raised else None), ticks, time.monotonic() - started
+
+
+async def test_a_zmq_channel_the_kernel_never_reads_is_a_stall_not_a_frozen_loop() -> None:
+    """The local backends' transport: jupyter_client's own channel on a real DEALER whose ROUTER never reads
+    (jupyter_client's ``channel.send`` would block the loop here: Session.send shadows the socket as a sync one)."""
+    import zmq
+    import zmq.asyncio
+    from jupyter_client.channels import AsyncZMQSocketChannel
+    from jupyter_client.session import Session
+
+    from kernelexec.kernel.stdin import KernelStalled, send_to_kernel
+
+    ctx = zmq.asyncio.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.set(zmq.RCVHWM, 10)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.set(zmq.SNDHWM, 10)
+    dealer.connect(f"tcp://127.0.0.1:{port}")
+    session = Session(key=b"k")
+    channel = AsyncZMQSocketChannel(dealer, session)
+    try:
+        async def flood() -> None:
+            for _ in range(100_000):
+                await send_to_kernel(channel, session.msg("input_reply", {"value": "x" * 10_000}), within=0.5)
+
+        raised, ticks, took = await _ticks_during(flood)
+    finally:
+        dealer.close(linger=0)
+        router.close(linger=0)
+        ctx.term()
+    assert isinstance(raised, KernelStalled), raised
+    assert took < 5 and ticks >= took / 0.01 / 4, (took, ticks)  # the loop kept its pace throughout
+
+
+async def test_a_blocking_channel_send_runs_off_the_loop_and_is_abandoned_at_its_deadline() -> None:
+    """A gateway's transport: a channel whose send is a blocking write (a WebSocket) on a real connection whose
+    peer never reads."""
+    import socket
+
+    from kernelexec.kernel.stdin import KernelStalled, send_to_kernel
+
+    ours, peer = socket.socketpair()
+
+    class Channel:  # the shape of gateway_channels._Channel: a named channel with a blocking send
+        channel_name = "stdin"
+
+        def send(self, msg: dict[str, Any]) -> None:
+            ours.sendall(json.dumps(msg).encode() * 10_000)
+
+    try:
+        async def once() -> None:
+            await send_to_kernel(Channel(), {"value": "x" * 1000}, within=0.5)
+
+        raised, ticks, took = await _ticks_during(once)
+    finally:
+        ours.close()  # the abandoned writer's sendall ends with an error
+        peer.close()
+    assert isinstance(raised, KernelStalled), raised
+    assert took < 2 and ticks >= 20, (took, ticks)
