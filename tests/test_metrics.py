@@ -181,3 +181,26 @@ def test_without_tokens_the_page_answers_only_a_loopback_host(short_tmp: Path) -
         assert page(base + "/metrics", token=None, host=f"localhost:{port}").status_code == 200
         rebound = page(base + "/metrics", token=None, host=f"attacker.example:{port}")
         assert rebound.status_code == 421 and "kernelexec_" not in rebound.text
+
+
+async def test_the_metrics_port_under_stdio_counts_a_busy_kernel_and_its_runs(short_tmp: Path) -> None:
+    from mcp.client.stdio import stdio_client
+
+    from .support import stdio_params
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    async with Client(stdio_client(stdio_params(short_tmp / "state", "--metrics-port", str(port)))) as client:
+        first = await client.call_tool("execute_code", {"code": "x = 1"})
+        assert not first.is_error, first.content
+        running = await client.call_tool("execute_code", {"code": "import time; time.sleep(4)", "background": True})
+        assert running.structured_content["ending"] == "running", running.structured_content
+        deadline = time.monotonic() + 3  # the run takes the session's lock just after the answer: look a few times
+        while 'kernelexec_kernels{state="busy"} 1.0' not in (busy := page(url, token=None).text) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert 'kernelexec_kernels{state="busy"} 1.0' in busy, [line for line in busy.splitlines() if "kernels{" in line]
+        done = await client.call_tool("get_run", {"run_id": running.structured_content["run_id"], "wait_s": 30})
+        assert done.structured_content["ending"] == "completed", done.structured_content
+        after = page(url, token=None).text
+        assert 'kernelexec_kernels{state="idle"} 1.0' in after
+        assert 'kernelexec_runs_total{ending="ok"} 2.0' in after
