@@ -223,6 +223,8 @@ class Settings(BaseSettings):
                 self.working_dir = Path.cwd()
             if "yield_after" not in self.model_fields_set:
                 self.yield_after = 0  # only execute_code is exposed (no get_run); heartbeats keep Claude Code waiting
+        if self.transport == "http" and self.metrics_port is not None and self.metrics_port == self.port != 0:
+            raise ValueError("--metrics-port must differ from --port (over HTTP, /metrics is on the MCP port already)")
         if self.kernel_gateway and self.kernel_spec:
             raise ValueError("--kernel-gateway and --kernel-spec both say where kernels run; give one")
         if self.working_dir is not None:
