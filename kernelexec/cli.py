@@ -196,8 +196,9 @@ async def _serve(settings: Settings) -> None:
 
         metrics = Metrics()
         server = build_server(settings, sessions, metrics=metrics)
-        if settings.metrics_port is not None:
-            tg.start_soon(_serve_metrics, metrics, settings.metrics_port)
+        metrics_server = _metrics_server(metrics, settings.metrics_port) if settings.metrics_port is not None else None
+        if metrics_server is not None:
+            tg.start_soon(metrics_server.serve)
         if settings.transport == "stdio":
             await server.run_stdio_async()
         else:
@@ -210,11 +211,12 @@ async def _serve(settings: Settings) -> None:
                 security = TransportSecuritySettings(allowed_hosts=[f"{settings.host}:*"],
                                                      allowed_origins=[f"http://{settings.host}:*", f"https://{settings.host}:*"])
             await server.run_streamable_http_async(host=settings.host, port=settings.port, transport_security=security)
-        tg.cancel_scope.cancel()  # the MCP transport ended: so does the metrics port
+        if metrics_server is not None:
+            metrics_server.should_exit = True  # the MCP transport ended: so does the metrics port
 
 
-async def _serve_metrics(metrics: Any, port: int) -> None:
-    """``--metrics-port``: /metrics on 127.0.0.1 alone, without a token."""
+def _metrics_server(metrics: Any, port: int) -> Any:
+    """``--metrics-port``: a uvicorn server of /metrics on 127.0.0.1 alone, without a token."""
     import contextlib
 
     import uvicorn
@@ -229,7 +231,7 @@ async def _serve_metrics(metrics: Any, port: int) -> None:
             yield
 
     print(safe(f"kernelexec: Prometheus metrics at http://127.0.0.1:{port}/metrics"), file=sys.stderr)
-    await Quiet(uvicorn.Config(loopback_app(metrics), host="127.0.0.1", port=port, log_level="warning")).serve()
+    return Quiet(uvicorn.Config(loopback_app(metrics), host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
 
 
 async def _exec(settings: Settings, code: str, timeout: float | None, working_dir: str | None) -> int:

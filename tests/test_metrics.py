@@ -11,9 +11,11 @@ the SDK's client over streamable HTTP with a bearer token, and a real Prometheus
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -32,6 +34,7 @@ pytestmark = pytest.mark.anyio
 
 TOKEN = "metrics-test-token-0123456789abcdef"
 PROMETHEUS = shutil.which("prometheus")
+UPSTREAM = Path(__file__).resolve().parent / "codemode_upstream.py"
 
 
 @pytest.fixture(scope="module")
@@ -190,9 +193,12 @@ async def test_the_metrics_port_under_stdio_counts_a_busy_kernel_and_its_runs(sh
 
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
-    async with Client(stdio_client(stdio_params(short_tmp / "state", "--metrics-port", str(port)))) as client:
-        first = await client.call_tool("execute_code", {"code": "x = 1"})
-        assert not first.is_error, first.content
+    tools = short_tmp / "tools.json"  # code mode: one upstream server (tests/codemode_upstream.py), its calls counted
+    tools.write_text(json.dumps({"mcpServers": {"local": {"command": sys.executable, "args": [str(UPSTREAM), "stdio", "local"]}}}))
+    async with Client(stdio_client(stdio_params(short_tmp / "state", "--metrics-port", str(port), "--tools-config", str(tools)))) as client:
+        first = await client.call_tool("execute_code", {"code": "import mcp_tools\nx = mcp_tools.local.add(a=1, b=2)\ntry:\n    mcp_tools.local.fail()\n"
+                                                                "except Exception as exc:\n    failed = exc"})
+        assert not first.is_error and first.structured_content["success"], (first.structured_content["error"], first.structured_content["traceback"][-3:])
         running = await client.call_tool("execute_code", {"code": "import time; time.sleep(4)", "background": True})
         assert running.structured_content["ending"] == "running", running.structured_content
         deadline = time.monotonic() + 3  # the run takes the session's lock just after the answer: look a few times
@@ -201,6 +207,13 @@ async def test_the_metrics_port_under_stdio_counts_a_busy_kernel_and_its_runs(sh
         assert 'kernelexec_kernels{state="busy"} 1.0' in busy, [line for line in busy.splitlines() if "kernels{" in line]
         done = await client.call_tool("get_run", {"run_id": running.structured_content["run_id"], "wait_s": 30})
         assert done.structured_content["ending"] == "completed", done.structured_content
+        refused = await client.call_tool("install_packages", {"packages": ["not a requirement!"], "session": first.structured_content["session"]})
+        assert refused.is_error, refused.content
         after = page(url, token=None).text
         assert 'kernelexec_kernels{state="idle"} 1.0' in after
         assert 'kernelexec_runs_total{ending="ok"} 2.0' in after
+        assert 'kernelexec_installs_total{outcome="error"} 1.0' in after
+        assert 'kernelexec_broker_calls_total{outcome="ok"} 1.0' in after
+        assert 'kernelexec_broker_calls_total{outcome="error"} 1.0' in after
+        assert 'kernelexec_call_seconds_count{outcome="error",tool="install_packages"} 1.0' in after
+        assert 'kernelexec_call_seconds_count{outcome="ok",tool="get_run"} 1.0' in after
