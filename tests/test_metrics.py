@@ -90,7 +90,10 @@ async def run_cells(url: str) -> None:
         first = await client.call_tool("execute_code", {"code": "x = 1"})
         assert not first.is_error, first.content
         session = first.structured_content["session"]
-        assert not (await client.call_tool("execute_code", {"code": "block = b'm' * (64 * 2**20)", "session": session})).is_error
+        held = await client.call_tool("execute_code", {"code": "block = b'm' * (64 * 2**20)", "session": session})
+        assert not held.is_error, held.content  # its answer over HTTP says what it cost (test_cell_cost.py: how much)
+        assert held.structured_content["peak_memory_mb"] >= first.structured_content["peak_memory_mb"] + 64
+        assert 0 <= held.structured_content["cpu_seconds"] < 5
         failed = await client.call_tool("execute_code", {"code": "1/0", "session": session})
         assert failed.structured_content["error_type"] == "ZeroDivisionError"
 
