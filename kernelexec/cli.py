@@ -10,7 +10,7 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Set
+from collections.abc import Iterator, Set
 from typing import Any
 
 from kernelexec import __version__
@@ -19,7 +19,7 @@ from kernelexec.errors import KernelexecError
 from kernelexec.terminal import install_excepthook, install_logging, safe
 
 # Settings that belong to one command only.
-_SERVE_ONLY = {"transport", "host", "port"}
+_SERVE_ONLY = {"transport", "host", "port", "metrics_port"}
 
 
 def _add_settings_flags(parser: argparse.ArgumentParser, skip: Set[str] = frozenset()) -> None:
@@ -180,6 +180,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 async def _serve(settings: Settings) -> None:
+    import anyio
+
     from kernelexec.sandbox.plan import describe_layers, plan_for
     from kernelexec.server.build import build_server
     from kernelexec.session.manager import SessionManager
@@ -189,8 +191,14 @@ async def _serve(settings: Settings) -> None:
     print(safe(f"kernelexec {__version__}: profile {settings.effective_profile}, layers {describe_layers(layers)} "
                "(kernelexec doctor for details)"), file=sys.stderr)
     sessions = SessionManager(settings)
-    async with sessions.running():
-        server = build_server(settings, sessions)
+    async with sessions.running(), anyio.create_task_group() as tg:
+        from kernelexec.server.metrics import Metrics
+
+        metrics = Metrics()
+        server = build_server(settings, sessions, metrics=metrics)
+        metrics_server = _metrics_server(metrics, settings.metrics_port) if settings.metrics_port is not None else None
+        if metrics_server is not None:
+            tg.start_soon(metrics_server.serve)
         if settings.transport == "stdio":
             await server.run_stdio_async()
         else:
@@ -203,6 +211,27 @@ async def _serve(settings: Settings) -> None:
                 security = TransportSecuritySettings(allowed_hosts=[f"{settings.host}:*"],
                                                      allowed_origins=[f"http://{settings.host}:*", f"https://{settings.host}:*"])
             await server.run_streamable_http_async(host=settings.host, port=settings.port, transport_security=security)
+        if metrics_server is not None:
+            metrics_server.should_exit = True  # the MCP transport ended: so does the metrics port
+
+
+def _metrics_server(metrics: Any, port: int) -> Any:
+    """``--metrics-port``: a uvicorn server of /metrics on 127.0.0.1 alone, without a token."""
+    import contextlib
+
+    import uvicorn
+
+    from kernelexec.server.metrics import loopback_app
+
+    class Quiet(uvicorn.Server):
+        """Leaves the signals to the MCP transport's server (one handler each: a second would take them)."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    print(safe(f"kernelexec: Prometheus metrics at http://127.0.0.1:{port}/metrics"), file=sys.stderr)
+    return Quiet(uvicorn.Config(loopback_app(metrics), host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
 
 
 async def _exec(settings: Settings, code: str, timeout: float | None, working_dir: str | None) -> int:

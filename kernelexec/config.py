@@ -185,6 +185,9 @@ class Settings(BaseSettings):
     transport: Transport = Field("stdio", description="MCP transport.")
     host: str = Field("127.0.0.1", description="HTTP bind address.")
     port: int = Field(8765, ge=0, le=65535, description="HTTP port.")
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="Also serve Prometheus metrics at http://127.0.0.1:<port>/metrics, without a token "
+        "(loopback only; either transport). Over HTTP they are at /metrics on the MCP port too, behind the bearer token.")
     config: Path | None = Field(None, description="A TOML file with any of these settings.")
 
     @field_validator("allow_imports", "env_pass", "work_roots", "read_dirs", "protect", "disable_layers", "install_allow", "warm_imports",
@@ -220,6 +223,8 @@ class Settings(BaseSettings):
                 self.working_dir = Path.cwd()
             if "yield_after" not in self.model_fields_set:
                 self.yield_after = 0  # only execute_code is exposed (no get_run); heartbeats keep Claude Code waiting
+        if self.transport == "http" and self.metrics_port is not None and self.metrics_port == self.port != 0:
+            raise ValueError("--metrics-port must differ from --port (over HTTP, /metrics is on the MCP port already)")
         if self.kernel_gateway and self.kernel_spec:
             raise ValueError("--kernel-gateway and --kernel-spec both say where kernels run; give one")
         if self.working_dir is not None:

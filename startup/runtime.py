@@ -16,8 +16,10 @@ import ast
 import copy
 import json
 import os
+import resource
 import sys
 import threading
+import time
 import types
 from typing import Any
 
@@ -165,6 +167,12 @@ def hide_own_frames(formatter: Any) -> None:
     formatter.structured_traceback = structured_traceback
 
 
+def _cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process's threads and of the children it has waited for."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
 class _Report:
     """What ``user_expressions`` returns: its JSON mime bundle is the whole answer."""
 
@@ -196,10 +204,14 @@ class Runtime:
         self._lock = threading.Lock()
         self._streams: dict[str, dict[str, Any]] = {}
         self._cell = 0
+        self._cpu_before: float | None = None  # this process's and its waited-for children's CPU seconds at the cell's start
+        self.cost: dict[str, Any] = {}  # the last cell's: cpu_s (that cell alone), peak_rss (the kernel's peak so far)
 
     # --- result ------------------------------------------------------------------------
     def pre_run_cell(self, info: Any) -> None:
         self._cell += 1
+        self.cost = {}
+        self._cpu_before = _cpu_seconds()
         self._before = self.shell.user_ns.get("result", _MISSING)
         self.rule = self._asked_rule()
         self._levels = {}
@@ -243,11 +255,26 @@ class Runtime:
             value, kind = outcome.result, "expression"
         self.last = {"kind": "none"} if value is _MISSING else self._encode(value, kind)
         self._finish_streams()
+        self._measure()
         # IPython tees every stdout/stderr write into history_manager.outputs and never prunes it
         # (history disabled or not): a long session would pin everything it ever printed
         clear = getattr(getattr(getattr(self.shell, "history_manager", None), "outputs", None), "clear", None)
         if callable(clear):
             clear()
+
+    def _measure(self) -> None:
+        """What the cell cost: CPU seconds between its pre- and post-run hooks (every thread of the kernel and the
+        children it waited for), and the kernel's peak resident memory so far (ru_maxrss: /proc's VmHWM)."""
+        try:
+            cost: dict[str, Any] = {}
+            if self._cpu_before is not None:
+                cost["cpu_s"] = round(max(_cpu_seconds() - self._cpu_before, 0.0), 6)
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            cost["peak_rss"] = int(peak if sys.platform == "darwin" else peak * 1024)  # Linux counts KiB, macOS bytes
+            self.cost = cost
+        except Exception:  # noqa: BLE001 - a measure never breaks the cell's answer
+            self.cost = {}
+        self._cpu_before = None
 
     def _encode(self, value: Any, kind: str) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": kind, "type": type(value).__qualname__}
@@ -269,7 +296,7 @@ class Runtime:
         return out
 
     def report(self) -> _Report:
-        return _Report({**self.last, "streams": self._stream_report()})
+        return _Report({**self.last, "streams": self._stream_report(), "cost": self.cost})
 
     def _spill(self, name: str, text: str) -> str:
         path = os.path.join(self.spill_dir, name)

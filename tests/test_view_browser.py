@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -58,6 +59,7 @@ def test_run_view_in_a_browser_shows_output_plot_table_and_interrupts(short_tmp:
     shown = steps["shown"]
     assert shown["stdout"].strip() == "hello from the kernel"
     assert shown["plotSrc"] == "data:image/png;base64," and shown["plotSize"][0] > 100  # decoded and drawn
+    assert re.fullmatch(r"CPU \d+\.\d\d s \u00b7 peak \d+ MB", shown["cost"]), shown["cost"]  # the answer's cpu_seconds, peak_memory_mb
     assert shown["firstPage"] == {"count": 20, "first": ["0", "0", "0", "row 0"], "page": "page 1 of 3 (45 rows)"}
     assert shown["secondPage"] == {"count": 20, "first": ["20", "20", "400", "row 20"], "page": "page 2 of 3 (45 rows)"}
     assert shown["sorted"] == ["44", "44", "1936", "row 44"]

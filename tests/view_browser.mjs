@@ -80,6 +80,7 @@ try {
   await plot.waitFor();
   const plotSize = await plot.evaluate((img) => (img.complete ? [img.naturalWidth, img.naturalHeight] : [0, 0]));
   const plotSrc = (await plot.getAttribute("src")).slice(0, 22);
+  const cost = await view.locator("#cost").textContent();  // what the cell cost: its CPU seconds, the kernel's peak memory
   const rows = view.locator("#table tbody tr");
   await rows.first().waitFor();
   const firstPage = { count: await rows.count(), first: await rows.first().locator("td").allTextContents(), page: await view.locator("#page").textContent() };
@@ -93,7 +94,7 @@ try {
   await view.locator("#table tbody tr:first-child td.index").filter({ hasText: /^44$/ }).waitFor();
   const sorted = await rows.first().locator("td").allTextContents();
   const variables = await view.locator("#variables tbody tr td:first-child").allTextContents();
-  say("shown", { stdout, plotSize, plotSrc, firstPage, secondPage, sorted, variables });
+  say("shown", { stdout, plotSize, plotSrc, cost, firstPage, secondPage, sorted, variables });
 
   // 2. the Interrupt button stops a running time.sleep(30)
   const t0 = Date.now();

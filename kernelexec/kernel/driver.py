@@ -283,7 +283,7 @@ class Kernel(ABC):
         a variable named ``result`` the cell bound, else the last expression) or ``statement`` (the old
         safe executor's, run_python's: the value of the last statement)."""
         ex = Execution(code=code)
-        started = time.monotonic()
+        started = ex.started = time.monotonic()
         if not await self.is_alive():
             # It died before this request (killed between calls, noticed only now): the code has not
             # run, so run it in a fresh kernel rather than report a death it did not cause. Once sent,

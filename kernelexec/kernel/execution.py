@@ -64,6 +64,9 @@ class Execution:
     timed_out: bool = False
     cancelled: bool = False
     restart_reason: str | None = None
+    started: float | None = None  # time.monotonic() when the kernel was asked to run it (a run's queue wait ends here)
+    cpu_seconds: float | None = None  # the CPU seconds of this cell alone, as the kernel's runtime measured them
+    peak_memory: int | None = None  # the kernel's peak resident memory so far, in bytes (its VmHWM)
 
     @property
     def success(self) -> bool:

@@ -12,6 +12,7 @@ from kernelexec.sandbox.policy import describe
 from kernelexec.server import durable, resources, tasks, tools, view
 from kernelexec.server.app import App, code_mode_listing
 from kernelexec.server.auth import StaticTokenVerifier, auth_settings, load_tokens
+from kernelexec.server.metrics import Metrics, endpoint
 from kernelexec.session.manager import SessionManager
 
 INSTRUCTIONS = """\
@@ -24,9 +25,11 @@ Long-running code is interrupted at `timeout` seconds; if it cannot be interrupt
 restarted and its variables are lost (the answer says so). Profile: {profile} ({what})."""
 
 
-def build_server(settings: Settings, sessions: SessionManager, app: App | None = None) -> MCPServer:
+def build_server(settings: Settings, sessions: SessionManager, app: App | None = None, metrics: Metrics | None = None) -> MCPServer:
     """Create the MCP server. ``sessions`` must be running (``SessionManager.running()``) while it serves.
-    ``app``: the one its tools work over, when the caller keeps it (the red team reads its renderers)."""
+    ``app``: the one its tools work over, when the caller keeps it (the red team reads its renderers).
+    ``metrics``: the Prometheus metrics it counts into, when the caller serves them elsewhere too (--metrics-port);
+    over HTTP they are served at /metrics (metrics.py: behind the bearer token when there are tokens)."""
     profile = settings.effective_profile
     tokens = load_tokens(settings) if settings.transport == "http" else []
     app = app or App(settings, sessions)
@@ -41,6 +44,11 @@ def build_server(settings: Settings, sessions: SessionManager, app: App | None =
         auth=auth_settings(settings) if tokens else None,
         extensions=[e for e in (apps, long_calls) if e is not None] or None,
     )
+    metrics = metrics or Metrics()  # its own registry, never prometheus-client's global one
+    metrics.watch(sessions)
+    mcp.middleware.append(metrics.middleware)  # each tool call timed (the outermost of ours: the whole call)
+    if settings.transport == "http":
+        mcp.custom_route("/metrics", methods=["GET"], include_in_schema=False)(endpoint(metrics, tokens))
     tools.register(mcp, app)
     if apps is not None:
         mcp.middleware.append(view.hide_app_only)  # app-only tools: listed and callable only for Apps clients

@@ -117,6 +117,8 @@ class Renderer:
             execution_count=ex.execution_count,
             outputs=refs,
             duration_ms=ex.duration_ms,
+            cpu_seconds=ex.cpu_seconds,
+            peak_memory_mb=None if ex.peak_memory is None else round(ex.peak_memory / 2**20, 1),
             timed_out=ex.timed_out,
             ending=ex.ending,
             restart_reason=ex.restart_reason,
@@ -265,6 +267,13 @@ def header_context(r: ExecuteResult) -> str:
     return f" profile={r.profile}{python} layers={layers}"
 
 
+def cost_text(r: ExecuteResult) -> str:
+    """The header's `` cpu=0.52s peak=153MB``: what the cell cost, where the kernel reported it."""
+    cpu = "" if r.cpu_seconds is None else f" cpu={r.cpu_seconds:.2f}s"
+    peak = "" if r.peak_memory_mb is None else f" peak={r.peak_memory_mb:.0f}MB"
+    return cpu + peak
+
+
 def summary_text(r: ExecuteResult, *, context: bool = True) -> str:
     """One text block for the model: what happened, result, output, error. Tags escaped, no base64.
     ``context``: whether the header says where the code runs (profile, python, layers); the
@@ -273,7 +282,7 @@ def summary_text(r: ExecuteResult, *, context: bool = True) -> str:
 
     status = "ok" if r.success else ("error" if r.ending == "completed" else r.ending)
     where = header_context(r) if context else ""
-    parts = [f"[{status}] session={r.session} cell={r.execution_count} {r.duration_ms:.0f} ms{where}"]
+    parts = [f"[{status}] session={r.session} cell={r.execution_count} {r.duration_ms:.0f} ms{cost_text(r)}{where}"]
     if r.restart_reason:
         parts.append(f"NOTE: {r.restart_reason}")
     parts.extend(f"NOTE: {note}" for note in r.notes)

@@ -55,6 +55,10 @@ class ExecuteResult(BaseModel):
     execution_count: int | None = Field(None, description="The cell number in this session's kernel")
     outputs: list[OutputRef] = Field(default_factory=list, description="Rich outputs (images, HTML, ...) kept as files")
     duration_ms: float = Field(0.0, description="Wall time of the call in milliseconds")
+    cpu_seconds: float | None = Field(None, description="CPU seconds this cell alone used in the kernel (all its threads and "
+                                      "the child processes it waited for); None when the kernel did not report it")
+    peak_memory_mb: float | None = Field(None, description="The kernel's peak resident memory so far, in MiB (its VmHWM); "
+                                         "None when the kernel did not report it")
     stdout_file: str | None = Field(None, description="Full stdout when it was cut")
     stderr_file: str | None = Field(None, description="Full stderr when it was cut")
     timed_out: bool = Field(False, description="The call hit its timeout")

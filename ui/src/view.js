@@ -55,6 +55,10 @@ function render() {
   if (s && typeof s.duration_ms === "number") bits.push(`${(s.duration_ms / 1000).toFixed(2)} s`);
   if (state.session) bits.push(`session ${state.session}`);
   $("timing").textContent = bits.join(" \u00b7 ");
+  const cost = [];  // what the cell cost in the kernel: its own CPU seconds, the kernel's peak memory
+  if (s && typeof s.cpu_seconds === "number") cost.push(`CPU ${s.cpu_seconds.toFixed(2)} s`);
+  if (s && typeof s.peak_memory_mb === "number") cost.push(`peak ${Math.round(s.peak_memory_mb)} MB`);
+  $("cost").textContent = cost.join(" \u00b7 ");
   $("interrupt").disabled = !(state.running && state.session);
   $("restart").disabled = !state.session;
   show("code", state.code);
