@@ -61,6 +61,7 @@ MIGRATIONS: dict[int, list[str]] = {
         "CREATE TABLE leases (session TEXT PRIMARY KEY, holder TEXT, token BIGINT NOT NULL, expires DOUBLE PRECISION NOT NULL)",
         "CREATE TABLE journal (session TEXT NOT NULL, seq BIGINT NOT NULL, record JSON NOT NULL, PRIMARY KEY (session, seq))",
     ],
+    2: ["ALTER TABLE sessions ADD COLUMN closed DOUBLE PRECISION"],
 }
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
@@ -179,13 +180,13 @@ class PostgresStore:
         async def put(cur: Any) -> None:
             await self._fenced(cur, fence)
             await cur.execute(
-                """INSERT INTO sessions (handle, owner, working_dir, environment, profile, local_slot, gateway_kernel_id, created, updated)
-                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
+                """INSERT INTO sessions (handle, owner, working_dir, environment, profile, local_slot, gateway_kernel_id, created, updated, closed)
+                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
                    ON CONFLICT (handle) DO UPDATE SET working_dir = excluded.working_dir, environment = excluded.environment,
                    profile = excluded.profile, local_slot = excluded.local_slot, gateway_kernel_id = excluded.gateway_kernel_id,
-                   updated = excluded.updated""",
+                   updated = excluded.updated, closed = coalesce(sessions.closed, excluded.closed)""",
                 (record.handle, record.owner, record.working_dir, record.environment, record.profile, record.local_slot,
-                 record.gateway_kernel_id, record.created or now, now))
+                 record.gateway_kernel_id, record.created or now, now, record.closed))
 
         await self._run(put, "cannot write the session")
 
@@ -350,6 +351,14 @@ class PostgresStore:
 
         result: int = await self._run(append, "cannot append to the journal")
         return result
+
+    async def journal_counts(self) -> dict[str, int]:
+        rows = await self._all("SELECT session, max(seq) FROM journal GROUP BY session", (), "cannot read the journal")
+        return {session: int(count) for session, count in rows}
+
+    async def session_handles(self) -> set[str]:
+        rows = await self._all("SELECT handle FROM sessions", (), "cannot read the sessions")
+        return {handle for (handle,) in rows}
 
     async def journal(self, session: str, *, after: int = 0) -> list[JournalEntry]:
         rows = await self._all("SELECT session, seq, record::text FROM journal WHERE session = %s AND seq > %s ORDER BY seq",

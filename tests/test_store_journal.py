@@ -1,0 +1,153 @@
+"""The journal in the session store (issue 31): every recorded cell goes into the store's journal first, in order,
+then journal.jsonl and notebook.ipynb follow; a restarted server writes the files again from the store when they
+are behind it; sessions are revived from the store's record, never from a session.json. A real ``kernelexec
+serve`` over HTTP, real kernels, SQLite or a real PostgreSQL (tests/pg.py)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+
+from kernelexec.server.auth import principal_id
+from kernelexec.store import open_store
+
+from .pg import Postgres, postgres
+from .test_restart import serving, text
+from .test_tasks import ALICE, BOB, Raw
+
+__all__ = ["postgres"]
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_env(request: pytest.FixtureRequest) -> dict[str, str]:
+    if request.param == "sqlite":
+        return {}
+    pg: Postgres = request.getfixturevalue("postgres")
+    return {"KERNELEXEC_STORE": pg.url(pg.create_db())}
+
+
+async def stored_journal(state: Path, store_env: dict[str, str], handle: str) -> list[dict[str, Any]]:
+    store = await open_store(store_env.get("KERNELEXEC_STORE"), state)
+    try:
+        entries = await store.journal(handle)
+    finally:
+        await store.close()
+    assert [e.seq for e in entries] == list(range(1, len(entries) + 1))
+    return [e.record for e in entries]
+
+
+def file_journal(session_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (session_dir / "journal.jsonl").read_text().splitlines()]
+
+
+def notebook_cells(session_dir: Path) -> list[dict[str, Any]]:
+    nb = nbformat.read(session_dir / "notebook.ipynb", as_version=4)
+    nbformat.validate(nb)
+    return [dict(c) for c in nb.cells]
+
+
+def sources(cells: list[dict[str, Any]]) -> list[str]:
+    return [c["source"] for c in cells]
+
+
+async def answered(client: Raw, result: dict[str, Any]) -> dict[str, Any]:
+    if result.get("resultType") == "task":  # a revival may take longer than --yield-after
+        result = (await client.until(result["taskId"], "completed", within=90))["result"]
+    return result
+
+
+@pytest.mark.slow
+async def test_every_cell_is_in_the_store_journal_and_the_files_follow_it(short_tmp: Path, store_env: dict[str, str]) -> None:
+    base = Path(tempfile.mkdtemp(prefix="j", dir=short_tmp))
+    state, tokens, log = base / "state", base / "tokens", base / "server.log"
+    tokens.write_text(f"{ALICE}\n{BOB}\n")
+    with serving(state, tokens, log, **store_env) as (url, proc):
+        alice = Raw(url, ALICE)
+        handle = (await alice.call("new_session"))["structuredContent"]["session"]
+        for code in ("x = 1", "print('two')", "1 / 0"):
+            await answered(alice, await alice.call("execute_code", code=code, session=handle))
+        await alice.call("restart_session", session=handle)
+        await answered(alice, await alice.call("execute_code", code="y = 4", session=handle))
+        session_dir = state / "sessions" / handle
+        stored = await stored_journal(state, store_env, handle)
+        want = ["x = 1", "print('two')", "1 / 0", "*kernelexec: kernel restarted by restart_session; variables cleared*", "y = 4"]
+        assert sources(stored) == want, stored
+        assert stored[1]["outputs"][0]["text"] == "two\n" and stored[2]["outputs"][0]["ename"] == "ZeroDivisionError"
+        assert file_journal(session_dir) == stored  # the same records, the same order
+        assert [{k: v for k, v in c.items() if k != "id"} for c in notebook_cells(session_dir)] == \
+            [{**c, "metadata": c["metadata"]} for c in stored]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(15)
+
+    # the files fall behind the store (a host crash loses the unsynced tail of journal.jsonl; a kill tears the
+    # notebook): the next start writes both again from the store
+    lines = (session_dir / "journal.jsonl").read_text().splitlines(keepends=True)
+    (session_dir / "journal.jsonl").write_text("".join(lines[:2]) + lines[2][:15])
+    (session_dir / "notebook.ipynb").write_bytes((session_dir / "notebook.ipynb").read_bytes()[:-40])
+    with serving(state, tokens, log, **store_env) as (url, proc):
+        alice = Raw(url, ALICE)
+        assert sources(file_journal(session_dir)) == want
+        assert sources(notebook_cells(session_dir)) == want
+        # revived from the store's record; the restore reruns what followed the restart
+        after = await answered(alice, await alice.call("execute_code", code="result = y * 10", session=handle))
+        assert after.get("isError") is not True and after["structuredContent"]["result"] == 40, after
+    stored = await stored_journal(state, store_env, handle)
+    assert sources(stored)[:5] == want and sources(stored)[-1] == "result = y * 10"
+    assert file_journal(session_dir) == stored and sources(notebook_cells(session_dir)) == sources(stored)
+
+
+@pytest.mark.slow
+async def test_revival_trusts_the_store_not_session_json(short_tmp: Path) -> None:
+    """session.json is the server's own file (not kernel-writable, layout.py), but the server no longer takes an
+    owner or a working directory from it: a session.json rewritten to hand the session to another token, or
+    one left for a handle the store never had, revives nothing."""
+    base = Path(tempfile.mkdtemp(prefix="t", dir=short_tmp))
+    state, tokens, log = base / "state", base / "tokens", base / "server.log"
+    tokens.write_text(f"{ALICE}\n{BOB}\n")
+    with serving(state, tokens, log) as (url, proc):
+        alice = Raw(url, ALICE)
+        handle = (await alice.call("new_session"))["structuredContent"]["session"]
+        await answered(alice, await alice.call("execute_code", code="secret = 'alice'", session=handle))
+        closed = (await alice.call("new_session"))["structuredContent"]["session"]
+        await alice.call("close_session", session=closed)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(15)
+    store = await open_store(None, state)
+    try:
+        record = await store.get_session(handle, owner=None)
+        assert record is None  # alice's: nobody else's
+        record = await store.get_session(handle, owner="x")
+        assert record is None
+        assert {handle, closed} <= await store.session_handles()
+        owners = {r.handle: r for r in await store.list_sessions(owner=None)}  # owned by alice: not listed for None
+        assert handle not in owners and closed not in owners
+    finally:
+        await store.close()
+    meta_file = state / "sessions" / handle / "session.json"
+    meta = json.loads(meta_file.read_text())
+    owner = meta["owner"]
+    assert owner is not None
+    # hand it to bob, and reopen the closed one, in the files only
+    bob_owner = principal_id(BOB)
+    assert owner == principal_id(ALICE)
+    meta_file.write_text(json.dumps({**meta, "owner": bob_owner}))
+    closed_file = state / "sessions" / closed / "session.json"
+    closed_meta = json.loads(closed_file.read_text())
+    assert closed_meta.pop("closed", None)
+    closed_file.write_text(json.dumps(closed_meta))
+    with serving(state, tokens, log) as (url, proc):
+        alice, bob = Raw(url, ALICE), Raw(url, BOB)
+        refused = await bob.call("execute_code", code="result = secret", session=handle)
+        assert refused["isError"] is True and "unknown" in text(refused), refused
+        still = await answered(alice, await alice.call("execute_code", code="result = secret", session=handle))
+        assert still.get("isError") is not True and still["structuredContent"]["result"] == "alice", still
+        gone = await alice.call("execute_code", code="result = 1", session=closed)
+        assert gone["isError"] is True and "unknown" in text(gone), gone
