@@ -45,6 +45,8 @@ async def stored_journal(state: Path, store_env: dict[str, str], handle: str) ->
 
 
 def file_journal(session_dir: Path) -> list[dict[str, Any]]:
+    if not (session_dir / "journal.jsonl").exists():
+        return []
     return [json.loads(line) for line in (session_dir / "journal.jsonl").read_text().splitlines()]
 
 
@@ -151,3 +153,82 @@ async def test_revival_trusts_the_store_not_session_json(short_tmp: Path) -> Non
         assert still.get("isError") is not True and still["structuredContent"]["result"] == "alice", still
         gone = await alice.call("execute_code", code="result = 1", session=closed)
         assert gone["isError"] is True and "unknown" in text(gone), gone
+
+
+# --- crash-safe: SIGKILL at random points, in a loop ------------------------------------------------------
+KILLS = 50
+
+
+answered_ = answered  # (the name ``answered`` is the test's list below)
+
+
+def _subsequence(wanted: list[str], found: list[str]) -> bool:
+    it = iter(found)
+    return all(any(w == f for f in it) for w in wanted)
+
+
+async def _cells_until_killed(url: str, handle: str, prefix: str, answered: list[str]) -> None:
+    client = Raw(url, ALICE)
+    for j in range(10_000):
+        code = f"{prefix}_{j} = {j}"
+        try:
+            result = await answered_(client, await client.call("execute_code", code=code, session=handle))
+        except Exception:  # noqa: BLE001 - the server is gone: this answer never came
+            return
+        if result.get("isError") is not True and result.get("structuredContent", {}).get("success") is True:
+            answered.append(code)
+
+
+def _check_files(session_dir: Path, answered: list[str]) -> None:
+    assert _subsequence(answered, sources(file_journal(session_dir)))
+    assert _subsequence(answered, sources(notebook_cells(session_dir)))  # valid nbformat (notebook_cells validates)
+
+
+@pytest.mark.slow
+async def test_sigkill_at_random_points_loses_no_answered_cell(short_tmp: Path) -> None:
+    """At least 50 SIGKILLs of a real server: during a cell, an answer, a journal or notebook write, a revival (every
+    fifth kill lands while the revived kernel is being refilled). After each kill the store opens (SQLite's
+    integrity check) and holds every cell whose answer the client received, in order; after each restart the
+    journal file and the notebook hold them too, and the notebook is valid nbformat."""
+    import random
+    import sqlite3
+
+    import anyio
+
+    rng = random.Random(31)
+    base = Path(tempfile.mkdtemp(prefix="k", dir=short_tmp))
+    state, tokens, log = base / "state", base / "tokens", base / "server.log"
+    tokens.write_text(f"{ALICE}\n")
+    answered: list[str] = []
+    handle = ""
+    kills = 0
+    while kills < KILLS:
+        with serving(state, tokens, log) as (url, proc):
+            alice = Raw(url, ALICE)
+            if not handle:
+                handle = (await alice.call("new_session"))["structuredContent"]["session"]
+            session_dir = state / "sessions" / handle
+            _check_files(session_dir, answered)  # the start reconciled the files with the store
+            async with anyio.create_task_group() as tg:
+                if kills % 5 == 4:  # killed while the session is revived (a kernel started, the journal rerun)
+                    tg.start_soon(_cells_until_killed, url, handle, f"r{kills}", answered)
+                else:  # killed among cells and answers, once the revived kernel answered one
+                    warm = await answered_(alice, await alice.call("execute_code", code=f"w{kills} = 0", session=handle))
+                    assert warm.get("isError") is not True, warm
+                    answered.append(f"w{kills} = 0")
+                    tg.start_soon(_cells_until_killed, url, handle, f"c{kills}", answered)
+                await anyio.sleep(rng.uniform(0, 0.3))
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(15)
+                kills += 1
+        store = await open_store(None, state)  # it opens; it has every answered cell
+        try:
+            stored = sources([e.record for e in await store.journal(handle)])
+        finally:
+            await store.close()
+        with sqlite3.connect(state / "kernelexec.db") as db:
+            assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert _subsequence(answered, stored), (kills, [a for a in answered if a not in stored])
+    with serving(state, tokens, log) as (url, proc):
+        _check_files(state / "sessions" / handle, answered)
+    assert len(answered) > KILLS, answered  # the kills landed among answered cells, not only before them
