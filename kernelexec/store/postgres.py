@@ -108,8 +108,9 @@ class PostgresStore:
             raise
         return store
 
-    async def _run(self, work: Any, doing: str) -> Any:
-        """``await work(cursor)`` in one transaction; driver errors become scrubbed ``StoreError``s."""
+    async def _run(self, work: Any, doing: str, *, single: bool = False) -> Any:
+        """``await work(cursor)`` in one transaction; driver errors become scrubbed ``StoreError``s. ``single``: the
+        work is one statement, its own transaction (autocommit): no BEGIN and COMMIT round trips."""
         import psycopg
 
         async with self._lock:
@@ -118,6 +119,9 @@ class PostgresStore:
             if self._conn.closed:  # the connection was lost (a failed call said so): a new one. A call is never
                 self._conn = await self._connect(self._url)  # retried: whether a lost commit happened is unknown
             try:
+                if single:
+                    async with self._conn.cursor() as cur:
+                        return await work(cur)
                 async with self._conn.transaction(), self._conn.cursor() as cur:
                     return await work(cur)
             except psycopg.Error as exc:
@@ -220,7 +224,7 @@ class PostgresStore:
                    ON CONFLICT (id) DO UPDATE SET state = excluded.state, answer = excluded.answer, updated = excluded.updated""",
                 (record.id, record.session, record.owner, record.state, answer, record.created or now, now))
 
-        await self._run(put, "cannot write the run")
+        await self._run(put, "cannot write the run", single=True)
 
     async def get_run(self, run_id: str, *, owner: str | None) -> RunRecord | None:
         row = await self._one(f"SELECT {RUN_COLUMNS} FROM runs WHERE id = %s", (run_id,), "cannot read the run")
@@ -341,6 +345,9 @@ class PostgresStore:
             raise StaleLease(f"a fence of session {fence.session} cannot write session {session}'s journal")
         text = dumps(record)
 
+        if fence is None:  # one statement, one round trip (the common case: a Recorder's cell)
+            return await self._append_unfenced(session, text)
+
         async def append(cur: Any) -> int:
             await self._fenced(cur, fence)
             await cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ("journal:" + session,))
@@ -351,6 +358,32 @@ class PostgresStore:
 
         result: int = await self._run(append, "cannot append to the journal")
         return result
+
+    async def _append_unfenced(self, session: str, text: str) -> int:
+        """The next number and the insert in one statement (its own transaction). Two writers racing for one number:
+        the loser's insert fails on the primary key, commits nothing, and is tried again with the next number."""
+        import psycopg
+
+        for attempt in range(20):
+            async with self._lock:
+                if self._conn is None:
+                    raise StoreError("the store is closed")
+                try:
+                    if self._conn.closed:
+                        self._conn = await self._connect(self._url)
+                    async with self._conn.cursor() as cur:
+                        await cur.execute(
+                            """INSERT INTO journal (session, seq, record)
+                               SELECT %s, coalesce(max(seq), 0) + 1, %s::json FROM journal WHERE session = %s RETURNING seq""",
+                            (session, text, session))
+                        row = await cur.fetchone()
+                        return int(row[0])
+                except psycopg.errors.UniqueViolation:
+                    if attempt == 19:
+                        raise StoreError(f"cannot append to the journal of {session}: numbers taken by other writers") from None
+                except psycopg.Error as exc:
+                    raise self._error(exc, "cannot append to the journal") from None
+        raise AssertionError("unreachable")
 
     async def journal_counts(self) -> dict[str, int]:
         rows = await self._all("SELECT session, max(seq) FROM journal GROUP BY session", (), "cannot read the journal")
