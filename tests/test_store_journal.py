@@ -184,7 +184,44 @@ def _check_files(session_dir: Path, answered: list[str]) -> None:
     assert _subsequence(answered, sources(notebook_cells(session_dir)))  # valid nbformat (notebook_cells validates)
 
 
+# A server process whose imports are done before its turn comes (they take seconds on a loaded box): it waits for
+# one line on stdin, then runs the real ``kernelexec serve`` (cli.main) like ``python -m kernelexec``. The next one is
+# started while the current one runs, so 50 kills fit in the test's time.
+PREWARMED = ("import sys\nimport kernelexec.cli, kernelexec.server.build, kernelexec.session.manager, uvicorn\n"
+             "sys.stdin.readline()\nkernelexec.cli.main(sys.argv[1:])")
+
+
+class Prewarmed:
+    def __init__(self, state: Path, tokens: Path, log: Path) -> None:
+        import subprocess
+        import sys
+
+        from .support import clean_env, free_port
+
+        self.port = free_port()
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", PREWARMED, "serve", "--transport", "http", "--port", str(self.port), "--state-dir",
+                 str(state), "--auth-token-file", str(tokens), "--yield-after", "1", "--restart-spares", "0", "--pool-size", "0"],
+                env=clean_env(), stdin=subprocess.PIPE, stdout=out, stderr=out)
+
+    def go(self) -> str:
+        from .support import wait_for_port
+
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(b"go\n")
+        self.proc.stdin.flush()
+        wait_for_port(self.port, self.proc, timeout=120)
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(15)
+
+
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 async def test_sigkill_at_random_points_loses_no_answered_cell(short_tmp: Path) -> None:
     """At least 50 SIGKILLs of a real server: during a cell, an answer, a journal or notebook write, a revival (every
     fifth kill lands while the revived kernel is being refilled). After each kill the store opens (SQLite's
@@ -202,33 +239,40 @@ async def test_sigkill_at_random_points_loses_no_answered_cell(short_tmp: Path) 
     answered: list[str] = []
     handle = ""
     kills = 0
-    while kills < KILLS:
-        with serving(state, tokens, log) as (url, proc):
-            alice = Raw(url, ALICE)
-            if not handle:
-                handle = (await alice.call("new_session"))["structuredContent"]["session"]
-            session_dir = state / "sessions" / handle
-            _check_files(session_dir, answered)  # the start reconciled the files with the store
-            async with anyio.create_task_group() as tg:
-                if kills % 5 == 4:  # killed while the session is revived (a kernel started, the journal rerun)
-                    tg.start_soon(_cells_until_killed, url, handle, f"r{kills}", answered)
-                else:  # killed among cells and answers, once the revived kernel answered one
-                    warm = await answered_(alice, await alice.call("execute_code", code=f"w{kills} = 0", session=handle))
-                    assert warm.get("isError") is not True, warm
-                    answered.append(f"w{kills} = 0")
-                    tg.start_soon(_cells_until_killed, url, handle, f"c{kills}", answered)
-                await anyio.sleep(rng.uniform(0, 0.3))
-                proc.send_signal(signal.SIGKILL)
-                proc.wait(15)
-                kills += 1
-        store = await open_store(None, state)  # it opens; it has every answered cell
-        try:
-            stored = sources([e.record for e in await store.journal(handle)])
-        finally:
-            await store.close()
-        with sqlite3.connect(state / "kernelexec.db") as db:
-            assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-        assert _subsequence(answered, stored), (kills, [a for a in answered if a not in stored])
-    with serving(state, tokens, log) as (url, proc):
+    following = Prewarmed(state, tokens, log)
+    try:
+        while kills < KILLS:
+            server, following = following, Prewarmed(state, tokens, log)
+            try:
+                url = server.go()
+                alice = Raw(url, ALICE)
+                if not handle:
+                    handle = (await alice.call("new_session"))["structuredContent"]["session"]
+                session_dir = state / "sessions" / handle
+                _check_files(session_dir, answered)  # the start reconciled the files with the store
+                async with anyio.create_task_group() as tg:
+                    if kills % 5 == 4:  # killed while the session is revived (a kernel started, the journal rerun)
+                        tg.start_soon(_cells_until_killed, url, handle, f"r{kills}", answered)
+                    else:  # killed among cells and answers, once the revived kernel answered one
+                        warm = await answered_(alice, await alice.call("execute_code", code=f"w{kills} = 0", session=handle))
+                        assert warm.get("isError") is not True, warm
+                        answered.append(f"w{kills} = 0")
+                        tg.start_soon(_cells_until_killed, url, handle, f"c{kills}", answered)
+                    await anyio.sleep(rng.uniform(0, 0.3))
+                    server.kill()
+                    kills += 1
+            finally:
+                server.kill()
+            store = await open_store(None, state)  # it opens; it has every answered cell
+            try:
+                stored = sources([e.record for e in await store.journal(handle)])
+            finally:
+                await store.close()
+            with sqlite3.connect(state / "kernelexec.db") as db:
+                assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+            assert _subsequence(answered, stored), (kills, [a for a in answered if a not in stored])
+        following.go()
         _check_files(state / "sessions" / handle, answered)
+    finally:
+        following.kill()
     assert len(answered) > KILLS, answered  # the kills landed among answered cells, not only before them

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,13 +76,35 @@ async def reconcile(store: Store, sessions_dir: Path) -> Reconciled:
     counts = await store.journal_counts()
     known = await store.session_handles()
     for d in dirs:
+        held = _hold(d)
+        if held is None:  # a live server drives this session (its .lock): its files are its to write
+            continue
         try:
             await _one(store, d, counts.get(d.name, 0), d.name in known, done)
         except Exception as exc:  # noqa: BLE001 - one broken directory must never stop a start
             logger.warning("session directory %s: not reconciled with the store (%s)", d.name, exc)
+        finally:
+            os.close(held)
     if done.imported_cells or done.imported_sessions:
         logger.info("imported into the store: %d session(s), %d cell(s)", len(done.imported_sessions), done.imported_cells)
     return done
+
+
+def _hold(d: Path) -> int | None:
+    """The session directory's lock (as ``session._claim`` takes it) while it is reconciled; None when another
+    process holds it."""
+    import fcntl
+
+    try:
+        fd = os.open(d / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
 
 
 async def _one(store: Store, d: Path, stored: int, known: bool, done: Reconciled) -> None:
