@@ -28,6 +28,8 @@ Sections (each starts and stops its own kernels, so they do not compete for the 
                   and after; CPU per call; checks) is printed after it. ``python -m benchmarks.load`` alone.
 9. recording      ``Recorder.append`` of a ~30 KB cell (print + PNG) when the notebook holds 10 vs 5,000 cells, and
                   ``write_notebook`` (the whole notebook from the journal) at both; no kernel (benchmarks/recording.py).
+    store         ``execute_code("x=1")`` with the session store (SQLite; PostgreSQL 15 on loopback) vs the same server
+                  recording in files only, alternating (benchmarks/store.py).
 10. flood         a stdio server, one session flooding 1 MiB stream messages past the kernel's cap while another
                   runs ``1+1``: its latency vs no flood (p99 included) and the server's VmHWM growth (benchmarks/flood.py).
 11. answers       characters (and a token estimate) per ``execute_code`` answer for ten typical calls (a plot,
@@ -85,6 +87,7 @@ from benchmarks.layers import bench_layers_section
 from benchmarks.packages import bench_packages
 from benchmarks.recording import bench_recording
 from benchmarks.stats import Measurement, table, to_json
+from benchmarks.store import bench_store
 
 MS = "ms"
 
@@ -469,6 +472,7 @@ SECTIONS = {
     "baselines": [bench_smolagents],
     "load": [bench_load],
     "recording": [bench_recording],
+    "store": [bench_store],
     "packages": [bench_packages],
     "flood": [bench_flood],
     "answers": [bench_answers],

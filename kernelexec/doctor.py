@@ -78,6 +78,7 @@ def report(settings: Settings) -> str:
         marker = " (selected)" if profile == settings.effective_profile else ""
         lines.append(f"  {profile:<9}{marker:<11} {describe_layers(plan.layers)}")
         lines += [f"  {'':<20} missing: {d}" for d in plan.degraded]
+    lines += ["", "session store (--store):", *store_report(settings)]
     lines += ["", "kernel environment (--python; for --working-dir " + str(settings.working_dir or "none") + "):"]
     lines += explain(settings.python, settings.working_dir, settings.cache_dir, kernel_reach(settings))
     try:
@@ -87,6 +88,33 @@ def report(settings: Settings) -> str:
         lines += ["", f"status: REFUSED: {exc}"]
     lines += ["", *claude_code_report()]
     return safe("\n".join(lines))  # paths, kernelspec names and config text: no terminal controls
+
+
+def store_report(settings: Settings) -> list[str]:
+    """Which store the server would use, and whether it opens: its URL with the password redacted, and any error
+    scrubbed of it (the store's own messages are)."""
+    import anyio
+
+    from kernelexec.store import StoreError, open_store, redacted
+    from kernelexec.store.interface import SCHEMA_VERSION, scrubbed
+
+    url = settings.store.get_secret_value() if settings.store is not None else None
+    where = redacted(url) if url else f"sqlite:///{settings.state_dir / 'kernelexec.db'} (the default)"
+
+    async def check() -> str:
+        store = await open_store(url, settings.state_dir)
+        try:
+            return f"opens; schema version {SCHEMA_VERSION}"
+        finally:
+            await store.close()
+
+    try:
+        status = anyio.run(check)
+    except StoreError as exc:
+        status = f"CANNOT OPEN: {exc}"
+    except Exception as exc:  # noqa: BLE001 - a report line, never a traceback with the URL in it
+        status = f"CANNOT OPEN: {type(exc).__name__}: {scrubbed(str(exc), url) if url else exc}"
+    return [f"  {where}", f"  {status}"]
 
 
 # --- Claude Code: is kernelexec registered twice in this project? ------------------------------------------

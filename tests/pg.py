@@ -12,6 +12,7 @@ import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +54,13 @@ def _as_postgres_user(cmd: list[str]) -> list[str]:
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[Postgres]:
+    with running_postgres() as pg:
+        yield pg
+
+
+@contextmanager
+def running_postgres(*, fsync: bool = False) -> Iterator[Postgres]:
+    """The server itself (the fixture's, and benchmarks/store.py's: there with ``fsync=True``, as deployed)."""
     if not (PG_BIN / "initdb").exists():
         pytest.fail(f"PostgreSQL 15's server binaries are not at {PG_BIN} (Debian: apt-get install postgresql-15; "
                     "or set KERNELEXEC_TEST_PG_BIN)")
@@ -70,7 +78,7 @@ def postgres() -> Iterator[Postgres]:
                                           "--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={pwfile}"]),
                        check=True, capture_output=True, timeout=120)
         subprocess.run(_as_postgres_user([str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", "60", "-o",
-                                          f"-k {base} -c listen_addresses=127.0.0.1 -p {port} -c fsync=off", "start"]),
+                                          f"-k {base} -c listen_addresses=127.0.0.1 -p {port} -c fsync={'on' if fsync else 'off'}", "start"]),
                        check=True, capture_output=True, timeout=90)
     except subprocess.CalledProcessError as exc:
         tail = log.read_text()[-2000:] if log.exists() else ""

@@ -105,7 +105,7 @@ async def test_runs_and_tasks_survive_a_sigkilled_server(short_tmp: Path, store_
             lost = await alice.call("get_run", run_id=run_id, wait_s=0)
             assert lost["isError"] is True and "was lost" in text(lost) and "unknown" not in text(lost), lost
         refused = await Raw(url, ALICE, elicitation=False).call("send_input", run_id=waiting, text="Ada",
-                                                                  question_id=asked["structuredContent"]["question_id"])
+                                                                question_id=asked["structuredContent"]["question_id"])
         assert refused["isError"] is True and "was lost" in text(refused) and "cannot be answered" in text(refused), refused
         gone = await alice.result("tasks/get", {"taskId": lost_task["taskId"]})
         assert_task(gone, "complete", "completed")

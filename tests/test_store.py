@@ -298,6 +298,24 @@ async def test_the_journal_keeps_order_per_session(store: Store) -> None:
     assert await store.journal("nobody") == []
 
 
+async def test_what_a_start_compares_journal_counts_session_handles_and_closed(store: Store) -> None:
+    for i in range(3):
+        await store.append_journal("s1", {"cell": i})
+    await store.append_journal("s2", {"cell": 0})
+    assert await store.journal_counts() == {"s1": 3, "s2": 1}
+    await store.put_session(SessionRecord("h-alice", "alice", "/w", "", "standard"))
+    await store.put_session(SessionRecord("h-anyone", None, "/w", "", "standard"))
+    assert await store.session_handles() == {"h-alice", "h-anyone"}  # every owner's: a start's own look
+    await store.put_session(SessionRecord("h-alice", "alice", "/w", "", "standard", closed=123.0))
+    closed = await store.get_session("h-alice", owner="alice")
+    assert closed is not None and closed.closed == 123.0
+    # a later write never reopens it, nor changes its owner
+    await store.put_session(SessionRecord("h-alice", None, "/x", "", "standard"))
+    again = await store.get_session("h-alice", owner="alice")
+    assert again is not None and again.closed == 123.0 and again.working_dir == "/x"
+    assert await store.get_session("h-alice", owner=None) is None
+
+
 async def test_concurrent_appends_from_two_connections_are_numbered_once(where: Where) -> None:
     first, second = await where.open(), await where.open()
     try:
@@ -379,7 +397,7 @@ async def test_the_sqlite_store_is_private_and_in_wal_mode(tmp_path: Path) -> No
             assert (tmp_path / name).stat().st_mode & 0o077 == 0, name
         with sqlite3.connect(tmp_path / DB_NAME) as db:
             assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-            assert db.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+            assert db.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [(1,), (2,)]
     finally:
         await s.close()
     assert isinstance(await open_store(f"sqlite:///{tmp_path}/other.db", tmp_path), SQLiteStore)

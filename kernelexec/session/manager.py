@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import os
 import secrets
 import shutil
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -24,12 +26,12 @@ from kernelexec.errors import InvalidRequest, SessionError
 from kernelexec.layout import valid_handle
 from kernelexec.sandbox.probe import kernel_reach
 from kernelexec.session.pool import WarmPool
-from kernelexec.session.record_meta import read_session_meta
-from kernelexec.session.recording import mark_closed, rebuild_stale
+from kernelexec.session.reconcile import reconcile
+from kernelexec.session.recording import JournalSink, mark_closed
 from kernelexec.session.runs import RunRegistry
 from kernelexec.session.session import Session
 from kernelexec.session.upkeep import Upkeep
-from kernelexec.store import Store, open_store
+from kernelexec.store import SessionRecord, Store, StoreError, open_store
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +58,6 @@ class SessionManager:
         # imported lazily from a worker thread and the loop at once, it fails with a circular import
         import nbformat.v4  # noqa: F401
 
-        await anyio.to_thread.run_sync(rebuild_stale, self.settings.sessions_dir)  # a killed server's last cells
         code_mode = self.broker.running() if self.broker is not None else contextlib.nullcontext()  # code mode's connections
         async with self._store(), code_mode, anyio.create_task_group() as tg:
             self.runs.attach(tg)
@@ -76,6 +77,8 @@ class SessionManager:
         url = self.settings.store.get_secret_value() if self.settings.store is not None else None
         store = await open_store(url, self.settings.state_dir)
         try:
+            # a previous release's sessions imported, files and store made to agree (a killed server's last cells)
+            await reconcile(store, self.settings.sessions_dir)
             lost = await store.lose_unfinished()
             if lost:
                 logger.warning("%d run(s) were still running when the previous server stopped: recorded as lost", lost)
@@ -116,8 +119,34 @@ class SessionManager:
     def _track(self, session: Session) -> Session:
         session.admit = self.admit
         session.broker = self.broker
+        session.recorder.sink = self._journal_sink(session.handle)
         self.sessions[session.handle] = session
         return session
+
+    def _journal_sink(self, handle: str) -> JournalSink | None:
+        """How the session's Recorder writes a cell into the store's journal, from its worker thread: SQLite's
+        directly (one transaction in that thread), any other store through the event loop."""
+        store = self.store
+        if store is None:
+            return None
+        direct = getattr(store, "append_journal_sync", None)
+        if direct is not None:
+            return lambda record: int(direct(handle, record))
+        return lambda record: int(anyio.from_thread.run(store.append_journal, handle, record))
+
+    async def _remember(self, session: Session, *, closed: bool = False) -> None:
+        """The session's record in the store (created, adopted, revived or closed): what a later lookup trusts.
+        A closed session's record stays, closed: no file left behind brings it back (``reconcile``)."""
+        if self.store is None:
+            return
+        env = session.environment.summary() if session.environment is not None else None
+        record = SessionRecord(session.handle, session.owner, str(session.default_cwd),
+                               json.dumps(env, sort_keys=True) if env is not None else "", session.profile, local_slot="k",
+                               closed=time.time() if closed else None)
+        try:
+            await self.store.put_session(record)
+        except StoreError:
+            logger.exception("recording session %s in the store", session.handle)
 
     async def environment_for(self, working_dir: Path | None) -> Environment | None:
         """The Python a new session working in ``working_dir`` runs in (``--python``; its ipykernel overlay
@@ -145,7 +174,9 @@ class SessionManager:
                     session.release()
                     self.remove_dir(session)
                     raise
-            return self._track(session)
+            self._track(session)
+        await self._remember(session)
+        return session
 
     def check_working_dir(self, working_dir: str | None) -> None:
         """Check a call's ``working_dir`` for a session not made yet, before anything is reserved for it: what
@@ -194,6 +225,7 @@ class SessionManager:
             del self.aliases[key]
         if self.default_handle == session.handle:
             self.default_handle = None
+        await self._remember(session, closed=True)
         if not recorded:
             self.remove_dir(session)
 
@@ -214,8 +246,9 @@ class SessionManager:
             return self.get(handle, owner=owner)
         except SessionError:
             known = isinstance(handle, str) and valid_handle(handle) and handle not in self.sessions
-            meta = read_session_meta(self.settings.sessions_dir / handle) if known else None
-            if meta is None or meta.get("closed") or meta.get("owner") != owner:
+            # the store's record, never session.json: it is what this server (or the migration) wrote
+            record = await self._stored_session(handle, owner) if known else None
+            if record is None or not (self.settings.sessions_dir / handle).is_dir():
                 raise
         async with self._create_lock:
             if handle not in self.sessions:
@@ -223,9 +256,9 @@ class SessionManager:
                     raise SessionError.limit(self.settings.max_sessions)
                 session = Session(handle, self.settings, owner=owner,
                                   environment=await self.environment_for(self.settings.working_dir))
-                recorded = meta.get("working_dir")
-                if isinstance(recorded, str) and Path(recorded) != session.default_cwd:
-                    try:  # a session file is data: its directory must pass the same checks a call's does
+                recorded = record.working_dir
+                if recorded and Path(recorded) != session.default_cwd:
+                    try:  # a recorded directory is data: it must pass the same checks a call's does
                         cwd = session.resolve_working_dir(recorded)
                     except InvalidRequest as exc:
                         logger.warning("session %s: recorded working_dir not used: %s", handle, exc)
@@ -234,7 +267,20 @@ class SessionManager:
                         session.default_cwd = session.cwd = cwd
                 session.revive = True
                 self._track(session)  # its place is reserved when its kernel starts (Session.ensure_kernel)
+                await self._remember(session)
         return self.get(handle, owner=owner)
+
+    async def _stored_session(self, handle: str, owner: str | None) -> SessionRecord | None:
+        """The store's record of ``handle`` when ``owner`` may see it (exactly: an owned session is not anyone's)
+        and it is not closed."""
+        if self.store is None:
+            return None
+        try:
+            record = await self.store.get_session(handle, owner=owner)
+        except StoreError:
+            logger.exception("reading session %s from the store", handle)
+            return None
+        return record if record is not None and record.owner == owner and record.closed is None else None
 
     async def default(self, *, working_dir: Path | None = None) -> Session:
         """The process's single default session (stdio and in-memory clients that pass no handle)."""
@@ -263,6 +309,7 @@ class SessionManager:
             mark_closed(session.dirs.root)
             session.release()
         self.sessions.pop(handle, None)
+        await self._remember(session, closed=True)
         if self.default_handle == handle:
             self.default_handle = None
         return session

@@ -1,7 +1,14 @@
 """Every call of a session, recorded as a real notebook, current when its answer goes out.
 
-Two files per session, both written before the answer leaves (off the event loop):
-- ``journal.jsonl``, one JSON line per cell, flushed and fsynced: the durable record.
+The Recorder is the one writer of a session's record. Each cell goes, in this order, before the answer leaves
+(off the event loop):
+- the session store's journal (``Recorder.sink``: one transaction, durable when it returns): the record the
+  server trusts. Without a store (``kernelexec replay``, a store write that failed) the file below is fsynced
+  instead and is the durable record until the next server start imports it (``reconcile``).
+- ``journal.jsonl``, one JSON line per cell: the same record as a file beside the notebook (what
+  ``kernelexec replay SESSION_DIR`` and a restore read). Written after the store, not fsynced when the store
+  has the cell: a SIGKILL of the server keeps the page cache, and after a host crash ``reconcile`` writes it
+  again from the store.
 - ``notebook.ipynb``, kept current by appending in place: its JSON ends with the cells array, one
   cell per line (JSON strings escape newlines, so a raw newline only ever separates cells), so a
   cell costs one write at the end of the file, never a rewrite of what came before; the file is
@@ -24,6 +31,7 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -108,6 +116,9 @@ def mark_closed(session_dir: Path) -> None:
     os.replace(tmp, target)
 
 
+JournalSink = Callable[[dict[str, Any]], int]  # one record into the store's journal, durable when it returns; its seq
+
+
 def rebuild_stale(sessions_dir: Path) -> list[Path]:
     """Rewrite every notebook its journal is ahead of (a server killed before or while writing it).
 
@@ -146,19 +157,27 @@ _TAIL = b"\n]}\n"  # how a notebook file ends: the cells array, then the top-lev
 def _line(record: dict[str, Any]) -> bytes:
     """One JSON line, valid UTF-8 whatever the strings hold (they are cleaned at the kernel's door,
     but the record must never be the thing that breaks)."""
+    return _cleaned(record)[1]
+
+
+def _cleaned(record: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    """The record as it can be stored (no lone surrogate, NaN or infinity) and its JSON line."""
     try:
-        return json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        return record, json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
     except (UnicodeEncodeError, ValueError):  # a lone surrogate, NaN or infinity: never in the record
-        return json.dumps(clean(record), ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        record = clean(record)
+        return record, json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
 class Recorder:
     """Appends cells to a session's journal and to its notebook file (see the module docstring)."""
 
-    def __init__(self, journal: Path, notebook: Path, session_meta: dict[str, Any]) -> None:
+    def __init__(self, journal: Path, notebook: Path, session_meta: dict[str, Any], sink: JournalSink | None = None) -> None:
         self.journal = journal
         self.notebook = notebook
         self.session_meta = session_meta
+        # the session store's journal (set by the session manager while a store is open); None: files only
+        self.sink = sink
         self._count: int | None = None  # cells in the notebook file, once known
 
     def _header(self) -> bytes:
@@ -201,11 +220,23 @@ class Recorder:
         self._record(marker_record(event, text, info))
 
     def _record(self, record: dict[str, Any]) -> None:
-        line = _line(record)
+        record, line = _cleaned(record)
+        stored = False
+        if self.sink is not None:
+            try:
+                self.sink(record)
+                stored = True
+            except Exception as exc:  # noqa: BLE001 - the cell is kept all the same: in the file, fsynced
+                # From now on this session records in its files only (the store and the file would disagree on
+                # the order otherwise); the next server start imports what the store lacks (``reconcile``).
+                self.sink = None
+                logger.warning("the session store did not take a cell of %s (%s); recording it in %s, fsynced, until the "
+                               "next start imports it", self.journal.parent.name, exc, self.journal.name)
         with open(self.journal, "ab") as fh:
             fh.write(line + b"\n")
             fh.flush()
-            os.fsync(fh.fileno())
+            if not stored:
+                os.fsync(fh.fileno())
         try:
             self._append_cell(record)
         except (OSError, ValueError) as exc:  # the journal has it; the next start rebuilds the notebook
@@ -292,6 +323,31 @@ class Recorder:
                 return fh.read() == _TAIL
         except OSError:
             return False
+
+    def journal_lines(self) -> int:
+        """Line breaks in the journal file: its cells, unless a crash tore one (a quick look, no parsing)."""
+        try:
+            with open(self.journal, "rb") as fh:
+                return sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
+        except FileNotFoundError:
+            return 0
+
+    def write_journal(self, records: list[dict[str, Any]]) -> None:
+        """Write the journal file again from the store's journal, atomically (temp file, fsync, ``os.replace``),
+        then the notebook from it."""
+        fd, tmp = tempfile.mkstemp(dir=self.journal.parent, prefix=".journal-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                for record in records:
+                    fh.write(_line(record) + b"\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.journal)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        self.write_notebook()
 
     def write_notebook(self) -> Path:
         """Write the whole notebook from the journal, atomically (temp file + ``os.replace``)."""

@@ -138,7 +138,8 @@ class Session:
                 self.revive = False
                 replayed = await self.restore()
                 self.notice = f"session revived after a server restart in a new kernel; {describe_replayed(replayed)}"
-                self.recorder.mark("revive", self.notice, replayed=[r.model_dump() for r in replayed])
+                notice = self.notice
+                await anyio.to_thread.run_sync(lambda: self.recorder.mark("revive", notice, replayed=[r.model_dump() for r in replayed]))
         return self.kernel
 
     async def restore(self) -> list[ReplayedCell]:
@@ -331,14 +332,15 @@ class Session:
             self.cwd = self.default_cwd
             self.publish()
             if not replay:
-                self.recorder.mark("restart", f"kernel restarted by {by}; variables cleared")
+                await anyio.to_thread.run_sync(lambda: self.recorder.mark("restart", f"kernel restarted by {by}; variables cleared"))
                 if by != "restart_session":
                     self.notice = (f"between calls the kernel was restarted from {by}; "
                                    "variables from earlier calls are lost")
                 return []
             replayed = await self.restore()
-            self.recorder.mark("restore", f"kernel restarted by restart_session; {describe_replayed(replayed)}",
-                               replayed=[r.model_dump() for r in replayed])
+            await anyio.to_thread.run_sync(lambda: self.recorder.mark(
+                "restore", f"kernel restarted by restart_session; {describe_replayed(replayed)}",
+                replayed=[r.model_dump() for r in replayed]))
             return replayed
 
     async def stop_kernel(self) -> None:

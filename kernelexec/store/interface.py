@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from kernelexec.errors import KernelexecError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: sessions.closed
 
 RunState = Literal["running", "awaiting_input", "finished", "failed", "lost"]
 RUN_STATES: tuple[RunState, ...] = ("running", "awaiting_input", "finished", "failed", "lost")
@@ -52,6 +52,7 @@ class SessionRecord:
     gateway_kernel_id: str | None = None  # …or a kernel on a gateway
     created: float = 0.0
     updated: float = 0.0
+    closed: float | None = None  # when it was closed (close_session): never revived, kept so no file brings it back
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,12 @@ class Store(Protocol):
     # the journal
     async def append_journal(self, session: str, record: dict[str, Any], *, fence: Fence | None = None) -> int: ...
     async def journal(self, session: str, *, after: int = 0) -> list[JournalEntry]: ...
+    async def journal_counts(self) -> dict[str, int]:
+        """Every session with a journal, and its last ``seq`` (how many cells it holds): a start's one look."""
+        ...
+
+    # what a start compares with the state directory (``session/reconcile.py``): no owner filter, server use only
+    async def session_handles(self) -> set[str]: ...
 
 
 _PASSWORD_IN_TEXT = re.compile(r"(?i)(password\s*=\s*)('[^']*'|\S+)")

@@ -61,6 +61,7 @@ MIGRATIONS: dict[int, list[str]] = {
         "CREATE TABLE leases (session TEXT PRIMARY KEY, holder TEXT, token BIGINT NOT NULL, expires DOUBLE PRECISION NOT NULL)",
         "CREATE TABLE journal (session TEXT NOT NULL, seq BIGINT NOT NULL, record JSON NOT NULL, PRIMARY KEY (session, seq))",
     ],
+    2: ["ALTER TABLE sessions ADD COLUMN closed DOUBLE PRECISION"],
 }
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
@@ -107,8 +108,9 @@ class PostgresStore:
             raise
         return store
 
-    async def _run(self, work: Any, doing: str) -> Any:
-        """``await work(cursor)`` in one transaction; driver errors become scrubbed ``StoreError``s."""
+    async def _run(self, work: Any, doing: str, *, single: bool = False) -> Any:
+        """``await work(cursor)`` in one transaction; driver errors become scrubbed ``StoreError``s. ``single``: the
+        work is one statement, its own transaction (autocommit): no BEGIN and COMMIT round trips."""
         import psycopg
 
         async with self._lock:
@@ -117,6 +119,9 @@ class PostgresStore:
             if self._conn.closed:  # the connection was lost (a failed call said so): a new one. A call is never
                 self._conn = await self._connect(self._url)  # retried: whether a lost commit happened is unknown
             try:
+                if single:
+                    async with self._conn.cursor() as cur:
+                        return await work(cur)
                 async with self._conn.transaction(), self._conn.cursor() as cur:
                     return await work(cur)
             except psycopg.Error as exc:
@@ -179,13 +184,13 @@ class PostgresStore:
         async def put(cur: Any) -> None:
             await self._fenced(cur, fence)
             await cur.execute(
-                """INSERT INTO sessions (handle, owner, working_dir, environment, profile, local_slot, gateway_kernel_id, created, updated)
-                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
+                """INSERT INTO sessions (handle, owner, working_dir, environment, profile, local_slot, gateway_kernel_id, created, updated, closed)
+                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
                    ON CONFLICT (handle) DO UPDATE SET working_dir = excluded.working_dir, environment = excluded.environment,
                    profile = excluded.profile, local_slot = excluded.local_slot, gateway_kernel_id = excluded.gateway_kernel_id,
-                   updated = excluded.updated""",
+                   updated = excluded.updated, closed = coalesce(sessions.closed, excluded.closed)""",
                 (record.handle, record.owner, record.working_dir, record.environment, record.profile, record.local_slot,
-                 record.gateway_kernel_id, record.created or now, now))
+                 record.gateway_kernel_id, record.created or now, now, record.closed))
 
         await self._run(put, "cannot write the session")
 
@@ -219,7 +224,7 @@ class PostgresStore:
                    ON CONFLICT (id) DO UPDATE SET state = excluded.state, answer = excluded.answer, updated = excluded.updated""",
                 (record.id, record.session, record.owner, record.state, answer, record.created or now, now))
 
-        await self._run(put, "cannot write the run")
+        await self._run(put, "cannot write the run", single=True)
 
     async def get_run(self, run_id: str, *, owner: str | None) -> RunRecord | None:
         row = await self._one(f"SELECT {RUN_COLUMNS} FROM runs WHERE id = %s", (run_id,), "cannot read the run")
@@ -340,6 +345,9 @@ class PostgresStore:
             raise StaleLease(f"a fence of session {fence.session} cannot write session {session}'s journal")
         text = dumps(record)
 
+        if fence is None:  # one statement, one round trip (the common case: a Recorder's cell)
+            return await self._append_unfenced(session, text)
+
         async def append(cur: Any) -> int:
             await self._fenced(cur, fence)
             await cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ("journal:" + session,))
@@ -350,6 +358,40 @@ class PostgresStore:
 
         result: int = await self._run(append, "cannot append to the journal")
         return result
+
+    async def _append_unfenced(self, session: str, text: str) -> int:
+        """The next number and the insert in one statement (its own transaction). Two writers racing for one number:
+        the loser's insert fails on the primary key, commits nothing, and is tried again with the next number."""
+        import psycopg
+
+        for attempt in range(20):
+            async with self._lock:
+                if self._conn is None:
+                    raise StoreError("the store is closed")
+                try:
+                    if self._conn.closed:
+                        self._conn = await self._connect(self._url)
+                    async with self._conn.cursor() as cur:
+                        await cur.execute(
+                            """INSERT INTO journal (session, seq, record)
+                               SELECT %s, coalesce(max(seq), 0) + 1, %s::json FROM journal WHERE session = %s RETURNING seq""",
+                            (session, text, session))
+                        row = await cur.fetchone()
+                        return int(row[0])
+                except psycopg.errors.UniqueViolation:
+                    if attempt == 19:
+                        raise StoreError(f"cannot append to the journal of {session}: numbers taken by other writers") from None
+                except psycopg.Error as exc:
+                    raise self._error(exc, "cannot append to the journal") from None
+        raise AssertionError("unreachable")
+
+    async def journal_counts(self) -> dict[str, int]:
+        rows = await self._all("SELECT session, max(seq) FROM journal GROUP BY session", (), "cannot read the journal")
+        return {session: int(count) for session, count in rows}
+
+    async def session_handles(self) -> set[str]:
+        rows = await self._all("SELECT handle FROM sessions", (), "cannot read the sessions")
+        return {handle for (handle,) in rows}
 
     async def journal(self, session: str, *, after: int = 0) -> list[JournalEntry]:
         rows = await self._all("SELECT session, seq, record::text FROM journal WHERE session = %s AND seq > %s ORDER BY seq",

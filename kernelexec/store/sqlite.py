@@ -41,7 +41,7 @@ T = TypeVar("T")
 DB_NAME = "kernelexec.db"
 
 # the columns each record is read from, in its fields' order (never SELECT *: a migration may add columns)
-SESSION_COLUMNS = "handle, owner, working_dir, environment, profile, local_slot, gateway_kernel_id, created, updated"
+SESSION_COLUMNS = "handle, owner, working_dir, environment, profile, local_slot, gateway_kernel_id, created, updated, closed"
 RUN_COLUMNS = "id, session, owner, state, answer, created, updated"
 TASK_COLUMNS = "id, owner, run_id, ttl_s, status, created, updated"
 QUESTION_COLUMNS = "id, run_id, prompt, password, approval, answerer, answered, created"
@@ -64,6 +64,7 @@ MIGRATIONS: dict[int, list[str]] = {
         "CREATE TABLE leases (session TEXT PRIMARY KEY, holder TEXT, token INTEGER NOT NULL, expires REAL NOT NULL)",
         "CREATE TABLE journal (session TEXT NOT NULL, seq INTEGER NOT NULL, record TEXT NOT NULL, PRIMARY KEY (session, seq))",
     ],
+    2: ["ALTER TABLE sessions ADD COLUMN closed REAL"],
 }
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
@@ -186,13 +187,13 @@ class SQLiteStore:
         def put(db: sqlite3.Connection) -> None:
             self._fenced(db, fence)
             db.execute(
-                """INSERT INTO sessions (handle, owner, working_dir, environment, profile, local_slot, gateway_kernel_id, created, updated)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+                """INSERT INTO sessions (handle, owner, working_dir, environment, profile, local_slot, gateway_kernel_id, created, updated, closed)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                    ON CONFLICT (handle) DO UPDATE SET working_dir = excluded.working_dir, environment = excluded.environment,
                    profile = excluded.profile, local_slot = excluded.local_slot, gateway_kernel_id = excluded.gateway_kernel_id,
-                   updated = excluded.updated""",
+                   updated = excluded.updated, closed = coalesce(sessions.closed, excluded.closed)""",
                 (record.handle, record.owner, record.working_dir, record.environment, record.profile, record.local_slot,
-                 record.gateway_kernel_id, record.created or now, now))
+                 record.gateway_kernel_id, record.created or now, now, record.closed))
 
         await self._write(put)
 
@@ -325,6 +326,11 @@ class SQLiteStore:
     # the journal
 
     async def append_journal(self, session: str, record: dict[str, Any], *, fence: Fence | None = None) -> int:
+        return await anyio.to_thread.run_sync(lambda: self.append_journal_sync(session, record, fence=fence), limiter=self._limiter)
+
+    def append_journal_sync(self, session: str, record: dict[str, Any], *, fence: Fence | None = None) -> int:
+        """``append_journal`` from a worker thread (the Recorder's, which writes a cell off the event loop): one
+        transaction, durable when it returns, without a hop through the event loop."""
         if fence is not None and fence.session != session:
             raise StaleLease(f"a fence of session {fence.session} cannot write session {session}'s journal")
         text = dumps(record)
@@ -335,7 +341,18 @@ class SQLiteStore:
             db.execute("INSERT INTO journal (session, seq, record) VALUES (?, ?, ?)", (session, seq, text))
             return seq
 
-        return await self._write(append)
+        try:
+            return self._tx(append)
+        except sqlite3.Error as exc:
+            raise StoreError(f"store write failed: {exc}") from None
+
+    async def journal_counts(self) -> dict[str, int]:
+        rows = await self._query(lambda db: db.execute("SELECT session, max(seq) FROM journal GROUP BY session").fetchall())
+        return {session: count for session, count in rows}
+
+    async def session_handles(self) -> set[str]:
+        rows = await self._query(lambda db: db.execute("SELECT handle FROM sessions").fetchall())
+        return {handle for (handle,) in rows}
 
     async def journal(self, session: str, *, after: int = 0) -> list[JournalEntry]:
         rows = await self._query(lambda db: db.execute("SELECT session, seq, record FROM journal WHERE session = ? AND seq > ? ORDER BY seq",
@@ -344,8 +361,8 @@ class SQLiteStore:
 
 
 def session_row(row: tuple[Any, ...]) -> SessionRecord:
-    handle, owner, working_dir, environment, profile, local_slot, gateway_kernel_id, created, updated = row
-    return SessionRecord(handle, owner, working_dir, environment, profile, local_slot, gateway_kernel_id, created, updated)
+    handle, owner, working_dir, environment, profile, local_slot, gateway_kernel_id, created, updated, closed = row
+    return SessionRecord(handle, owner, working_dir, environment, profile, local_slot, gateway_kernel_id, created, updated, closed)
 
 
 def run_row(row: tuple[Any, ...]) -> RunRecord:
