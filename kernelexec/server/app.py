@@ -319,7 +319,7 @@ class App:
         question = found.find(question_id)
         response = (ctx.input_responses or {}).get(INPUT_KEY)
         if (question is not None and question.url is not None and isinstance(response, ElicitResult)
-                and response.action == "accept" and question.closed is None):
+                and response.action == "accept"):  # (the page may have been sent before the client said yes)
             return await self.follow(ctx, found, self.settings.yield_after or math.inf)  # the page answers it, not this
         text = None
         if isinstance(response, ElicitResult) and response.action == "accept" and isinstance(response.content, dict):
@@ -391,8 +391,7 @@ def running(started: Run, what: str) -> CallToolResult:
 
 def awaiting_input(started: Run, question: Question) -> CallToolResult:
     """The answer for a run whose cell waits in input()/getpass(): the prompt, and how to answer it."""
-    how = ("getpass() (a password or secret: ask the user for it, never make one up; sent this way it passes through "
-           "this conversation)" if question.password else "input()")
+    how = "input()"  # a getpass() never comes here: it is typed on its page (Run._ask_secret), or refused
     prompt = display(question.prompt, 500).replace("</kernelexec-", "<\\/kernelexec-")  # the code's words cannot close the tag
     return _unfinished(started, "awaiting_input", (
         f"[awaiting input] run_id={started.id} session={started.session.handle}: the code waits in {how}. The prompt comes "
