@@ -40,6 +40,7 @@ from kernelexec.server.questions import (
     elicits,
     input_required,
     multi_round_trip,
+    page_asker,
     resumed,
     url_elicits,
 )
@@ -277,6 +278,7 @@ class App:
             target, code, timeout=seconds, working_dir=working_dir, listener=progress, result_rule=result_rule,
             ask=asker(ctx, target.handle), approve=approver(ctx), elicit_retry=elicits(ctx) and multi_round_trip(ctx),
             open_page=self.page_opener(ctx), url_retry=url_elicits(ctx) and multi_round_trip(ctx),
+            ask_page=page_asker(ctx, target.handle),
             # a question waits for send_input only where there is one (not in the presets)
             wait_for_input=yield_after is None and exposed_tools(self.settings) is None, unused=unused))
         patience = self.settings.yield_after if yield_after is None else yield_after

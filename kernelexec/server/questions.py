@@ -83,20 +83,28 @@ def asker(ctx: Context | None, handle: str) -> Callable[[Question], Awaitable[st
     """input()/getpass() of a cell as an MCP elicitation to the human over the call's back-channel (a
     server-to-client request, protocol <= 2025-11-25); None when the client cannot be asked that way. The
     answer is to this one question (the elicitation's response to its request), which Run.asker answers by id."""
-    if ctx is None or not (elicits(ctx) or url_elicits(ctx)) or multi_round_trip(ctx):
+    if ctx is None or not elicits(ctx) or multi_round_trip(ctx):
         return None
 
     async def ask(question: Question) -> str | None:
-        if question.url is not None:
-            return await on_page(ctx, handle, question)
-        if not elicits(ctx):
-            return None
         try:
             result = await ctx.elicit(question_message(handle, question.prompt, question.password), _Answer)
         except Exception:  # noqa: BLE001 - no back-channel (stateless HTTP), the client refused: not answered
             return None
         data = getattr(result, "data", None)
         return data.answer if result.action == "accept" and isinstance(data, _Answer) else None
+
+    return ask
+
+
+def page_asker(ctx: Context | None, handle: str) -> Callable[[Question], Awaitable[str | None]] | None:
+    """A getpass() as a URL-mode elicitation to its page over the call's back-channel (protocol <= 2025-11-25);
+    None when the client declared no URL mode or has no back-channel (2026-07-28: an InputRequiredResult)."""
+    if ctx is None or not url_elicits(ctx) or multi_round_trip(ctx):
+        return None
+
+    async def ask(question: Question) -> str | None:
+        return await on_page(ctx, handle, question)
 
     return ask
 

@@ -144,6 +144,7 @@ class Run:
     asked_questions: OrderedDict[str, Question] = field(default_factory=OrderedDict)  # the last KEEP_QUESTIONS, by id
     notify: Callable[[str], Awaitable[None]] | None = None  # the registry's observers (RunRegistry.observers)
     open_page: OpenPage | None = None  # the starting call's client takes URL-mode elicitation: getpass() asks on a page
+    ask_page: DirectAsk | None = None  # ... the page's URL sent over the waiting call's back-channel (2025-11-25)
     url_retry: bool = False  # ... and it is a 2026-07-28 client: the page goes out in an InputRequiredResult
 
     async def on_output(self, name: str, text: str) -> None:
@@ -174,7 +175,7 @@ class Run:
             if not self._may_ask():
                 return None
             if password:
-                return await self._ask_secret(direct, prompt)
+                return await self._ask_secret(prompt)
             if direct is not None and self.listener is not None:
                 return await self._ask_directly(direct, Question(prompt, password))
             if not self.wait_for_input:
@@ -183,7 +184,7 @@ class Run:
 
         return ask
 
-    async def _ask_secret(self, direct: DirectAsk | None, prompt: str) -> str | Refusal | None:
+    async def _ask_secret(self, prompt: str) -> str | Refusal | None:
         """A getpass(): never a form and never a question the model answers. On a one-time page (``open_page``)
         the human types it, sent to the client as a URL-mode elicitation over the waiting call's back-channel or,
         for a 2026-07-28 client, in an InputRequiredResult; where neither can be, a Refusal that says how to give
@@ -191,14 +192,15 @@ class Run:
         if self.open_page is None:
             return Refusal(NO_SECRET_CHANNEL.format(why="does not declare URL-mode elicitation (capabilities: "
                                                     "elicitation.url), so nobody can be asked for this secret"))
-        if not (direct is not None and self.listener is not None) and not self.url_retry:
+        direct = self.ask_page if self.listener is not None else None
+        if direct is None and not self.url_retry:
             return Refusal(NO_SECRET_CHANNEL.format(
                 why="can be sent the page only while the call that started the cell waits for it (this cell runs in "
                     "the background, or its call has ended): run the code in the foreground to be asked"))
         question = Question(prompt, True)
         async with self.open_page(self, question) as url:
             question.url = url
-            if direct is not None and self.listener is not None:
+            if direct is not None:
                 return await self._ask_directly(direct, question)
             return await self._wait_for_answer(question)
 
@@ -419,7 +421,7 @@ class RunRegistry:
               listener: Callable[[str, str], Awaitable[None]] | None = None, result_rule: ResultRule = "variable",
               ask: DirectAsk | None = None, wait_for_input: bool = True, approve: DirectApprove | None = None,
               elicit_retry: bool = False, unused: Callable[[Run], Awaitable[None]] | None = None,
-              open_page: OpenPage | None = None, url_retry: bool = False) -> Run:
+              open_page: OpenPage | None = None, url_retry: bool = False, ask_page: DirectAsk | None = None) -> Run:
         """Start a cell as a run (the budgets checked first: at a limit nothing is made). ``unused``: called when
         the run ended without a cell run and no other run of its session is pending (a session made for this
         call gives its place back)."""
@@ -427,7 +429,7 @@ class RunRegistry:
             raise KernelexecError("background runs need a running session manager")
         self.check_budget(session)
         run = Run(id="run-" + secrets.token_urlsafe(9), session=session, listener=listener, scope=anyio.CancelScope(),
-                  wait_for_input=wait_for_input, elicit_retry=elicit_retry, open_page=open_page, url_retry=url_retry)
+                  wait_for_input=wait_for_input, elicit_retry=elicit_retry, open_page=open_page, url_retry=url_retry, ask_page=ask_page)
         run.deadline = run.started + timeout
         run.notify = functools.partial(self._notify, run)
         self._runs[run.id] = run
