@@ -87,6 +87,8 @@ def asker(ctx: Context | None, handle: str) -> Callable[[Question], Awaitable[st
         return None
 
     async def ask(question: Question) -> str | None:
+        if question.password:  # never a secret in a form (SEP-1036): Run._ask_secret asks those on a page
+            return None
         try:
             result = await ctx.elicit(question_message(handle, question.prompt, question.password), _Answer)
         except Exception:  # noqa: BLE001 - no back-channel (stateless HTTP), the client refused: not answered

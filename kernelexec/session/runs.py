@@ -12,6 +12,11 @@ started the run, while it waits) or else waits on the run as a ``Question`` unti
 ``tasks/update`` (tasks.py: a task is a view of a run). A direct question still open when its call stops
 waiting (``Run.detach``) waits on the run too: the first answer wins.
 
+A ``getpass()`` is never such a question (``Run._ask_secret``): where the starting call's client declared
+URL-mode elicitation it gets a one-time page (``open_page``, server/secret_page.py) whose POST alone answers it
+(``answer(..., by_page=True)``), the page's URL going out over that call's back-channel or in an
+InputRequiredResult; anywhere else the cell's getpass() raises (a ``Refusal``: NO_SECRET_CHANNEL).
+
 An answer names the question it answers: every question (an ``input()``, a tool call's approval) has a
 single-use, unguessable ``Question.id``, and ``Run.answer(question_id, text)`` — the one way any channel
 answers — refuses an answer for a question the run does not wait on, and a second answer to one it did. An
