@@ -385,3 +385,35 @@ async def test_secret_flag_gives_every_kernel_the_value_and_shows_it_nowhere(tmp
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+async def test_the_stdio_listener_answers_only_its_own_host_and_refuses_a_malformed_form(short_tmp: Path) -> None:
+    """The per-question listener: another Host (DNS rebinding onto the loopback port) gets 404 and does not use the
+    page up; a POST with more fields than the form has, or without the token, is refused (403), not an error."""
+    from kernelexec.server.build import build_server
+    from kernelexec.session.manager import SessionManager
+
+    from .support import make_settings
+
+    settings = make_settings(short_tmp, pool_size=0, restart_spares=0)
+    seen: dict[str, int] = {}
+
+    async def human(context: Any, params: Any) -> ElicitResult:
+        async with httpx2.AsyncClient() as browser:
+            host = params.url.split("/")[2]
+            seen["rebound"] = (await browser.get(params.url, headers={"Host": "attacker.example:80"})).status_code
+            page = await browser.get(params.url)
+            seen["page"] = page.status_code
+            token = page.text.split('name=token value="', 1)[1].split('"', 1)[0]
+            seen["fields"] = (await browser.post(params.url, data={f"f{i}": "x" for i in range(6)} | {"token": token})).status_code
+            seen["no_token"] = (await browser.post(params.url, data={"secret": "x"})).status_code
+            seen["host"] = host.startswith("127.0.0.1:")
+            seen["sent"] = (await browser.post(params.url, data={"token": token, "secret": "ok"})).status_code
+        return ElicitResult(action="accept")
+
+    async with SessionManager(settings).running() as sessions:
+        async with Client(build_server(settings, sessions), mode="legacy", elicitation_callback=human) as client:
+            with anyio.fail_after(60):
+                r: Any = (await client.call_tool("execute_code", {"code": "import getpass\ngetpass.getpass()"})).structured_content
+    assert r["result"] == "ok", r
+    assert seen == {"rebound": 404, "page": 200, "fields": 403, "no_token": 403, "host": True, "sent": 200}, seen

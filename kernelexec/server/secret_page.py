@@ -92,6 +92,9 @@ class SecretPages:
 
     async def endpoint(self, request: Request) -> HTMLResponse:
         key = str(request.path_params.get("key", ""))
+        listener = request.scope.get("kernelexec_listener")
+        if listener is not None and request.headers.get("host") != listener:  # DNS rebinding onto the loopback port
+            return _page("Not found", GONE, 404)
         page = self._pages.get(key)
         if page is None or page.question.closed is not None:
             self._pages.pop(key, None)
@@ -107,7 +110,10 @@ class SecretPages:
             body += chunk
             if len(body) > MAX_BODY:
                 return _page("Too long", "<p>The secret is too long. Nothing was sent.</p>", 413)
-        fields = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True, max_num_fields=4)
+        try:
+            fields = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True, max_num_fields=4)
+        except ValueError:  # more fields than the form has
+            fields = {}
         token = (fields.get("token") or [""])[0]
         if not page.shown or not hmac.compare_digest(token.encode(), page.token.encode()):
             return _page("Refused", "<p>This form was not the one this page gave. Nothing was sent.</p>", 403)
@@ -147,16 +153,23 @@ class SecretPages:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-        config = uvicorn.Config(Starlette(routes=[self.route]), log_level="warning", access_log=False, lifespan="off",
+        app = Starlette(routes=[self.route])
+        here = f"127.0.0.1:{port}"
+
+        async def only_here(scope: Any, receive: Any, send: Any) -> None:  # the one Host this listener answers
+            await app({**scope, "kernelexec_listener": here}, receive, send)
+
+        config = uvicorn.Config(only_here, log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=2)
         server = _QuietServer(config)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(server.serve, [sock])
-                while not server.started and not server.should_exit:
-                    await anyio.sleep(0.01)
+                with anyio.fail_after(10):
+                    while not server.started and not server.should_exit:
+                        await anyio.sleep(0.01)
                 try:
-                    yield f"http://127.0.0.1:{port}"
+                    yield f"http://{here}"
                 finally:
                     server.should_exit = True
         finally:
