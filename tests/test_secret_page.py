@@ -398,22 +398,25 @@ async def test_the_stdio_listener_answers_only_its_own_host_and_refuses_a_malfor
     settings = make_settings(short_tmp, pool_size=0, restart_spares=0)
     seen: dict[str, int] = {}
 
-    async def human(context: Any, params: Any) -> ElicitResult:
+    async def browse(url: str) -> None:
         async with httpx2.AsyncClient() as browser:
-            host = params.url.split("/")[2]
-            seen["rebound"] = (await browser.get(params.url, headers={"Host": "attacker.example:80"})).status_code
-            page = await browser.get(params.url)
+            seen["rebound"] = (await browser.get(url, headers={"Host": "attacker.example:80"})).status_code
+            page = await browser.get(url)
             seen["page"] = page.status_code
             token = page.text.split('name=token value="', 1)[1].split('"', 1)[0]
-            seen["fields"] = (await browser.post(params.url, data={f"f{i}": "x" for i in range(6)} | {"token": token})).status_code
-            seen["no_token"] = (await browser.post(params.url, data={"secret": "x"})).status_code
-            seen["host"] = host.startswith("127.0.0.1:")
-            seen["sent"] = (await browser.post(params.url, data={"token": token, "secret": "ok"})).status_code
-        return ElicitResult(action="accept")
+            seen["fields"] = (await browser.post(url, data={f"f{i}": "x" for i in range(6)} | {"token": token})).status_code
+            seen["no_token"] = (await browser.post(url, data={"secret": "x"})).status_code
+            seen["host"] = url.split("/")[2].startswith("127.0.0.1:")
+            seen["sent"] = (await browser.post(url, data={"token": token, "secret": "ok"})).status_code
 
-    async with SessionManager(settings).running() as sessions:
-        async with Client(build_server(settings, sessions), mode="legacy", elicitation_callback=human) as client:
-            with anyio.fail_after(60):
-                r: Any = (await client.call_tool("execute_code", {"code": "import getpass\ngetpass.getpass()"})).structured_content
+    async with anyio.create_task_group() as tg:
+        async def human(context: Any, params: Any) -> ElicitResult:
+            tg.start_soon(browse, params.url)  # as a client does: the user's yes first, then the page
+            return ElicitResult(action="accept")
+
+        async with SessionManager(settings).running() as sessions:
+            async with Client(build_server(settings, sessions), mode="legacy", elicitation_callback=human) as client:
+                with anyio.fail_after(60):
+                    r: Any = (await client.call_tool("execute_code", {"code": "import getpass\ngetpass.getpass()"})).structured_content
     assert r["result"] == "ok", r
     assert seen == {"rebound": 404, "page": 200, "fields": 403, "no_token": 403, "host": True, "sent": 200}, seen
