@@ -43,6 +43,9 @@ def _add_settings_flags(parser: argparse.ArgumentParser, skip: Set[str] = frozen
             kwargs["choices"] = list(choices)
         if field.annotation in (bool, bool | None):
             kwargs["action"] = argparse.BooleanOptionalAction
+        if name == "secret":  # --secret A=@a --secret B=@b
+            kwargs["action"] = "append"
+            kwargs["metavar"] = "NAME=@FILE"
         group.add_argument(flag, *aliases, **kwargs)
 
 
@@ -141,6 +144,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "doctor":
         print(safe(report(settings)))
         return
+    if args.command in ("serve", "exec") and settings.secret:  # read once, now: a missing file stops the start
+        from kernelexec.config import secret_env
+
+        try:
+            secret_env(settings)
+        except ValueError as exc:
+            sys.exit(safe(f"kernelexec: {exc}"))
     try:
         for warning in preflight(settings):
             logging.getLogger("kernelexec").warning(warning)

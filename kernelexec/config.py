@@ -6,7 +6,9 @@ file named by ``--config`` / ``KERNELEXEC_CONFIG``, then the defaults below.
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
@@ -80,6 +82,13 @@ class Settings(BaseSettings):
         "the plugin preset uses the directory the server was started in).",
     )
     read_dirs: list[Path] = Field(default_factory=list, description="Extra read-only data directories.")
+    secret: list[str] = Field(
+        default_factory=list,
+        description="NAME=@file (repeatable): the file's contents, read once when the server starts (one trailing "
+        "newline dropped), given to every local kernel of this server as the environment variable NAME: a secret the "
+        "code can use and the model never sees (getpass() asks only on a page, where the client declares URL-mode "
+        "elicitation). Only the name and the path are shown; the value is never printed.",
+    )
     protect: list[str] = Field(
         default_factory=list,
         description="More names (glob patterns) at the top of a writable working directory that kernels may read but "
@@ -190,7 +199,14 @@ class Settings(BaseSettings):
         "(loopback only; either transport). Over HTTP they are at /metrics on the MCP port too, behind the bearer token.")
     config: Path | None = Field(None, description="A TOML file with any of these settings.")
 
-    @field_validator("allow_imports", "env_pass", "work_roots", "read_dirs", "protect", "disable_layers", "install_allow", "warm_imports",
+    @field_validator("secret")
+    @classmethod
+    def _secret_specs(cls, value: list[str]) -> list[str]:
+        for spec in value:
+            parse_secret(spec)
+        return value
+
+    @field_validator("allow_imports", "env_pass", "secret", "work_roots", "read_dirs", "protect", "disable_layers", "install_allow", "warm_imports",
                      "tools_allow", "tools_approve", "figure_formats", mode="before")
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
@@ -246,6 +262,52 @@ class Settings(BaseSettings):
     @property
     def sessions_dir(self) -> Path:
         return self.state_dir / "sessions"
+
+
+SECRET_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+# names the kernel's launch sets itself, or that change how its Python or loader starts: not a --secret's
+RESERVED_ENV = ("PATH", "HOME", "TMPDIR", "IPYTHONDIR", "MPLCONFIGDIR", "MPLBACKEND", "MALLOC_ARENA_MAX",
+                "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")
+RESERVED_PREFIXES = ("KERNELEXEC_", "PYTHON", "LD_", "JPY_", "JUPYTER_", "PYDEVD_")
+MAX_SECRET_BYTES = 64 * 1024
+
+
+def parse_secret(spec: str) -> tuple[str, Path]:
+    """``NAME=@file`` → (NAME, file); a ValueError saying what is wrong (never a value: there is none here)."""
+    name, sep, at = spec.partition("=")
+    if not sep or not at.startswith("@") or len(at) < 2:
+        raise ValueError(f"--secret takes NAME=@file (the value is read from the file, never given on the command "
+                         f"line); got {spec.split('=')[0][:60]!r}{'=…' if sep else ''}")
+    if not SECRET_NAME.fullmatch(name) or name.upper() in RESERVED_ENV or name.upper().startswith(RESERVED_PREFIXES):
+        raise ValueError(f"--secret {name[:60]!r}: the name must be an environment variable name (letters, digits, _), "
+                         f"and not one the kernel's launch sets ({', '.join(RESERVED_ENV)}, {'*, '.join(RESERVED_PREFIXES)}*)")
+    return name, Path(at[1:]).expanduser()
+
+
+@functools.cache
+def _read_secrets(specs: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    values = []
+    for spec in specs:
+        name, path = parse_secret(spec)
+        try:
+            with open(path, "rb") as f:
+                data = f.read(MAX_SECRET_BYTES + 1)
+        except OSError as exc:
+            raise ValueError(f"--secret {name}: cannot read {path}: {exc.strerror or exc}") from None
+        if len(data) > MAX_SECRET_BYTES:
+            raise ValueError(f"--secret {name}: {path} is over {MAX_SECRET_BYTES // 1024} KiB")
+        text = data.decode("utf-8", "surrogateescape")
+        text = text[:-1] if text.endswith("\n") else text
+        text = text[:-1] if text.endswith("\r") else text
+        if "\x00" in text:
+            raise ValueError(f"--secret {name}: {path} holds a NUL byte, which an environment variable cannot")
+        values.append((name, text))
+    return tuple(values)
+
+
+def secret_env(settings: Settings) -> dict[str, str]:
+    """The --secret values by name, read from their files once per process (the first call: the server's start)."""
+    return dict(_read_secrets(tuple(settings.secret)))
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -77,7 +77,27 @@ def _kernelexec_install_runtime(shell, policy: "dict", runtime_mod, names: "dict
     runtime_mod.hide_own_frames(shell.InteractiveTB)
     names["_kernelexec_variables"] = runtime.variables
     names["_kernelexec_chdir"] = os.chdir
+    _kernelexec_install_getpass(shell)  # noqa: F821 - a step below, deleted after boot
     return runtime
+
+
+def _kernelexec_install_getpass(shell) -> None:
+    """getpass() refused by the server (kernel/stdin.py REFUSED_MARK: no way to ask this client for a secret
+    without it passing through the model) raises EOFError with the server's reason, instead of returning it.
+    ipykernel puts ``kernel.getpass`` in place of ``getpass.getpass`` for each cell: wrapped on the kernel."""
+    kernel = getattr(shell, "kernel", None)
+    asked = getattr(kernel, "getpass", None)
+    if asked is None:
+        return
+    mark = "\x04kernelexec-refused:"
+
+    def getpass(prompt: str = "Password: ", stream: object = None) -> str:
+        value = asked(prompt, stream) if stream is not None else asked(prompt)
+        if isinstance(value, str) and value.startswith(mark):
+            raise EOFError(value[len(mark):])
+        return value
+
+    kernel.getpass = getpass  # type: ignore[union-attr]
 
 
 def _kernelexec_after_guard(shell, policy: "dict", guard, json, os, sys) -> None:
@@ -164,5 +184,5 @@ def _kernelexec_install_packages(policy: "dict", runtime, runtime_mod, names: "d
 
 
 _kernelexec_boot()
-del _kernelexec_boot, _kernelexec_install_runtime, _kernelexec_after_guard, _kernelexec_install_warm
+del _kernelexec_boot, _kernelexec_install_runtime, _kernelexec_install_getpass, _kernelexec_after_guard, _kernelexec_install_warm
 del _kernelexec_install_packages

@@ -1,5 +1,7 @@
 """input() and getpass() in a cell, answered by the human through MCP elicitation (a real client's callback),
-worded by the server; declined or unaskable → EOFError in the cell, the kernel usable after."""
+worded by the server; declined or unaskable → EOFError in the cell, the kernel usable after. input() is a form;
+getpass() only ever a URL-mode elicitation to its one-time page (typed here over plain HTTP; in Chromium in
+tests/test_secret_page.py), and without URL mode an EOFError in the cell."""
 
 from __future__ import annotations
 
@@ -8,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import pytest
 from mcp import Client
-from mcp_types import ElicitResult
+from mcp_types import ElicitRequestURLParams, ElicitResult
 
 from kernelexec.server.build import build_server
 from kernelexec.session.manager import SessionManager
@@ -20,16 +23,33 @@ from .conftest import make_settings
 pytestmark = pytest.mark.anyio
 
 
+async def type_on_page(url: str, secret: str) -> None:
+    """A human at a getpass() page, over plain HTTP: open it once, send its form with the secret."""
+    async with httpx2.AsyncClient() as browser:
+        page = await browser.get(url)
+        assert page.status_code == 200, page.status_code
+        token = page.text.split('name=token value="', 1)[1].split('"', 1)[0]
+        sent = await browser.post(url, data={"token": token, "secret": secret})
+        assert sent.status_code == 200, sent.status_code
+
+
 class Human:
-    """An elicitation callback that records what it was asked and answers from a script."""
+    """An elicitation callback that records what it was asked and answers from a script; a URL-mode elicitation (a
+    getpass() page) it accepts by typing the scripted value on the page, or declines."""
 
     def __init__(self, *answers: tuple[str, str | None]) -> None:
         self.answers = list(answers)
         self.asked: list[str] = []
+        self.urls: list[str] = []
 
     async def __call__(self, context: Any, params: Any) -> ElicitResult:
         self.asked.append(params.message)
         action, value = self.answers.pop(0)
+        if isinstance(params, ElicitRequestURLParams):
+            self.urls.append(params.url)
+            if action == "accept" and value is not None:
+                await type_on_page(params.url, value)
+            return ElicitResult(action=action)  # type: ignore[arg-type]
         return ElicitResult(action=action, content={"answer": value} if value is not None else None)  # type: ignore[arg-type]
 
 
@@ -49,7 +69,7 @@ async def test_input_and_getpass_are_asked_of_the_human_and_recorded(profile: st
             assert r["result"] == 2, r  # the kernel stays usable
             notebook = json.loads(Path(r["notebook"]).read_text())
     assert "session" in human.asked[0] and "not from the assistant" in human.asked[0] and "Your name?" in human.asked[0]
-    assert "password" in human.asked[1] and "***" in human.asked[1]
+    assert "password" in human.asked[1] and "***" in human.asked[1] and len(human.urls) == 1  # getpass: its page
     recorded = [c["metadata"]["kernelexec"].get("inputs") for c in notebook["cells"] if c["cell_type"] == "code"]
     assert recorded[0][0]["answer"] == "Ada" and recorded[1][0]["answer"] == "***", recorded
     assert "s3cret" not in json.dumps(notebook)
@@ -73,11 +93,9 @@ async def test_a_client_without_elicitation_gets_awaiting_input_and_answers_with
             again = await client.call_tool("send_input", {"run_id": r["run_id"], "question_id": r["question_id"], "text": "late"})
             assert again.is_error and "already answered" in again.content[0].text  # type: ignore[union-attr]
 
-            r = (await client.call_tool("execute_code", {"code": "import getpass\ngetpass.getpass('Token: ')"})).structured_content
-            assert r["ending"] == "awaiting_input" and r["input_password"] is True, r
-            done = (await client.call_tool("send_input", {"run_id": r["run_id"], "question_id": r["question_id"],
-                                                          "cancel": True})).structured_content
-            assert not done["success"] and done["error_type"] == "EOFError", done
+            # getpass() is never a question for the model: without URL-mode elicitation the cell's getpass raises
+            done = (await client.call_tool("execute_code", {"code": "import getpass\ngetpass.getpass('Token: ')"})).structured_content
+            assert done["ending"] == "completed" and done["error_type"] == "EOFError" and "--secret" in done["error"], done
             r = (await client.call_tool("execute_code", {"code": "input('again? ')", "background": True})).structured_content
             done = (await client.call_tool("get_run", {"run_id": r["run_id"], "wait_s": 30})).structured_content
             assert done["ending"] == "awaiting_input" and done["input_prompt"] == "again? ", done  # a background run asks too
@@ -90,6 +108,12 @@ async def test_a_client_without_elicitation_gets_awaiting_input_and_answers_with
     recorded = [c["metadata"]["kernelexec"].get("inputs") for c in notebook["cells"] if c["cell_type"] == "code"]
     assert recorded[0] == [{"prompt": "Your name? ", "password": False, "answered": True, "answer": "Ada"}], recorded
     assert recorded[1][0]["answered"] is False and recorded[1][0]["password"] is True, recorded
+    assert any("refused" in n for n in done_notes(notebook, 1)), notebook
+
+
+def done_notes(notebook: dict[str, Any], index: int) -> list[str]:
+    cells = [c for c in notebook["cells"] if c["cell_type"] == "code"]
+    return list(cells[index]["metadata"]["kernelexec"].get("notes") or [])
 
 
 async def test_an_unanswered_question_ends_at_the_cells_timeout(short_tmp: Path) -> None:

@@ -46,13 +46,13 @@ class Raw:
     """A JSON-RPC client of the 2026-07-28 protocol: every request carries its envelope (protocol version,
     client capabilities, client info) in ``_meta`` and the MCP-Protocol-Version / Mcp-Method / Mcp-Name headers."""
 
-    def __init__(self, url: str, token: str, *, tasks: bool = True, elicitation: bool = True) -> None:
+    def __init__(self, url: str, token: str, *, tasks: bool = True, elicitation: bool = True, url_mode: bool = False) -> None:
         self.url, self.token = url, token
         self.capabilities: dict[str, Any] = {}
         if tasks:
             self.capabilities["extensions"] = {TASKS: {}}
         if elicitation:
-            self.capabilities["elicitation"] = {"form": {}}
+            self.capabilities["elicitation"] = {"form": {}, **({"url": {}} if url_mode else {})}
 
     async def send(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         """The whole JSON-RPC response (``result`` or ``error``)."""
@@ -195,6 +195,35 @@ async def test_a_cells_input_is_input_required_and_tasks_update_answers_it(serve
         "input-2": {"action": "accept", "content": {"answer": "London"}}}})
     done = await alice.until(created["taskId"], "completed")
     assert done["result"]["structuredContent"]["result"] == "hello Ada from London", done
+
+
+async def test_a_cells_getpass_in_a_task_is_a_url_elicitation_answered_only_on_its_page(server: str) -> None:
+    """The task's inputRequests carry the URL-mode elicitation (2026-07-28: no elicitationId); tasks/update's accept
+    (even with form content) answers nothing; the page's POST does, and the task completes with what was typed."""
+    import hashlib
+
+    alice = Raw(server, ALICE, url_mode=True)
+    handle = await session(alice)
+    created = await alice.call("execute_code", session=handle, code=(
+        "import time, getpass, hashlib\ntime.sleep(2)\nresult = hashlib.sha256(getpass.getpass('Key: ').encode()).hexdigest()"))
+    assert_task(created, "task", "working")
+    asked = await alice.until(created["taskId"], "input_required")
+    (key, request), = asked["inputRequests"].items()
+    params = request["params"]
+    assert params["mode"] == "url" and set(params) == {"mode", "message", "url"}, params
+    assert params["url"].startswith(server.removesuffix("/mcp") + "/secret/") and handle in params["message"], params
+    await alice.result("tasks/update", {"taskId": created["taskId"], "inputResponses": {
+        key: {"action": "accept", "content": {"answer": "from-the-model"}}}})
+    waiting = await alice.result("tasks/get", {"taskId": created["taskId"]})
+    assert waiting["status"] == "working" and "own page" in waiting["statusMessage"], waiting
+    async with httpx2.AsyncClient(timeout=30) as browser:
+        page = await browser.get(params["url"])
+        token = page.text.split('name=token value="', 1)[1].split('"', 1)[0]
+        assert (await browser.post(params["url"], data={"token": token, "secret": "typed-on-the-page"})).status_code == 200
+    done = await alice.until(created["taskId"], "completed")
+    typed = hashlib.sha256(b"typed-on-the-page").hexdigest()
+    assert done["result"]["structuredContent"]["result"] == typed, done
+    assert "typed-on-the-page" not in json.dumps(done)
 
 
 async def test_a_client_that_did_not_declare_the_extension_gets_a_normal_result_and_no_tasks_methods(server: str) -> None:

@@ -51,6 +51,7 @@ class LaunchSpec:
     policy: dict[str, Any]
     plan: SandboxPlan = field(default_factory=lambda: SandboxPlan(layers=["env"]))
     env_pass: list[str] = field(default_factory=list)
+    secrets: dict[str, str] = field(default_factory=dict, repr=False)  # --secret: NAME → value, for the kernel alone
 
     def environment(self) -> dict[str, str]:
         """A scrubbed environment: only ``env_pass`` from the server, plus the session's own dirs.
@@ -58,6 +59,7 @@ class LaunchSpec:
         ``start_kernel(env=...)`` replaces the environment, so server secrets never reach user code.
         """
         env = {k: os.environ[k] for k in self.env_pass if k in os.environ}
+        env.update(self.secrets)  # the operator's --secret values (config.parse_secret keeps them off the names below)
         env.setdefault("PATH", os.defpath)
         env.update(
             HOME=str(self.dirs.home),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -19,9 +20,21 @@ import zmq
 
 from kernelexec.kernel.execution import Execution
 
+# The reply that makes the cell's getpass() raise EOFError with the text after it (startup/kernel_init.py
+# wraps the kernel's getpass for it): a secret this client cannot be asked for, said plainly in the cell
+REFUSED_MARK = "\x04kernelexec-refused:"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An answer that is no answer, with the reason the cell's getpass() raises (EOFError, its message)."""
+
+    message: str
+
+
 # A question a cell asks through input()/getpass(): (prompt, password) -> the answer, or None (declined:
-# the cell gets EOFError, as at the end of a terminal's input)
-Ask = Callable[[str, bool], Awaitable[str | None]]
+# the cell gets EOFError, as at the end of a terminal's input), or a Refusal (getpass: EOFError with its message)
+Ask = Callable[[str, bool], Awaitable["str | Refusal | None"]]
 TOOL_CALL_MARK = "kernelexec_tool_call"  # the input_request metadata key of a brokered call (startup/mcp_tools.py MARK)
 # Code mode: a cell's brokered tool calls (a marked input_request's payload) -> the reply (broker.CellCalls.handle)
 ToolCalls = Callable[[Any], Awaitable[dict[str, Any]]]
@@ -92,6 +105,7 @@ class Stdin:
     def __init__(self, kc: Any, msg_id: str, ask: Ask | None, ex: Execution, tools: ToolCalls | None = None) -> None:
         self.kc, self.msg_id, self.ask, self.ex, self.tools = kc, msg_id, ask, ex, tools
         self.declined = 0
+        self.refused = False
         self.unrecorded = 0
         self._more_note: int | None = None  # the index in ex.notes of the counted line, once there is one
         self._unrecorded_note: int | None = None
@@ -132,13 +146,17 @@ class Stdin:
             return
         prompt, password = str(content.get("prompt", ""))[:2000], content.get("password") is True
         answer = await self.ask(prompt, password) if self.ask is not None else None
+        if isinstance(answer, Refusal):  # getpass() raises EOFError(message) (kernel_init's wrapper)
+            await self._reply(REFUSED_MARK + answer.message)
+            self._record(prompt, password, None, refusal=answer.message)
+            return
         await self._reply("\x04" if answer is None else answer)  # ipykernel raises EOFError for \x04
         self._record(prompt, password, answer)
 
     async def _reply(self, value: str) -> None:
         await send_to_kernel(self.kc.stdin_channel, self.kc.session.msg("input_reply", {"value": value}))
 
-    def _record(self, prompt: str, password: bool, answer: str | None) -> None:
+    def _record(self, prompt: str, password: bool, answer: str | None, refusal: str | None = None) -> None:
         ex = self.ex
         if len(ex.inputs) < INPUTS_KEPT:
             ex.inputs.append({"prompt": prompt[:PROMPT_KEPT], "password": password, "answered": answer is not None,
@@ -151,6 +169,11 @@ class Stdin:
             self._unrecorded_note = _put_note(ex, self._unrecorded_note, line)
         if answer is not None:
             return
+        if refusal is not None:  # the first refusal says why, once (they count among the declined after it)
+            if not self.refused:
+                ex.notes.append(f"getpass() asked {prompt[:80]!r} and was refused: {refusal}")
+                self.refused = True
+                return
         self.declined += 1
         if self.declined == 1:
             ex.notes.append(f"{'getpass()' if password else 'input()'} asked {prompt[:80]!r} and got no answer (declined, "

@@ -33,11 +33,22 @@ from kernelexec.kernel.execution import ResultRule
 from kernelexec.kernel.wire import clean_text
 from kernelexec.longtext import live_tail
 from kernelexec.server.auth import current_principal
-from kernelexec.server.questions import INPUT_KEY, approver, asker, elicits, input_required, multi_round_trip, resumed
+from kernelexec.server.questions import (
+    INPUT_KEY,
+    approver,
+    asker,
+    elicits,
+    input_required,
+    multi_round_trip,
+    page_asker,
+    resumed,
+    url_elicits,
+)
 from kernelexec.server.render import Rendered, Renderer, escape_tags
 from kernelexec.server.results import ExecuteResult, SessionInfo, Variable, VariablesResult
+from kernelexec.server.secret_page import SecretPages
 from kernelexec.session.manager import SessionManager
-from kernelexec.session.runs import APPROVED, KEEP_FINISHED, Finished, Question, Run
+from kernelexec.session.runs import APPROVED, KEEP_FINISHED, Finished, OpenPage, Question, Run
 from kernelexec.session.session import Session
 
 RUN_PYTHON_TIMEOUT = 60.0  # run_python keeps the old tool's contract: one answer, a timeout, no yielding
@@ -125,6 +136,23 @@ class App:
     _renderers: "weakref.WeakKeyDictionary[Session, Renderer]" = field(default_factory=weakref.WeakKeyDictionary)
     # finished runs' answers, once each, by owner (token): the last KEEP_FINISHED of each, like the runs kept
     _answers: "dict[str | None, OrderedDict[str, Rendered]]" = field(default_factory=dict)
+    pages: SecretPages = field(default_factory=SecretPages)  # getpass() pages (HTTP: routes of build.py's app)
+
+    def page_opener(self, ctx: Context | None) -> OpenPage | None:
+        """How a run started by this call asks a getpass(): on a one-time page, where the client declared URL-mode
+        elicitation (else None: the cell's getpass() raises). Over HTTP the page is at this server's own origin
+        (its bound host and port; for a wildcard bind, the Host the client reached); else a listener of its own."""
+        if not url_elicits(ctx):
+            return None
+        headers = ctx.headers if ctx is not None else None
+        origin = None
+        if self.settings.transport == "http" and headers is not None:
+            host = self.settings.host
+            if host in ("0.0.0.0", "::", ""):
+                origin = f"http://{headers.get('host', '127.0.0.1')}"
+            else:
+                origin = f"http://{'[' + host + ']' if ':' in host else host}:{self.settings.port}"
+        return lambda run, question: self.pages.open(run, question, origin)
 
     def renderer(self, session: Session) -> Renderer:
         """The session's renderer (it numbers the session's output files and tells the header once)."""
@@ -249,6 +277,8 @@ class App:
         started = await self._start(ctx, session, working_dir, lambda target, unused: self.sessions.runs.start(
             target, code, timeout=seconds, working_dir=working_dir, listener=progress, result_rule=result_rule,
             ask=asker(ctx, target.handle), approve=approver(ctx), elicit_retry=elicits(ctx) and multi_round_trip(ctx),
+            open_page=self.page_opener(ctx), url_retry=url_elicits(ctx) and multi_round_trip(ctx),
+            ask_page=page_asker(ctx, target.handle),
             # a question waits for send_input only where there is one (not in the presets)
             wait_for_input=yield_after is None and exposed_tools(self.settings) is None, unused=unused))
         patience = self.settings.yield_after if yield_after is None else yield_after
@@ -263,7 +293,8 @@ class App:
             started.listener = progress
         try:
             with anyio.move_on_after(patience):
-                while not started.done.is_set() and started.awaiting is None:
+                # a secret typed on its page is waited for like output: there is nothing for the call to answer
+                while not started.done.is_set() and (started.awaiting is None or started.on_page is not None):
                     await started.settled(HEARTBEAT / 2)
                     await progress.beat()
         except BaseException:
@@ -289,6 +320,9 @@ class App:
         found = self.sessions.runs.get(run_id, owner=self.owner())
         question = found.find(question_id)
         response = (ctx.input_responses or {}).get(INPUT_KEY)
+        if (question is not None and question.url is not None and isinstance(response, ElicitResult)
+                and response.action == "accept"):  # (the page may have been sent before the client said yes)
+            return await self.follow(ctx, found, self.settings.yield_after or math.inf)  # the page answers it, not this
         text = None
         if isinstance(response, ElicitResult) and response.action == "accept" and isinstance(response.content, dict):
             approval = question is not None and question.approval
@@ -310,6 +344,12 @@ class App:
         question = done.awaiting
         if question is None:
             return running(done, what)
+        if question.url is not None:  # a getpass(): typed on its page by the human, never sent by the model
+            if not question.sent and url_elicits(ctx) and multi_round_trip(ctx):
+                question.sent = True
+                return input_required(done, question)
+            return running(done, f"{what}; the code waits in getpass() for a secret the user types on its own page "
+                           "(the client was sent it as a URL-mode elicitation): nothing for the assistant to send")
         if elicits(ctx) and multi_round_trip(ctx):
             return input_required(done, question)
         if question.approval:  # only the human approves a tool call: nothing for the model to answer
@@ -321,7 +361,8 @@ class App:
         _check_code(self.settings, code)
         seconds = _timeout(self.settings, timeout if timeout is not None else self.settings.max_timeout)
         started = await self._start(ctx, session, working_dir, lambda target, unused: self.sessions.runs.start(
-            target, code, timeout=seconds, working_dir=working_dir, unused=unused))
+            target, code, timeout=seconds, working_dir=working_dir, unused=unused, open_page=self.page_opener(ctx),
+            url_retry=url_elicits(ctx) and multi_round_trip(ctx)))
         return running(started, f"started in the background (timeout {seconds:g} s)")
 
 
@@ -352,8 +393,7 @@ def running(started: Run, what: str) -> CallToolResult:
 
 def awaiting_input(started: Run, question: Question) -> CallToolResult:
     """The answer for a run whose cell waits in input()/getpass(): the prompt, and how to answer it."""
-    how = ("getpass() (a password or secret: ask the user for it, never make one up; sent this way it passes through "
-           "this conversation)" if question.password else "input()")
+    how = "input()"  # a getpass() never comes here: it is typed on its page (Run._ask_secret), or refused
     prompt = display(question.prompt, 500).replace("</kernelexec-", "<\\/kernelexec-")  # the code's words cannot close the tag
     return _unfinished(started, "awaiting_input", (
         f"[awaiting input] run_id={started.id} session={started.session.handle}: the code waits in {how}. The prompt comes "

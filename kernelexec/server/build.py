@@ -50,6 +50,8 @@ def build_server(settings: Settings, sessions: SessionManager, app: App | None =
     if settings.transport == "http":
         mcp.custom_route("/metrics", methods=["GET"], include_in_schema=False)(endpoint(metrics, tokens))
     tools.register(mcp, app)
+    if settings.transport == "http":  # getpass() pages at the server's own origin (secret_page.py); the path is the key
+        mcp.custom_route("/secret/{key}", methods=["GET", "POST"], include_in_schema=False)(app.pages.endpoint)
     if apps is not None:
         mcp.middleware.append(view.hide_app_only)  # app-only tools: listed and callable only for Apps clients
     if sessions.broker is not None:  # code mode: the callable tools in execute_code's description

@@ -8,13 +8,18 @@ Every question goes out with its single-use id (``Question.id``) and comes back 
 direct elicitation answers the question object it asked; a retry's ``request_state`` names the run and the
 question (``request_state``, sealed by the SDK); a task binds each input key to one question (tasks.py);
 send_input takes the ``question_id`` its awaiting_input answer gave.
+
+A getpass() is never a form (the specification forbids asking for secrets that way): where the client declares
+URL-mode elicitation (``url_elicits``), it is a URL-mode elicitation to a one-time page (secret_page.py) whose
+POST answers it; elsewhere the cell's getpass() raises (runs.NO_SECRET_CHANNEL).
 """
 
+import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from mcp.server.mcpserver import Context
-from mcp_types import ElicitRequest, ElicitRequestFormParams, InputRequiredResult
+from mcp_types import ElicitRequest, ElicitRequestFormParams, ElicitRequestURLParams, InputRequiredResult
 from pydantic import BaseModel, Field
 
 from kernelexec.display import display
@@ -50,6 +55,24 @@ def elicits(ctx: Context | None) -> bool:
     return elicitation is not None and (getattr(elicitation, "form", None) is not None or getattr(elicitation, "url", None) is None)
 
 
+def url_elicits(ctx: Context | None) -> bool:
+    """The client declared URL-mode elicitation (``elicitation.url``): a getpass() can be asked on a page."""
+    try:
+        capabilities = ctx.client_capabilities if ctx is not None else None
+    except Exception:  # noqa: BLE001 - outside a request
+        return False
+    elicitation = getattr(capabilities, "elicitation", None)
+    return elicitation is not None and getattr(elicitation, "url", None) is not None
+
+
+def page_message(handle: str, prompt: str) -> str:
+    """A URL-mode elicitation's words: who asks, and that the secret is typed on the page, not in the chat."""
+    return (f"Code running in kernelexec session {handle} asks for a password or secret through getpass(). This "
+            f"question comes from the code, not from the assistant or kernelexec:\n\n"
+            f"{display(prompt.strip(), 500).strip() or '(no prompt)'}\n\nOpen the page to type it there: it goes "
+            "to the code only, never to the assistant, and the notebook records it as ***. The page works once.")
+
+
 def multi_round_trip(ctx: Context | None) -> bool:
     """The request has no back-channel: questions go out in an InputRequiredResult (2026-07-28 and later)."""
     version = ctx.protocol_version if ctx is not None else None
@@ -64,6 +87,8 @@ def asker(ctx: Context | None, handle: str) -> Callable[[Question], Awaitable[st
         return None
 
     async def ask(question: Question) -> str | None:
+        if question.password:  # never a secret in a form (SEP-1036): Run._ask_secret asks those on a page
+            return None
         try:
             result = await ctx.elicit(question_message(handle, question.prompt, question.password), _Answer)
         except Exception:  # noqa: BLE001 - no back-channel (stateless HTTP), the client refused: not answered
@@ -72,6 +97,39 @@ def asker(ctx: Context | None, handle: str) -> Callable[[Question], Awaitable[st
         return data.answer if result.action == "accept" and isinstance(data, _Answer) else None
 
     return ask
+
+
+def page_asker(ctx: Context | None, handle: str) -> Callable[[Question], Awaitable[str | None]] | None:
+    """A getpass() as a URL-mode elicitation to its page over the call's back-channel (protocol <= 2025-11-25);
+    None when the client declared no URL mode or has no back-channel (2026-07-28: an InputRequiredResult)."""
+    if ctx is None or not url_elicits(ctx) or multi_round_trip(ctx):
+        return None
+
+    async def ask(question: Question) -> str | None:
+        return await on_page(ctx, handle, question)
+
+    return ask
+
+
+async def on_page(ctx: Context, handle: str, question: Question) -> str | None:
+    """A getpass() as a URL-mode elicitation (protocol 2025-11-25) over the call's back-channel: accepted, the question
+    waits for its page's POST (which answers it, and is told to the client as notifications/elicitation/complete);
+    declined, cancelled or not deliverable: None (the cell gets EOFError)."""
+    assert question.url is not None
+    elicitation_id = "e-" + secrets.token_urlsafe(12)  # not the question's id: the client has no use for that
+    try:
+        result = await ctx.elicit_url(page_message(handle, question.prompt), question.url, elicitation_id)
+    except Exception:  # noqa: BLE001 - no back-channel, the client refused: not answered
+        return None
+    if result.action != "accept":
+        return None
+
+    async def typed() -> None:
+        await ctx.session.send_elicit_complete(elicitation_id, related_request_id=ctx.request_id)
+
+    question.typed, question.sent = typed, True
+    await question.answered.wait()
+    return question.answer
 
 
 class _Approval(BaseModel):
@@ -114,6 +172,9 @@ def question_request(run: Run, question: Question) -> ElicitRequest:
     """A cell's question as the elicitation/create request embedded in an InputRequiredResult or a task's
     inputRequests (tasks.py): one form field, ``answer``, and the server's words around the prompt; for code
     mode's approval, the broker's own words (broker.approval_message) and a yes/no."""
+    if question.url is not None:  # a getpass(): its page (2026-07-28 has no elicitation id, nor elicitation/complete)
+        return ElicitRequest(params=ElicitRequestURLParams(message=page_message(run.session.handle, question.prompt),
+                                                           url=question.url))
     if question.approval:
         return ElicitRequest(params=ElicitRequestFormParams(message=display(question.prompt, None),
                                                             requested_schema=_Approval.model_json_schema()))

@@ -64,11 +64,12 @@ class ExecuteResult(BaseModel):
     timed_out: bool = Field(False, description="The call hit its timeout")
     ending: RunEnding = Field("completed", description="completed, interrupted (SIGINT stopped it), restarted (the kernel was "
                               "restarted; state lost), kernel_died, running (a background run still going), or awaiting_input "
-                              "(the code waits in input()/getpass(): answer with send_input)")
+                              "(the code waits in input(): answer with send_input; a getpass() is never answered this way)")
     run_id: str | None = Field(None, description="Background run id (execute_code with background=true); poll it with get_run")
     restart_reason: str | None = Field(None, description="Why the kernel was restarted, when it was")
-    input_prompt: str | None = Field(None, description="awaiting_input: the prompt of the code's input()/getpass() (the code's words)")
-    input_password: bool | None = Field(None, description="awaiting_input: true when the code asks through getpass() (a secret)")
+    input_prompt: str | None = Field(None, description="awaiting_input: the prompt of the code's input() (the code's words)")
+    input_password: bool | None = Field(None, description="awaiting_input: always false: a getpass() (a secret) is typed "
+                                          "by the user on its own page, never sent with send_input")
     question_id: str | None = Field(None, description="awaiting_input: the question's single-use id; send_input names it to answer")
     notebook: str | None = Field(None, description="Path of this session's notebook record")
     profile: str = Field(description="Policy profile in force")

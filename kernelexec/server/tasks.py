@@ -312,7 +312,10 @@ class Tasks(Extension):
         if question is None:
             return "working", {}, (f"running ({where}): {run.elapsed_ms / 1000:.0f} s so far, "
                                    f"{run.output_chars:,} characters of output")
-        if not task.elicits:
+        if question.url is not None and (question.sent or run.on_page is not None):
+            return "working", {}, (f"the code waits in getpass() ({where}) for a secret the user types on its own page "
+                                   "(sent to the client as a URL-mode elicitation)")
+        if question.url is None and not task.elicits:
             return "working", {}, (f"the code waits in {'getpass()' if question.password else 'input()'} ({where}); "
                                    f"send_input(run_id={run.id!r}, question_id={question.id!r}, text=...) answers it")
         if question is not task.question:  # a new question: a new key, never one used before, bound to its id
@@ -351,6 +354,9 @@ class Tasks(Extension):
             question = run.find(task.keys.get(key)) if run is not None else None
             if run is None or question is None or question.closed is not None or not isinstance(response, Mapping):
                 continue  # unknown or stale: ignored
+            if question.url is not None and response.get("action") == "accept":
+                question.sent = True  # the user opened its page: the page's POST answers it, nothing here
+                continue
             found = response.get("content")
             content: Mapping[str, Any] = found if response.get("action") == "accept" and isinstance(found, Mapping) else {}
             if question.approval:  # code mode's approval: the form's yes/no (elicited from the human by the client)

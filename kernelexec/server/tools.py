@@ -85,11 +85,12 @@ def _running_tools(app: App) -> dict[str, Any]:
         ctx: Context,
         run_id: Annotated[str, Field(description="The run_id of the answer that said ending: awaiting_input")],
         question_id: Annotated[str, Field(description="That answer's question_id: the question this answers (once)")],
-        text: Annotated[str | None, Field(description="The user's answer, the value input()/getpass() returns; null declines")] = None,
+        text: Annotated[str | None, Field(description="The user's answer, the value input() returns; null declines")] = None,
         cancel: Annotated[bool, Field(description="Decline the question: the code gets EOFError")] = False,
         wait_s: Annotated[float, Field(ge=0, le=600, description="Seconds to wait for the run after answering (0 = just look)")] = 30,
     ) -> Annotated[CallToolResult, ExecuteResult]:
-        """Answer the input()/getpass() a run waits on (ending: awaiting_input) with what the user gave; the run goes on."""
+        """Answer the input() a run waits on (ending: awaiting_input) with what the user gave; the run goes on. (A
+        getpass() is never answered here: the user types a secret on its own page.)"""
         try:
             found = app.sessions.runs.get(run_id, owner=app.owner())
         except InvalidRequest as unknown:  # not in this process: the store says why it cannot be answered

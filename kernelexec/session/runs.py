@@ -12,6 +12,11 @@ started the run, while it waits) or else waits on the run as a ``Question`` unti
 ``tasks/update`` (tasks.py: a task is a view of a run). A direct question still open when its call stops
 waiting (``Run.detach``) waits on the run too: the first answer wins.
 
+A ``getpass()`` is never such a question (``Run._ask_secret``): where the starting call's client declared
+URL-mode elicitation it gets a one-time page (``open_page``, server/secret_page.py) whose POST alone answers it
+(``answer(..., by_page=True)``), the page's URL going out over that call's back-channel or in an
+InputRequiredResult; anywhere else the cell's getpass() raises (a ``Refusal``: NO_SECRET_CHANNEL).
+
 An answer names the question it answers: every question (an ``input()``, a tool call's approval) has a
 single-use, unguessable ``Question.id``, and ``Run.answer(question_id, text)`` — the one way any channel
 answers — refuses an answer for a question the run does not wait on, and a second answer to one it did. An
@@ -21,6 +26,7 @@ makes the call only if it is the one it is about to make): a yes never approves 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -37,6 +43,7 @@ from kernelexec.codemode.broker import ApprovalCall, Approve, Verdict
 from kernelexec.config import Settings
 from kernelexec.errors import InvalidRequest, KernelexecError, SessionError
 from kernelexec.kernel.execution import Execution, ResultRule
+from kernelexec.kernel.stdin import Refusal
 from kernelexec.layout import SessionDirs
 from kernelexec.longtext import live_tail
 
@@ -48,12 +55,20 @@ KEEP_QUESTIONS = 32  # a run's last questions remembered, so that a late or seco
 
 logger = logging.getLogger(__name__)
 
-Ask = Callable[[str, bool], Awaitable[str | None]]  # the cell's input()/getpass(), as the kernel asks it (kernel.stdin.Ask)
+Ask = Callable[[str, bool], Awaitable[str | Refusal | None]]  # the cell's input()/getpass(), as the kernel asks it (kernel.stdin.Ask)
 DirectAsk = Callable[["Question"], Awaitable[str | None]]  # the question as an elicitation over the call's back-channel
 DirectApprove = Callable[["Question"], Awaitable[bool | None]]  # an approval the same way (None: nobody could be asked)
 # told of each run's changes: "started", "awaiting_input", "running" (answered), "finished" (done is set); the
 # server records them in the session store (server/durable.py). Never raises into the run; shielded from cancellation.
 RunObserver = Callable[["Run", str], Awaitable[None]]
+# a getpass() question's one-time page (server/secret_page.py): entered, the page serves and its URL is given;
+# left (the question answered, declined, timed out, the cell stopped), the page is gone
+OpenPage = Callable[["Run", "Question"], contextlib.AbstractAsyncContextManager[str]]
+NO_SECRET_CHANNEL = (
+    "kernelexec asks for a secret only on a one-time page of its own, through a URL-mode elicitation, so that it "
+    "never passes through the model; this MCP client {why}. To give the code a secret without the model seeing "
+    "it, start the server with --secret NAME=@/path/to/file (repeatable): every kernel of that server sees it as "
+    "the environment variable NAME (os.environ['NAME']).")
 
 
 @dataclass
@@ -101,6 +116,9 @@ class Question:
     call: ApprovalCall | None = None  # an approval: the one call its prompt shows, the only call its answer is for
     id: str = field(default_factory=question_id)
     closed: str | None = None  # why it takes no (more) answer: answered, declined, no longer asked
+    url: str | None = None  # a getpass(): its one-time page, the only place its answer is typed (Run.answer by_page)
+    sent: bool = False  # a page question's URL went to the client (accepted): the run waits on the page, not the model
+    typed: Callable[[], Awaitable[None]] | None = None  # told when its page was submitted (elicitation/complete)
 
     def verdict(self) -> Verdict:
         """An answered approval as the broker takes it: approved or not, for the call this question showed."""
@@ -130,6 +148,9 @@ class Run:
     pending: Question | None = None  # a question asked over the waiting call's back-channel (detach posts it)
     asked_questions: OrderedDict[str, Question] = field(default_factory=OrderedDict)  # the last KEEP_QUESTIONS, by id
     notify: Callable[[str], Awaitable[None]] | None = None  # the registry's observers (RunRegistry.observers)
+    open_page: OpenPage | None = None  # the starting call's client takes URL-mode elicitation: getpass() asks on a page
+    ask_page: DirectAsk | None = None  # ... the page's URL sent over the waiting call's back-channel (2025-11-25)
+    url_retry: bool = False  # ... and it is a 2026-07-28 client: the page goes out in an InputRequiredResult
 
     async def on_output(self, name: str, text: str) -> None:
         self.output_chars += len(text)
@@ -155,9 +176,11 @@ class Run:
         back-channel) while the call that started the run waits for it; otherwise the question waits on the
         run (``question``) for ``answer`` — send_input, or the retried call of a 2026-07-28 client — until
         the cell's timeout. At most QUESTIONS_PER_MINUTE questions a minute; the rest are declined."""
-        async def ask(prompt: str, password: bool) -> str | None:
+        async def ask(prompt: str, password: bool) -> str | Refusal | None:
             if not self._may_ask():
                 return None
+            if password:
+                return await self._ask_secret(prompt)
             if direct is not None and self.listener is not None:
                 return await self._ask_directly(direct, Question(prompt, password))
             if not self.wait_for_input:
@@ -165,6 +188,26 @@ class Run:
             return await self._wait_for_answer(Question(prompt, password))
 
         return ask
+
+    async def _ask_secret(self, prompt: str) -> str | Refusal | None:
+        """A getpass(): never a form and never a question the model answers. On a one-time page (``open_page``)
+        the human types it, sent to the client as a URL-mode elicitation over the waiting call's back-channel or,
+        for a 2026-07-28 client, in an InputRequiredResult; where neither can be, a Refusal that says how to give
+        the code a secret (--secret)."""
+        if self.open_page is None:
+            return Refusal(NO_SECRET_CHANNEL.format(why="does not declare URL-mode elicitation (capabilities: "
+                                                    "elicitation.url), so nobody can be asked for this secret"))
+        direct = self.ask_page if self.listener is not None else None
+        if direct is None and not self.url_retry:
+            return Refusal(NO_SECRET_CHANNEL.format(
+                why="can be sent the page only while the call that started the cell waits for it (this cell runs in "
+                    "the background, or its call has ended): run the code in the foreground to be asked"))
+        question = Question(prompt, True)
+        async with self.open_page(self, question) as url:
+            question.url = url
+            if direct is not None:
+                return await self._ask_directly(direct, question)
+            return await self._wait_for_answer(question)
 
     def opened(self, question: Question) -> Question:
         """Register a question the run asks: from now on ``answer`` takes one answer for its id."""
@@ -275,11 +318,13 @@ class Run:
             if self.notify is not None:
                 await self.notify("running")
 
-    def answer(self, question_id: str, text: str | None, *, by_human: bool = False) -> Question:
+    def answer(self, question_id: str, text: str | None, *, by_human: bool = False, by_page: bool = False) -> Question:
         """Answer the question ``question_id`` (None declines it: EOFError in the cell, or the call not made) — the
         one way every channel answers. Refused: an id this run did not ask (or no longer remembers), a question
         already answered or no longer asked (an answer is used once, and never for another question), a tool
-        call's approval not ``by_human`` (an elicitation's answer; send_input can only decline it), a bad text."""
+        call's approval not ``by_human`` (an elicitation's answer; send_input can only decline it), a getpass() asked
+        on a page answered anywhere but ``by_page`` (its page's POST; any other channel can only decline it), a bad
+        text."""
         question = self.find(question_id)
         if question is None:
             raise InvalidRequest(
@@ -292,6 +337,10 @@ class Run:
         if question.approval and not by_human and text is not None:
             raise InvalidRequest(f"run {self.id} waits for the user's approval of a tool call, which only the user gives "
                                  "(through the client's elicitation); send_input can only decline it (cancel=true)")
+        if question.url is not None and not by_page and text is not None:
+            raise InvalidRequest(f"run {self.id} waits for a secret the user types on its own page (getpass(), asked "
+                                 "through the client's URL-mode elicitation); it is never sent through a tool call. "
+                                 "send_input can only decline it (cancel=true)")
         if text is not None and (not isinstance(text, str) or len(text) > MAX_INPUT_CHARS):
             raise InvalidRequest(f"text must be a string of at most {MAX_INPUT_CHARS:,} characters")
         if question.approval and text is not None and text != APPROVED:
@@ -310,7 +359,17 @@ class Run:
                     tg.cancel_scope.cancel()
 
                 tg.start_soon(until, self.done)
-                tg.start_soon(until, self.posted)
+                question = self.question
+                if question is not None and question.url is not None and question.sent and not question.answered.is_set():
+                    tg.start_soon(until, question.answered)  # a secret typed on its page: nothing for a call to answer
+                else:
+                    tg.start_soon(until, self.posted)
+
+    @property
+    def on_page(self) -> Question | None:
+        """The getpass() the run waits on whose page the client was sent: only the human's typing answers it."""
+        question = self.awaiting
+        return question if question is not None and question.url is not None and question.sent else None
 
     @property
     def awaiting(self) -> Question | None:
@@ -366,7 +425,8 @@ class RunRegistry:
     def start(self, session: RunHost, code: str, *, timeout: float, working_dir: str | None,
               listener: Callable[[str, str], Awaitable[None]] | None = None, result_rule: ResultRule = "variable",
               ask: DirectAsk | None = None, wait_for_input: bool = True, approve: DirectApprove | None = None,
-              elicit_retry: bool = False, unused: Callable[[Run], Awaitable[None]] | None = None) -> Run:
+              elicit_retry: bool = False, unused: Callable[[Run], Awaitable[None]] | None = None,
+              open_page: OpenPage | None = None, url_retry: bool = False, ask_page: DirectAsk | None = None) -> Run:
         """Start a cell as a run (the budgets checked first: at a limit nothing is made). ``unused``: called when
         the run ended without a cell run and no other run of its session is pending (a session made for this
         call gives its place back)."""
@@ -374,7 +434,7 @@ class RunRegistry:
             raise KernelexecError("background runs need a running session manager")
         self.check_budget(session)
         run = Run(id="run-" + secrets.token_urlsafe(9), session=session, listener=listener, scope=anyio.CancelScope(),
-                  wait_for_input=wait_for_input, elicit_retry=elicit_retry)
+                  wait_for_input=wait_for_input, elicit_retry=elicit_retry, open_page=open_page, url_retry=url_retry, ask_page=ask_page)
         run.deadline = run.started + timeout
         run.notify = functools.partial(self._notify, run)
         self._runs[run.id] = run

@@ -19,7 +19,7 @@ import anyio
 
 from kernelexec.backends import new_kernel
 from kernelexec.codemode.broker import Approve, Broker, CellCalls
-from kernelexec.config import Settings
+from kernelexec.config import Settings, secret_env
 from kernelexec.environment.interpreter import Environment, project_modules
 from kernelexec.environment.packages import InstallError, InstallOutcome, check_allowed, install, installed_record, parse_specs, pip_lines
 from kernelexec.errors import InvalidRequest, SessionError
@@ -118,7 +118,8 @@ class Session:
             packages_dir=self.dirs.packages,
             figure_formats=list(s.figure_formats),
         )
-        return LaunchSpec(dirs=self.dirs, cwd=self.default_cwd, policy=policy, plan=plan, env_pass=s.env_pass)
+        return LaunchSpec(dirs=self.dirs, cwd=self.default_cwd, policy=policy, plan=plan, env_pass=s.env_pass,
+                          secrets=secret_env(s))
 
     async def ensure_kernel(self) -> Kernel:
         if self.kernel is None:

@@ -1,0 +1,190 @@
+"""A cell's getpass() on a one-time page: the secret goes from the human's browser to the kernel, never through
+the MCP client, the model, an answer, a log or the record (URL-mode elicitation, SEP-1036).
+
+``SecretPages.open(run, question, origin)`` makes one page for one question, at an unguessable path
+(``/secret/<32 random bytes>``), for as long as the question is asked: over streamable HTTP a route of the server's
+own app (``route``, mounted by build.py) at its own origin; under stdio (``origin`` None) a listener opened for
+that question alone, on 127.0.0.1 and a random port, closed with it. The page is used once: the first GET shows
+the form (a second GET is 410), the POST with that form's token answers the question through ``Run.answer``
+(``by_page``) and the page is gone (404); a POST with another token is refused (403) and answers nothing. The
+page is a plain HTML form: no script, a strict Content-Security-Policy, not framable, not cached, no referrer.
+It names, escaped, the session whose code asks and the code's prompt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import html
+import logging
+import secrets
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs
+
+import anyio
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse
+from starlette.routing import Route
+
+from kernelexec.errors import KernelexecError
+from kernelexec.session.runs import MAX_INPUT_CHARS, Question, Run
+
+PATH = "/secret/{key}"
+MAX_BODY = 4 * MAX_INPUT_CHARS  # form-encoded: a character may take up to 9 bytes; more is refused unread
+HEADERS = {
+    "Content-Security-Policy": ("default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
+                                "frame-ancestors 'none'; base-uri 'none'"),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+STYLE = "body{font-family:sans-serif;max-width:40em;margin:3em auto;line-height:1.4}pre{white-space:pre-wrap}"
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Page:
+    run: Run
+    question: Question
+    token: str  # the form's token: a POST without it answers nothing
+    shown: bool = False
+
+
+def _page(title: str, body: str, status: int) -> HTMLResponse:
+    text = (f"<!doctype html><html><head><meta charset=utf-8><title>{html.escape(title)}</title>"
+            f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>{body}</body></html>")
+    return HTMLResponse(text, status_code=status, headers=HEADERS)
+
+
+GONE = "<p>This page was used already, or its question is no longer asked. Nothing was sent.</p>"
+
+
+class SecretPages:
+    """The open pages of one server, by their path's key."""
+
+    def __init__(self) -> None:
+        self._pages: dict[str, Page] = {}
+
+    @contextlib.asynccontextmanager
+    async def open(self, run: Run, question: Question, origin: str | None) -> AsyncIterator[str]:
+        """The question's page while the block runs; its URL. ``origin``: the HTTP server's own (the page is a route
+        of its app); None: a listener on 127.0.0.1 for this page alone."""
+        key = secrets.token_urlsafe(32)
+        self._pages[key] = Page(run, question, secrets.token_urlsafe(32))
+        try:
+            if origin is not None:
+                yield f"{origin.rstrip('/')}/secret/{key}"
+            else:
+                async with self._listener() as here:
+                    yield f"{here}/secret/{key}"
+        finally:
+            self._pages.pop(key, None)
+
+    @property
+    def route(self) -> Route:
+        return Route(PATH, self.endpoint, methods=["GET", "POST"])
+
+    async def endpoint(self, request: Request) -> HTMLResponse:
+        key = str(request.path_params.get("key", ""))
+        listener = request.scope.get("kernelexec_listener")
+        if listener is not None and request.headers.get("host") != listener:  # DNS rebinding onto the loopback port
+            return _page("Not found", GONE, 404)
+        page = self._pages.get(key)
+        if page is None or page.question.closed is not None:
+            self._pages.pop(key, None)
+            return _page("Not found", GONE, 404)
+        if request.method == "GET":
+            if page.shown:  # used once: whoever opened it first holds the form
+                return _page("Already opened", "<p>This page was opened already; it is shown once. If that was not "
+                             "you, decline the question in your client.</p>", 410)
+            page.shown = True
+            return self._form(page, key)
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_BODY:
+                return _page("Too long", "<p>The secret is too long. Nothing was sent.</p>", 413)
+        try:
+            fields = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True, max_num_fields=4)
+        except ValueError:  # more fields than the form has
+            fields = {}
+        token = (fields.get("token") or [""])[0]
+        if not page.shown or not hmac.compare_digest(token.encode(), page.token.encode()):
+            return _page("Refused", "<p>This form was not the one this page gave. Nothing was sent.</p>", 403)
+        del self._pages[key]  # single use, whatever happens next
+        try:
+            page.run.answer(page.question.id, (fields.get("secret") or [""])[0], by_human=True, by_page=True)
+        except KernelexecError:
+            return _page("Not sent", GONE, 410)
+        if page.question.typed is not None:  # notifications/elicitation/complete (2025-11-25)
+            with anyio.CancelScope(shield=True):
+                try:
+                    await page.question.typed()
+                except Exception:  # noqa: BLE001 - the client may be gone: the secret is in already
+                    logger.debug("elicitation/complete not sent", exc_info=True)
+        return _page("Sent", "<p>The secret went to the code. You can close this page.</p>", 200)
+
+    @staticmethod
+    def _form(page: Page, key: str) -> HTMLResponse:
+        handle = html.escape(page.run.session.handle)
+        prompt = html.escape(page.question.prompt.strip()[:500]) or "(no prompt)"
+        body = (f"<p>Code running in kernelexec session <b>{handle}</b> asks for a password or secret through "
+                f"getpass(). The question comes from the code, not from the assistant or kernelexec. Its prompt:</p>"
+                f"<pre>{prompt}</pre><p>What you type here goes to that code only: not to the assistant, and the "
+                f"notebook records it as ***. This page works once.</p>"
+                f"<form method=post action=\"/secret/{html.escape(key)}\" autocomplete=off>"
+                f"<input type=hidden name=token value=\"{html.escape(page.token)}\">"
+                f"<label>Secret <input type=password name=secret autofocus autocomplete=off></label> "
+                f"<button type=submit>Send to the code</button></form>")
+        return _page(f"kernelexec session {page.run.session.handle}: a secret", body, 200)
+
+    @contextlib.asynccontextmanager
+    async def _listener(self) -> AsyncIterator[str]:
+        """Under stdio: an HTTP listener on 127.0.0.1 (a random port) serving this server's pages, for one page."""
+        import uvicorn
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        app = Starlette(routes=[self.route])
+        here = f"127.0.0.1:{port}"
+
+        async def only_here(scope: Any, receive: Any, send: Any) -> None:  # the one Host this listener answers
+            await app({**scope, "kernelexec_listener": here}, receive, send)
+
+        config = uvicorn.Config(only_here, log_level="warning", access_log=False, lifespan="off",
+                                timeout_graceful_shutdown=2)
+        server = _QuietServer(config)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(server.serve, [sock])
+                with anyio.fail_after(10):
+                    while not server.started and not server.should_exit:
+                        await anyio.sleep(0.01)
+                try:
+                    yield f"http://{here}"
+                finally:
+                    server.should_exit = True
+        finally:
+            sock.close()
+
+
+class _QuietServer:
+    """uvicorn's Server without its signal handlers (the MCP server's own stay in place)."""
+
+    def __new__(cls, config: Any) -> Any:
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self) -> Any:
+                yield
+
+        return Server(config)
