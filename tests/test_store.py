@@ -137,6 +137,25 @@ async def test_runs_round_trip_and_their_answer_as_json(store: Store) -> None:
     assert {r.state for r in await store.runs_of("s1", owner="alice")} == {"finished", "failed", "lost"}
 
 
+async def test_kept_runs_are_a_budget_per_owner_and_a_forgotten_run_goes(store: Store) -> None:
+    """prune_runs keeps each owner's last ``keep`` ended runs (never a running one, never another owner's);
+    delete_run forgets one run (its own call took its answer)."""
+    for i in range(6):
+        await store.put_run(RunRecord(f"a-{i}", "s1", "alice", "finished", ANSWER))
+        await anyio.sleep(0.002)  # distinct update times
+    await store.put_run(RunRecord("a-live", "s1", "alice", "running"))
+    await store.put_run(RunRecord("b-0", "s2", "bob", "finished", ANSWER))
+    await store.put_run(RunRecord("n-0", "s3", None, "lost"))
+    assert await store.prune_runs(owner="alice", keep=2) == 4
+    assert [r.id for r in await store.runs_of("s1", owner="alice")] == ["a-4", "a-5", "a-live"]
+    assert await store.get_run("b-0", owner="bob") is not None  # another owner's runs are not alice's budget
+    assert await store.prune_runs(owner=None, keep=0) == 1 and await store.get_run("n-0", owner=None) is None
+    await store.delete_run("a-5")
+    assert await store.get_run("a-5", owner="alice") is None
+    assert await store.prune_runs(owner="alice", keep=0) == 1  # a-4; the running one stays
+    assert [r.id for r in await store.runs_of("s1", owner="alice")] == ["a-live"]
+
+
 async def test_tasks_round_trip(store: Store) -> None:
     task = TaskRecord("t-1", "alice", "run-1", ttl_s=3600.0, status="working", created=1000.0, updated=1000.0)
     await store.put_task(task)

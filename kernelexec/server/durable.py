@@ -18,7 +18,7 @@ import anyio
 from mcp_types import CallToolResult, TextContent
 
 from kernelexec.errors import InvalidRequest, KernelexecError
-from kernelexec.session.runs import Run
+from kernelexec.session.runs import KEEP_FINISHED, Run
 from kernelexec.store import RunRecord, RunState, Store, TaskRecord
 
 if TYPE_CHECKING:
@@ -44,10 +44,17 @@ def observer(app: App) -> Any:
     """The RunRegistry observer that records ``app``'s runs in its session store."""
 
     started: dict[str, anyio.Event] = {}  # a run's first record, written in the background (the cell does not wait)
+    forgotten: set[str] = set()  # runs whose own call took their answer before their final record was written
 
     async def record(run: Run, event: str) -> None:
         store = app.sessions.store
         if store is None:
+            return
+        if event == "forgotten":  # its own call returned its answer: the store keeps no copy (kept results' budget)
+            if run.id in started:
+                forgotten.add(run.id)  # its final record is still to come: forgotten right after it
+            else:
+                await store.delete_run(run.id)
             return
         if event == "started":
             written = started[run.id] = anyio.Event()
@@ -65,8 +72,6 @@ def observer(app: App) -> Any:
         first_written = started.get(run.id)
         if first_written is not None:  # every later record after the first, in order
             await first_written.wait()
-            if event == "finished":
-                del started[run.id]
         state: RunState
         answer: dict[str, Any] | None = None
         if event != "finished":
@@ -81,7 +86,16 @@ def observer(app: App) -> Any:
             except KernelexecError as exc:  # what get_run answers for a failed run: a tool error
                 result, state = error(str(exc)), "failed"
             answer = wire(result)
-        await store.put_run(RunRecord(run.id, run.session.handle, run.session.owner, state, answer))
+        try:
+            await store.put_run(RunRecord(run.id, run.session.handle, run.session.owner, state, answer))
+        finally:
+            if event == "finished":
+                started.pop(run.id, None)
+                if run.id in forgotten:
+                    forgotten.discard(run.id)
+                    await store.delete_run(run.id)
+                else:  # the kept finished results: the last KEEP_FINISHED per token, here as in memory
+                    await store.prune_runs(owner=run.session.owner, keep=KEEP_FINISHED)
 
     return record
 

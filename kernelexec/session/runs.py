@@ -495,8 +495,11 @@ class RunRegistry:
 
     def forget(self, run: Run) -> None:
         """Drop a run whose answer its own call returned (no get_run will ask), so the finished runs kept
-        for get_run are the ones that yielded or ran in the background."""
+        for get_run are the ones that yielded or ran in the background. The observers are told (the store forgets
+        it too), off the answer's path."""
         self._runs.pop(run.id, None)
+        if self.observers and self._tg is not None:
+            self._tg.start_soon(self._notify, run, "forgotten")
 
     async def wait(self, run: Run, wait_s: float) -> bool:
         with anyio.move_on_after(wait_s):

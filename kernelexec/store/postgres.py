@@ -246,6 +246,24 @@ class PostgresStore:
         result: int = await self._run(lose, "cannot mark the unfinished runs lost")
         return result
 
+    async def delete_run(self, run_id: str) -> None:
+        async def delete(cur: Any) -> None:
+            await cur.execute("DELETE FROM runs WHERE id = %s", (run_id,))
+
+        await self._run(delete, "cannot forget a run", single=True)
+
+    async def prune_runs(self, *, owner: str | None, keep: int) -> int:
+        async def prune(cur: Any) -> int:
+            await cur.execute(
+                """DELETE FROM runs WHERE id IN (SELECT id FROM runs WHERE owner IS NOT DISTINCT FROM %s
+                   AND state IN ('finished', 'failed', 'lost') ORDER BY updated DESC, id DESC OFFSET %s)""",
+                (owner, max(0, keep)))
+            count: int = cur.rowcount
+            return count
+
+        result: int = await self._run(prune, "cannot prune the kept runs", single=True)
+        return result
+
     # tasks
 
     async def put_task(self, record: TaskRecord) -> None:

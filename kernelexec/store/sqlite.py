@@ -241,6 +241,14 @@ class SQLiteStore:
         params: tuple[Any, ...] = (now, *UNFINISHED, *((session,) if session is not None else ()))
         return await self._write(lambda db: db.execute(f"UPDATE runs SET state = 'lost', updated = ? WHERE {where}", params).rowcount)
 
+    async def delete_run(self, run_id: str) -> None:
+        await self._write(lambda db: db.execute("DELETE FROM runs WHERE id = ?", (run_id,)))
+
+    async def prune_runs(self, *, owner: str | None, keep: int) -> int:
+        return await self._write(lambda db: db.execute(
+            """DELETE FROM runs WHERE id IN (SELECT id FROM runs WHERE owner IS ? AND state IN ('finished', 'failed', 'lost')
+               ORDER BY updated DESC, id DESC LIMIT -1 OFFSET ?)""", (owner, max(0, keep))).rowcount)
+
     # tasks
 
     async def put_task(self, record: TaskRecord) -> None:
