@@ -165,7 +165,7 @@ async def test_a_kernel_killed_from_outside_while_idle_is_restarted_and_reported
     r = await h.run("1 + 1", session=s, timeout=30)
     assert r["result"] == 2
     # noticed by the background check, by the liveness check before the call, or as the call starts
-    assert "had died" in r["restart_reason"] and "lost" in r["restart_reason"], r
+    assert "had died" in r["restart_reason"] and "restored state from the checkpoint" in r["restart_reason"], r
     await follow_up_works(h, s)
 
 

@@ -20,7 +20,7 @@ from kernelexec.server.app import RUN_PYTHON_TIMEOUT, App, exposed_tools, info, 
 from kernelexec.server.render import Rendered
 from kernelexec.server.results import ExecuteResult, InstalledPackage, InstallResult, RunPythonResult, SessionInfo, VariablesResult
 from kernelexec.server.view import VIEW_META
-from kernelexec.session.restore import describe_replayed
+from kernelexec.session.restore import RestoreReport, describe_replayed
 from kernelexec.session.runs import Run
 from kernelexec.session.session import Session
 
@@ -165,13 +165,17 @@ def _session_tools(app: App) -> dict[str, Any]:
         session: SessionArg = None,
         replay: Annotated[bool, Field(description="Rebuild state: run the session's successful cells since its last plain restart again "
                                       "(their side effects happen again too); the answer lists them")] = False,
+        restore: Annotated[bool, Field(description="Rebuild state from the checkpoint: variables loaded as they were, and "
+                                       "only the cells that made what could not be saved run again; the answer says which")] = False,
     ) -> SessionInfo:
-        """Restart the session's kernel: all variables are lost (unless replay rebuilds them); the notebook record stays."""
+        """Restart the session's kernel: all variables are lost (unless restore or replay rebuilds them); the notebook record stays."""
         target = await app.resolve(ctx, session)
-        replayed = await target.restart(replay=replay)
+        done = await target.restart(replay=replay, restore=restore)
         restarted = info(target, "restarted")
-        if replay:
-            restarted.replayed, restarted.detail = replayed, describe_replayed(replayed)
+        if isinstance(done, RestoreReport):
+            restarted.restored, restarted.detail = done, done.detail
+        elif replay:
+            restarted.replayed, restarted.detail = done, describe_replayed(done)
         return restarted
 
     @translated
