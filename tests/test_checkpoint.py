@@ -6,6 +6,7 @@ in a cell, a timeout's restart)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -134,3 +135,96 @@ async def test_x_equals_1_writes_nothing_when_nothing_changed(harness: Harness) 
     await harness.run("print('hello')", session=s)
     await settled(harness, s)
     assert manifest.stat().st_mtime_ns == before
+
+
+# --- fork ------------------------------------------------------------------------------------------------
+
+
+async def test_a_fork_has_the_variables_and_the_record_and_each_changes_alone(harness: Harness) -> None:
+    s = await harness.new_session()
+    await harness.run("shared = [1, 2]\nsource = open('in.txt', 'w')", session=s)
+    await harness.run("n = 5", session=s)
+    forked = await harness.call("fork_session", session=s)
+    info = forked.structured_content
+    assert not forked.is_error, forked.content
+    f = info["session"]
+    assert f != s and info["forked_from"] == s and info["status"] == "forked"
+    assert {"shared", "n"} <= set(info["restored"]["restored"]), info
+    assert [c["cell"] for c in info["restored"]["reran"]] == [1], info  # the open file made again, in the fork's own dir
+    await harness.run("shared.append('fork only')\nn = 6", session=f)
+    await harness.run("shared.append('source only')", session=s)
+    assert (await harness.run("result = (shared, n, source.name)", session=f))["result"] == [[1, 2, "fork only"], 6, "in.txt"]
+    assert (await harness.run("result = (shared, n)", session=s))["result"] == [[1, 2, "source only"], 5]
+    assert (harness.settings.sessions_dir / f / "work" / "in.txt").exists()
+    nb = json.loads((harness.settings.sessions_dir / f / "notebook.ipynb").read_text())
+    assert nb["metadata"]["kernelexec"]["forked_from"]["session"] == s
+    assert [c["source"] for c in nb["cells"] if c["cell_type"] == "code"][:2] == [
+        "shared = [1, 2]\nsource = open('in.txt', 'w')", "n = 5"]
+
+
+# --- the host rule: a checkpoint is data its own kernel wrote --------------------------------------------
+
+EVIL = """
+import pickle, os
+class Evil:
+    def __init__(self, path):
+        self.path = path
+    def __reduce__(self):
+        return (exec, (f"open({self.path!r}, 'w').write('ran')",))
+inside = os.path.abspath('inside-marker')
+outside = OUTSIDE
+manifest = {"version": 1, "vars": {"evil_in": {"file": "evil_in.pkl", "bytes": 1},
+                                   "evil_out": {"file": "evil_out.pkl", "bytes": 1}}, "unsaved": {}}
+"""
+
+
+async def test_a_forged_checkpoint_runs_only_inside_its_own_sandbox(harness: Harness) -> None:
+    outside = harness.settings.state_dir / "outside-marker"
+    s, other = await harness.new_session(), await harness.new_session()
+    await harness.run("y = 1", session=other)
+    await settled(harness, other)
+    await harness.run(EVIL.replace("OUTSIDE", repr(str(outside))), session=s)
+    await settled(harness, s)  # the kernel's save of this cell is done; now the forgery, as the cell's last word
+    await harness.run("d = os.path.join(os.path.dirname(os.getcwd()), 'checkpoint')\n"
+                      "open(os.path.join(d, 'evil_in.pkl'), 'wb').write(pickle.dumps(Evil(inside)))\n"
+                      "open(os.path.join(d, 'evil_out.pkl'), 'wb').write(pickle.dumps(Evil(outside)))\n"
+                      "open(os.path.join(d, 'manifest.json'), 'w').write(__import__('json').dumps(manifest))\n"
+                      "_kernelexec_checkpoint_pause()",  # its own kernel writes nothing more over the forgery
+                      session=s)
+    # the other session dies and comes back: it loads its own checkpoint only
+    os.kill(pid_of(harness, other), signal.SIGKILL)
+    await anyio.sleep(0.5)
+    r = await harness.run("result = y", session=other)
+    assert r["result"] == 1 and r["restored"]["restored"] == ["y"]
+    assert not (harness.settings.sessions_dir / other / "work" / "inside-marker").exists()
+    # its own session: loaded inside its kernel, under its sandbox — the marker only where the cell could write
+    os.kill(pid_of(harness, s), signal.SIGKILL)
+    await anyio.sleep(0.5)
+    r = await harness.run("result = 1", session=s)
+    assert (harness.settings.sessions_dir / s / "work" / "inside-marker").read_text() == "ran"
+    assert not outside.exists(), "a forged checkpoint wrote outside its session"
+    assert "evil_out" in r["restored"]["why"] and "evil_out" in r["restored"]["lost"], r["restored"]
+    assert "Error" in r["restored"]["why"]["evil_out"]  # reported (the guard or the OS refused it), never trusted
+
+
+async def test_a_checkpoint_file_that_is_a_symlink_is_refused_by_fork_and_by_restore(harness: Harness) -> None:
+    victim, s = await harness.new_session(), await harness.new_session()
+    await harness.run("secret = 'victim'", session=victim)
+    await settled(harness, victim)
+    await harness.run("mine = 1", session=s)
+    status = await settled(harness, s)
+    assert status["saved"] == ["mine"]
+    ckpt = harness.settings.sessions_dir / s / "checkpoint"
+    victim_file = next((harness.settings.sessions_dir / victim / "checkpoint").glob("secret.*.pkl"))
+    # as a kernel that got around its guard could: the manifest names a link to another session's pickle
+    (ckpt / "secret.1.1.pkl").symlink_to(victim_file)
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["vars"]["secret"] = {"file": "secret.1.1.pkl", "bytes": 10}
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    refused = await harness.call("fork_session", session=s)
+    assert refused.is_error and "not a regular file" in refused.content[0].text, refused.content
+    info = await harness.call("restart_session", session=s, restore=True)
+    restored = info.structured_content["restored"]
+    assert restored["restored"] == ["mine"] and "secret" in restored["why"], restored
+    r = await harness.client.call_tool("execute_code", {"code": "secret", "session": s})
+    assert r.structured_content["error_type"] == "NameError"

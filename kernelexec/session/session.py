@@ -23,6 +23,7 @@ from kernelexec.config import Settings
 from kernelexec.environment.interpreter import Environment, project_modules
 from kernelexec.environment.packages import InstallError, InstallOutcome, check_allowed, install, installed_record, parse_specs, pip_lines
 from kernelexec.errors import InvalidRequest, SessionError
+from kernelexec.host import copy_kernel_files
 from kernelexec.kernel.driver import Kernel, OnOutput
 from kernelexec.kernel.execution import CellError, Execution, ResultRule
 from kernelexec.kernel.launch import LaunchSpec
@@ -375,6 +376,33 @@ class Session:
             self.recorder.mark("restore", f"kernel restarted by restart_session; {describe_replayed(replayed)}",
                                replayed=[r.model_dump() for r in replayed])
             return replayed
+
+    async def fork_from(self, source: Session) -> RestoreReport | None:
+        """Make this new session (same owner, checked by the caller) a fork of ``source``: its checkpoint copied
+        here as opaque bytes (``host.copy_kernel_files``: never read, no link followed), its record up to now
+        copied (working directories in it moved to this session's), then this kernel refilled from the copy.
+        Nothing is shared afterwards: each has its own files, kernel and record."""
+        s = self.settings
+        async with source.lock:
+            if source.kernel is not None and await source.kernel.is_alive():  # its last save written first
+                await source.kernel.evaluate("_kernelexec_checkpoint_status()", timeout=max(60.0, s.default_timeout))
+            cells = await anyio.to_thread.run_sync(source.recorder.cells)
+            cap = int(s.checkpoint_mb * 1_000_000) + 10_000_000  # the manifest and the pickles' slack
+            await anyio.to_thread.run_sync(lambda: copy_kernel_files(source.dirs.checkpoint, self.dirs.checkpoint,
+                                                                     max_bytes=cap))
+        old, new = str(source.dirs.root), str(self.dirs.root)
+        for cell in cells:
+            meta = cell.get("metadata", {}).get("kernelexec") if isinstance(cell.get("metadata"), dict) else None
+            cwd = meta.get("cwd") if isinstance(meta, dict) else None
+            if isinstance(cwd, str) and (cwd == old or cwd.startswith(old + "/")):
+                meta["cwd"] = new + cwd[len(old):]  # type: ignore[index]
+        forked = {"session": source.handle, "cells": len(cells), "at": time.time()}
+        await anyio.to_thread.run_sync(lambda: self.recorder.adopt(cells, forked_from=forked))
+        async with self.lock:
+            self._epoch = None  # a pooled kernel started before the copy: refilled now
+            await self.ensure_kernel()
+            report, self.restored, self.notice = self.restored, None, None
+        return report
 
     async def stop_kernel(self) -> None:
         """Shut the kernel down (idle reaping, close); the directory and notebook stay."""
