@@ -29,24 +29,49 @@ MANIFEST = "manifest.json"
 _SKIP_TYPES = (types.ModuleType,)
 
 
+def _root(node: ast.AST) -> str | None:
+    """``df`` of ``df``, ``df.a.b``, ``df['x'][0]``."""
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
 def _names(cell: str) -> tuple[set[str], set[str]] | None:
-    """(names the cell's top level may bind, every name it reads); None when it does not parse."""
+    """(names the cell may bind, names it may have changed in place); None when it does not parse. In place:
+    the root of an assigned or deleted attribute or item (``df['x'] = …``, ``del d[k]``, ``a.b += 1``), of a
+    method called (``lst.append(…)``, ``df.drop(…, inplace=True)``), or a name passed to a call (``f(lst)``).
+    A name only read (``float(df['e'].iloc[-1])``) is not saved again."""
     try:
         tree = ast.parse(cell)
     except (SyntaxError, ValueError):
         return None
     wrote: set[str] = set()
-    read: set[str] = set()
+    changed: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
-            (wrote if isinstance(node.ctx, (ast.Store, ast.Del)) else read).add(node.id)
+            if isinstance(node.ctx, (ast.Store, ast.Del)):
+                wrote.add(node.id)
+        elif isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            root = _root(node)
+            if root is not None:
+                changed.add(root)
+        elif isinstance(node, ast.Call):
+            if isinstance(node.func, ast.Attribute):
+                root = _root(node.func.value)
+                if root is not None:
+                    changed.add(root)
+            for arg in [*node.args, *(k.value for k in node.keywords)]:
+                if isinstance(arg, ast.Starred):
+                    arg = arg.value
+                if isinstance(arg, ast.Name):
+                    changed.add(arg.id)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             wrote.add(node.name)
         elif isinstance(node, ast.alias):
             wrote.add((node.asname or node.name).partition(".")[0])
         elif isinstance(node, ast.Global):
             wrote.update(node.names)
-    return wrote, read
+    return wrote, changed
 
 
 class Checkpointer:
@@ -103,7 +128,7 @@ class Checkpointer:
             if found is None:
                 changed = set(new)  # a cell we cannot read (magics): everything may have changed
             else:
-                # read or bound by the cell: perhaps changed in place (df.drop(..., inplace=True), lst.append)
+                # bound by the cell, or perhaps changed in place (df.drop(..., inplace=True), lst.append, f(lst))
                 changed |= (found[0] | found[1]) & set(new)
             gone = (set(self.entries) | set(self.unsaved)) - set(new)
             self.ids = new
@@ -147,7 +172,7 @@ class Checkpointer:
             if total + len(blob) > self.cap:
                 unsaved[name] = f"over the checkpoint cap ({len(blob):,} bytes; {total:,} of {self.cap:,} used)"
                 continue
-            file = f"{name}.{os.getpid()}.{self.seq}.pkl"
+            file = f"{name}.{os.urandom(6).hex()}.{self.seq}.pkl"  # never a name an older manifest uses
             self._write(file, blob)
             written.append(file)
             entries[name] = {"file": file, "bytes": len(blob)}
@@ -155,7 +180,7 @@ class Checkpointer:
         manifest = {"version": 1, "vars": entries, "unsaved": unsaved, "bytes": total, "cap": self.cap}
         self._write(MANIFEST, json.dumps(manifest).encode())
         self.entries, self.unsaved = entries, unsaved
-        self._remove(drop)
+        self._remove([f for f in drop if f not in written])
 
     def _write(self, name: str, data: bytes) -> None:
         assert self.dir is not None

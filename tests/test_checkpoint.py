@@ -59,6 +59,12 @@ async def test_os_exit_in_a_cell(harness: Harness) -> None:
     r = await harness.run("result = (len(big), y)", session=s)
     assert r["result"] == [100_000, "kept"], r
     assert r["restored"]["reran"] == [], r["restored"]
+    # twice: the new kernel's own saves never remove what its manifest names (it once did, by reusing a file name)
+    await harness.run("big.append(1)", session=s)
+    await settled(harness, s)
+    await harness.client.call_tool("execute_code", {"code": "import os\nos._exit(3)", "session": s})
+    r = await harness.run("result = (len(big), y)", session=s)
+    assert r["result"] == [100_001, "kept"] and r["restored"]["reran"] == [], r["restored"]
 
 
 async def test_timeout_restart_then_restore(short_tmp: Path) -> None:
