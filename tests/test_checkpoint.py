@@ -234,3 +234,14 @@ async def test_a_checkpoint_file_that_is_a_symlink_is_refused_by_fork_and_by_res
     assert restored["restored"] == ["mine"] and "secret" in restored["why"], restored
     r = await harness.client.call_tool("execute_code", {"code": "secret", "session": s})
     assert r.structured_content["error_type"] == "NameError"
+
+
+async def test_idle_reaping_then_the_next_call_finds_the_variables(harness: Harness) -> None:
+    s = await harness.new_session()
+    await harness.run("kept = {'k': 1}", session=s)
+    await settled(harness, s)
+    session = harness.sessions.sessions[s]
+    async with session.lock:
+        await session.stop_kernel()  # what the idle reaper does
+    r = await harness.run("result = kept", session=s)
+    assert r["result"] == {"k": 1} and r["restored"]["restored"] == ["kept"], r

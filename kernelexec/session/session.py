@@ -132,6 +132,7 @@ class Session:
             if not self.reserved and self.admit is not None:
                 self.admit(self)  # raises at the session limits; reserves otherwise
             self.reserved = True
+            self._epoch = None  # a new Kernel may reuse the old one's id(): never taken for the old process
             kernel = new_kernel(self.settings, self.launch_spec())
             try:
                 await kernel.start()
@@ -407,6 +408,7 @@ class Session:
     async def stop_kernel(self) -> None:
         """Shut the kernel down (idle reaping, close); the directory and notebook stay."""
         kernel, self.kernel = self.kernel, None
+        self._epoch = None
         self.reserved = False
         if kernel is not None:
             connections.withdraw(self.settings.state_dir, self.handle)
