@@ -50,15 +50,28 @@ async def bench_durable(plan: Any, base: Path, out: list[Measurement]) -> None:
     n = 20 if quick else 60
     rounds = 2 if quick else 4
     log(f"[durable] per-cell overhead: {n} calls each, checkpoints on and off")
-    x_on = await _per_cell(base, 1024, "x = 1", n)
-    x_off = await _per_cell(base, 0, "x = 1", n)
     mb_code = "a = np.full(125_000, I, dtype=np.float64)"  # 1 MB, a new object each cell
-    m_on = await _per_cell(base, 1024, mb_code, n)
-    m_off = await _per_cell(base, 0, mb_code, n)
+    x_on: list[float] = []
+    x_off: list[float] = []
+    i_on: list[float] = []
+    i_off: list[float] = []
+    m_on: list[float] = []
+    m_off: list[float] = []
+    for _ in range(2):  # on and off alternate in blocks, so drift on a shared box hits both
+        x_on += await _per_cell(base, 1024, "x = 1", n // 2)
+        x_off += await _per_cell(base, 0, "x = 1", n // 2)
+        i_on += await _per_cell(base, 1024, "x = I", n // 2)
+        i_off += await _per_cell(base, 0, "x = I", n // 2)
+        m_on += await _per_cell(base, 1024, mb_code, n // 2)
+        m_off += await _per_cell(base, 0, mb_code, n // 2)
     out += [
         Measurement("durable: x=1, checkpoints off", "ms", x_off, note="--checkpoint-mb 0"),
         Measurement("durable: x=1, checkpoints on", "ms", x_on, baseline="durable: x=1, checkpoints off",
-                    note="nothing new to save after the first call with a new x; the save runs after the answer"),
+                    note="x bound again to the same object: nothing to save, no thread started"),
+        Measurement("durable: x=i (a new int each cell), checkpoints off", "ms", i_off),
+        Measurement("durable: x=i (a new int each cell), checkpoints on", "ms", i_on,
+                    baseline="durable: x=i (a new int each cell), checkpoints off",
+                    note="one small pickle + manifest written by a thread after the answer"),
         Measurement("durable: 1 MB change per cell, checkpoints off", "ms", m_off),
         Measurement("durable: 1 MB change per cell, checkpoints on", "ms", m_on,
                     baseline="durable: 1 MB change per cell, checkpoints off", note="one 1 MB numpy array rebound per cell"),

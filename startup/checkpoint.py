@@ -87,7 +87,9 @@ class Checkpointer:
         self.active = bool(self.dir) and not self._exists(MANIFEST)
         self.entries: dict[str, dict[str, Any]] = {}  # name -> {"file", "bytes"} | {"module"}
         self.unsaved: dict[str, str] = {}  # name -> why it was not saved
-        self.ids: dict[str, int] = {}
+        # the objects the names held after the last cell: held (not their id()s, which a new object could reuse),
+        # so an object is compared by identity; a deleted one is freed at the end of the next cell
+        self.seen: dict[str, Any] = {}
         self.seq = 0
         self.thread: threading.Thread | None = None
         self.error: str | None = None
@@ -122,16 +124,17 @@ class Checkpointer:
             ns = self._user_names()
             cell = getattr(getattr(outcome, "info", None), "raw_cell", "") or ""
             found = _names(cell) if cell else (set(), set())
-            old = self.ids
-            new = {k: id(v) for k, v in ns.items()}
-            changed = {k for k, i in new.items() if old.get(k) != i}
+            old = self.seen
+            new = ns
+            changed = {k for k, v in new.items() if k not in old or old[k] is not v}
             if found is None:
                 changed = set(new)  # a cell we cannot read (magics): everything may have changed
             else:
-                # bound by the cell, or perhaps changed in place (df.drop(..., inplace=True), lst.append, f(lst))
-                changed |= (found[0] | found[1]) & set(new)
+                # perhaps changed in place (df.drop(..., inplace=True), lst.append, f(lst)); a name bound again
+                # to the same object (x = 1 again) is not saved again
+                changed |= found[1] & set(new)
             gone = (set(self.entries) | set(self.unsaved)) - set(new)
-            self.ids = new
+            self.seen = new
             if not changed and not gone:
                 return  # x = 1 again with the same object, print(...): nothing to save
             values = {k: ns[k] for k in changed}
@@ -214,7 +217,7 @@ class Checkpointer:
         """A clean kernel by the user's wish (a plain restart): the old checkpoint is dropped."""
         self.wait()
         old = [e["file"] for e in self.entries.values() if "file" in e]
-        self.entries, self.unsaved, self.ids = {}, {}, {}
+        self.entries, self.unsaved, self.seen = {}, {}, {}
         self.active = True
         if self.dir:
             try:
@@ -275,10 +278,10 @@ class Checkpointer:
         if names is None:
             self.entries = {k: v for k, v in kept.items() if "bytes" in v and isinstance(v["bytes"], int) or "module" in v}
             self.unsaved = {k: v for k, v in unsaved.items() if k not in self.entries}
-            self.ids = {k: id(v) for k, v in self._user_names().items()}
+            self.seen = self._user_names()
             self.active = True
         else:
-            self.ids.update({k: id(ns[k]) for k in restored})
+            self.seen.update({k: ns[k] for k in restored})
         return {"restored": sorted(restored), "failed": failed,
                 "unsaved": {k: v for k, v in unsaved.items() if names is None or k in names}}
 

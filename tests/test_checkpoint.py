@@ -245,3 +245,24 @@ async def test_idle_reaping_then_the_next_call_finds_the_variables(harness: Harn
         await session.stop_kernel()  # what the idle reaper does
     r = await harness.run("result = kept", session=s)
     assert r["result"] == {"k": 1} and r["restored"]["restored"] == ["kept"], r
+
+
+async def test_a_name_rebound_to_a_new_object_at_the_old_ones_address_is_saved(harness: Harness) -> None:
+    s = await harness.new_session()
+    await harness.run("x = [1]", session=s)
+    await harness.run("x = None\nx = [2]", session=s)  # the new list may reuse the freed one's id() if nothing held it
+    await settled(harness, s)
+    os.kill(pid_of(harness, s), signal.SIGKILL)
+    await anyio.sleep(0.5)
+    assert (await harness.run("result = x", session=s))["result"] == [2]
+
+
+async def test_strict_profile_checkpoints_and_restores(short_tmp: Path) -> None:
+    async with serving(make_settings(short_tmp, profile="strict")) as h:
+        s = await h.new_session()
+        await h.run("import collections\ncounts = collections.Counter('abca')", session=s)
+        await settled(h, s)
+        os.kill(pid_of(h, s), signal.SIGKILL)
+        await anyio.sleep(0.5)
+        r = await h.run("result = counts['a']", session=s)
+        assert r["result"] == 2 and "counts" in r["restored"]["restored"], r["restored"]
