@@ -109,13 +109,15 @@ class Checkpointer:
                 if not k.startswith("_") and k not in hidden and k.isidentifier()}
 
     def pre_run_cell(self, info: Any) -> None:
-        self.wait()
+        try:
+            self.wait()
+        except Exception as exc:  # noqa: BLE001 - a checkpoint never breaks a cell
+            self.error = repr(exc)[:300]
 
     def wait(self) -> None:
-        thread = self.thread
+        thread, self.thread = self.thread, None
         if thread is not None:
             thread.join()
-            self.thread = None
 
     def post_run_cell(self, outcome: Any) -> None:
         if not self.active or not self.dir or self.cap <= 0:
@@ -138,9 +140,13 @@ class Checkpointer:
             if not changed and not gone:
                 return  # x = 1 again with the same object, print(...): nothing to save
             values = {k: ns[k] for k in changed}
-            self.thread = threading.Thread(target=self._save, args=(values, gone), name="kernelexec-checkpoint",
-                                           daemon=True)
-            self.thread.start()
+            thread = threading.Thread(target=self._save, args=(values, gone), name="kernelexec-checkpoint", daemon=True)
+            try:
+                thread.start()
+            except RuntimeError:  # no thread to be had (--max-processes reached, no memory): saved in the next one
+                self.seen = {k: v for k, v in old.items()}
+                raise
+            self.thread = thread
         except Exception as exc:  # noqa: BLE001 - a checkpoint never breaks a cell
             self.error = repr(exc)[:300]
 

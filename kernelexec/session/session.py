@@ -150,7 +150,8 @@ class Session:
                 report = await self.refill()
                 why = "session revived after a server restart in a new kernel" if revived else "the kernel was replaced"
                 self.restored = report
-                before = (self.notice or "").replace("; variables from earlier calls are lost", "")
+                before = (self.notice or "").replace("; variables from earlier calls are lost", "").replace(
+                    " and earlier variables are lost", "")
                 self.notice = f"{before or why}; {report.detail}"
                 await anyio.to_thread.run_sync(lambda: self.recorder.mark(
                     "revive" if revived else "restore", f"{why}; {report.detail}", restored=report.model_dump()))
