@@ -37,6 +37,8 @@ Sections (each starts and stops its own kernels, so they do not compete for the 
 12. codemode      a brokered ``mcp_tools`` call's round trip (timed in the cell) vs a direct SDK client call to the
                   same upstream server, HTTP and stdio; characters the model reads for a 50-call task done as 50
                   direct tool calls vs one cell; execute_code's description with code mode on (benchmarks/codemode.py).
+13. durable       checkpoint overhead per cell (x=1, a 1 MB change) on vs off; a 50 MB DataFrame back after os._exit;
+                  fork_session; restart_session(restore=true) vs (replay=true) (benchmarks/durable.py).
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ from benchmarks.common import (
     stdio_server_pid,
     tree_rss_mb,
 )
+from benchmarks.durable import bench_durable
 from benchmarks.environments import bench_environments_section
 from benchmarks.flood import bench_flood
 from benchmarks.layers import bench_layers_section
@@ -477,6 +480,7 @@ SECTIONS = {
     "flood": [bench_flood],
     "answers": [bench_answers],
     "codemode": [bench_codemode],
+    "durable": [bench_durable],
 }
 
 

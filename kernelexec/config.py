@@ -110,6 +110,9 @@ class Settings(BaseSettings):
     stream_chars: int = Field(20000, ge=100, description="stdout/stderr longer than this are cut head+tail in the answer; the whole is kept in a file.")
     kernel_stream_cap: int = Field(1_000_000, ge=1000, description="Characters per stream per cell the kernel forwards; the rest goes to a file.")
     kernel_disk_cap: int = Field(64_000_000, ge=0, description="Characters per stream per cell kept on disk beyond the forwarded part.")
+    checkpoint_mb: float = Field(
+        1024.0, ge=0, description="Megabytes of pickled variables a session's kernel keeps in its checkpoint (restored when "
+        "its kernel is replaced); what would exceed it is left out and named. 0 = no checkpoints.")
     max_code_bytes: int = Field(1_000_000, ge=1, description="Largest code a call may send.")
     max_sessions: int = Field(16, ge=1, description="Most live sessions (kernels) at once.")
     idle_timeout: float = Field(3600.0, ge=0, description="Shut down a session's kernel after this many idle seconds (0 = never).")

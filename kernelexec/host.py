@@ -27,6 +27,7 @@ import contextlib
 import fnmatch
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -242,3 +243,45 @@ def system_which(name: str) -> str | None:
 
 
 __all__ = ["KernelReach", "check_reach", "run_python", "python_argv", "system_which", "PROTECTED_NAMES"]
+
+
+def copy_kernel_files(source: Path, target: Path, *, max_bytes: int, suffixes: tuple[str, ...] = (".json", ".pkl")) -> list[str]:
+    """Copy the regular files directly in ``source`` (a directory a kernel writes: a checkpoint) into
+    ``target`` as opaque bytes, never reading them as anything: no symlink followed at either end (a link
+    planted by a kernel is refused, not copied through), nothing but regular files, names of one path
+    component ending in ``suffixes``, at most ``max_bytes`` in all. Returns the names copied; raises
+    InvalidRequest on a symlink, a special file or the size cap."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    src_dir = os.open(source, flags | os.O_DIRECTORY)
+    copied: list[str] = []
+    total = 0
+    try:
+        os.makedirs(target, mode=0o700, exist_ok=True)
+        dst_dir = os.open(target, flags | os.O_DIRECTORY)
+        try:
+            for name in sorted(os.listdir(src_dir)):
+                if not name.endswith(suffixes) or "/" in name or name.startswith("."):
+                    continue
+                try:
+                    fd = os.open(name, flags | os.O_NONBLOCK, dir_fd=src_dir)
+                except OSError as exc:  # ELOOP: a symlink
+                    raise InvalidRequest(f"checkpoint file {name!r} refused: not a regular file ({exc.strerror})") from None
+                try:
+                    st = os.fstat(fd)
+                    if not stat.S_ISREG(st.st_mode):
+                        raise InvalidRequest(f"checkpoint file {name!r} refused: not a regular file")
+                    total += st.st_size
+                    if total > max_bytes:
+                        raise InvalidRequest(f"the checkpoint is larger than {max_bytes:,} bytes")
+                    out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dst_dir)
+                    with os.fdopen(out, "wb") as fh:
+                        while chunk := os.read(fd, 1 << 20):
+                            fh.write(chunk)
+                finally:
+                    os.close(fd)
+                copied.append(name)
+        finally:
+            os.close(dst_dir)
+    finally:
+        os.close(src_dir)
+    return copied

@@ -18,7 +18,8 @@ SLOTS = ("k", "s")  # a session's kernel slots: "k" first, "s" for a warm spare 
 # privileges: a kernel able to plant a symlink there could make the server write anywhere.
 # ipc/ holds the kernel's sockets: the kernel may only create sockets there (no symlinks, no
 # removals), or it could point the server's reconnecting zmq client at any host socket.
-KERNEL_SUBDIRS = ("work", "home", "tmp", "spill")
+# checkpoint/ holds the kernel's pickled variables (startup/checkpoint.py): data only the session's own kernels load.
+KERNEL_SUBDIRS = ("work", "home", "tmp", "spill", "checkpoint")
 IPC_SUBDIR = "ipc"
 # IPYTHONDIR is server-made and read-only to the kernel: IPython runs profile startup files before
 # our exec_files, so a writable one would let a cell disarm the next restarted kernel.
@@ -81,6 +82,12 @@ class SessionDirs:
     def spill(self) -> Path:
         """Where the kernel itself writes what its caps cut (long results, stream floods)."""
         return self.root / "spill"
+
+    @property
+    def checkpoint(self) -> Path:
+        """The kernel's checkpoint (manifest.json and one pickle per variable): kernel-written, loaded only
+        inside a kernel of this session or its fork; the server copies it (fork) but never reads it."""
+        return self.root / "checkpoint"
 
     @property
     def ipc(self) -> Path:

@@ -45,7 +45,15 @@ def _kernelexec_boot() -> None:
         import tempfile
 
         tempfile.gettempdir()  # probes by writing a file: cache it before writes may be refused
-        runtime.bypass = guard.install(policy)
+        checkpoints = load("checkpoint").Checkpointer(shell, policy, bypass=None)
+        runtime.bypass = checkpoints.bypass = guard.install(policy)
+        shell.events.register("pre_run_cell", checkpoints.pre_run_cell)
+        shell.events.register("post_run_cell", checkpoints.post_run_cell)  # after the runtime's: the answer first
+        names["_kernelexec_checkpoint_restore"] = lambda only=None: runtime_mod._Report(checkpoints.restore(only))
+        names["_kernelexec_checkpoint_reset"] = lambda: runtime_mod._Report(checkpoints.reset())
+        names["_kernelexec_checkpoint_status"] = lambda: runtime_mod._Report(checkpoints.status())
+        names["_kernelexec_checkpoint_pause"] = lambda: runtime_mod._Report(checkpoints.pause())
+        names["_kernelexec_checkpoint_resume"] = lambda: runtime_mod._Report(checkpoints.resume())
         _kernelexec_after_guard(shell, policy, guard, json, os, sys)  # noqa: F821 - a step below, deleted after boot
         _kernelexec_install_warm(policy, names, sys)  # noqa: F821 - a step below, deleted after boot
         _kernelexec_install_packages(policy, runtime, runtime_mod, names, importlib, os, sys)  # noqa: F821 - a step below, deleted after boot

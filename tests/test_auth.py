@@ -157,3 +157,20 @@ async def test_concurrent_calls_cannot_overshoot_the_session_limits(short_tmp: P
                     tg.start_soon(new)
             assert sum(not r.is_error for r in minted) == 1  # 3 in all: alice's 2 and one of bob's
             assert all("limit" in r.content[0].text for r in minted if r.is_error)
+
+
+async def test_a_session_of_another_token_cannot_be_forked(server: str) -> None:
+    """Forks never cross owners (issue 32): another token's fork_session finds no such session, the owner's works."""
+    async with client(server, ALICE) as alice, client(server, BOB) as bob:
+        mine = await alice.call_tool("new_session", {})
+        handle = mine.structured_content["session"]
+        await alice.call_tool("execute_code", {"code": "secret = 'alice'", "session": handle})
+        stolen = await bob.call_tool("fork_session", {"session": handle})
+        assert stolen.is_error and "unknown session" in stolen.content[0].text
+        forked = await alice.call_tool("fork_session", {"session": handle})
+        assert not forked.is_error, forked.content
+        fork = forked.structured_content["session"]
+        assert (await alice.call_tool("execute_code", {"code": "secret", "session": fork})).structured_content["result"] == "alice"
+        assert (await bob.call_tool("execute_code", {"code": "secret", "session": fork})).is_error
+        for h in (handle, fork):
+            await alice.call_tool("close_session", {"session": h})

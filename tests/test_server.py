@@ -203,7 +203,7 @@ async def test_every_answer_names_its_session_and_notebook(harness: Harness) -> 
 async def test_tools_have_schemas_and_annotations(harness: Harness) -> None:
     tools = {t.name: t for t in (await harness.client.list_tools()).tools}
     assert set(tools) == {"execute_code", "run_python", "list_variables", "new_session", "restart_session",
-                          "close_session", "get_run", "send_input", "interrupt", "install_packages"}
+                          "close_session", "fork_session", "get_run", "send_input", "interrupt", "install_packages"}
     execute = tools["execute_code"]
     assert {"code", "working_dir", "session", "timeout", "background"} <= set(execute.input_schema["properties"])
     assert "success" in execute.output_schema["properties"]

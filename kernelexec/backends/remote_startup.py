@@ -29,7 +29,7 @@ def _kernelexec_remote_boot(args):
     import json, os, site, sys, sysconfig, tempfile
     args = json.loads(args)
     root = os.path.join(tempfile.gettempdir(), "kernelexec-" + args["handle"])
-    for d in ("", "work", "spill", "home", "tmp"):
+    for d in ("", "work", "spill", "home", "tmp", "checkpoint"):
         os.makedirs(os.path.join(root, d), mode=0o700, exist_ok=True)
     if os.stat(root).st_uid != os.getuid():
         raise PermissionError("kernelexec: " + root + " belongs to another user")
@@ -49,6 +49,7 @@ def _kernelexec_remote_boot(args):
 
     policy = args["policy"]
     policy["spill_dir"] = os.path.join(root, "spill")
+    policy["checkpoint_dir"] = os.path.join(root, "checkpoint")
     for key in ("write_roots", "read_roots"):
         if key in policy:
             policy[key] = expand(policy[key])
@@ -102,7 +103,7 @@ def remote_policy(policy: dict[str, Any]) -> dict[str, Any]:
     """The session's policy with the server's paths taken out: the remote kernel puts its own session
     directory (``<session>``) and its own Python's library paths (``<python>``) in their place. The
     server's ``--work-roots`` and ``--read-dirs`` do not exist there and are left out."""
-    remote = {k: v for k, v in policy.items() if k not in ("spill_dir", "packages_dir")}
+    remote = {k: v for k, v in policy.items() if k not in ("spill_dir", "packages_dir", "checkpoint_dir")}
     if "write_roots" in remote:
         remote["write_roots"] = ["<session>"] if remote["write_roots"] else []
     if "read_roots" in remote:
@@ -112,7 +113,8 @@ def remote_policy(policy: dict[str, Any]) -> dict[str, Any]:
 
 def startup_code(policy: dict[str, Any], handle: str) -> str:
     """The one silent cell that installs kernelexec's startup code in a kernel that lacks our files."""
-    sources = {name: startup_file(f"{name}.py").read_text(encoding="utf-8") for name in ("guard", "runtime", "mcp_tools", "kernel_init")}
+    sources = {name: startup_file(f"{name}.py").read_text(encoding="utf-8") for name in ("guard", "runtime", "mcp_tools", "checkpoint",
+                                                                                     "kernel_init")}
     args = {
         "handle": handle,
         "policy": remote_policy(policy),

@@ -90,6 +90,8 @@ def kernel_policy(
     environment_modules: list[str] | None = None,
     packages_dir: Path | None = None,
     figure_formats: list[str] | None = None,
+    checkpoint_dir: Path | None = None,
+    checkpoint_cap: int = 0,
 ) -> dict[str, Any]:
     """The JSON the kernel's startup code reads (``KERNELEXEC_POLICY``). ``environment_paths``: what
     the kernel's interpreter reads (default: kernelexec's own); ``protected``: the environment a cell
@@ -105,6 +107,8 @@ def kernel_policy(
         "stream_cap": stream_cap,
         "disk_cap": disk_cap,
         "figure_formats": list(figure_formats or ["png"]),  # Jupyter's default: png only
+        "checkpoint_dir": str(checkpoint_dir) if checkpoint_dir is not None else None,
+        "checkpoint_cap": checkpoint_cap,  # bytes; 0: no checkpoints
     }
     if profile == "trusted":
         return base | {"allowed_imports": None, "file_io": "all", "warm_imports": list(warm_imports or ())}

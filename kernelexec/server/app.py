@@ -167,7 +167,7 @@ class App:
     def render(self, session: Session, finished: Finished) -> Rendered:
         """A finished cell as the model reads it (text, images, structured), through the session's renderer."""
         return self.renderer(session).render(finished.execution, notebook=str(session.dirs.notebook), layers=finished.layers,
-                               hint=finished.hint)
+                               hint=finished.hint, restored=finished.restored)
 
     def finished_answer(self, run: Run) -> CallToolResult:
         """A finished run's answer, as get_run gives it (and a task's result, tasks.py); a failed run raises."""

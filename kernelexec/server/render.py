@@ -29,6 +29,7 @@ from kernelexec.kernel.collector import strip_ansi
 from kernelexec.kernel.execution import CellError, Execution
 from kernelexec.longtext import cut
 from kernelexec.server.results import ExecuteResult, OutputRef
+from kernelexec.session.restore import RestoreReport
 
 EXTENSIONS = {
     "image/png": "png",
@@ -97,7 +98,7 @@ class Renderer:
         return path, session_file_uri(self.session, name)
 
     def render(self, ex: Execution, *, notebook: str | None, layers: list[str] | None = None,
-               hint: str | None = None) -> Rendered:
+               hint: str | None = None, restored: RestoreReport | None = None) -> Rendered:
         """``hint``: a line added to the error's traceback for the model (how to install a missing module)."""
         self._seq += 1
         stem = f"cell{ex.execution_count if ex.execution_count is not None else 'x'}-{self._seq}"
@@ -127,6 +128,7 @@ class Renderer:
             layers=layers or [],
             environment=self.environment,
             notes=list(ex.notes),
+            restored=restored,
             **streams,
         )
         # the header's profile/python/layers once per session: in the first answer and when one changes

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from kernelexec.session.restore import ReplayedCell
+from kernelexec.session.restore import ReplayedCell, RestoreReport
 
 RunEnding = Literal["completed", "interrupted", "restarted", "kernel_died", "running", "awaiting_input"]
 
@@ -76,6 +76,9 @@ class ExecuteResult(BaseModel):
     layers: list[str] = Field(default_factory=list, description="Isolation layers around this kernel "
                               "(env, rlimits, landlock, seccomp, bubblewrap, netns, cgroup, guard)")
     environment: EnvironmentInfo | None = Field(None, description="The Python environment this ran in (None: a remote backend's own)")
+    restored: RestoreReport | None = Field(None, description="The session's kernel had been replaced (a death, a timeout's "
+                                           "restart, a revival): which variables came back from the checkpoint, which "
+                                           "cells ran again for the rest, what was lost")
     notes: list[str] = Field(default_factory=list, description="What the server did to this cell's output "
                              "(caps it applied, malformed kernel messages it dropped)")
 
@@ -111,6 +114,9 @@ class SessionInfo(BaseModel):
     notebook: str | None = None
     detail: str | None = None
     replayed: list[ReplayedCell] = Field(default_factory=list, description="Cells run again to rebuild state (restart_session with replay)")
+    restored: RestoreReport | None = Field(None, description="restart_session with restore: variables loaded from the "
+                                           "checkpoint, cells run again for the rest, what was lost")
+    forked_from: str | None = Field(None, description="fork_session: the session this one was forked from")
 
 
 class InstalledPackage(BaseModel):

@@ -20,7 +20,7 @@ from kernelexec.server.app import RUN_PYTHON_TIMEOUT, App, exposed_tools, info, 
 from kernelexec.server.render import Rendered
 from kernelexec.server.results import ExecuteResult, InstalledPackage, InstallResult, RunPythonResult, SessionInfo, VariablesResult
 from kernelexec.server.view import VIEW_META
-from kernelexec.session.restore import describe_replayed
+from kernelexec.session.restore import RestoreReport, describe_replayed
 from kernelexec.session.runs import Run
 from kernelexec.session.session import Session
 
@@ -166,13 +166,17 @@ def _session_tools(app: App) -> dict[str, Any]:
         session: SessionArg = None,
         replay: Annotated[bool, Field(description="Rebuild state: run the session's successful cells since its last plain restart again "
                                       "(their side effects happen again too); the answer lists them")] = False,
+        restore: Annotated[bool, Field(description="Rebuild state from the checkpoint: variables loaded as they were, and "
+                                       "only the cells that made what could not be saved run again; the answer says which")] = False,
     ) -> SessionInfo:
-        """Restart the session's kernel: all variables are lost (unless replay rebuilds them); the notebook record stays."""
+        """Restart the session's kernel: all variables are lost (unless restore or replay rebuilds them); the notebook record stays."""
         target = await app.resolve(ctx, session)
-        replayed = await target.restart(replay=replay)
+        done = await target.restart(replay=replay, restore=restore)
         restarted = info(target, "restarted")
-        if replay:
-            restarted.replayed, restarted.detail = replayed, describe_replayed(replayed)
+        if isinstance(done, RestoreReport):
+            restarted.restored, restarted.detail = done, done.detail
+        elif replay:
+            restarted.replayed, restarted.detail = done, describe_replayed(done)
         return restarted
 
     @translated
@@ -196,8 +200,24 @@ def _session_tools(app: App) -> dict[str, Any]:
             session=target.handle, duration_ms=outcome.duration_ms, index=outcome.index, summary=outcome.summary(),
             installed=[InstalledPackage(name=i.name, version=i.version, size=i.size) for i in outcome.installed])
 
+    @translated
+    async def fork_session(ctx: Context, session: SessionArg = None) -> SessionInfo:
+        """A new session of the same owner with the same variables (loaded from the session's checkpoint in a new
+        kernel; what could not be saved made again by its cells) and a copy of its record; each changes alone."""
+        source = await app.resolve(ctx, session)
+        created = await app.sessions.create(owner=source.owner, working_dir=settings.working_dir)
+        try:
+            report = await created.fork_from(source)
+        except BaseException:
+            await app.sessions.close(created.handle, owner=source.owner)
+            raise
+        forked = info(created, "forked")
+        forked.forked_from, forked.restored = source.handle, report
+        forked.detail = f"forked from {source.handle}; " + (report.detail if report is not None else "nothing to restore")
+        return forked
+
     return {"new_session": new_session, "restart_session": restart_session, "close_session": close_session,
-            "install_packages": install_packages}
+            "install_packages": install_packages, "fork_session": fork_session}
 
 
 async def _installed(target: Session, packages: list[str], upgrade: bool) -> tuple[Session, Any]:
@@ -218,6 +238,7 @@ def register(mcp: MCPServer, app: App) -> None:
         "new_session": (fns["new_session"], acting, "New session"),
         "restart_session": (fns["restart_session"], destroying, "Restart session"),
         "close_session": (fns["close_session"], destroying, "Close session"),
+        "fork_session": (fns["fork_session"], acting, "Fork session"),
         "get_run": (fns["get_run"], reading, "Get a background run"),
         "send_input": (fns["send_input"], acting, "Answer a run's input()"),
         "interrupt": (fns["interrupt"], acting, "Interrupt running code"),

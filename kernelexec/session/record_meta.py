@@ -57,6 +57,8 @@ class CellMeta:
     ending: str = "completed"  # one of ENDINGS
     inputs: tuple[RecordedInput, ...] = ()  # the cell's input()/getpass() answers, in order
     tool_calls: tuple[RecordedToolCall, ...] = ()  # code mode: the cell's brokered tool calls, in order
+    wrote: tuple[str, ...] | None = None  # names the cell may bind (None: not recorded; restore reruns for them)
+    read: tuple[str, ...] = ()  # names the cell reads
     ignored: tuple[str, ...] = ()
 
 
@@ -172,6 +174,13 @@ def read_cell_meta(cell: Any) -> CellMeta:
             fields["tool_calls"] = calls
         else:
             ignored.append(f"tool_calls is {_kind(found['tool_calls'])}, not a list of recorded tool calls")
+    if "names" in found:
+        names = found["names"]
+        wrote, read = (names.get("wrote"), names.get("read")) if isinstance(names, dict) else (None, None)
+        if all(isinstance(v, list) and all(isinstance(n, str) and n.isidentifier() for n in v) for v in (wrote, read)):
+            fields["wrote"], fields["read"] = tuple(wrote), tuple(read)  # type: ignore[arg-type]
+        else:
+            ignored.append(f"names is {_kind(names)}, not {{wrote, read}} lists of names")
     return CellMeta(**fields, ignored=tuple(ignored))
 
 

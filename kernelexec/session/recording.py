@@ -261,6 +261,17 @@ class Recorder:
             os.close(fd)
         self._count = number
 
+    def adopt(self, records: list[dict[str, Any]], **meta: Any) -> None:
+        """A fork's record: the source's cells so far copied into this (new, empty) journal, fsynced, and
+        the notebook written again with ``meta`` (``forked_from``) in its metadata."""
+        self.session_meta = {**self.session_meta, **meta}
+        with open(self.journal, "ab") as fh:
+            for record in records:
+                fh.write(_line(record) + b"\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        self.write_notebook()
+
     def journal_count(self) -> int:
         """Complete journal lines (a torn last line, from a crash mid-write, does not count)."""
         return len(self.cells())

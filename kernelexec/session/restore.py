@@ -6,6 +6,8 @@ again, through the live ``Kernel.execute``. Below sessions (which call it) and n
 
 from __future__ import annotations
 
+import ast
+import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -29,6 +31,18 @@ class ReplayedCell(BaseModel):
     first_line: str = Field(description="First line of its code")
     ok: bool = Field(description="It ran without raising this time too")
     error: str | None = Field(None, description="What went wrong this time, when it did")
+    for_names: list[str] = Field(default_factory=list, description="Restore: the variables it was run again for")
+
+
+class RestoreReport(BaseModel):
+    """How a replaced kernel got its variables back: loaded from the checkpoint (inside the kernel),
+    recomputed by running only the recorded cells they depend on, or lost."""
+
+    restored: list[str] = Field(default_factory=list, description="Variables loaded from the checkpoint")
+    reran: list[ReplayedCell] = Field(default_factory=list, description="Recorded cells run again for what the checkpoint lacked")
+    lost: list[str] = Field(default_factory=list, description="Variables neither loaded nor recomputed")
+    why: dict[str, str] = Field(default_factory=dict, description="Why a variable was not loaded from the checkpoint")
+    detail: str = Field("", description="The same in one line")
 
 
 class WorkingDir(Protocol):
@@ -36,6 +50,38 @@ class WorkingDir(Protocol):
 
     cwd: Path
     default_cwd: Path
+
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
+           ast.GeneratorExp)
+
+
+def cell_names(source: str) -> dict[str, list[str]] | None:
+    """The names a cell's top level may bind (``wrote``) and every name it reads (``read``), from its
+    code's syntax (parsed, never run); None when it does not parse as Python (magics)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    wrote: set[str] = set()
+    read: set[str] = set()
+    todo: list[tuple[ast.AST, bool]] = [(tree, True)]
+    while todo:
+        node, top = todo.pop()
+        if isinstance(node, ast.Name):
+            if isinstance(node.ctx, ast.Load):
+                read.add(node.id)
+            elif top and isinstance(node.ctx, ast.Store):
+                wrote.add(node.id)
+        elif isinstance(node, ast.alias) and top:
+            wrote.add((node.asname or node.name).partition(".")[0])
+        elif isinstance(node, ast.Global):
+            wrote.update(node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and top:
+            wrote.add(node.name)
+        inner = top and not isinstance(node, _SCOPES)
+        todo.extend((child, inner) for child in ast.iter_child_nodes(node))
+    return {"wrote": sorted(wrote), "read": sorted(read - wrote) + sorted(read & wrote)}
 
 
 def first_line(source: str, limit: int = 80) -> str:
@@ -86,8 +132,14 @@ async def rerun(
     """Run ``restorable(cells)`` again in ``kernel``, each with its recorded timeout and (for a
     session) in its recorded working directory. Outputs are dropped; what ran is returned. Code mode: a cell's
     brokered tool calls are answered with its recorded results (no server is called again)."""
+    return await _run_cells(kernel, restorable(cells), default_timeout=default_timeout, max_timeout=max_timeout,
+                            grace=grace, session=session)
+
+
+async def _run_cells(kernel: Kernel, chosen: list[tuple[int, dict[str, Any]]], *, default_timeout: float,
+                     max_timeout: float, grace: float, session: WorkingDir | None,
+                     reasons: dict[int, list[str]] | None = None) -> list[ReplayedCell]:
     done: list[ReplayedCell] = []
-    chosen = restorable(cells)
     records = [call for _, cell in chosen for call in read_cell_meta(cell).tool_calls]
     if records:
         catalog = catalog_from_records(records)
@@ -110,7 +162,8 @@ async def rerun(
                                   tools=served.handle if served is not None else None)
         if session is not None and ex.ending in ("restarted", "kernel_died"):
             session.cwd = session.default_cwd
-        done.append(ReplayedCell(cell=number, first_line=first_line(source), ok=ex.success, error=_failure(ex)))
+        done.append(ReplayedCell(cell=number, first_line=first_line(source), ok=ex.success, error=_failure(ex),
+                                 for_names=(reasons or {}).get(number, [])))
     return done
 
 
@@ -124,3 +177,109 @@ def describe_replayed(replayed: list[ReplayedCell]) -> str:
     if failed:
         text += "; failed this time: " + "; ".join(f"cell {r.cell}: {r.error}" for r in failed)
     return text
+
+
+def recompute_plan(chosen: list[tuple[int, dict[str, Any]]], missing: Iterable[str],
+                   present: set[str]) -> tuple[dict[int, list[str]], list[str]]:
+    """Which of the ``chosen`` recorded cells to run again so the ``missing`` names exist again: for each,
+    the last cell that bound it, then (before that cell) the last binders of what it reads and the kernel
+    lacks, and so on. Returns {cell position: the names it runs for} and the names no cell binds (lost).
+    A cell recorded without names (before this record kept them) is taken to bind and read anything."""
+    metas = [(number, read_cell_meta(cell)) for number, cell in chosen]
+    runs: dict[int, list[str]] = {}
+    lost: list[str] = []
+    todo: list[tuple[str, int | None, bool]] = [(name, None, True) for name in sorted(set(missing))]
+    seen: set[tuple[str, int | None]] = set()
+    while todo:
+        name, before, asked = todo.pop(0)
+        if (name, before) in seen:
+            continue
+        seen.add((name, before))
+        writer = next(((n, m) for n, m in reversed(metas)
+                       if (before is None or n < before) and (m.wrote is None or name in m.wrote)), None)
+        if writer is None:
+            if asked:
+                lost.append(name)
+            continue
+        number, meta = writer
+        runs.setdefault(number, [])
+        if asked and name not in runs[number]:
+            runs[number].append(name)
+        for needed in meta.read if meta.wrote is not None else ():
+            if needed not in present:
+                todo.append((needed, number, False))  # a builtin or a name no cell binds: not lost, not asked
+    return dict(sorted(runs.items())), sorted(set(lost))
+
+
+def _report(answer: Any) -> tuple[list[str], dict[str, str]]:
+    """The kernel's answer to ``_kernelexec_checkpoint_restore`` (untrusted): the names it loaded and,
+    by name, why the others were not (identifiers only, texts cut short)."""
+    if not isinstance(answer, dict):
+        return [], {"*": f"the kernel did not restore its checkpoint: {str(answer)[:200]}"}
+    restored = [n for n in answer.get("restored", []) if isinstance(n, str) and n.isidentifier()] \
+        if isinstance(answer.get("restored"), list) else []
+    why: dict[str, str] = {}
+    for key in ("unsaved", "failed"):
+        found = answer.get(key)
+        if isinstance(found, dict):
+            why.update({k: str(v)[:200] for k, v in found.items() if isinstance(k, str) and (k.isidentifier() or k == "*")})
+    return restored[:10_000], dict(list(why.items())[:10_000])
+
+
+async def checkpoint_restore(
+    kernel: Kernel,
+    cells: list[dict[str, Any]],
+    *,
+    default_timeout: float,
+    max_timeout: float,
+    grace: float,
+    session: WorkingDir | None = None,
+) -> RestoreReport:
+    """Refill a new kernel: its checkpoint loaded inside it (``_kernelexec_checkpoint_restore``: the host
+    never reads the checkpoint), then only the recorded cells (since the last plain restart) that bind what
+    the checkpoint lacked, in their order, with checkpointing paused so they cannot overwrite it; names those
+    cells rebound that the checkpoint had are loaded again after them."""
+    timeout = max(60.0, default_timeout)
+    restored, why = _report(await kernel.evaluate("_kernelexec_checkpoint_restore()", timeout=timeout))
+    chosen = restorable(cells)
+    present = set(restored)
+    missing = {n for n in why if n != "*"} - present
+    recorded = {n for _, cell in chosen for n in (read_cell_meta(cell).wrote or ())}
+    missing |= recorded - present - {n for n in recorded if n.startswith("_")}
+    if missing:
+        names = await kernel.evaluate("_kernelexec_variables()")
+        if isinstance(names, list):
+            present |= {v["name"] for v in names if isinstance(v, dict) and isinstance(v.get("name"), str)}
+        missing -= present
+    runs, lost = recompute_plan(chosen, missing, present)
+    reran: list[ReplayedCell] = []
+    if runs:
+        await kernel.evaluate("_kernelexec_checkpoint_pause()")
+        reran = await _run_cells(kernel, [(n, c) for n, c in chosen if n in runs], default_timeout=default_timeout,
+                                 max_timeout=max_timeout, grace=grace, session=session, reasons=runs)
+        clobbered = sorted({n for number, cell in chosen if number in runs
+                            for n in (read_cell_meta(cell).wrote or restored)} & set(restored))
+        if clobbered:
+            await kernel.evaluate(f"_kernelexec_checkpoint_restore({json.dumps(clobbered)})", timeout=timeout)
+        await kernel.evaluate("_kernelexec_checkpoint_resume()")
+        lost += [n for r in reran if not r.ok for n in r.for_names]
+    lost = sorted(set(lost))
+    report = RestoreReport(restored=sorted(restored), reran=reran, lost=lost,
+                           why={k: v for k, v in why.items() if k not in restored})
+    report.detail = describe_restore(report)
+    return report
+
+
+def describe_restore(report: RestoreReport) -> str:
+    """``restored df, model from the checkpoint; re-ran cell 3 for conn; lost: gen``."""
+    parts = []
+    if report.restored:
+        parts.append(f"restored {', '.join(report.restored[:20])}{' …' if len(report.restored) > 20 else ''} from the checkpoint")
+    for r in report.reran:
+        line = f"re-ran cell {r.cell}" + (f" for {', '.join(r.for_names)}" if r.for_names else "")
+        parts.append(line + ("" if r.ok else f" (failed: {r.error})"))
+    if report.lost:
+        parts.append("lost: " + ", ".join(f"{n} ({report.why[n]})" if n in report.why else n for n in report.lost))
+    if "*" in report.why:
+        parts.append(report.why["*"])
+    return "; ".join(parts) if parts else "nothing to restore"

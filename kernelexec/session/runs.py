@@ -46,6 +46,7 @@ from kernelexec.kernel.execution import Execution, ResultRule
 from kernelexec.kernel.stdin import Refusal
 from kernelexec.layout import SessionDirs
 from kernelexec.longtext import live_tail
+from kernelexec.session.restore import RestoreReport
 
 KEEP_FINISHED = 200  # finished runs remembered for get_run
 APPROVED = "approve"  # the answer that approves a tool call (Question.approval)
@@ -79,6 +80,7 @@ class Finished:
     execution: Execution
     layers: list[str] | None = None
     hint: str | None = None
+    restored: RestoreReport | None = None  # the kernel had been replaced: how its variables came back
 
 
 class RunHost(Protocol):

@@ -23,6 +23,7 @@ from kernelexec.config import Settings, secret_env
 from kernelexec.environment.interpreter import Environment, project_modules
 from kernelexec.environment.packages import InstallError, InstallOutcome, check_allowed, install, installed_record, parse_specs, pip_lines
 from kernelexec.errors import InvalidRequest, SessionError
+from kernelexec.host import copy_kernel_files
 from kernelexec.kernel.driver import Kernel, OnOutput
 from kernelexec.kernel.execution import CellError, Execution, ResultRule
 from kernelexec.kernel.launch import LaunchSpec
@@ -33,7 +34,7 @@ from kernelexec.sandbox.policy import kernel_policy
 from kernelexec.session import connections
 from kernelexec.session.hints import install_hint
 from kernelexec.session.recording import Recorder
-from kernelexec.session.restore import ReplayedCell, describe_replayed, rerun
+from kernelexec.session.restore import ReplayedCell, RestoreReport, cell_names, checkpoint_restore, describe_replayed, rerun
 from kernelexec.session.runs import Finished
 
 logger = logging.getLogger(__name__)
@@ -92,6 +93,10 @@ class Session:
         self.admit: Callable[[Session], None] | None = None
         self.broker: Broker | None = None  # code mode (--tools-config): the server's broker, set by the manager
         self._published: Path | None = None
+        # the kernel process whose namespace this session knows (id of the Kernel, its restarts): another one
+        # (a death, a timeout's restart, idle reaping, a revival) is refilled from the checkpoint before it runs anything
+        self._epoch: tuple[int, int] | None = None
+        self.restored: RestoreReport | None = None  # the last refill, told in the next answer
 
     def launch_spec(self) -> LaunchSpec:
         s = self.settings
@@ -117,15 +122,18 @@ class Session:
             environment_modules=project_modules(env, self.default_cwd) if env is not None and not env.own else None,
             packages_dir=self.dirs.packages,
             figure_formats=list(s.figure_formats),
+            checkpoint_dir=self.dirs.checkpoint,
+            checkpoint_cap=int(s.checkpoint_mb * 1_000_000),
         )
         return LaunchSpec(dirs=self.dirs, cwd=self.default_cwd, policy=policy, plan=plan, env_pass=s.env_pass,
                           secrets=secret_env(s))
 
-    async def ensure_kernel(self) -> Kernel:
+    async def ensure_kernel(self, *, refill: bool = True) -> Kernel:
         if self.kernel is None:
             if not self.reserved and self.admit is not None:
                 self.admit(self)  # raises at the session limits; reserves otherwise
             self.reserved = True
+            self._epoch = None  # a new Kernel may reuse the old one's id(): never taken for the old process
             kernel = new_kernel(self.settings, self.launch_spec())
             try:
                 await kernel.start()
@@ -135,13 +143,28 @@ class Session:
             self.kernel = kernel
             self.cwd = self.default_cwd
             self.publish()
-            if self.revive:
-                self.revive = False
-                replayed = await self.restore()
-                self.notice = f"session revived after a server restart in a new kernel; {describe_replayed(replayed)}"
-                notice = self.notice
-                await anyio.to_thread.run_sync(lambda: self.recorder.mark("revive", notice, replayed=[r.model_dump() for r in replayed]))
-        return self.kernel
+        kernel = self.kernel
+        if refill and self._epoch != (id(kernel), kernel.restarts):
+            revived, self.revive = self.revive, False
+            self._epoch = (id(kernel), kernel.restarts)
+            if self.dirs.checkpoint.joinpath("manifest.json").exists() or self.recorder.cells():
+                report = await self.refill()
+                why = "session revived after a server restart in a new kernel" if revived else "the kernel was replaced"
+                self.restored = report
+                before = (self.notice or "").replace("; variables from earlier calls are lost", "").replace(
+                    " and earlier variables are lost", "")
+                self.notice = f"{before or why}; {report.detail}"
+                await anyio.to_thread.run_sync(lambda: self.recorder.mark(
+                    "revive" if revived else "restore", f"{why}; {report.detail}", restored=report.model_dump()))
+        return kernel
+
+    async def refill(self) -> RestoreReport:
+        """The variables back in a new kernel: its checkpoint loaded inside it, then only the recorded cells
+        that bind what it lacked (``restore.checkpoint_restore``). Caller holds the lock."""
+        assert self.kernel is not None
+        s = self.settings
+        return await checkpoint_restore(self.kernel, self.recorder.cells(), default_timeout=s.default_timeout,
+                                        max_timeout=s.max_timeout, grace=s.interrupt_grace, session=self)
 
     async def restore(self) -> list[ReplayedCell]:
         """Rebuild this session's state in its (fresh) kernel from its journal. Caller holds the lock."""
@@ -189,6 +212,7 @@ class Session:
             try:
                 await self.check_alive()
                 kernel = await self.ensure_kernel()
+                restored, self.restored = self.restored, None
                 if cwd is not None and cwd != self.cwd:
                     await kernel.evaluate(f"_kernelexec_chdir({str(cwd)!r})")
                     self.cwd = cwd
@@ -199,7 +223,7 @@ class Session:
                     except InstallError as exc:
                         ex = _install_failed(code, str(exc))
                         await anyio.to_thread.run_sync(self.record, ex, timeout)
-                        return Finished(ex, layers=kernel.spec.plan.layers)
+                        return Finished(ex, layers=kernel.spec.plan.layers, restored=restored)
                     installed = installed_record(outcome, request.specs)
                 calls = await self.code_mode(kernel, approve, timeout)
                 ex = await kernel.execute(runnable, timeout=timeout, grace=self.settings.interrupt_grace, on_output=on_output, ask=ask,
@@ -222,7 +246,7 @@ class Session:
                 await anyio.to_thread.run_sync(self.record, ex, timeout, installed)
                 # a missing module: one line for the model on how to get it here (not in the record)
                 hint = install_hint(self.settings, self.profile, ex.error, local_kernel=kernel.supports_packages)
-                return Finished(ex, layers=kernel.spec.plan.layers, hint=hint)
+                return Finished(ex, layers=kernel.spec.plan.layers, hint=hint, restored=restored)
             finally:
                 self.busy = False
                 self.last_used = time.monotonic()
@@ -285,6 +309,9 @@ class Session:
             meta["inputs"] = ex.inputs  # a password as ***
         if ex.tool_calls:
             meta["tool_calls"] = ex.tool_calls  # code mode: server, tool, arguments, result or error, duration
+        names = cell_names(ex.code)  # what it binds and reads (its syntax): restore reruns only the cells it needs
+        if names is not None:
+            meta["names"] = names
         self.recorder.append(ex, meta)
 
     async def _install(self, kernel: Kernel, specs: list[str], *, upgrade: bool = False) -> InstallOutcome:
@@ -321,17 +348,27 @@ class Session:
                 self.busy = False
                 self.last_used = time.monotonic()
 
-    async def restart(self, *, replay: bool = False, by: str = "restart_session") -> list[ReplayedCell]:
+    async def restart(self, *, replay: bool = False, by: str = "restart_session",
+                      restore: bool = False) -> list[ReplayedCell] | RestoreReport:
         """A fresh kernel; with ``replay``, refilled by running the journal's successful cells since the
-        last plain restart again (``restore.restorable``). Returns what was replayed."""
+        last plain restart again (``restore.restorable``), and returns what was replayed; with ``restore``,
+        refilled from the checkpoint and only the cells it lacks (``refill``), and returns how."""
         async with self.lock:
             self.revive = False  # this restart replaces a pending revival
             if self.kernel is None:
-                await self.ensure_kernel()
+                kernel = await self.ensure_kernel(refill=False)
             else:
-                await self.kernel.restart()
+                kernel = self.kernel
+                await kernel.restart()
+            self._epoch = (id(kernel), kernel.restarts)
             self.cwd = self.default_cwd
             self.publish()
+            if restore and not replay:
+                report = await self.refill()
+                await anyio.to_thread.run_sync(lambda: self.recorder.mark(
+                    "restore", f"kernel restarted by {by}; {report.detail}", restored=report.model_dump()))
+                return report
+            await kernel.evaluate("_kernelexec_checkpoint_reset()")  # a clean kernel, by the user's wish
             if not replay:
                 await anyio.to_thread.run_sync(lambda: self.recorder.mark("restart", f"kernel restarted by {by}; variables cleared"))
                 if by != "restart_session":
@@ -344,9 +381,37 @@ class Session:
                 replayed=[r.model_dump() for r in replayed]))
             return replayed
 
+    async def fork_from(self, source: Session) -> RestoreReport | None:
+        """Make this new session (same owner, checked by the caller) a fork of ``source``: its checkpoint copied
+        here as opaque bytes (``host.copy_kernel_files``: never read, no link followed), its record up to now
+        copied (working directories in it moved to this session's), then this kernel refilled from the copy.
+        Nothing is shared afterwards: each has its own files, kernel and record."""
+        s = self.settings
+        async with source.lock:
+            if source.kernel is not None and await source.kernel.is_alive():  # its last save written first
+                await source.kernel.evaluate("_kernelexec_checkpoint_status()", timeout=max(60.0, s.default_timeout))
+            cells = await anyio.to_thread.run_sync(source.recorder.cells)
+            cap = int(s.checkpoint_mb * 1_000_000) + 10_000_000  # the manifest and the pickles' slack
+            await anyio.to_thread.run_sync(lambda: copy_kernel_files(source.dirs.checkpoint, self.dirs.checkpoint,
+                                                                     max_bytes=cap))
+        old, new = str(source.dirs.root), str(self.dirs.root)
+        for cell in cells:
+            meta = cell.get("metadata", {}).get("kernelexec") if isinstance(cell.get("metadata"), dict) else None
+            cwd = meta.get("cwd") if isinstance(meta, dict) else None
+            if isinstance(cwd, str) and (cwd == old or cwd.startswith(old + "/")):
+                meta["cwd"] = new + cwd[len(old):]  # type: ignore[index]
+        forked = {"session": source.handle, "cells": len(cells), "at": time.time()}
+        await anyio.to_thread.run_sync(lambda: self.recorder.adopt(cells, forked_from=forked))
+        async with self.lock:
+            self._epoch = None  # a pooled kernel started before the copy: refilled now
+            await self.ensure_kernel()
+            report, self.restored, self.notice = self.restored, None, None
+        return report
+
     async def stop_kernel(self) -> None:
         """Shut the kernel down (idle reaping, close); the directory and notebook stay."""
         kernel, self.kernel = self.kernel, None
+        self._epoch = None
         self.reserved = False
         if kernel is not None:
             connections.withdraw(self.settings.state_dir, self.handle)

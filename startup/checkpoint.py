@@ -1,0 +1,314 @@
+"""Checkpoints of the user namespace, inside the kernel. Stdlib only, never imports kernelexec.
+
+After a cell, the names it may have changed (rebound: a new ``id``; or read by the cell, so perhaps
+mutated in place) are pickled by a background thread into the session's ``checkpoint/`` directory,
+each into its own file (temp + rename), then ``manifest.json`` (temp + rename): a kill mid-write leaves
+the last good manifest and every file it names. The next cell waits for a save still running (so a
+save never sees a namespace half-changed); the answer never waits for one.
+
+A checkpoint is data this kernel wrote: it is loaded only here, in a kernel of the same session (or
+its fork), by ``restore``, outside the guard's bypass, so loading it can do no more than a cell could.
+The server never unpickles or reads it.
+
+Not saved, and named in the manifest: what pickle refuses (open files, sockets, generators, locks),
+functions and classes defined in cells (stdlib pickle stores them by name), and what the size cap
+(``checkpoint_cap`` bytes) left out. Modules are kept as their names and imported again.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import pickle
+import threading
+import types
+from typing import Any
+
+MANIFEST = "manifest.json"
+_SKIP_TYPES = (types.ModuleType,)
+
+
+def _root(node: ast.AST) -> str | None:
+    """``df`` of ``df``, ``df.a.b``, ``df['x'][0]``."""
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _names(cell: str) -> tuple[set[str], set[str]] | None:
+    """(names the cell may bind, names it may have changed in place); None when it does not parse. In place:
+    the root of an assigned or deleted attribute or item (``df['x'] = …``, ``del d[k]``, ``a.b += 1``), of a
+    method called (``lst.append(…)``, ``df.drop(…, inplace=True)``), or a name passed to a call (``f(lst)``).
+    A name only read (``float(df['e'].iloc[-1])``) is not saved again."""
+    try:
+        tree = ast.parse(cell)
+    except (SyntaxError, ValueError):
+        return None
+    wrote: set[str] = set()
+    changed: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            if isinstance(node.ctx, (ast.Store, ast.Del)):
+                wrote.add(node.id)
+        elif isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            root = _root(node)
+            if root is not None:
+                changed.add(root)
+        elif isinstance(node, ast.Call):
+            if isinstance(node.func, ast.Attribute):
+                root = _root(node.func.value)
+                if root is not None:
+                    changed.add(root)
+            for arg in [*node.args, *(k.value for k in node.keywords)]:
+                if isinstance(arg, ast.Starred):
+                    arg = arg.value
+                if isinstance(arg, ast.Name):
+                    changed.add(arg.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            wrote.add(node.name)
+        elif isinstance(node, ast.alias):
+            wrote.add((node.asname or node.name).partition(".")[0])
+        elif isinstance(node, ast.Global):
+            wrote.update(node.names)
+    return wrote, changed
+
+
+class Checkpointer:
+    """One kernel's checkpoints. Inactive until the server calls ``restore`` or ``reset`` (a new
+    process must not overwrite the checkpoint it has not loaded)."""
+
+    def __init__(self, shell: Any, policy: dict[str, Any], bypass: Any) -> None:
+        self.shell = shell
+        self.dir: str | None = policy.get("checkpoint_dir")
+        self.cap = int(policy.get("checkpoint_cap") or 0)
+        self.bypass = bypass
+        # inactive until the server loads or drops an existing checkpoint; a session without one starts active
+        self.active = bool(self.dir) and not self._exists(MANIFEST)
+        self.entries: dict[str, dict[str, Any]] = {}  # name -> {"file", "bytes"} | {"module"}
+        self.unsaved: dict[str, str] = {}  # name -> why it was not saved
+        # the objects the names held after the last cell: held (not their id()s, which a new object could reuse),
+        # so an object is compared by identity; a deleted one is freed at the end of the next cell
+        self.seen: dict[str, Any] = {}
+        self.seq = 0
+        self.thread: threading.Thread | None = None
+        self.error: str | None = None
+
+    def _exists(self, name: str) -> bool:
+        assert self.dir is not None
+        try:
+            with self.bypass():
+                return os.path.lexists(os.path.join(self.dir, name))
+        except Exception:  # noqa: BLE001 - no bypass yet (boot): the guard is not installed either
+            return os.path.lexists(os.path.join(self.dir, name))
+
+    # --- which names changed -------------------------------------------------------------
+    def _user_names(self) -> dict[str, Any]:
+        hidden = self.shell.user_ns_hidden
+        return {k: v for k, v in self.shell.user_ns.items()
+                if not k.startswith("_") and k not in hidden and k.isidentifier()}
+
+    def pre_run_cell(self, info: Any) -> None:
+        try:
+            self.wait()
+        except Exception as exc:  # noqa: BLE001 - a checkpoint never breaks a cell
+            self.error = repr(exc)[:300]
+
+    def wait(self) -> None:
+        thread, self.thread = self.thread, None
+        if thread is not None:
+            thread.join()
+
+    def post_run_cell(self, outcome: Any) -> None:
+        if not self.active or not self.dir or self.cap <= 0:
+            return
+        try:
+            ns = self._user_names()
+            cell = getattr(getattr(outcome, "info", None), "raw_cell", "") or ""
+            found = _names(cell) if cell else (set(), set())
+            old = self.seen
+            new = ns
+            changed = {k for k, v in new.items() if k not in old or old[k] is not v}
+            if found is None:
+                changed = set(new)  # a cell we cannot read (magics): everything may have changed
+            else:
+                # perhaps changed in place (df.drop(..., inplace=True), lst.append, f(lst)); a name bound again
+                # to the same object (x = 1 again) is not saved again
+                changed |= found[1] & set(new)
+            gone = (set(self.entries) | set(self.unsaved)) - set(new)
+            self.seen = new
+            if not changed and not gone:
+                return  # x = 1 again with the same object, print(...): nothing to save
+            values = {k: ns[k] for k in changed}
+            thread = threading.Thread(target=self._save, args=(values, gone), name="kernelexec-checkpoint", daemon=True)
+            try:
+                thread.start()
+            except RuntimeError:  # no thread to be had (--max-processes reached, no memory): saved in the next one
+                self.seen = {k: v for k, v in old.items()}
+                raise
+            self.thread = thread
+        except Exception as exc:  # noqa: BLE001 - a checkpoint never breaks a cell
+            self.error = repr(exc)[:300]
+
+    # --- saving (the background thread) -------------------------------------------------------
+    def _save(self, values: dict[str, Any], gone: set[str]) -> None:
+        try:
+            self._save_now(values, gone)
+        except Exception as exc:  # noqa: BLE001 - the last good manifest stays
+            self.error = repr(exc)[:300]
+
+    def _save_now(self, values: dict[str, Any], gone: set[str]) -> None:
+        assert self.dir is not None
+        entries = {k: v for k, v in self.entries.items() if k not in gone and k not in values}
+        unsaved = {k: v for k, v in self.unsaved.items() if k not in gone and k not in values}
+        drop = [e["file"] for k, e in self.entries.items() if "file" in e and (k in gone or k in values)]
+        self.seq += 1
+        written: list[str] = []
+        total = sum(e.get("bytes", 0) for e in entries.values())
+        for name in sorted(values):
+            value = values[name]
+            if isinstance(value, _SKIP_TYPES):
+                entries[name] = {"module": value.__name__}
+                continue
+            if isinstance(value, (types.FunctionType, type)) and getattr(value, "__module__", None) == "__main__":
+                unsaved[name] = "defined in a cell"
+                continue
+            try:
+                blob = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:  # noqa: BLE001 - open files, sockets, generators, locks, ...
+                unsaved[name] = f"cannot be pickled ({type(exc).__name__}: {str(exc)[:120]})"
+                continue
+            if total + len(blob) > self.cap:
+                unsaved[name] = f"over the checkpoint cap ({len(blob):,} bytes; {total:,} of {self.cap:,} used)"
+                continue
+            file = f"{name}.{os.urandom(6).hex()}.{self.seq}.pkl"  # never a name an older manifest uses
+            self._write(file, blob)
+            written.append(file)
+            entries[name] = {"file": file, "bytes": len(blob)}
+            total += len(blob)
+        manifest = {"version": 1, "vars": entries, "unsaved": unsaved, "bytes": total, "cap": self.cap}
+        self._write(MANIFEST, json.dumps(manifest).encode())
+        self.entries, self.unsaved = entries, unsaved
+        self._remove([f for f in drop if f not in written])
+
+    def _write(self, name: str, data: bytes) -> None:
+        assert self.dir is not None
+        path = os.path.join(self.dir, name)
+        tmp = path + ".tmp"
+        with self.bypass():
+            os.makedirs(self.dir, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, path)
+
+    def _remove(self, files: list[str]) -> None:
+        assert self.dir is not None
+        with self.bypass():
+            for file in files:
+                try:
+                    os.unlink(os.path.join(self.dir, file))
+                except OSError:
+                    pass
+
+    # --- the server's calls -------------------------------------------------------------
+    def _read(self, name: str) -> bytes:
+        assert self.dir is not None
+        with self.bypass():  # reading only, and only our own directory (no symlink followed)
+            fd = os.open(os.path.join(self.dir, name), os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as fh:
+                return fh.read()
+
+    def reset(self) -> Any:
+        """A clean kernel by the user's wish (a plain restart): the old checkpoint is dropped."""
+        self.wait()
+        old = [e["file"] for e in self.entries.values() if "file" in e]
+        self.entries, self.unsaved, self.seen = {}, {}, {}
+        self.active = True
+        if self.dir:
+            try:
+                self._write(MANIFEST, json.dumps({"version": 1, "vars": {}, "unsaved": {}, "bytes": 0}).encode())
+                with self.bypass():
+                    old += [f for f in os.listdir(self.dir) if f.endswith((".pkl", ".tmp"))]
+                self._remove(sorted(set(old)))
+            except OSError as exc:
+                self.error = repr(exc)[:300]
+        return {"reset": True}
+
+    def restore(self, names: list[str] | None = None) -> dict[str, Any]:
+        """Load the checkpoint (or only ``names`` of it) into the namespace, here, under the guard.
+        What was not saved or does not load is named, never hidden."""
+        self.wait()
+        restored: list[str] = []
+        failed: dict[str, str] = {}
+        unsaved: dict[str, str] = {}
+        manifest: Any = None
+        if self.dir:
+            try:
+                manifest = json.loads(self._read(MANIFEST))
+            except FileNotFoundError:
+                manifest = None
+            except Exception as exc:  # noqa: BLE001 - a forged or broken manifest: reported
+                failed["*"] = f"the checkpoint's manifest is unreadable ({type(exc).__name__})"
+        entries: dict[str, Any] = {}
+        if isinstance(manifest, dict):
+            found = manifest.get("vars")
+            if isinstance(found, dict):
+                entries = {k: v for k, v in found.items() if isinstance(k, str) and k.isidentifier() and isinstance(v, dict)}
+            why = manifest.get("unsaved")
+            if isinstance(why, dict):
+                unsaved = {k: str(v)[:200] for k, v in why.items() if isinstance(k, str) and k.isidentifier()}
+        elif manifest is not None:
+            failed["*"] = "the checkpoint's manifest is not an object"
+        ns = self.shell.user_ns
+        kept: dict[str, dict[str, Any]] = {}
+        for name, entry in entries.items():
+            if names is not None and name not in names:
+                kept[name] = entry
+                continue
+            try:
+                if isinstance(entry.get("module"), str):
+                    value = __import__(entry["module"], fromlist=["_"])  # through the guard, as a cell's import
+                elif isinstance(entry.get("file"), str) and os.sep not in entry["file"] and not entry["file"].startswith("."):
+                    value = pickle.loads(self._read(entry["file"]))  # outside the bypass: the guard holds
+                else:
+                    raise ValueError("not an entry kernelexec writes")
+            except BaseException as exc:  # noqa: BLE001 - a forged pickle may raise anything, SystemExit too
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                failed[name] = f"{type(exc).__name__}: {str(exc)[:160]}"
+                continue
+            ns[name] = value
+            kept[name] = entry
+            restored.append(name)
+        if names is None:
+            self.entries = {k: v for k, v in kept.items() if "bytes" in v and isinstance(v["bytes"], int) or "module" in v}
+            self.unsaved = {k: v for k, v in unsaved.items() if k not in self.entries}
+            self.seen = self._user_names()
+            self.active = True
+        else:
+            self.seen.update({k: ns[k] for k in restored})
+        return {"restored": sorted(restored), "failed": failed,
+                "unsaved": {k: v for k, v in unsaved.items() if names is None or k in names}}
+
+    def pause(self) -> dict[str, Any]:
+        """Cells rerun to recompute what the checkpoint lacked save nothing until ``resume``, so the
+        checkpoint's files stay as they were while names those cells clobbered are loaded again."""
+        self.wait()
+        self.active = False
+        return {"paused": True}
+
+    def resume(self) -> dict[str, Any]:
+        """Save what changed since ``restore`` (the recomputed names: named unsaved again if they cannot be)."""
+        self.active = True
+
+        class _Done:
+            info = None
+
+        self.post_run_cell(_Done())  # no cell text: every name whose object changed
+        return {"resumed": True}
+
+    def status(self) -> dict[str, Any]:
+        self.wait()
+        return {"active": self.active, "saved": sorted(self.entries), "unsaved": dict(self.unsaved),
+                "bytes": sum(e.get("bytes", 0) for e in self.entries.values()), "cap": self.cap, "error": self.error}

@@ -1,0 +1,268 @@
+"""State that outlives its kernel (issue 32): checkpoints written inside the kernel, restored inside the
+next one after any death, and only the cells that made what could not be saved run again.
+
+Real kernels behind the real MCP server; every death is a real one (SIGKILL from outside, ``os._exit``
+in a cell, a timeout's restart)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from .support import Harness, make_settings, serving
+
+pytestmark = pytest.mark.anyio
+
+
+async def settled(h: Harness, s: str) -> dict[str, Any]:
+    """Wait for the background save of the last cell (the next cell would wait for it too)."""
+    status = (await h.run("_kernelexec_checkpoint_status()._repr_json_()", session=s))["result"]
+    return status  # type: ignore[no-any-return]
+
+
+def pid_of(h: Harness, s: str) -> int:
+    kernel = h.sessions.sessions[s].kernel
+    assert kernel is not None and kernel.km is not None
+    return int(kernel.km.provisioner.process.pid)  # type: ignore[union-attr]
+
+
+async def test_sigkill_then_the_next_call_finds_the_variables(harness: Harness) -> None:
+    s = await harness.new_session()
+    await harness.run("import math\nx = 41\ndata = {'a': [1, 2, 3]}\nclass P:\n    pass\n", session=s)
+    await harness.run("data['a'].append(4)\nx += 1", session=s)  # an in-place change: saved too
+    status = await settled(harness, s)
+    assert {"x", "data", "math"} <= set(status["saved"]), status
+    assert "P" in status["unsaved"]
+    os.kill(pid_of(harness, s), signal.SIGKILL)
+    await anyio.sleep(0.5)
+    r = await harness.run("result = (x, data, math.pi > 3, P.__name__)", session=s)
+    assert r["result"] == [42, {"a": [1, 2, 3, 4]}, True, "P"], r
+    restored = r["restored"]
+    assert {"x", "data", "math"} <= set(restored["restored"]), restored
+    assert [c["cell"] for c in restored["reran"]] == [1] and restored["reran"][0]["for_names"] == ["P"], restored
+    assert "restored" in (r["restart_reason"] or "") and "re-ran cell 1 for P" in r["restart_reason"], r
+
+
+async def test_os_exit_in_a_cell(harness: Harness) -> None:
+    s = await harness.new_session()
+    await harness.run("big = list(range(100_000))\ny = 'kept'", session=s)
+    await settled(harness, s)
+    dead = await harness.client.call_tool("execute_code", {"code": "import os\nos._exit(3)", "session": s})
+    assert dead.structured_content["ending"] == "kernel_died"
+    r = await harness.run("result = (len(big), y)", session=s)
+    assert r["result"] == [100_000, "kept"], r
+    assert r["restored"]["reran"] == [], r["restored"]
+    # twice: the new kernel's own saves never remove what its manifest names (it once did, by reusing a file name)
+    await harness.run("big.append(1)", session=s)
+    await settled(harness, s)
+    await harness.client.call_tool("execute_code", {"code": "import os\nos._exit(3)", "session": s})
+    r = await harness.run("result = (len(big), y)", session=s)
+    assert r["result"] == [100_001, "kept"] and r["restored"]["reran"] == [], r["restored"]
+
+
+async def test_timeout_restart_then_restore(short_tmp: Path) -> None:
+    async with serving(make_settings(short_tmp, interrupt_grace=1.0)) as h:
+        s = await h.new_session()
+        await h.run("z = [1, 2]", session=s)
+        await settled(h, s)
+        stuck = await h.client.call_tool("execute_code", {"code": "import time, signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                                                                   "time.sleep(60)", "session": s, "timeout": 2})
+        assert stuck.structured_content["ending"] == "restarted", stuck.structured_content
+        r = await h.run("result = z", session=s)
+        assert r["result"] == [1, 2], r
+
+
+async def test_only_the_cell_that_made_an_unpicklable_object_runs_again(harness: Harness) -> None:
+    s = await harness.new_session()
+    await harness.run("counter = 0\nseed = [5, 6, 7]", session=s)  # cell 1
+    await harness.run("counter += 1\ngen = (v * 2 for v in seed)\nruns_of_cell_2 = counter", session=s)  # cell 2
+    await harness.run("other = sum(seed)\ncounter += 10", session=s)  # cell 3
+    await harness.run("fh = open('notes.txt', 'w')", session=s)  # cell 4
+    status = await settled(harness, s)
+    assert {"gen", "fh"} <= set(status["unsaved"]), status
+    os.kill(pid_of(harness, s), signal.SIGKILL)
+    await anyio.sleep(0.5)
+    r = await harness.run("result = (next(gen), other, counter, fh.closed)", session=s)
+    reran = {c["cell"]: c["for_names"] for c in r["restored"]["reran"]}
+    assert reran == {2: ["gen"], 4: ["fh"]}, r["restored"]
+    # cell 2 ran again (gen is back) but counter keeps the checkpoint's value, not cell 2's rerun of it
+    assert r["result"] == [10, 18, 11, False], r
+    assert "re-ran cell 2 for gen" in r["restart_reason"]
+
+
+async def test_lost_when_no_cell_can_make_it_again(harness: Harness) -> None:
+    s = await harness.new_session()
+    await harness.run("import threading\nglobals()['ghost'] = threading.Lock()\nkeep = 1", session=s)
+    status = await settled(harness, s)
+    assert "ghost" in status["unsaved"]  # no recorded cell binds it by name
+    os.kill(pid_of(harness, s), signal.SIGKILL)
+    await anyio.sleep(0.5)
+    r = await harness.run("result = keep", session=s)
+    assert r["result"] == 1
+    assert r["restored"]["lost"] == ["ghost"] and "lost: ghost" in r["restart_reason"], r["restored"]
+
+
+async def test_over_the_cap_names_what_it_left_out(short_tmp: Path) -> None:
+    async with serving(make_settings(short_tmp, checkpoint_mb=1)) as h:
+        s = await h.new_session()
+        await h.run("small = 'x' * 1000\nhuge = b'y' * 3_000_000", session=s)
+        status = await settled(h, s)
+        assert "small" in status["saved"]
+        assert "huge" in status["unsaved"] and "cap" in status["unsaved"]["huge"], status
+        assert status["bytes"] <= 1_000_000
+
+
+async def test_plain_restart_drops_the_checkpoint_restore_brings_it_back(harness: Harness) -> None:
+    s = await harness.new_session()
+    await harness.run("kept = 7", session=s)
+    await settled(harness, s)
+    info = await harness.call("restart_session", session=s, restore=True)
+    assert info.structured_content["restored"]["restored"] == ["kept"], info.structured_content
+    assert (await harness.run("result = kept", session=s))["result"] == 7
+    await harness.call("restart_session", session=s)
+    r = await harness.client.call_tool("execute_code", {"code": "kept", "session": s})
+    assert r.structured_content["error_type"] == "NameError"
+
+
+async def test_x_equals_1_writes_nothing_when_nothing_changed(harness: Harness) -> None:
+    s = await harness.new_session()
+    await harness.run("x = 1", session=s)
+    await settled(harness, s)
+    manifest = harness.settings.sessions_dir / s / "checkpoint" / "manifest.json"
+    before = manifest.stat().st_mtime_ns
+    time.sleep(0.05)
+    await harness.run("print('hello')", session=s)
+    await settled(harness, s)
+    assert manifest.stat().st_mtime_ns == before
+
+
+# --- fork ------------------------------------------------------------------------------------------------
+
+
+async def test_a_fork_has_the_variables_and_the_record_and_each_changes_alone(harness: Harness) -> None:
+    s = await harness.new_session()
+    await harness.run("shared = [1, 2]\nsource = open('in.txt', 'w')", session=s)
+    await harness.run("n = 5", session=s)
+    forked = await harness.call("fork_session", session=s)
+    info = forked.structured_content
+    assert not forked.is_error, forked.content
+    f = info["session"]
+    assert f != s and info["forked_from"] == s and info["status"] == "forked"
+    assert {"shared", "n"} <= set(info["restored"]["restored"]), info
+    assert [c["cell"] for c in info["restored"]["reran"]] == [1], info  # the open file made again, in the fork's own dir
+    await harness.run("shared.append('fork only')\nn = 6", session=f)
+    await harness.run("shared.append('source only')", session=s)
+    assert (await harness.run("result = (shared, n, source.name)", session=f))["result"] == [[1, 2, "fork only"], 6, "in.txt"]
+    assert (await harness.run("result = (shared, n)", session=s))["result"] == [[1, 2, "source only"], 5]
+    assert (harness.settings.sessions_dir / f / "work" / "in.txt").exists()
+    nb = json.loads((harness.settings.sessions_dir / f / "notebook.ipynb").read_text())
+    assert nb["metadata"]["kernelexec"]["forked_from"]["session"] == s
+    assert [c["source"] for c in nb["cells"] if c["cell_type"] == "code"][:2] == [
+        "shared = [1, 2]\nsource = open('in.txt', 'w')", "n = 5"]
+
+
+# --- the host rule: a checkpoint is data its own kernel wrote --------------------------------------------
+
+EVIL = """
+import pickle, os
+class Evil:
+    def __init__(self, path):
+        self.path = path
+    def __reduce__(self):
+        return (exec, (f"open({self.path!r}, 'w').write('ran')",))
+inside = os.path.abspath('inside-marker')
+outside = OUTSIDE
+manifest = {"version": 1, "vars": {"evil_in": {"file": "evil_in.pkl", "bytes": 1},
+                                   "evil_out": {"file": "evil_out.pkl", "bytes": 1}}, "unsaved": {}}
+"""
+
+
+async def test_a_forged_checkpoint_runs_only_inside_its_own_sandbox(harness: Harness) -> None:
+    outside = harness.settings.state_dir / "outside-marker"
+    s, other = await harness.new_session(), await harness.new_session()
+    await harness.run("y = 1", session=other)
+    await settled(harness, other)
+    await harness.run(EVIL.replace("OUTSIDE", repr(str(outside))), session=s)
+    await settled(harness, s)  # the kernel's save of this cell is done; now the forgery, as the cell's last word
+    await harness.run("d = os.path.join(os.path.dirname(os.getcwd()), 'checkpoint')\n"
+                      "open(os.path.join(d, 'evil_in.pkl'), 'wb').write(pickle.dumps(Evil(inside)))\n"
+                      "open(os.path.join(d, 'evil_out.pkl'), 'wb').write(pickle.dumps(Evil(outside)))\n"
+                      "open(os.path.join(d, 'manifest.json'), 'w').write(__import__('json').dumps(manifest))\n"
+                      "_kernelexec_checkpoint_pause()",  # its own kernel writes nothing more over the forgery
+                      session=s)
+    # the other session dies and comes back: it loads its own checkpoint only
+    os.kill(pid_of(harness, other), signal.SIGKILL)
+    await anyio.sleep(0.5)
+    r = await harness.run("result = y", session=other)
+    assert r["result"] == 1 and r["restored"]["restored"] == ["y"]
+    assert not (harness.settings.sessions_dir / other / "work" / "inside-marker").exists()
+    # its own session: loaded inside its kernel, under its sandbox — the marker only where the cell could write
+    os.kill(pid_of(harness, s), signal.SIGKILL)
+    await anyio.sleep(0.5)
+    r = await harness.run("result = 1", session=s)
+    assert (harness.settings.sessions_dir / s / "work" / "inside-marker").read_text() == "ran"
+    assert not outside.exists(), "a forged checkpoint wrote outside its session"
+    assert "evil_out" in r["restored"]["why"] and "evil_out" in r["restored"]["lost"], r["restored"]
+    assert "Error" in r["restored"]["why"]["evil_out"]  # reported (the guard or the OS refused it), never trusted
+
+
+async def test_a_checkpoint_file_that_is_a_symlink_is_refused_by_fork_and_by_restore(harness: Harness) -> None:
+    victim, s = await harness.new_session(), await harness.new_session()
+    await harness.run("secret = 'victim'", session=victim)
+    await settled(harness, victim)
+    await harness.run("mine = 1", session=s)
+    status = await settled(harness, s)
+    assert status["saved"] == ["mine"]
+    ckpt = harness.settings.sessions_dir / s / "checkpoint"
+    victim_file = next((harness.settings.sessions_dir / victim / "checkpoint").glob("secret.*.pkl"))
+    # as a kernel that got around its guard could: the manifest names a link to another session's pickle
+    (ckpt / "secret.1.1.pkl").symlink_to(victim_file)
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["vars"]["secret"] = {"file": "secret.1.1.pkl", "bytes": 10}
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    refused = await harness.call("fork_session", session=s)
+    assert refused.is_error and "not a regular file" in refused.content[0].text, refused.content
+    info = await harness.call("restart_session", session=s, restore=True)
+    restored = info.structured_content["restored"]
+    assert restored["restored"] == ["mine"] and "secret" in restored["why"], restored
+    r = await harness.client.call_tool("execute_code", {"code": "secret", "session": s})
+    assert r.structured_content["error_type"] == "NameError"
+
+
+async def test_idle_reaping_then_the_next_call_finds_the_variables(harness: Harness) -> None:
+    s = await harness.new_session()
+    await harness.run("kept = {'k': 1}", session=s)
+    await settled(harness, s)
+    session = harness.sessions.sessions[s]
+    async with session.lock:
+        await session.stop_kernel()  # what the idle reaper does
+    r = await harness.run("result = kept", session=s)
+    assert r["result"] == {"k": 1} and r["restored"]["restored"] == ["kept"], r
+
+
+async def test_a_name_rebound_to_a_new_object_at_the_old_ones_address_is_saved(harness: Harness) -> None:
+    s = await harness.new_session()
+    await harness.run("x = [1]", session=s)
+    await harness.run("x = None\nx = [2]", session=s)  # the new list may reuse the freed one's id() if nothing held it
+    await settled(harness, s)
+    os.kill(pid_of(harness, s), signal.SIGKILL)
+    await anyio.sleep(0.5)
+    assert (await harness.run("result = x", session=s))["result"] == [2]
+
+
+async def test_strict_profile_checkpoints_and_restores(short_tmp: Path) -> None:
+    async with serving(make_settings(short_tmp, profile="strict")) as h:
+        s = await h.new_session()
+        await h.run("import collections\ncounts = collections.Counter('abca')", session=s)
+        await settled(h, s)
+        os.kill(pid_of(h, s), signal.SIGKILL)
+        await anyio.sleep(0.5)
+        r = await h.run("result = counts['a']", session=s)
+        assert r["result"] == 2 and "counts" in r["restored"]["restored"], r["restored"]
