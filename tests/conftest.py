@@ -8,6 +8,7 @@ that import them from ``.conftest``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -39,10 +40,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--weaken", choices=support.WEAKEN_CHOICES, default=None, metavar="LAYER",
         help="run every in-memory server with one layer removed, to see the security tests go red: "
         f"{', '.join(support.WEAKEN_CHOICES)} (off = --sandbox off and the guard off)")
+    parser.addoption(
+        "--store", choices=("sqlite", "postgres"), default="sqlite",
+        help="the session store of every server the tests start: SQLite (the default, as shipped) or a real "
+        "PostgreSQL 15 started for the run (.ci/run runs the session, run, task and record tests both ways)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     support.WEAKEN = config.getoption("--weaken", None)
+    if config.getoption("--store", "sqlite") == "postgres":  # one real PostgreSQL for the run, a database per server
+        from .pg import running_postgres
+
+        stack = contextlib.ExitStack()
+        pg = stack.enter_context(running_postgres())
+        config.add_cleanup(stack.close)
+        support.STORE_URL = lambda: pg.url(pg.create_db())
 
 
 # Skips a CI run accepts, each reviewed, with its reason (a nodeid prefix). Any other skip fails a run with

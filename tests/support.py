@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,14 @@ from kernelexec.session.manager import SessionManager
 OS_LAYERS = ("landlock", "seccomp", "bubblewrap", "netns", "cgroup")
 WEAKEN_CHOICES = (*OS_LAYERS, "uid", "guard", "off")
 WEAKEN: str | None = None
+# ``pytest --store postgres`` (tests/conftest.py): every server these helpers start (in memory, stdio, HTTP) keeps its
+# session store in a fresh database of the test session's real PostgreSQL instead of SQLite; None: SQLite, the default.
+STORE_URL: Callable[[], str] | None = None
+
+
+def store_env() -> dict[str, str]:
+    """The server process's environment for ``--store postgres`` (KERNELEXEC_STORE, a fresh database); else empty."""
+    return {"KERNELEXEC_STORE": STORE_URL()} if STORE_URL is not None else {}
 
 
 def weakened(overrides: dict[str, Any]) -> dict[str, Any]:
@@ -49,6 +57,8 @@ def weakened(overrides: dict[str, Any]) -> dict[str, Any]:
 
 def make_settings(base: Path, **overrides: Any) -> Settings:
     state = Path(tempfile.mkdtemp(prefix="s", dir=base))
+    if STORE_URL is not None and "store" not in overrides:
+        overrides = overrides | {"store": STORE_URL()}
     return load_settings(state_dir=state, **weakened(overrides))
 
 
@@ -140,7 +150,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 def stdio_params(state_dir: Path, *args: str) -> StdioServerParameters:
     """``kernelexec serve`` as a stdio child of an MCP client, with this state directory and these flags."""
     cmd = kernelexec_cmd("serve", "--state-dir", str(state_dir), *args)
-    return StdioServerParameters(command=cmd[0], args=cmd[1:], env=clean_env())
+    return StdioServerParameters(command=cmd[0], args=cmd[1:], env=clean_env(**store_env()))
 
 
 def pids_with(marker: str) -> list[int]:
@@ -171,7 +181,7 @@ def http_server(state_dir: Path, *args: str) -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen(
         kernelexec_cmd("serve", "--transport", "http", "--port", str(port), "--state-dir", str(state_dir), *args),
-        env=clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=clean_env(**store_env()), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
         wait_for_port(port, proc)
