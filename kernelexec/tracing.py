@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 _enabled = False
@@ -69,14 +69,24 @@ def enabled() -> bool:
     return _enabled
 
 
-@contextlib.contextmanager
-def span(name: str, **attributes: Any) -> Iterator[Any]:
-    """A child span of the current one (None attributes left out); off, nothing at all (yields None)."""
+_OFF: contextlib.nullcontext[None] = contextlib.nullcontext()
+
+
+def span(name: str, **attributes: Any) -> contextlib.AbstractContextManager[Any]:
+    """A child span of the current one, current inside the block (None attributes left out); off, a shared
+    null context that yields None (no span object made)."""
     if not _enabled:
-        yield None
+        return _OFF
+    return _tracer.start_as_current_span(name, attributes={k: v for k, v in attributes.items() if v is not None})
+
+
+def annotate(**attributes: Any) -> None:
+    """Attributes on the current span (the SDK's tools/call span in a tool), None ones left out."""
+    if not _enabled:
         return
-    with _tracer.start_as_current_span(name, attributes={k: v for k, v in attributes.items() if v is not None}) as s:
-        yield s
+    from opentelemetry import trace
+
+    trace.get_current_span().set_attributes({k: v for k, v in attributes.items() if v is not None})
 
 
 def record(name: str, start_monotonic: float, end_monotonic: float, **attributes: Any) -> None:
@@ -97,27 +107,3 @@ def error(s: Any, kind: str, message: str | None = None) -> None:
 
     s.set_attribute("error.type", kind)
     s.set_status(StatusCode.ERROR, message)
-
-
-def current() -> Any:
-    """The current context, to carry into a task started elsewhere (``attached``); None when off."""
-    if not _enabled:
-        return None
-    from opentelemetry import context
-
-    return context.get_current()
-
-
-@contextlib.contextmanager
-def attached(ctx: Any) -> Iterator[None]:
-    """Run a block in a context taken by ``current`` (a run's body in the manager's task group)."""
-    if ctx is None:
-        yield
-        return
-    from opentelemetry import context
-
-    token = context.attach(ctx)
-    try:
-        yield
-    finally:
-        context.detach(token)

@@ -132,6 +132,7 @@ async def test_a_tool_call_is_a_span_tree_under_the_clients_traceparent(short_tm
     assert tool["attributes"]["mcp.method.name"] == "tools/call"
     assert tool["attributes"]["gen_ai.tool.name"] == "execute_code"
     assert "jsonrpc.request.id" in tool["attributes"]
+    assert tool["attributes"]["kernelexec.session"]  # the session's handle, set by the server on the SDK's span
     # its children: the first call's tree
     first = [s for s in receiver.spans if s["trace_id"] == TRACE_ID and s["parent"] == tool["span_id"]]
     assert {"kernelexec.queue_wait", "kernelexec.kernel.execute", "kernelexec.record", "kernelexec.render"} <= {
@@ -158,7 +159,6 @@ def test_without_otel_variables_the_sdk_is_never_imported() -> None:
     code = ("import sys\nfrom kernelexec import tracing\nimport kernelexec.server.build, kernelexec.cli\n"
             "assert tracing.configure() is False\n"
             "with tracing.span('x') as s: assert s is None\n"
-            "assert tracing.current() is None\n"
             "bad = sorted(m for m in sys.modules if m.startswith(('opentelemetry.sdk', 'opentelemetry.exporter')))\n"
             "assert not bad, bad\nprint('ok')")
     env = {k: v for k, v in clean_env().items() if not k.startswith("OTEL_")}

@@ -441,13 +441,11 @@ class RunRegistry:
         self._runs[run.id] = run
         self._prune(session.owner)
 
-        trace_context = tracing.current()  # the tool call's span: the run's spans are its children
-
         async def body() -> None:
             assert run.scope is not None
             await self._notify(run, "started")
             try:
-                with run.scope, tracing.attached(trace_context):
+                with run.scope:  # the tool call's span stays current here (start_soon copies the caller's context)
                     run.finished = await session.run(code, timeout=timeout, working_dir=working_dir, on_output=run.on_output,
                                                      result_rule=result_rule, ask=run.asker(ask), approve=run.approver(approve))
                     sent = run.finished.execution.started if run.finished is not None else None
