@@ -6,6 +6,7 @@ Off (no OTEL_*), the OpenTelemetry SDK is never imported."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -19,7 +20,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from .support import clean_env, kernelexec_cmd
+from .support import build_wheel, clean_env, kernelexec_cmd, package_index
 
 pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2")
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
@@ -100,7 +101,8 @@ def receiver() -> Iterator[Receiver]:
 
 def serve_params(state_dir: Path, receiver: Receiver, *args: str) -> StdioServerParameters:
     cmd = kernelexec_cmd("serve", "--state-dir", str(state_dir), "--pool-size", "0", *args)
-    env = clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url, OTEL_BSP_SCHEDULE_DELAY="100", OTEL_SERVICE_NAME="kx-test")
+    env = clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url, OTEL_BSP_SCHEDULE_DELAY="100", OTEL_SERVICE_NAME="kx-test",
+                    PIP_CONFIG_FILE=os.devnull)
     return StdioServerParameters(command=cmd[0], args=cmd[1:], env=env)
 
 
@@ -111,7 +113,13 @@ async def test_a_tool_call_is_a_span_tree_under_the_clients_traceparent(short_tm
     tools = short_tmp / "tools.json"
     tools.write_text(json.dumps({"mcpServers": {"local": {"command": sys.executable, "args": [str(UPSTREAM), "stdio", "local"],
                                                           "env": {"UPSTREAM_META_LOG": str(meta_log)}}}}))
-    params = serve_params(short_tmp / "state", receiver, "--tools-config", str(tools))
+    wheel = build_wheel(short_tmp / "wheels", "kxtraced", "1.0", "VALUE = 7\n")
+    with package_index(short_tmp / "index", [wheel]) as index:
+        await check_the_tree(short_tmp, receiver, tools, meta_log, index)
+
+
+async def check_the_tree(short_tmp: Path, receiver: Receiver, tools: Path, meta_log: Path, index: str) -> None:
+    params = serve_params(short_tmp / "state", receiver, "--tools-config", str(tools), "--index-url", index)
     async with Client(stdio_client(params)) as client:
         result = await client.call_tool("execute_code", {"code": "x = 6 * 7\nx"}, meta={"traceparent": TRACEPARENT})
         assert not result.is_error, result.content
@@ -125,6 +133,11 @@ async def test_a_tool_call_is_a_span_tree_under_the_clients_traceparent(short_tm
         assert "traced" in str(result.structured_content), result.structured_content
         broker = receiver.wait_for("kernelexec.broker call_tool")
         sent = receiver.wait_for("MCP send tools/call traced")
+        # an install: its span under install_packages's
+        result = await client.call_tool("install_packages", {"packages": ["kxtraced"]}, meta={"traceparent": TRACEPARENT})
+        assert not result.is_error, result.content
+        install = receiver.wait_for("kernelexec.install")
+        install_tool = receiver.wait_for("tools/call install_packages")
 
     # the tool span continues the client's context: its trace, its parent
     assert tool["trace_id"] == TRACE_ID and tool["parent"] == PARENT_ID, tool
@@ -149,6 +162,8 @@ async def test_a_tool_call_is_a_span_tree_under_the_clients_traceparent(short_tm
     assert broker["trace_id"] == TRACE_ID and broker["parent"] == run2["span_id"], (broker, run2)
     assert broker["attributes"]["gen_ai.tool.name"] == "traced"
     assert sent["parent"] == broker["span_id"]
+    assert install["trace_id"] == TRACE_ID and install["parent"] == install_tool["span_id"], (install, install_tool)
+    assert install_tool["parent"] == PARENT_ID
     got = [json.loads(line) for line in meta_log.read_text().splitlines()]
     assert len(got) == 1, got
     assert got[0].get("traceparent") == f"00-{TRACE_ID}-{sent['span_id']}-01", got
