@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
@@ -55,7 +56,7 @@ class Receiver:
                             for s in ss.spans:
                                 receiver.spans.append({
                                     "name": s.name, "trace_id": s.trace_id.hex(), "span_id": s.span_id.hex(),
-                                    "parent": s.parent_span_id.hex(), "service": service,
+                                    "parent": s.parent_span_id.hex(), "service": service, "state": s.trace_state,
                                     "start": s.start_time_unix_nano, "end": s.end_time_unix_nano,
                                     "attributes": {a.key: _value(a.value) for a in s.attributes},
                                 })
@@ -72,6 +73,16 @@ class Receiver:
     def named(self, name: str) -> list[dict[str, Any]]:
         with self.lock:
             return [s for s in self.spans if s["name"] == name]
+
+    def wait_id(self, span_id: str, timeout: float = 30) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                found = [s for s in self.spans if s["span_id"] == span_id]
+            if found:
+                return found[0]
+            time.sleep(0.1)
+        raise AssertionError(f"no span {span_id} received")
 
     def wait_for(self, name: str, timeout: float = 30) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
@@ -121,11 +132,12 @@ async def test_a_tool_call_is_a_span_tree_under_the_clients_traceparent(short_tm
 async def check_the_tree(short_tmp: Path, receiver: Receiver, tools: Path, meta_log: Path, index: str) -> None:
     params = serve_params(short_tmp / "state", receiver, "--tools-config", str(tools), "--index-url", index)
     async with Client(stdio_client(params)) as client:
-        result = await client.call_tool("execute_code", {"code": "x = 6 * 7\nx"}, meta={"traceparent": TRACEPARENT})
+        result = await client.call_tool("execute_code", {"code": "x = 6 * 7\nx"},
+                                        meta={"traceparent": TRACEPARENT, "tracestate": "kx=1"})
         assert not result.is_error, result.content
-        tool = receiver.wait_for("tools/call execute_code")
         for name in ("kernelexec.queue_wait", "kernelexec.kernel.execute", "kernelexec.record", "kernelexec.render"):
             receiver.wait_for(name)
+        tool = receiver.wait_id(receiver.wait_for("kernelexec.kernel.execute")["parent"])
         # code mode: the broker's span, and the upstream got a traceparent of the same trace
         code = "import mcp_tools\nmcp_tools.local.traced()"
         result = await client.call_tool("execute_code", {"code": code}, meta={"traceparent": TRACEPARENT})
@@ -133,6 +145,16 @@ async def check_the_tree(short_tmp: Path, receiver: Receiver, tools: Path, meta_
         assert "traced" in str(result.structured_content), result.structured_content
         broker = receiver.wait_for("kernelexec.broker call_tool")
         sent = receiver.wait_for("MCP send tools/call traced")
+        # a cell that raises: its kernel span says so
+        result = await client.call_tool("execute_code", {"code": "1/0"}, meta={"traceparent": TRACEPARENT})
+        deadline = time.monotonic() + 30
+        while not (raised := [s for s in receiver.named("kernelexec.kernel.execute") if s["attributes"].get("error.type")]):
+            assert time.monotonic() < deadline, receiver.named("kernelexec.kernel.execute")
+            await anyio.sleep(0.1)
+        assert raised[0]["attributes"]["error.type"] == "cell_error"
+        assert len(raised) == 1
+        failed = receiver.wait_id(raised[0]["parent"])
+        assert failed["name"] == "tools/call execute_code" and failed["parent"] == PARENT_ID, failed
         # an install: its span under install_packages's
         result = await client.call_tool("install_packages", {"packages": ["kxtraced"]}, meta={"traceparent": TRACEPARENT})
         assert not result.is_error, result.content
@@ -141,7 +163,7 @@ async def check_the_tree(short_tmp: Path, receiver: Receiver, tools: Path, meta_
 
     # the tool span continues the client's context: its trace, its parent
     assert tool["trace_id"] == TRACE_ID and tool["parent"] == PARENT_ID, tool
-    assert tool["service"] == "kx-test"
+    assert tool["service"] == "kx-test" and tool["state"] == "kx=1"
     assert tool["attributes"]["mcp.method.name"] == "tools/call"
     assert tool["attributes"]["gen_ai.tool.name"] == "execute_code"
     assert "jsonrpc.request.id" in tool["attributes"]
@@ -156,10 +178,11 @@ async def check_the_tree(short_tmp: Path, receiver: Receiver, tools: Path, meta_
 
     # code mode: the broker span sits under the second call's kernel execution, the SDK's client span under it,
     # and the upstream received that client span as its parent
-    second_tool = receiver.named("tools/call execute_code")[-1]
-    assert second_tool["span_id"] != tool["span_id"] and second_tool["trace_id"] == TRACE_ID
-    run2 = next(s for s in receiver.spans if s["name"] == "kernelexec.kernel.execute" and s["parent"] == second_tool["span_id"])
-    assert broker["trace_id"] == TRACE_ID and broker["parent"] == run2["span_id"], (broker, run2)
+    run2 = receiver.wait_id(broker["parent"])
+    second_tool = receiver.wait_id(run2["parent"])
+    assert broker["trace_id"] == TRACE_ID and run2["name"] == "kernelexec.kernel.execute", (broker, run2)
+    assert second_tool["name"] == "tools/call execute_code" and second_tool["parent"] == PARENT_ID
+    assert len({tool["span_id"], second_tool["span_id"], failed["span_id"]}) == 3
     assert broker["attributes"]["gen_ai.tool.name"] == "traced"
     assert sent["parent"] == broker["span_id"]
     assert install["trace_id"] == TRACE_ID and install["parent"] == install_tool["span_id"], (install, install_tool)
