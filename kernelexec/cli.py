@@ -190,17 +190,30 @@ def main(argv: list[str] | None = None) -> None:
 
 
 async def _serve(settings: Settings) -> None:
-    import anyio
 
     from kernelexec.sandbox.plan import describe_layers, plan_for
-    from kernelexec.server.build import build_server
     from kernelexec.session.manager import SessionManager
 
     layers = plan_for(settings, settings.effective_profile, session_dir=settings.sessions_dir, rw=[], ro=[],
                       cwd=settings.sessions_dir, key="serve").layers
     print(safe(f"kernelexec {__version__}: profile {settings.effective_profile}, layers {describe_layers(layers)} "
                "(kernelexec doctor for details)"), file=sys.stderr)
+    from kernelexec import tracing
+
+    if tracing.configure():  # the OTEL_* variables ask for OTLP traces (README: Operator: traces)
+        print(safe("kernelexec: traces exported over OTLP/HTTP (OTEL_* variables)"), file=sys.stderr)
     sessions = SessionManager(settings)
+    try:
+        await _serve_with(settings, sessions)
+    finally:
+        tracing.shutdown()
+
+
+async def _serve_with(settings: Settings, sessions: Any) -> None:
+    import anyio
+
+    from kernelexec.server.build import build_server
+
     async with sessions.running(), anyio.create_task_group() as tg:
         from kernelexec.server.metrics import Metrics
 

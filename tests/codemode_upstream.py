@@ -2,18 +2,20 @@
 
 ``python codemode_upstream.py stdio NAME`` serves over stdio; ``python codemode_upstream.py http NAME PORT``
 over streamable HTTP on 127.0.0.1:PORT/mcp. NAME goes into answers, so tests can tell two servers apart.
-With UPSTREAM_CALL_LOG set, ``transfer`` appends each call it runs to that file.
+With UPSTREAM_CALL_LOG set, ``transfer`` appends each call it runs to that file; with UPSTREAM_META_LOG set,
+``traced`` appends the request's ``_meta`` it received (a JSON line: the traceparent, tests/test_traces.py).
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import os
 import sys
 import time
 
 from mcp.server import MCPServer
-from mcp.server.mcpserver import Image
+from mcp.server.mcpserver import Context, Image
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field
 
@@ -93,6 +95,17 @@ def transfer(amount: int) -> str:
         with open(log, "a", encoding="utf-8") as fh:
             fh.write(f"transfer {amount}\n")
     return f"sent {amount}"
+
+
+@mcp.tool()
+def traced(ctx: Context) -> str:
+    """Log the request's _meta (its W3C trace context) to UPSTREAM_META_LOG."""
+    meta = ctx.request_context.meta
+    log = os.environ.get("UPSTREAM_META_LOG")
+    if log:
+        with open(log, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(meta.model_dump(by_alias=True, mode="json") if hasattr(meta, "model_dump") else dict(meta or {})) + "\n")
+    return "traced"
 
 
 @mcp.tool()

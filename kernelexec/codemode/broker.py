@@ -36,6 +36,7 @@ from typing import Any
 
 import anyio
 
+from kernelexec import tracing
 from kernelexec.codemode.config import Upstream, matches, python_name, server_attr
 from kernelexec.codemode.schema import schema_problem
 from kernelexec.display import display
@@ -193,18 +194,26 @@ class Connection:
         every secret of the server scrubbed from all its text and structured values (an ``isError`` result too),
         a failure as an ``UpstreamError`` whose message is scrubbed (the connection dropped when it broke)."""
         self.active += 1
+        tool = args[0] if method == "call_tool" and args and isinstance(args[0], str) else None
         try:
-            client = await self.get(tg)
-            try:
-                result = await getattr(client, method)(*args)
-            except Exception as exc:
-                from mcp.shared.exceptions import MCPError
+            # the SDK's client span ("MCP send tools/call …") is this span's child; it injects the traceparent
+            # into the upstream request's _meta (SEP-414)
+            with tracing.span(f"kernelexec.broker {method}", **{"kernelexec.upstream": self.upstream.name,
+                                                                 "gen_ai.tool.name": tool}) as span:
+                client = await self.get(tg)
+                try:
+                    result = await getattr(client, method)(*args)
+                except Exception as exc:
+                    from mcp.shared.exceptions import MCPError
 
-                broken = not isinstance(exc, MCPError) or "closed" in str(exc).lower()
-                if broken:
-                    self.drop()  # the server crashed or the transport broke: connect again on the next call
-                said = f"{type(exc).__name__}: {exc}" if broken else str(exc)
-                raise UpstreamError(self.upstream.scrub(said), broken=broken) from None
+                    broken = not isinstance(exc, MCPError) or "closed" in str(exc).lower()
+                    if broken:
+                        self.drop()  # the server crashed or the transport broke: connect again on the next call
+                    said = f"{type(exc).__name__}: {exc}" if broken else str(exc)
+                    tracing.error(span, type(exc).__name__ if broken else str(getattr(getattr(exc, "error", None), "code", "mcp_error")))
+                    raise UpstreamError(self.upstream.scrub(said), broken=broken) from None
+                if getattr(result, "is_error", False):
+                    tracing.error(span, "tool_error")
         finally:
             self.active -= 1
             self.last_used = time.monotonic()

@@ -33,6 +33,7 @@ from typing import Any
 
 import anyio
 
+from kernelexec import tracing
 from kernelexec.config import Profile, Settings
 from kernelexec.environment import wheels
 from kernelexec.environment.pip_commands import Described, Source, Target
@@ -203,6 +204,15 @@ async def install(settings: Settings, specs: list[str], overlay: Path, *, upgrad
     (kernelexec's own when None) into ``overlay``; raises InstallError saying why not (see wheels.py).
     ``upgrade``: what is installed replaces the overlay's copies either way (the staging starts empty)."""
     del upgrade  # kept in the signature: the tools and pip lines say it; a fresh install replaces anyway
+    with tracing.span("kernelexec.install", **{"kernelexec.install.specs": ", ".join(specs)}) as span:
+        try:
+            return await _install(settings, specs, overlay, environment)
+        except InstallError as exc:
+            tracing.error(span, "install_error", str(exc)[:200])
+            raise
+
+
+async def _install(settings: Settings, specs: list[str], overlay: Path, environment: Described | None) -> InstallOutcome:
     started = time.monotonic()
     overlay.mkdir(parents=True, exist_ok=True)
     cache_dir(settings).mkdir(parents=True, exist_ok=True)

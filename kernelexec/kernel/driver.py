@@ -36,6 +36,7 @@ import anyio.lowlevel
 import zmq
 from jupyter_client.manager import AsyncKernelManager
 
+from kernelexec import tracing
 from kernelexec.errors import KernelDied, KernelStartError
 from kernelexec.kernel.collector import Caps, Collector
 from kernelexec.kernel.execution import Execution, ResultRule
@@ -295,22 +296,12 @@ class Kernel(ABC):
         msg_id = str(request["header"]["msg_id"])
         collector = Collector(ex, self.caps(), self.spec.dirs.outputs, tag=f"stream-{msg_id[:12]}")
         stdin = Stdin(self.kc, msg_id, ask, ex, tools) if ask is not None or tools is not None else None
+        span = tracing.span("kernelexec.kernel.execute", **{"kernelexec.kernel.msg_id": msg_id})
         try:
-            try:
-                await send_to_kernel(self.kc.shell_channel, request)
-                state = await self._collect(msg_id, collector, started + timeout, on_output, stdin)
-            except KernelStalled as exc:
-                ex.notes.append(f"{exc}: the request could not be sent, so the kernel was treated as hung")
-                state = "hung"
-            if state == "timeout":
-                ex.timed_out = True
-                state = await self._escalate(msg_id, collector, grace, ex, f"timed out after {timeout:.3g} s")
-            elif state == "hung":  # it stopped reading its channels: a hung kernel, whatever its deadline says
-                state = await self._hung(msg_id, collector, grace, ex)
-            if state == "dead":
-                await self._after_death(ex, silent=not collector.began)
-            elif state == "idle":
-                await self._finish(msg_id, ex, deadline=time.monotonic() + max(grace, 5.0))
+            with span as s:
+                await self._send_and_collect(ex, request, msg_id, collector, started, timeout, grace, on_output, stdin)
+                if s is not None and ex.error is not None:
+                    tracing.error(s, "cell_error")
         except anyio.get_cancelled_exc_class():
             # The client gave up (MCP cancellation): stop the cell so the next call finds a quiet kernel.
             ex.cancelled = True
@@ -321,6 +312,25 @@ class Kernel(ABC):
             collector.finish()
             ex.duration_ms = round((time.monotonic() - started) * 1000, 3)
         return ex
+
+    async def _send_and_collect(self, ex: Execution, request: Any, msg_id: str, collector: Collector, started: float,
+                                timeout: float, grace: float, on_output: OnOutput | None, stdin: Stdin | None) -> None:
+        """One request sent, its IOPub read until idle; a timeout or a hang escalated, a death reported."""
+        try:
+            await send_to_kernel(self.kc.shell_channel, request)
+            state = await self._collect(msg_id, collector, started + timeout, on_output, stdin)
+        except KernelStalled as exc:
+            ex.notes.append(f"{exc}: the request could not be sent, so the kernel was treated as hung")
+            state = "hung"
+        if state == "timeout":
+            ex.timed_out = True
+            state = await self._escalate(msg_id, collector, grace, ex, f"timed out after {timeout:.3g} s")
+        elif state == "hung":  # it stopped reading its channels: a hung kernel, whatever its deadline says
+            state = await self._hung(msg_id, collector, grace, ex)
+        if state == "dead":
+            await self._after_death(ex, silent=not collector.began)
+        elif state == "idle":
+            await self._finish(msg_id, ex, deadline=time.monotonic() + max(grace, 5.0))
 
     async def _hung(self, msg_id: str, collector: Collector, grace: float, ex: Execution) -> str:
         """A kernel that stopped reading its channels: interrupted (the cell's end is collected), then restarted.

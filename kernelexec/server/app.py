@@ -25,6 +25,7 @@ from mcp_types import (
     TextContent,
 )
 
+from kernelexec import tracing
 from kernelexec.codemode.broker import Broker
 from kernelexec.config import Settings
 from kernelexec.display import display
@@ -247,6 +248,10 @@ class App:
         """Resolve the call's session and start its run; a session made for this call is given up when the run
         cannot start (a run budget) or ends without running anything (its place is never held by a failure)."""
         target, fresh = await self._resolve(ctx, session, working_dir)
+        headers = ctx.headers if ctx is not None else None
+        # the SDK's tools/call span: the MCP session (legacy streamable HTTP) and ours
+        tracing.annotate(**{"mcp.session.id": headers.get("mcp-session-id") if headers is not None else None,
+                            "kernelexec.session": target.handle})
 
         async def unused(run: Run) -> None:
             if target.kernel is None or not await anyio.to_thread.run_sync(target.recorder.cells):  # nothing ran in it

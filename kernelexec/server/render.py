@@ -24,6 +24,7 @@ from typing import Any
 
 from mcp_types import Annotations, ContentBlock, EmbeddedResource, ImageContent, ResourceLink, TextContent, TextResourceContents
 
+from kernelexec import tracing
 from kernelexec.display import display
 from kernelexec.kernel.collector import strip_ansi
 from kernelexec.kernel.execution import CellError, Execution
@@ -100,6 +101,10 @@ class Renderer:
     def render(self, ex: Execution, *, notebook: str | None, layers: list[str] | None = None,
                hint: str | None = None, restored: RestoreReport | None = None) -> Rendered:
         """``hint``: a line added to the error's traceback for the model (how to install a missing module)."""
+        with tracing.span("kernelexec.render", **{"kernelexec.session": self.session}):
+            return self._render(ex, notebook=notebook, layers=layers, hint=hint)
+
+    def _render(self, ex: Execution, *, notebook: str | None, layers: list[str] | None, hint: str | None) -> Rendered:
         self._seq += 1
         stem = f"cell{ex.execution_count if ex.execution_count is not None else 'x'}-{self._seq}"
         result_value, result_file = self._result(ex, stem)

@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from kernelexec import tracing
 from kernelexec.kernel.execution import Execution
 from kernelexec.kernel.wire import clean
 from kernelexec.layout import SessionDirs
@@ -213,7 +214,8 @@ class Recorder:
 
     def append(self, ex: Execution, meta: dict[str, Any]) -> None:
         """Record one call in the journal (fsynced) and the notebook, before its answer goes out."""
-        self._record(cell_record(ex, meta))
+        with tracing.span("kernelexec.record", **{"kernelexec.cell.execution_count": ex.execution_count}):
+            self._record(cell_record(ex, meta))
 
     def mark(self, event: Event, text: str, **info: Any) -> None:
         """Record a kernel event between calls (see ``marker_record``)."""

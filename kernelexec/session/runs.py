@@ -39,6 +39,7 @@ from typing import Any, Protocol
 
 import anyio
 
+from kernelexec import tracing
 from kernelexec.codemode.broker import ApprovalCall, Approve, Verdict
 from kernelexec.config import Settings
 from kernelexec.errors import InvalidRequest, KernelexecError, SessionError
@@ -446,9 +447,12 @@ class RunRegistry:
             assert run.scope is not None
             await self._notify(run, "started")
             try:
-                with run.scope:
+                with run.scope:  # the tool call's span stays current here (start_soon copies the caller's context)
                     run.finished = await session.run(code, timeout=timeout, working_dir=working_dir, on_output=run.on_output,
                                                      result_rule=result_rule, ask=run.asker(ask), approve=run.approver(approve))
+                    sent = run.finished.execution.started if run.finished is not None else None
+                    if sent is not None:  # run started → code sent to the kernel: the queue, the kernel's start, installs
+                        tracing.record("kernelexec.queue_wait", run.started, sent, **{"kernelexec.run.id": run.id})
                 if run.scope.cancelled_caught:
                     run.failure = "cancelled by the client; the kernel was interrupted"
             except KernelexecError as exc:
