@@ -102,9 +102,10 @@ class Renderer:
                hint: str | None = None, restored: RestoreReport | None = None) -> Rendered:
         """``hint``: a line added to the error's traceback for the model (how to install a missing module)."""
         with tracing.span("kernelexec.render", **{"kernelexec.session": self.session}):
-            return self._render(ex, notebook=notebook, layers=layers, hint=hint)
+            return self._render(ex, notebook=notebook, layers=layers, hint=hint, restored=restored)
 
-    def _render(self, ex: Execution, *, notebook: str | None, layers: list[str] | None, hint: str | None) -> Rendered:
+    def _render(self, ex: Execution, *, notebook: str | None, layers: list[str] | None, hint: str | None,
+                restored: RestoreReport | None) -> Rendered:
         self._seq += 1
         stem = f"cell{ex.execution_count if ex.execution_count is not None else 'x'}-{self._seq}"
         result_value, result_file = self._result(ex, stem)
