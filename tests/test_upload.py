@@ -151,3 +151,23 @@ async def test_expired_unknown_and_another_tokens_urls(server: str) -> None:
     async with client(server, BOB) as bob:  # nor can bob mint one for alice's session
         answer = await bob.call_tool("upload_url", {"session": handle, "filename": "x.bin"})
         assert answer.is_error and "unknown session" in answer.content[0].text
+
+
+async def test_a_closed_sessions_url_is_gone(server: str) -> None:
+    async with client(server, ALICE) as alice:
+        handle = (await alice.call_tool("new_session", {})).structured_content["session"]
+        g = await grant(alice, handle, "after.bin")
+        await alice.call_tool("close_session", {"session": handle})
+        assert (await put(g["uploadUrl"], b"late")).status_code == 410
+
+
+async def test_not_listed_under_stdio(tmp_path: Path) -> None:
+    from kernelexec.config import Settings
+    from kernelexec.server.build import build_server
+    from kernelexec.session.manager import SessionManager
+
+    for transport, listed in (("stdio", False), ("http", True)):
+        settings = Settings(state_dir=tmp_path / transport, transport=transport)
+        async with Client(build_server(settings, SessionManager(settings))) as c:
+            names = {t.name for t in (await c.list_tools()).tools}
+        assert ("upload_url" in names) is listed, transport
