@@ -3,7 +3,9 @@ a ``PUT`` of the bytes to it lands in the session's working directory **through 
 gets them too).
 
 The result follows the draft SEP-2631 ``files/authorizeUpload`` shape (``uploadUrl``, ``method``, ``headers``,
-``expiresAt``, ``maxBytes``); the installed SDK has no such method, so it is a tool.
+``expiresAt``, ``maxBytes``). The installed SDK has neither that method nor the SEP's extension, so it is a tool,
+listed over HTTP only (under stdio the working directory already is the user's); the SEP's method, behind its
+extension id where a client declares it, is not served yet.
 
 The URL is the capability, like a getpass() page (secret_page.py): ``/upload/<32 random bytes>``, unguessable,
 bound to the session and the token that asked, capped, expiring. A PUT needs no bearer token; one that carries a
@@ -44,7 +46,6 @@ MAX_BYTES = 256 * 1024 * 1024  # the largest cap a URL may have
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 DEFAULT_TTL_S = 600
 REMEMBER_S = 3600  # a used or expired URL answers 410 this long after it expired, then 404 as unknown
-EXTENSION = "io.modelcontextprotocol/files"  # the draft SEP-2631's shape; see the module's docstring
 DEVICES = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lpt{i}" for i in range(10))}
 HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
 
