@@ -73,6 +73,10 @@ async def test_the_bytes_land_through_the_kernel_and_equal_what_was_sent(server:
         again = await put(g["uploadUrl"], b"more")  # reused
         assert again.status_code == 410
         assert not [n for n in await listing(alice, handle) if n.startswith(".kernelexec-upload")]
+        await cell(alice, handle, "import os; os.mkdir('adir'); result = 1")
+        onto = await grant(alice, handle, "adir")  # a directory of that name: refused, nothing kept
+        assert (await put(onto["uploadUrl"], b"x")).status_code == 409
+        assert not [n for n in await listing(alice, handle) if n.startswith(".kernelexec-upload")]
 
 
 @pytest.mark.parametrize("name", ["../evil", "/etc/passwd", "a/b", "a\\b", "nul\x00byte", "bell\x07", "line\nfeed",

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
@@ -160,11 +161,10 @@ class Uploads:
             if not isinstance(done, str):
                 raise _Refused(f"the kernel could not place the file (nothing was kept): {done}")
         except BaseException as exc:
-            try:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(30):  # a client gone or a cancel: still removed
                 await session.evaluate(REMOVE.format(tmp=repr(tmp)))
-            finally:
-                if not isinstance(exc, Exception):
-                    raise
+            if not isinstance(exc, Exception):
+                raise
             return _answer(409 if isinstance(exc, _Refused) else 500, error=str(exc)[:500])
         return _answer(201, path=done, size=size, sha256=digest.hexdigest(), session=session.handle, cwd=cwd)
 
