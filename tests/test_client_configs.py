@@ -133,7 +133,7 @@ async def test_the_snippets_command_lines_start_a_working_server(short_tmp: Path
             tg.start_soon(start, args)
     assert len(found) == len(commands) >= 3
     for line, tools in found.items():
-        assert set(server_tools()) == tools, line
+        assert set(server_tools()) - {"upload_url"} == tools, line  # upload_url: HTTP only
 
 
 # --- the Claude Code marketplace and its two plugins ---------------------------------------------------------

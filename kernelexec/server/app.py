@@ -48,6 +48,7 @@ from kernelexec.server.questions import (
 from kernelexec.server.render import Rendered, Renderer, escape_tags
 from kernelexec.server.results import ExecuteResult, SessionInfo, Variable, VariablesResult
 from kernelexec.server.secret_page import SecretPages
+from kernelexec.server.uploads import Uploads
 from kernelexec.session.manager import SessionManager
 from kernelexec.session.runs import APPROVED, KEEP_FINISHED, Finished, OpenPage, Question, Run
 from kernelexec.session.session import Session
@@ -138,6 +139,7 @@ class App:
     # finished runs' answers, once each, by owner (token): the last KEEP_FINISHED of each, like the runs kept
     _answers: "dict[str | None, OrderedDict[str, Rendered]]" = field(default_factory=dict)
     pages: SecretPages = field(default_factory=SecretPages)  # getpass() pages (HTTP: routes of build.py's app)
+    uploads: Uploads = field(default_factory=Uploads)  # upload URLs (HTTP only: routes of build.py's app)
 
     def page_opener(self, ctx: Context | None) -> OpenPage | None:
         """How a run started by this call asks a getpass(): on a one-time page, where the client declared URL-mode
@@ -145,15 +147,19 @@ class App:
         (its bound host and port; for a wildcard bind, the Host the client reached); else a listener of its own."""
         if not url_elicits(ctx):
             return None
-        headers = ctx.headers if ctx is not None else None
-        origin = None
-        if self.settings.transport == "http" and headers is not None:
-            host = self.settings.host
-            if host in ("0.0.0.0", "::", ""):
-                origin = f"http://{headers.get('host', '127.0.0.1')}"
-            else:
-                origin = f"http://{'[' + host + ']' if ':' in host else host}:{self.settings.port}"
+        origin = self.origin(ctx)
         return lambda run, question: self.pages.open(run, question, origin)
+
+    def origin(self, ctx: Context | None) -> str | None:
+        """Over HTTP, this server's own origin (its bound host and port; for a wildcard bind, the Host the client
+        reached); else None."""
+        headers = ctx.headers if ctx is not None else None
+        if self.settings.transport != "http" or headers is None:
+            return None
+        host = self.settings.host
+        if host in ("0.0.0.0", "::", ""):
+            return f"http://{headers.get('host', '127.0.0.1')}"
+        return f"http://{'[' + host + ']' if ':' in host else host}:{self.settings.port}"
 
     def renderer(self, session: Session) -> Renderer:
         """The session's renderer (it numbers the session's output files and tells the header once)."""

@@ -11,7 +11,7 @@ from kernelexec.config import Settings
 from kernelexec.sandbox.policy import describe
 from kernelexec.server import durable, resources, tasks, tools, view
 from kernelexec.server.app import App, code_mode_listing
-from kernelexec.server.auth import StaticTokenVerifier, auth_settings, load_tokens
+from kernelexec.server.auth import StaticTokenVerifier, auth_settings, load_tokens, principal_id
 from kernelexec.server.metrics import Metrics, endpoint
 from kernelexec.session.manager import SessionManager
 
@@ -52,6 +52,9 @@ def build_server(settings: Settings, sessions: SessionManager, app: App | None =
     tools.register(mcp, app)
     if settings.transport == "http":  # getpass() pages at the server's own origin (secret_page.py); the path is the key
         mcp.custom_route("/secret/{key}", methods=["GET", "POST"], include_in_schema=False)(app.pages.endpoint)
+        # upload URLs (uploads.py): the path is the capability; a token other than the owner's finds nothing
+        app.uploads.principals = {t.encode(): principal_id(t) for t in tokens}
+        mcp.custom_route("/upload/{key}", methods=["PUT"], include_in_schema=False)(app.uploads.endpoint)
     if apps is not None:
         mcp.middleware.append(view.hide_app_only)  # app-only tools: listed and callable only for Apps clients
     if sessions.broker is not None:  # code mode: the callable tools in execute_code's description

@@ -133,3 +133,15 @@ class InstallResult(BaseModel):
     duration_ms: float = Field(description="How long the install took")
     index: str = Field(description="Where the wheels came from")
     summary: str
+
+
+class UploadGrant(BaseModel):
+    """upload_url's answer, in the draft SEP-2631 files/authorizeUpload shape (server/uploads.py)."""
+
+    uploadUrl: str = Field(description="PUT the file's bytes here, once; the URL is the capability")  # noqa: N815
+    method: Literal["PUT"] = "PUT"
+    headers: dict[str, str] = Field(default_factory=dict, description="Headers to send with the PUT")
+    expiresAt: str = Field(description="When the URL stops working (ISO 8601, UTC)")  # noqa: N815
+    maxBytes: int = Field(description="The largest body accepted; more is refused with 413")  # noqa: N815
+    session: str
+    filename: str

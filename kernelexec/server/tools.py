@@ -15,10 +15,10 @@ from mcp_types import (
 from pydantic import Field
 
 from kernelexec.errors import InvalidRequest
-from kernelexec.server import durable, view
+from kernelexec.server import durable, uploads, view
 from kernelexec.server.app import RUN_PYTHON_TIMEOUT, App, exposed_tools, info, translated, variables_answer
 from kernelexec.server.render import Rendered
-from kernelexec.server.results import ExecuteResult, InstalledPackage, InstallResult, RunPythonResult, SessionInfo, VariablesResult
+from kernelexec.server.results import ExecuteResult, InstalledPackage, InstallResult, RunPythonResult, SessionInfo, UploadGrant, VariablesResult
 from kernelexec.server.view import VIEW_META
 from kernelexec.session.restore import RestoreReport, describe_replayed
 from kernelexec.session.runs import Run
@@ -216,8 +216,25 @@ def _session_tools(app: App) -> dict[str, Any]:
         forked.detail = f"forked from {source.handle}; " + (report.detail if report is not None else "nothing to restore")
         return forked
 
+    @translated
+    async def upload_url(
+        ctx: Context,
+        filename: Annotated[str, Field(description="The file's name in the session's working directory (one plain name, no path)")],
+        session: SessionArg = None,
+        max_bytes: Annotated[int, Field(ge=1, le=uploads.MAX_BYTES, description="The largest body the URL accepts")] = uploads.DEFAULT_MAX_BYTES,
+        expires_s: Annotated[int, Field(ge=1, le=3600, description="Seconds the URL stays valid")] = uploads.DEFAULT_TTL_S,
+    ) -> UploadGrant:
+        """A one-time URL to PUT a file's bytes to (outside the conversation: the bytes never pass through the model);
+        they land in the session's working directory under filename, through its kernel. HTTP transport only."""
+        origin = app.origin(ctx)
+        if origin is None:
+            raise InvalidRequest("upload_url works over the HTTP transport only; under stdio the working directory "
+                                 "already is yours: put the file there")
+        target = await app.resolve(ctx, session)
+        return UploadGrant(**app.uploads.mint(target, app.owner(), filename, max_bytes, expires_s, origin))
+
     return {"new_session": new_session, "restart_session": restart_session, "close_session": close_session,
-            "install_packages": install_packages, "fork_session": fork_session}
+            "install_packages": install_packages, "fork_session": fork_session, "upload_url": upload_url}
 
 
 async def _installed(target: Session, packages: list[str], upgrade: bool) -> tuple[Session, Any]:
@@ -244,8 +261,9 @@ def register(mcp: MCPServer, app: App) -> None:
         "interrupt": (fns["interrupt"], acting, "Interrupt running code"),
         "install_packages": (fns["install_packages"], ToolAnnotations(read_only_hint=False, destructive_hint=False,
                                                                idempotent_hint=True, open_world_hint=True), "Install packages"),
+        "upload_url": (fns["upload_url"], acting, "Upload URL for a file"),
     }
-    exposed = exposed_tools(app.settings) or list(tools)
+    exposed = exposed_tools(app.settings) or [n for n in tools if n != "upload_url" or app.settings.transport == "http"]
     for name in exposed:
         fn, annotations, title = tools[name]
         # the run view (view.py) for hosts that render MCP Apps; others ignore the _meta and get the same answer
