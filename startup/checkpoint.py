@@ -74,6 +74,23 @@ def _names(cell: str) -> tuple[set[str], set[str]] | None:
     return wrote, changed
 
 
+class _OverCap(Exception):
+    """A value's pickle went past the room left under the checkpoint cap (args[0]: that room)."""
+
+
+class _Capped:
+    """A file's write, counted: past ``room`` bytes it raises _OverCap (pickle.dump stops at once)."""
+
+    def __init__(self, fh: Any, room: int) -> None:
+        self.fh, self.room, self.size = fh, room, 0
+
+    def write(self, data: Any) -> int:
+        self.size += memoryview(data).nbytes
+        if self.size > self.room:
+            raise _OverCap(max(self.room, 0))
+        return int(self.fh.write(data))
+
+
 class Checkpointer:
     """One kernel's checkpoints. Inactive until the server calls ``restore`` or ``reset`` (a new
     process must not overwrite the checkpoint it has not loaded)."""
@@ -173,23 +190,45 @@ class Checkpointer:
             if isinstance(value, (types.FunctionType, type)) and getattr(value, "__module__", None) == "__main__":
                 unsaved[name] = "defined in a cell"
                 continue
+            file = f"{name}.{os.urandom(6).hex()}.{self.seq}.pkl"  # never a name an older manifest uses
             try:
-                blob = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+                size = self._dump(file, value, self.cap - total)
+            except _OverCap as over:
+                unsaved[name] = f"over the checkpoint cap (more than {over.args[0]:,} bytes; {total:,} of {self.cap:,} used)"
+                continue
             except Exception as exc:  # noqa: BLE001 - open files, sockets, generators, locks, ...
                 unsaved[name] = f"cannot be pickled ({type(exc).__name__}: {str(exc)[:120]})"
                 continue
-            if total + len(blob) > self.cap:
-                unsaved[name] = f"over the checkpoint cap ({len(blob):,} bytes; {total:,} of {self.cap:,} used)"
-                continue
-            file = f"{name}.{os.urandom(6).hex()}.{self.seq}.pkl"  # never a name an older manifest uses
-            self._write(file, blob)
             written.append(file)
-            entries[name] = {"file": file, "bytes": len(blob)}
-            total += len(blob)
+            entries[name] = {"file": file, "bytes": size}
+            total += size
         manifest = {"version": 1, "vars": entries, "unsaved": unsaved, "bytes": total, "cap": self.cap}
         self._write(MANIFEST, json.dumps(manifest).encode())
         self.entries, self.unsaved = entries, unsaved
         self._remove([f for f in drop if f not in written])
+
+    def _dump(self, name: str, value: Any, room: int) -> int:
+        """Pickle ``value`` straight into the file ``name`` (temp + rename), never whole in memory: a large array's
+        or bytes' buffer goes to the file as it is, so a save does not double the kernel's peak memory. Past ``room``
+        bytes it stops (_OverCap) and leaves nothing. Its size."""
+        assert self.dir is not None
+        path = os.path.join(self.dir, name)
+        tmp = path + ".tmp"
+        with self.bypass():
+            os.makedirs(self.dir, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    out = _Capped(fh, room)
+                    pickle.dump(value, out, protocol=pickle.HIGHEST_PROTOCOL)
+                os.replace(tmp, path)
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise
+        return out.size
 
     def _write(self, name: str, data: bytes) -> None:
         assert self.dir is not None

@@ -47,7 +47,11 @@ def _kernelexec_boot() -> None:
         tempfile.gettempdir()  # probes by writing a file: cache it before writes may be refused
         checkpoints = load("checkpoint").Checkpointer(shell, policy, bypass=None)
         runtime.bypass = checkpoints.bypass = guard.install(policy)
+        # the checkpoint's wait for the last cell's save first, then the runtime's start of this cell: a cell's CPU
+        # seconds are its own, never the previous cell's save still running in the background
+        shell.events.unregister("pre_run_cell", runtime.pre_run_cell)
         shell.events.register("pre_run_cell", checkpoints.pre_run_cell)
+        shell.events.register("pre_run_cell", runtime.pre_run_cell)
         shell.events.register("post_run_cell", checkpoints.post_run_cell)  # after the runtime's: the answer first
         names["_kernelexec_checkpoint_restore"] = lambda only=None: runtime_mod._Report(checkpoints.restore(only))
         names["_kernelexec_checkpoint_reset"] = lambda: runtime_mod._Report(checkpoints.reset())
