@@ -266,3 +266,46 @@ async def test_strict_profile_checkpoints_and_restores(short_tmp: Path) -> None:
         await anyio.sleep(0.5)
         r = await h.run("result = counts['a']", session=s)
         assert r["result"] == 2 and "counts" in r["restored"]["restored"], r["restored"]
+
+
+async def test_a_segfault_under_trusted_then_the_next_call_finds_the_variables(short_tmp: Path) -> None:
+    """A crash in native code (ctypes reading address 0, allowed under the trusted profile): SIGSEGV kills
+    the kernel; the next call finds what the last finished cell left, loaded from the checkpoint."""
+    async with serving(make_settings(short_tmp, profile="trusted")) as h:
+        s = await h.new_session()
+        await h.run("rows = [{'k': i} for i in range(1000)]\nlabel = 'before the crash'", session=s)
+        status = await settled(h, s)
+        assert {"rows", "label"} <= set(status["saved"]), status
+        dead = await h.client.call_tool("execute_code", {"code": "import ctypes\nctypes.string_at(0)", "session": s})
+        assert dead.structured_content["ending"] == "kernel_died", dead.structured_content
+        assert "SIGSEGV" in (dead.structured_content["restart_reason"] or ""), dead.structured_content
+        r = await h.run("result = (len(rows), rows[-1], label)", session=s)
+        assert r["result"] == [1000, {"k": 999}, "before the crash"], r
+        assert {"rows", "label"} <= set(r["restored"]["restored"]) and r["restored"]["reran"] == [], r["restored"]
+        assert "restored" in r["restart_reason"] and "from the checkpoint" in r["restart_reason"], r
+
+
+async def test_out_of_memory_then_the_next_call_finds_the_variables(short_tmp: Path) -> None:
+    """Both memory limits of a 300 MiB kernel: RLIMIT_DATA turns a big allocation into MemoryError and the
+    kernel (and its variables) lives on; shared anonymous memory escapes RLIMIT_DATA and the cgroup's hard
+    cap (memory_mb + 512 MiB) OOM-kills the kernel, and the next call finds the variables from the checkpoint."""
+    from kernelexec.sandbox.probe import probe
+
+    async with serving(make_settings(short_tmp, profile="trusted", memory_mb=300, pool_size=0)) as h:
+        s = await h.new_session()
+        await h.run("weights = [float(i) for i in range(50_000)]\nepoch = 7", session=s)
+        status = await settled(h, s)
+        assert {"weights", "epoch"} <= set(status["saved"]), status
+        soft = await h.client.call_tool("execute_code", {"code": "blob = bytearray(600 * 1024 * 1024)", "session": s})
+        assert soft.structured_content["error_type"] == "MemoryError", soft.structured_content
+        r = await h.run("result = (len(weights), epoch)", session=s)
+        assert r["result"] == [50_000, 7] and r.get("restored") is None, r  # same kernel: nothing to restore
+        if probe().cgroup is None:
+            pytest.fail("needs a writable cgroup hierarchy for the OOM kill (run as root, as CI does)")
+        code = "import mmap\nm = mmap.mmap(-1, 1536 * 1024 * 1024)\nfor i in range(0, len(m), 4096):\n    m[i] = 1"
+        dead = await h.run(code, session=s, timeout=60)
+        assert dead["ending"] == "kernel_died" and "SIGKILL" in dead["restart_reason"], dead
+        r = await h.run("result = (len(weights), weights[-1], epoch)", session=s)
+        assert r["result"] == [50_000, 49_999.0, 7], r
+        assert {"weights", "epoch"} <= set(r["restored"]["restored"]) and r["restored"]["reran"] == [], r["restored"]
+        assert "restored" in r["restart_reason"], r
