@@ -13,20 +13,86 @@ The server never unpickles or reads it.
 Not saved, and named in the manifest: what pickle refuses (open files, sockets, generators, locks),
 functions and classes defined in cells (stdlib pickle stores them by name), and what the size cap
 (``checkpoint_cap`` bytes) left out. Modules are kept as their names and imported again.
+
+Each saved value also records the source files of the modules its classes and functions come from (path,
+size, mtime): when one of them has changed by the time of a restore, the value is refused (reported as
+failed, so the server recomputes it from its cell or names it lost) rather than loaded as an object of
+the old class shape under the new class.
 """
 
 from __future__ import annotations
 
 import ast
+import io
 import json
 import os
 import pickle
+import sys
 import threading
 import types
 from typing import Any
 
 MANIFEST = "manifest.json"
 _SKIP_TYPES = (types.ModuleType,)
+
+
+class _Pickler(pickle.Pickler):
+    """The C pickler, noting the module of every class, function and instance it meets (the hook is not
+    called for exact ints, floats, strs, bytes, lists, dicts, tuples, sets: a big list of numbers costs
+    nothing more)."""
+
+    def __init__(self, file: Any) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.modules: set[str] = set()
+
+    def reducer_override(self, obj: Any) -> Any:
+        kind = obj if isinstance(obj, type) else type(obj)
+        self.modules.add(getattr(kind, "__module__", None) or "")
+        if isinstance(obj, (types.FunctionType, types.BuiltinFunctionType)):
+            self.modules.add(getattr(obj, "__module__", None) or "")
+        return NotImplemented
+
+
+def _dumps(value: Any) -> tuple[bytes, set[str]]:
+    buffer = io.BytesIO()
+    pickler = _Pickler(buffer)
+    pickler.dump(value)
+    return buffer.getvalue(), pickler.modules
+
+
+def _stamp(path: str) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _sources(modules: set[str]) -> dict[str, list[Any]]:
+    """{module: [its file, size, mtime_ns]} for the modules loaded from a file."""
+    out: dict[str, list[Any]] = {}
+    for name in sorted(modules):
+        if not name or name in ("__main__", "builtins") or name in sys.builtin_module_names:
+            continue
+        path = getattr(sys.modules.get(name), "__file__", None)
+        stamp = _stamp(path) if isinstance(path, str) else None
+        if isinstance(path, str) and stamp is not None:
+            out[name] = [path, *stamp]
+    return out
+
+
+def _changed(sources: Any) -> str | None:
+    """The first module whose file is not what it was at the save (a forged entry is just refused)."""
+    if sources is None:
+        return None
+    if not isinstance(sources, dict):
+        return "?"
+    for name, seen in sources.items():
+        if not (isinstance(seen, list) and len(seen) == 3 and isinstance(seen[0], str)):
+            return str(name)[:80]
+        if _stamp(seen[0]) != seen[1:]:
+            return str(name)[:80]
+    return None
 
 
 def _root(node: ast.AST) -> str | None:
@@ -174,7 +240,7 @@ class Checkpointer:
                 unsaved[name] = "defined in a cell"
                 continue
             try:
-                blob = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+                blob, modules = _dumps(value)
             except Exception as exc:  # noqa: BLE001 - open files, sockets, generators, locks, ...
                 unsaved[name] = f"cannot be pickled ({type(exc).__name__}: {str(exc)[:120]})"
                 continue
@@ -185,6 +251,9 @@ class Checkpointer:
             self._write(file, blob)
             written.append(file)
             entries[name] = {"file": file, "bytes": len(blob)}
+            sources = _sources(modules)
+            if sources:
+                entries[name]["sources"] = sources
             total += len(blob)
         manifest = {"version": 1, "vars": entries, "unsaved": unsaved, "bytes": total, "cap": self.cap}
         self._write(MANIFEST, json.dumps(manifest).encode())
@@ -270,6 +339,9 @@ class Checkpointer:
                 if isinstance(entry.get("module"), str):
                     value = __import__(entry["module"], fromlist=["_"])  # through the guard, as a cell's import
                 elif isinstance(entry.get("file"), str) and os.sep not in entry["file"] and not entry["file"].startswith("."):
+                    changed = _changed(entry.get("sources"))
+                    if changed is not None:
+                        raise ValueError(f"its module {changed} changed since the save")
                     value = pickle.loads(self._read(entry["file"]))  # outside the bypass: the guard holds
                 else:
                     raise ValueError("not an entry kernelexec writes")

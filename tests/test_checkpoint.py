@@ -309,3 +309,34 @@ async def test_out_of_memory_then_the_next_call_finds_the_variables(short_tmp: P
         assert r["result"] == [50_000, 49_999.0, 7], r
         assert {"weights", "epoch"} <= set(r["restored"]["restored"]) and r["restored"]["reran"] == [], r["restored"]
         assert "restored" in r["restart_reason"], r
+
+
+MYMOD_V1 = "class Point:\n    def __init__(self, x, y):\n        self.x, self.y = x, y\n"
+MYMOD_V2 = "class Point:\n    def __init__(self, x, y):\n        self.coords = (x, y)\n\n    def norm(self):\n        return sum(c * c for c in self.coords)\n"
+
+
+async def test_an_object_of_a_module_that_changed_is_recomputed_not_loaded_in_its_old_shape(short_tmp: Path) -> None:
+    """``p`` is an instance of ``mymod.Point`` (a file in the working directory); the file is edited after
+    the save, so unpickling ``p`` would give an object of the new class with the old one's attributes.
+    The checkpoint knows which module files ``p`` depends on and refuses it: cell 2 runs again."""
+    async with serving(make_settings(short_tmp, profile="trusted")) as harness:  # standard imports no local files
+        await _module_that_changed(harness)
+
+
+async def _module_that_changed(harness: Harness) -> None:
+    s = await harness.new_session()
+    first = await harness.run(f"open('mymod.py', 'w').write({MYMOD_V1!r})", session=s)  # cell 1 (binds nothing)
+    assert first["success"], (first["error"], first["traceback"])
+    second = await harness.run("import mymod\np = mymod.Point(3, 4)\nkeep = [1, 2]", session=s)  # cell 2
+    assert second["success"], (second["error"], second["traceback"])
+    status = await settled(harness, s)
+    assert {"p", "keep", "mymod"} <= set(status["saved"]), status
+    await harness.run(f"open('mymod.py', 'w').write({MYMOD_V2!r})", session=s)  # cell 3: the module changes
+    os.kill(pid_of(harness, s), signal.SIGKILL)
+    await anyio.sleep(0.5)
+    r = await harness.run("result = (p.norm(), keep)", session=s)
+    assert r["result"] == [25, [1, 2]], r
+    restored = r["restored"]
+    assert "keep" in restored["restored"] and "p" not in restored["restored"], restored
+    assert [(c["cell"], c["for_names"]) for c in restored["reran"]] == [(2, ["p"])], restored
+    assert "re-ran cell 2 for p" in r["restart_reason"], r
