@@ -13,6 +13,11 @@ The server never unpickles or reads it.
 Not saved, and named in the manifest: what pickle refuses (open files, sockets, generators, locks),
 functions and classes defined in cells (stdlib pickle stores them by name), and what the size cap
 (``checkpoint_cap`` bytes) left out. Modules are kept as their names and imported again.
+
+Each saved value also records the source files of the modules its classes and functions come from (path,
+size, mtime): when one of them has changed by the time of a restore, the value is refused (reported as
+failed, so the server recomputes it from its cell or names it lost) rather than loaded as an object of
+the old class shape under the new class.
 """
 
 from __future__ import annotations
@@ -21,12 +26,65 @@ import ast
 import json
 import os
 import pickle
+import sys
 import threading
 import types
 from typing import Any
 
 MANIFEST = "manifest.json"
 _SKIP_TYPES = (types.ModuleType,)
+
+
+class _Pickler(pickle.Pickler):
+    """The C pickler, noting the module of every class, function and instance it meets (the hook is not
+    called for exact ints, floats, strs, bytes, lists, dicts, tuples, sets: a big list of numbers costs
+    nothing more)."""
+
+    def __init__(self, file: Any) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.modules: set[str] = set()
+
+    def reducer_override(self, obj: Any) -> Any:
+        kind = obj if isinstance(obj, type) else type(obj)
+        self.modules.add(getattr(kind, "__module__", None) or "")
+        if isinstance(obj, (types.FunctionType, types.BuiltinFunctionType)):
+            self.modules.add(getattr(obj, "__module__", None) or "")
+        return NotImplemented
+
+
+def _stamp(path: str) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _sources(modules: set[str]) -> dict[str, list[Any]]:
+    """{module: [its file, size, mtime_ns]} for the modules loaded from a file."""
+    out: dict[str, list[Any]] = {}
+    for name in sorted(modules):
+        if not name or name in ("__main__", "builtins") or name in sys.builtin_module_names:
+            continue
+        path = getattr(sys.modules.get(name), "__file__", None)
+        stamp = _stamp(path) if isinstance(path, str) else None
+        if isinstance(path, str) and stamp is not None:
+            out[name] = [path, *stamp]
+    return out
+
+
+def _changed(sources: Any) -> str | None:
+    """The first module whose file is not what it was at the save (a forged entry is just refused)."""
+    if sources is None:
+        return None
+    if not isinstance(sources, dict):
+        return "?"
+    for name, seen in sources.items():
+        if not (isinstance(seen, list) and len(seen) == 3 and isinstance(seen[0], str)):
+            return str(name)[:80]
+        if _stamp(seen[0]) != seen[1:]:
+            return str(name)[:80]
+    return None
 
 
 def _root(node: ast.AST) -> str | None:
@@ -192,7 +250,7 @@ class Checkpointer:
                 continue
             file = f"{name}.{os.urandom(6).hex()}.{self.seq}.pkl"  # never a name an older manifest uses
             try:
-                size = self._dump(file, value, self.cap - total)
+                size, modules = self._dump(file, value, self.cap - total)
             except _OverCap as over:
                 unsaved[name] = f"over the checkpoint cap (more than {over.args[0]:,} bytes; {total:,} of {self.cap:,} used)"
                 continue
@@ -201,16 +259,19 @@ class Checkpointer:
                 continue
             written.append(file)
             entries[name] = {"file": file, "bytes": size}
+            sources = _sources(modules)
+            if sources:
+                entries[name]["sources"] = sources
             total += size
         manifest = {"version": 1, "vars": entries, "unsaved": unsaved, "bytes": total, "cap": self.cap}
         self._write(MANIFEST, json.dumps(manifest).encode())
         self.entries, self.unsaved = entries, unsaved
         self._remove([f for f in drop if f not in written])
 
-    def _dump(self, name: str, value: Any, room: int) -> int:
+    def _dump(self, name: str, value: Any, room: int) -> tuple[int, set[str]]:
         """Pickle ``value`` straight into the file ``name`` (temp + rename), never whole in memory: a large array's
         or bytes' buffer goes to the file as it is, so a save does not double the kernel's peak memory. Past ``room``
-        bytes it stops (_OverCap) and leaves nothing. Its size."""
+        bytes it stops (_OverCap) and leaves nothing. Its size, and the modules its classes and functions come from."""
         assert self.dir is not None
         path = os.path.join(self.dir, name)
         tmp = path + ".tmp"
@@ -220,7 +281,8 @@ class Checkpointer:
             try:
                 with os.fdopen(fd, "wb") as fh:
                     out = _Capped(fh, room)
-                    pickle.dump(value, out, protocol=pickle.HIGHEST_PROTOCOL)
+                    pickler = _Pickler(out)
+                    pickler.dump(value)
                 os.replace(tmp, path)
             except BaseException:
                 try:
@@ -228,7 +290,7 @@ class Checkpointer:
                 except OSError:
                     pass
                 raise
-        return out.size
+        return out.size, pickler.modules
 
     def _write(self, name: str, data: bytes) -> None:
         assert self.dir is not None
@@ -309,6 +371,9 @@ class Checkpointer:
                 if isinstance(entry.get("module"), str):
                     value = __import__(entry["module"], fromlist=["_"])  # through the guard, as a cell's import
                 elif isinstance(entry.get("file"), str) and os.sep not in entry["file"] and not entry["file"].startswith("."):
+                    changed = _changed(entry.get("sources"))
+                    if changed is not None:
+                        raise ValueError(f"its module {changed} changed since the save")
                     value = pickle.loads(self._read(entry["file"]))  # outside the bypass: the guard holds
                 else:
                     raise ValueError("not an entry kernelexec writes")

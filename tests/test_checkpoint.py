@@ -266,3 +266,77 @@ async def test_strict_profile_checkpoints_and_restores(short_tmp: Path) -> None:
         await anyio.sleep(0.5)
         r = await h.run("result = counts['a']", session=s)
         assert r["result"] == 2 and "counts" in r["restored"]["restored"], r["restored"]
+
+
+async def test_a_segfault_under_trusted_then_the_next_call_finds_the_variables(short_tmp: Path) -> None:
+    """A crash in native code (ctypes reading address 0, allowed under the trusted profile): SIGSEGV kills
+    the kernel; the next call finds what the last finished cell left, loaded from the checkpoint."""
+    async with serving(make_settings(short_tmp, profile="trusted")) as h:
+        s = await h.new_session()
+        await h.run("rows = [{'k': i} for i in range(1000)]\nlabel = 'before the crash'", session=s)
+        status = await settled(h, s)
+        assert {"rows", "label"} <= set(status["saved"]), status
+        dead = await h.client.call_tool("execute_code", {"code": "import ctypes\nctypes.string_at(0)", "session": s})
+        assert dead.structured_content["ending"] == "kernel_died", dead.structured_content
+        assert "SIGSEGV" in (dead.structured_content["restart_reason"] or ""), dead.structured_content
+        r = await h.run("result = (len(rows), rows[-1], label)", session=s)
+        assert r["result"] == [1000, {"k": 999}, "before the crash"], r
+        assert {"rows", "label"} <= set(r["restored"]["restored"]) and r["restored"]["reran"] == [], r["restored"]
+        assert "restored" in r["restart_reason"] and "from the checkpoint" in r["restart_reason"], r
+
+
+async def test_out_of_memory_then_the_next_call_finds_the_variables(short_tmp: Path) -> None:
+    """Both memory limits of a 300 MiB kernel: RLIMIT_DATA turns a big allocation into MemoryError and the
+    kernel (and its variables) lives on; shared anonymous memory escapes RLIMIT_DATA and the cgroup's hard
+    cap (memory_mb + 512 MiB) OOM-kills the kernel, and the next call finds the variables from the checkpoint."""
+    from kernelexec.sandbox.probe import probe
+
+    async with serving(make_settings(short_tmp, profile="trusted", memory_mb=300, pool_size=0)) as h:
+        s = await h.new_session()
+        await h.run("weights = [float(i) for i in range(50_000)]\nepoch = 7", session=s)
+        status = await settled(h, s)
+        assert {"weights", "epoch"} <= set(status["saved"]), status
+        soft = await h.client.call_tool("execute_code", {"code": "blob = bytearray(600 * 1024 * 1024)", "session": s})
+        assert soft.structured_content["error_type"] == "MemoryError", soft.structured_content
+        r = await h.run("result = (len(weights), epoch)", session=s)
+        assert r["result"] == [50_000, 7] and r.get("restored") is None, r  # same kernel: nothing to restore
+        if probe().cgroup is None:
+            pytest.fail("needs a writable cgroup hierarchy for the OOM kill (run as root, as CI does)")
+        code = "import mmap\nm = mmap.mmap(-1, 1536 * 1024 * 1024)\nfor i in range(0, len(m), 4096):\n    m[i] = 1"
+        dead = await h.run(code, session=s, timeout=60)
+        assert dead["ending"] == "kernel_died" and "SIGKILL" in dead["restart_reason"], dead
+        r = await h.run("result = (len(weights), weights[-1], epoch)", session=s)
+        assert r["result"] == [50_000, 49_999.0, 7], r
+        assert {"weights", "epoch"} <= set(r["restored"]["restored"]) and r["restored"]["reran"] == [], r["restored"]
+        assert "restored" in r["restart_reason"], r
+
+
+MYMOD_V1 = "class Point:\n    def __init__(self, x, y):\n        self.x, self.y = x, y\n"
+MYMOD_V2 = "class Point:\n    def __init__(self, x, y):\n        self.coords = (x, y)\n\n    def norm(self):\n        return sum(c * c for c in self.coords)\n"
+
+
+async def test_an_object_of_a_module_that_changed_is_recomputed_not_loaded_in_its_old_shape(short_tmp: Path) -> None:
+    """``p`` is an instance of ``mymod.Point`` (a file in the working directory); the file is edited after
+    the save, so unpickling ``p`` would give an object of the new class with the old one's attributes.
+    The checkpoint knows which module files ``p`` depends on and refuses it: cell 2 runs again."""
+    async with serving(make_settings(short_tmp, profile="trusted")) as harness:  # standard imports no local files
+        await _module_that_changed(harness)
+
+
+async def _module_that_changed(harness: Harness) -> None:
+    s = await harness.new_session()
+    first = await harness.run(f"open('mymod.py', 'w').write({MYMOD_V1!r})", session=s)  # cell 1 (binds nothing)
+    assert first["success"], (first["error"], first["traceback"])
+    second = await harness.run("import mymod\np = mymod.Point(3, 4)\nkeep = [1, 2]", session=s)  # cell 2
+    assert second["success"], (second["error"], second["traceback"])
+    status = await settled(harness, s)
+    assert {"p", "keep", "mymod"} <= set(status["saved"]), status
+    await harness.run(f"open('mymod.py', 'w').write({MYMOD_V2!r})", session=s)  # cell 3: the module changes
+    os.kill(pid_of(harness, s), signal.SIGKILL)
+    await anyio.sleep(0.5)
+    r = await harness.run("result = (p.norm(), keep)", session=s)
+    assert r["result"] == [25, [1, 2]], r
+    restored = r["restored"]
+    assert "keep" in restored["restored"] and "p" not in restored["restored"], restored
+    assert [(c["cell"], c["for_names"]) for c in restored["reran"]] == [(2, ["p"])], restored
+    assert "re-ran cell 2 for p" in r["restart_reason"], r
