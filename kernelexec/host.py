@@ -245,6 +245,10 @@ def system_which(name: str) -> str | None:
 __all__ = ["KernelReach", "check_reach", "run_python", "python_argv", "system_which", "PROTECTED_NAMES"]
 
 
+SPARSE_SLACK = 1 << 20  # bytes a file's size may exceed its allocated blocks before it counts as sparse
+MAX_COPIED_FILES = 10_000  # files one copy of a kernel's directory takes at most
+
+
 def copy_kernel_files(source: Path, target: Path, *, max_bytes: int, suffixes: tuple[str, ...] = (".json", ".pkl")) -> list[str]:
     """Copy the regular files directly in ``source`` (a directory a kernel writes: a checkpoint) into
     ``target`` as opaque bytes, never reading them as anything: no symlink followed at either end (a link
@@ -270,13 +274,18 @@ def copy_kernel_files(source: Path, target: Path, *, max_bytes: int, suffixes: t
                     st = os.fstat(fd)
                     if not stat.S_ISREG(st.st_mode):
                         raise InvalidRequest(f"checkpoint file {name!r} refused: not a regular file")
+                    if st.st_blocks * 512 + SPARSE_SLACK < st.st_size:  # holes: the copy would fill them on our disk
+                        raise InvalidRequest(f"checkpoint file {name!r} refused: a sparse file (no save writes one)")
                     total += st.st_size
-                    if total > max_bytes:
-                        raise InvalidRequest(f"the checkpoint is larger than {max_bytes:,} bytes")
+                    if total > max_bytes or len(copied) >= MAX_COPIED_FILES:
+                        raise InvalidRequest(f"the checkpoint is larger than {max_bytes:,} bytes or "
+                                             f"{MAX_COPIED_FILES:,} files")
                     out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dst_dir)
                     with os.fdopen(out, "wb") as fh:
-                        while chunk := os.read(fd, 1 << 20):
+                        left = st.st_size  # what was checked, never what the kernel appends meanwhile
+                        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
                             fh.write(chunk)
+                            left -= len(chunk)
                 finally:
                     os.close(fd)
                 copied.append(name)

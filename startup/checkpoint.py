@@ -136,16 +136,36 @@ class _OverCap(Exception):
     """A value's pickle went past the room left under the checkpoint cap (args[0]: that room)."""
 
 
-class _Capped:
-    """A file's write, counted: past ``room`` bytes it raises _OverCap (pickle.dump stops at once)."""
+def _contains(data: Any, needles: list[bytes]) -> bool:
+    """One of ``needles`` in ``data`` (a bytes-like write), read 1 MiB at a time with an overlap: a large buffer is
+    never copied whole."""
+    view = memoryview(data).cast("B")
+    overlap = max(len(n) for n in needles) - 1
+    step = 1 << 20
+    for start in range(0, len(view), step):
+        piece = bytes(view[start:start + step + overlap])
+        if any(n in piece for n in needles):
+            return True
+    return False
 
-    def __init__(self, fh: Any, room: int) -> None:
-        self.fh, self.room, self.size = fh, room, 0
+
+class _HoldsSecret(Exception):
+    """A value's pickle holds a getpass() answer: a secret is never written to disk."""
+
+
+class _Capped:
+    """A file's write, counted: past ``room`` bytes it raises _OverCap (pickle.dump stops at once); holding one of
+    ``secrets`` (getpass() answers, UTF-8: pickle writes a str whole within one write) it raises _HoldsSecret."""
+
+    def __init__(self, fh: Any, room: int, secrets: list[bytes] | None = None) -> None:
+        self.fh, self.room, self.size, self.secrets = fh, room, 0, secrets or []
 
     def write(self, data: Any) -> int:
         self.size += memoryview(data).nbytes
         if self.size > self.room:
             raise _OverCap(max(self.room, 0))
+        if self.secrets and _contains(data, self.secrets):
+            raise _HoldsSecret()
         return int(self.fh.write(data))
 
 
@@ -168,6 +188,7 @@ class Checkpointer:
         self.seq = 0
         self.thread: threading.Thread | None = None
         self.error: str | None = None
+        self.secrets: list[bytes] = []  # this kernel's getpass() answers (kernel_init): never saved
 
     def _exists(self, name: str) -> bool:
         assert self.dir is not None
@@ -251,6 +272,9 @@ class Checkpointer:
             file = f"{name}.{os.urandom(6).hex()}.{self.seq}.pkl"  # never a name an older manifest uses
             try:
                 size, modules = self._dump(file, value, self.cap - total)
+            except _HoldsSecret:
+                unsaved[name] = "holds a getpass() answer (a secret is never written to disk)"
+                continue
             except _OverCap as over:
                 unsaved[name] = f"over the checkpoint cap (more than {over.args[0]:,} bytes; {total:,} of {self.cap:,} used)"
                 continue
@@ -280,7 +304,7 @@ class Checkpointer:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
             try:
                 with os.fdopen(fd, "wb") as fh:
-                    out = _Capped(fh, room)
+                    out = _Capped(fh, room, list(self.secrets))
                     pickler = _Pickler(out)
                     pickler.dump(value)
                 os.replace(tmp, path)

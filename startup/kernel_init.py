@@ -46,6 +46,7 @@ def _kernelexec_boot() -> None:
 
         tempfile.gettempdir()  # probes by writing a file: cache it before writes may be refused
         checkpoints = load("checkpoint").Checkpointer(shell, policy, bypass=None)
+        checkpoints.secrets = runtime.secrets  # getpass() answers: a value holding one is never saved
         runtime.bypass = checkpoints.bypass = guard.install(policy)
         # the checkpoint's wait for the last cell's save first, then the runtime's start of this cell: a cell's CPU
         # seconds are its own, never the previous cell's save still running in the background
@@ -89,27 +90,33 @@ def _kernelexec_install_runtime(shell, policy: "dict", runtime_mod, names: "dict
     runtime_mod.hide_own_frames(shell.InteractiveTB)
     names["_kernelexec_variables"] = runtime.variables
     names["_kernelexec_chdir"] = os.chdir
-    _kernelexec_install_getpass(shell)  # noqa: F821 - a step below, deleted after boot
+    runtime.secrets = _kernelexec_install_getpass(shell)  # noqa: F821 - a step below, deleted after boot
     return runtime
 
 
-def _kernelexec_install_getpass(shell) -> None:
+def _kernelexec_install_getpass(shell) -> "list":
     """getpass() refused by the server (kernel/stdin.py REFUSED_MARK: no way to ask this client for a secret
     without it passing through the model) raises EOFError with the server's reason, instead of returning it.
-    ipykernel puts ``kernel.getpass`` in place of ``getpass.getpass`` for each cell: wrapped on the kernel."""
+    ipykernel puts ``kernel.getpass`` in place of ``getpass.getpass`` for each cell: wrapped on the kernel.
+    Returns the list of the answers it gave (the checkpoint never writes a value holding one to disk)."""
+    answers: list = []
     kernel = getattr(shell, "kernel", None)
     asked = getattr(kernel, "getpass", None)
     if asked is None:
-        return
+        return answers
     mark = "\x04kernelexec-refused:"
 
     def getpass(prompt: str = "Password: ", stream: object = None) -> str:
         value = asked(prompt, stream) if stream is not None else asked(prompt)
         if isinstance(value, str) and value.startswith(mark):
             raise EOFError(value[len(mark):])
+        if isinstance(value, str) and len(value) >= 4:
+            answers.append(value.encode("utf-8", "surrogatepass"))
+            del answers[:-64]  # the last 64 secrets of this kernel
         return value
 
     kernel.getpass = getpass  # type: ignore[union-attr]
+    return answers
 
 
 def _kernelexec_after_guard(shell, policy: "dict", guard, json, os, sys) -> None:

@@ -84,6 +84,22 @@ def test_the_metrics_port_serves_loopback_without_a_token(server: dict[str, Any]
     assert "kernelexec_sessions " in open_page.text
 
 
+async def test_made_up_tool_names_never_become_series(server: dict[str, Any]) -> None:
+    """A caller's calls to tools that do not exist are counted under tool="unknown": 50 made-up names add no
+    series (before, each name became its own label set, kept for the server's life: memory a caller grows)."""
+    client = Client(streamable_http_client(server["url"], http_client=httpx2.AsyncClient(
+        headers={"Authorization": f"Bearer {TOKEN}"}, timeout=120)))
+    async with client:
+        for i in range(50):
+            try:
+                await client.call_tool(f"bogus_tool_{i}", {})
+            except Exception:  # noqa: BLE001 - an unknown tool is an error either way
+                pass
+    text = page(server["base"] + "/metrics").text
+    assert "bogus_tool_" not in text
+    assert 'tool="unknown"' in text
+
+
 async def run_cells(url: str) -> None:
     client = Client(streamable_http_client(url, http_client=httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}, timeout=120)))
     async with client:

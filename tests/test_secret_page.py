@@ -247,6 +247,34 @@ async def test_getpass_over_http_2026_is_a_page_at_the_servers_origin_typed_in_c
     assert inputs[0]["answer"] == "***" and inputs[0]["answered"] is True, inputs
     assert b'"mode":"url"' in recording.seen.replace(b" ", b"")  # the recording saw the elicitation go by
     assert _leaks(SECRET, bytes(recording.seen), log, state) == []
+    key = human.asked[0].url.rsplit("/", 1)[1]  # the page's key is its capability: never in the server's log
+    assert key.encode() not in log.read_bytes()
+
+
+def test_the_access_log_masks_the_key_of_a_page_or_an_upload_url() -> None:
+    """uvicorn's access logger, as uvicorn calls it (client, method, path, version, status): with the server's
+    mask (build.mask_capability_paths) a /secret/ or /upload/ key never reaches a handler; other paths do."""
+    import io
+    import logging
+
+    from kernelexec.server.build import mask_capability_paths
+
+    access = logging.getLogger("uvicorn.access")
+    seen = io.StringIO()
+    handler = logging.StreamHandler(seen)
+    access.addHandler(handler)
+    level = access.level
+    access.setLevel(logging.INFO)
+    try:
+        mask_capability_paths()
+        for path in ("/secret/" + "k" * 43, "/upload/" + "u" * 43, "/mcp"):
+            access.info('%s - "%s %s HTTP/%s" %d', "127.0.0.1:5", "PUT", path, "1.1", 201)
+    finally:
+        access.removeHandler(handler)
+        access.setLevel(level)
+    text = seen.getvalue()
+    assert "k" * 43 not in text and "u" * 43 not in text, text
+    assert "/secret/***" in text and "/upload/***" in text and "/mcp" in text, text
 
 
 async def test_a_page_expires_with_its_question_and_answers_nothing_after(tmp_path: Path, short_tmp: Path) -> None:

@@ -4,6 +4,8 @@ resources (resources.py) over one SessionManager.
 Built by ``build_server(settings, sessions)``; nothing happens at import.
 """
 
+import logging
+
 from mcp.server.mcpserver import MCPServer
 
 from kernelexec import __version__
@@ -23,6 +25,29 @@ Plots: matplotlib figures are returned as PNG images (and SVG files). Every answ
 `session`; pass it back to keep working in the same kernel, or call new_session for a fresh one.
 Long-running code is interrupted at `timeout` seconds; if it cannot be interrupted the kernel is
 restarted and its variables are lost (the answer says so). Profile: {profile} ({what})."""
+
+
+CAPABILITY_PATHS = ("/secret/", "/upload/")  # a URL whose path is the capability: never written to a log
+
+
+class _MaskCapabilityPaths(logging.Filter):
+    """uvicorn's access log line with a capability URL's key masked (``/upload/***``): whoever reads the log
+    live must not be able to race the human or the uploader to an unused key."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
+            for prefix in CAPABILITY_PATHS:
+                if args[2].startswith(prefix):
+                    record.args = (*args[:2], prefix + "***", *args[3:])
+        return True
+
+
+def mask_capability_paths() -> None:
+    """Install the mask on uvicorn's access logger (once; uvicorn's own logging config keeps logger filters)."""
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, _MaskCapabilityPaths) for f in access.filters):
+        access.addFilter(_MaskCapabilityPaths())
 
 
 def build_server(settings: Settings, sessions: SessionManager, app: App | None = None, metrics: Metrics | None = None) -> MCPServer:
@@ -51,6 +76,7 @@ def build_server(settings: Settings, sessions: SessionManager, app: App | None =
         mcp.custom_route("/metrics", methods=["GET"], include_in_schema=False)(endpoint(metrics, tokens))
     tools.register(mcp, app)
     if settings.transport == "http":  # getpass() pages at the server's own origin (secret_page.py); the path is the key
+        mask_capability_paths()  # their keys never in the access log
         mcp.custom_route("/secret/{key}", methods=["GET", "POST"], include_in_schema=False)(app.pages.endpoint)
         # upload URLs (uploads.py): the path is the capability; a token other than the owner's finds nothing
         app.uploads.principals = {t.encode(): principal_id(t) for t in tokens}
@@ -60,4 +86,5 @@ def build_server(settings: Settings, sessions: SessionManager, app: App | None =
     if sessions.broker is not None:  # code mode: the callable tools in execute_code's description
         mcp.middleware.append(code_mode_listing(sessions.broker))  # type: ignore[arg-type]
     resources.register(mcp, sessions)
+    metrics.tool_names = frozenset(tool.name for tool in mcp._tool_manager.list_tools())  # no public sync listing
     return mcp

@@ -47,6 +47,7 @@ class Metrics:
     """The server's metrics, in its own registry."""
 
     def __init__(self) -> None:
+        self.tool_names: frozenset[str] = frozenset()  # the server's tools (build_server sets them): the only labels
         self.registry = CollectorRegistry()
         r = self.registry
         self.runs = Counter("kernelexec_runs", "Cell runs by how they ended: ok, error, interrupted, restarted, kernel_died, "
@@ -101,7 +102,8 @@ class Metrics:
             return await call_next(ctx)
         params = ctx.params
         name = params.get("name") if isinstance(params, dict) else getattr(params, "name", None)
-        tool = name if isinstance(name, str) and name.isidentifier() and len(name) <= 64 else "unknown"
+        # a label only for a tool this server has: a caller's made-up names never become series (memory)
+        tool = name if isinstance(name, str) and name in self.tool_names else "unknown"
         started = time.monotonic()
         outcome = "error"
         try:
