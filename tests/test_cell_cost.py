@@ -24,11 +24,13 @@ async def test_a_cells_cpu_seconds_are_its_own_and_its_peak_memory_grows_with_wh
     assert light["cpu_seconds"] < 0.1, light["cpu_seconds"]  # the cell alone, not the kernel's lifetime total
     base = light["peak_memory_mb"]
     assert base > 10, base  # an IPython kernel's own resident memory
-    held = await harness.run(f"block = b'k' * {100 * MB}", session=burnt["session"])  # written, so resident
-    assert held["peak_memory_mb"] >= base + 100, (base, held["peak_memory_mb"])
+    held = await harness.run(f"block = b'k' * {300 * MB}", session=burnt["session"])  # written, so resident
+    assert held["peak_memory_mb"] >= base + 300, (base, held["peak_memory_mb"])
     answer = await harness.call("execute_code", code="x = 2", session=burnt["session"])
-    header = answer.content[0].text.splitlines()[0]
-    assert " cpu=0.0" in header and f" peak={held['peak_memory_mb']:.0f}MB" in header, header
+    header = answer.content[0].text.splitlines()[0]  # a quick cell: no cpu=, the kernel's peak past 256 MB said
+    assert " cpu=" not in header and f" peak={held['peak_memory_mb']:.0f}MB" in header, header
+    again = await harness.call("execute_code", code=BURN, session=burnt["session"])
+    assert " cpu=0." in again.content[0].text.splitlines()[0] or " cpu=1." in again.content[0].text.splitlines()[0]
 
 
 def test_the_kernels_measure_is_kept_only_as_numbers() -> None:

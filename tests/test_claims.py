@@ -15,6 +15,7 @@ canary written by an unguarded cell); removing only one of them still fails clos
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -27,6 +28,8 @@ import anyio
 import httpx
 import nbformat
 import pytest
+
+from kernelexec.store import open_store
 
 from .conftest import Harness, clean_env, free_port, kernelexec_cmd, make_settings, serving, stop, wait_for_port
 from .redteam.world import kernel_pids
@@ -241,6 +244,16 @@ async def test_a_tampered_working_dir_in_session_json_is_not_used_on_revival(
     target = settings.sessions_dir  # every session's journal, notebook and connection keys
     meta = json.loads(meta_file.read_text())
     meta_file.write_text(json.dumps({**meta, "working_dir": str(target)}))
+    # revival reads the session store, never session.json (tests/test_store_migration.py); the store is out of
+    # every kernel's reach, so to judge the check itself the store's record is tampered the same way here
+    store = await open_store(settings.store.get_secret_value() if settings.store is not None else None,
+                             settings.state_dir)
+    try:
+        record = await store.get_session(session, owner=None)
+        assert record is not None
+        await store.put_session(dataclasses.replace(record, working_dir=str(target)))
+    finally:
+        await store.close()
     if not checked:
         from kernelexec.session.session import Session
 

@@ -29,7 +29,7 @@ from kernelexec.display import display
 from kernelexec.kernel.collector import strip_ansi
 from kernelexec.kernel.execution import CellError, Execution
 from kernelexec.longtext import cut
-from kernelexec.server.results import ExecuteResult, OutputRef
+from kernelexec.server.results import ExecuteResult, OutputRef, Restored
 from kernelexec.session.restore import RestoreReport
 
 EXTENSIONS = {
@@ -134,7 +134,7 @@ class Renderer:
             layers=layers or [],
             environment=self.environment,
             notes=list(ex.notes),
-            restored=restored,
+            restored=Restored.of(restored),
             **streams,
         )
         # the header's profile/python/layers once per session: in the first answer and when one changes
@@ -275,10 +275,15 @@ def header_context(r: ExecuteResult) -> str:
     return f" profile={r.profile}{python} layers={layers}"
 
 
+COST_CPU_SHOWN = 0.1  # CPU seconds from which the header says what a cell cost (below: the structured result only)
+COST_PEAK_SHOWN = 256.0  # the kernel's peak MB from which the header says it
+
+
 def cost_text(r: ExecuteResult) -> str:
-    """The header's `` cpu=0.52s peak=153MB``: what the cell cost, where the kernel reported it."""
-    cpu = "" if r.cpu_seconds is None else f" cpu={r.cpu_seconds:.2f}s"
-    peak = "" if r.peak_memory_mb is None else f" peak={r.peak_memory_mb:.0f}MB"
+    """The header's `` cpu=0.52s peak=653MB``: what the cell cost, said where it is worth the model's reading (a
+    quick `x = 1` keeps its short header); the structured result always has both."""
+    cpu = "" if r.cpu_seconds is None or r.cpu_seconds < COST_CPU_SHOWN else f" cpu={r.cpu_seconds:.2f}s"
+    peak = "" if r.peak_memory_mb is None or r.peak_memory_mb < COST_PEAK_SHOWN else f" peak={r.peak_memory_mb:.0f}MB"
     return cpu + peak
 
 

@@ -9,6 +9,29 @@ from pydantic import BaseModel, Field
 
 from kernelexec.session.restore import ReplayedCell, RestoreReport
 
+
+class Rerun(BaseModel):
+    cell: int = Field(description="Notebook cell (1-based)")
+    for_names: list[str] = Field(default_factory=list, description="What it was run again for")
+
+
+class Restored(BaseModel):
+    """How a replaced kernel got its variables back (session/restore.RestoreReport, as answers say it)."""
+
+    restored: list[str] = Field(default_factory=list, description="Loaded from the checkpoint")
+    reran: list[Rerun] = Field(default_factory=list, description="Cells run again for the rest")
+    lost: list[str] = Field(default_factory=list, description="Neither loaded nor recomputed")
+    why: dict[str, str] = Field(default_factory=dict, description="Why a variable was not loaded from the checkpoint")
+    detail: str = Field("", description="The same in one line")
+
+    @classmethod
+    def of(cls, report: RestoreReport | None) -> Restored | None:
+        if report is None:
+            return None
+        return cls(restored=report.restored, reran=[Rerun(cell=c.cell, for_names=c.for_names) for c in report.reran], lost=report.lost, why=report.why,
+                   detail=report.detail)
+
+
 RunEnding = Literal["completed", "interrupted", "restarted", "kernel_died", "running", "awaiting_input"]
 
 
@@ -76,7 +99,7 @@ class ExecuteResult(BaseModel):
     layers: list[str] = Field(default_factory=list, description="Isolation layers around this kernel "
                               "(env, rlimits, landlock, seccomp, bubblewrap, netns, cgroup, guard)")
     environment: EnvironmentInfo | None = Field(None, description="The Python environment this ran in (None: a remote backend's own)")
-    restored: RestoreReport | None = Field(None, description="The session's kernel had been replaced (a death, a timeout's "
+    restored: Restored | None = Field(None, description="The session's kernel had been replaced (a death, a timeout's "
                                            "restart, a revival): which variables came back from the checkpoint, which "
                                            "cells ran again for the rest, what was lost")
     notes: list[str] = Field(default_factory=list, description="What the server did to this cell's output "
@@ -114,7 +137,7 @@ class SessionInfo(BaseModel):
     notebook: str | None = None
     detail: str | None = None
     replayed: list[ReplayedCell] = Field(default_factory=list, description="Cells run again to rebuild state (restart_session with replay)")
-    restored: RestoreReport | None = Field(None, description="restart_session with restore: variables loaded from the "
+    restored: Restored | None = Field(None, description="restart_session with restore: variables loaded from the "
                                            "checkpoint, cells run again for the rest, what was lost")
     forked_from: str | None = Field(None, description="fork_session: the session this one was forked from")
 

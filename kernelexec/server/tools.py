@@ -18,7 +18,7 @@ from kernelexec.errors import InvalidRequest
 from kernelexec.server import durable, uploads, view
 from kernelexec.server.app import RUN_PYTHON_TIMEOUT, App, exposed_tools, info, translated, variables_answer
 from kernelexec.server.render import Rendered
-from kernelexec.server.results import ExecuteResult, InstalledPackage, InstallResult, RunPythonResult, SessionInfo, UploadGrant, VariablesResult
+from kernelexec.server.results import ExecuteResult, InstalledPackage, InstallResult, Restored, RunPythonResult, SessionInfo, UploadGrant, VariablesResult
 from kernelexec.server.view import VIEW_META
 from kernelexec.session.restore import RestoreReport, describe_replayed
 from kernelexec.session.runs import Run
@@ -26,7 +26,7 @@ from kernelexec.session.session import Session
 
 SessionArg = Annotated[
     str | None,
-    Field(description="Session handle from an earlier answer; omit to use this connection's default session"),
+    Field(description="Session handle from an earlier answer; omit for this connection's default"),
 ]
 CodeArg = Annotated[str, Field(description="Python code to run (IPython syntax: magics and top-level await work)")]
 def run_view(app: App) -> Any:
@@ -89,8 +89,7 @@ def _running_tools(app: App) -> dict[str, Any]:
         cancel: Annotated[bool, Field(description="Decline the question: the code gets EOFError")] = False,
         wait_s: Annotated[float, Field(ge=0, le=600, description="Seconds to wait for the run after answering (0 = just look)")] = 30,
     ) -> Annotated[CallToolResult, ExecuteResult]:
-        """Answer the input() a run waits on (ending: awaiting_input) with what the user gave; the run goes on. (A
-        getpass() is never answered here: the user types a secret on its own page.)"""
+        """Answer the input() a run waits on (ending: awaiting_input) with the user's answer; getpass() is never answered here."""
         try:
             found = app.sessions.runs.get(run_id, owner=app.owner())
         except InvalidRequest as unknown:  # not in this process: the store says why it cannot be answered
@@ -164,17 +163,17 @@ def _session_tools(app: App) -> dict[str, Any]:
     async def restart_session(
         ctx: Context,
         session: SessionArg = None,
-        replay: Annotated[bool, Field(description="Rebuild state: run the session's successful cells since its last plain restart again "
-                                      "(their side effects happen again too); the answer lists them")] = False,
-        restore: Annotated[bool, Field(description="Rebuild state from the checkpoint: variables loaded as they were, and "
-                                       "only the cells that made what could not be saved run again; the answer says which")] = False,
+        replay: Annotated[bool, Field(description="Rebuild state by rerunning the successful cells since the last plain "
+                                      "restart (side effects happen again)")] = False,
+        restore: Annotated[bool, Field(description="Rebuild state from the checkpoint, rerunning only the cells it could "
+                                       "not save")] = False,
     ) -> SessionInfo:
         """Restart the session's kernel: all variables are lost (unless restore or replay rebuilds them); the notebook record stays."""
         target = await app.resolve(ctx, session)
         done = await target.restart(replay=replay, restore=restore)
         restarted = info(target, "restarted")
         if isinstance(done, RestoreReport):
-            restarted.restored, restarted.detail = done, done.detail
+            restarted.restored, restarted.detail = Restored.of(done), done.detail
         elif replay:
             restarted.replayed, restarted.detail = done, describe_replayed(done)
         return restarted
@@ -202,8 +201,7 @@ def _session_tools(app: App) -> dict[str, Any]:
 
     @translated
     async def fork_session(ctx: Context, session: SessionArg = None) -> SessionInfo:
-        """A new session of the same owner with the same variables (loaded from the session's checkpoint in a new
-        kernel; what could not be saved made again by its cells) and a copy of its record; each changes alone."""
+        """A new session with this one's variables (from its checkpoint) and a copy of its record; each changes alone."""
         source = await app.resolve(ctx, session)
         created = await app.sessions.create(owner=source.owner, working_dir=settings.working_dir)
         try:
@@ -212,7 +210,7 @@ def _session_tools(app: App) -> dict[str, Any]:
             await app.sessions.close(created.handle, owner=source.owner)
             raise
         forked = info(created, "forked")
-        forked.forked_from, forked.restored = source.handle, report
+        forked.forked_from, forked.restored = source.handle, Restored.of(report)
         forked.detail = f"forked from {source.handle}; " + (report.detail if report is not None else "nothing to restore")
         return forked
 
