@@ -69,7 +69,7 @@ async def test_a_state_dir_of_the_last_release_is_imported_and_keeps_working(sho
 
         # revival: the cells since the last restart rerun in a new kernel
         z = await answered(alice, await alice.call("execute_code", code="result = (x, z)", session=alice_h))
-        assert z.get("isError") is not True and z["structuredContent"]["result"] == [40, 42], z
+        assert z.get("isError") is not True and z["structuredContent"]["result"] == [40, 42], json.dumps(z)[:3000]
         mine = await answered(bob, await bob.call("execute_code", code="result = mine", session=bob_h))
         assert mine.get("isError") is not True and mine["structuredContent"]["result"] == "bob", mine
         assert "unknown" in text(await bob.call("execute_code", code="result = 1", session=alice_h))

@@ -252,6 +252,11 @@ async def checkpoint_restore(
             present |= {v["name"] for v in names if isinstance(v, dict) and isinstance(v.get("name"), str)}
         missing -= present
     runs, lost = recompute_plan(chosen, missing, present)
+    if not restored and any(read_cell_meta(cell).wrote is None for _, cell in chosen):
+        # no checkpoint, and a record from before cells kept the names they bind (a previous release's state
+        # dir, or cells that did not parse): nothing tells what is missing, so every cell since the last plain
+        # restart runs again, as revival always did
+        runs, lost = {number: [] for number, _ in chosen}, []
     reran: list[ReplayedCell] = []
     if runs:
         await kernel.evaluate("_kernelexec_checkpoint_pause()")
