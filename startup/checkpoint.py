@@ -292,10 +292,9 @@ class Checkpointer:
         self.entries, self.unsaved = entries, unsaved
         self._remove([f for f in drop if f not in written])
 
-    def _dump(self, name: str, value: Any, room: int) -> tuple[int, set[str]]:
-        """Pickle ``value`` straight into the file ``name`` (temp + rename), never whole in memory: a large array's
-        or bytes' buffer goes to the file as it is, so a save does not double the kernel's peak memory. Past ``room``
-        bytes it stops (_OverCap) and leaves nothing. Its size, and the modules its classes and functions come from."""
+    def _atomic(self, name: str, fill: Any) -> Any:
+        """``fill(fh)`` into ``name``'s temp file, then renamed onto it (a kill mid-write leaves the last good file);
+        nothing left behind on a failure. Returns what ``fill`` returned."""
         assert self.dir is not None
         path = os.path.join(self.dir, name)
         tmp = path + ".tmp"
@@ -304,9 +303,7 @@ class Checkpointer:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
             try:
                 with os.fdopen(fd, "wb") as fh:
-                    out = _Capped(fh, room, list(self.secrets))
-                    pickler = _Pickler(out)
-                    pickler.dump(value)
+                    done = fill(fh)
                 os.replace(tmp, path)
             except BaseException:
                 try:
@@ -314,18 +311,23 @@ class Checkpointer:
                 except OSError:
                     pass
                 raise
-        return out.size, pickler.modules
+        return done
+
+    def _dump(self, name: str, value: Any, room: int) -> tuple[int, set[str]]:
+        """Pickle ``value`` straight into the file ``name``, never whole in memory: a large array's or bytes' buffer
+        goes to the file as it is, so a save does not double the kernel's peak memory. Past ``room`` bytes it stops
+        (_OverCap) and leaves nothing. Its size, and the modules its classes and functions come from."""
+        def fill(fh: Any) -> tuple[int, set[str]]:
+            out = _Capped(fh, room, list(self.secrets))
+            pickler = _Pickler(out)
+            pickler.dump(value)
+            return out.size, pickler.modules
+
+        found: tuple[int, set[str]] = self._atomic(name, fill)
+        return found
 
     def _write(self, name: str, data: bytes) -> None:
-        assert self.dir is not None
-        path = os.path.join(self.dir, name)
-        tmp = path + ".tmp"
-        with self.bypass():
-            os.makedirs(self.dir, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            os.replace(tmp, path)
+        self._atomic(name, lambda fh: fh.write(data))
 
     def _remove(self, files: list[str]) -> None:
         assert self.dir is not None
