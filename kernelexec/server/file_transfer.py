@@ -13,7 +13,8 @@ a server without it answers -32601).
 Params (the draft's): ``name`` (required here: the file's name in the working directory), ``mimeType``, ``size``
 (the body must then be exactly this long; the URL's cap), ``digest`` (``sha-256``, unpadded base64url: the body must
 hash to it). Which session: ``_meta[EXTENSION_ID].session``, else the connection's default session (legacy
-streamable HTTP); over stateless HTTP a handle is required. Result: ``file`` (a ``FileValue``: ``uri``
+streamable HTTP); over stateless HTTP a handle is required. ``_meta[EXTENSION_ID].expiresInS``: the URL's life
+(default ``DEFAULT_TTL_S``, at most an hour). Result: ``file`` (a ``FileValue``: ``uri``
 ``mcp-file://kernelexec/<session>/<name>``, ``name``, ``mimeType``, ``size``, ``digest``) and ``upload`` (an HTTPS
 ``FileTransferDescriptor``: ``transport``, ``method`` PUT, ``url``, ``headers``, ``expiresAt``, and ``maxSize``).
 Errors as the draft says: -32602 with ``data.reason`` (``maxSizeExceeded``, ``invalidDigest``, ``invalidName``,
@@ -39,7 +40,7 @@ from pydantic import BaseModel, Field
 
 from kernelexec.errors import InvalidRequest, SessionError
 from kernelexec.server.app import App
-from kernelexec.server.uploads import DEFAULT_MAX_BYTES, DEFAULT_TTL_S, MAX_BYTES, PUT_HEADERS, TooManyUploads
+from kernelexec.server.uploads import DEFAULT_MAX_BYTES, DEFAULT_TTL_S, MAX_BYTES, MAX_TTL_S, PUT_HEADERS, TooManyUploads
 
 EXTENSION_ID = "io.modelcontextprotocol/files"
 METHOD = "files/authorizeUpload"
@@ -108,6 +109,9 @@ class FileTransfer(Extension):
         handle = ours.get("session") if isinstance(ours, dict) else None
         if handle is not None and not isinstance(handle, str):
             raise _invalid(f"_meta[{EXTENSION_ID!r}].session must be a session handle", "invalidSession")
+        ttl = ours.get("expiresInS", DEFAULT_TTL_S) if isinstance(ours, dict) else DEFAULT_TTL_S
+        if not isinstance(ttl, int) or isinstance(ttl, bool) or not 1 <= ttl <= MAX_TTL_S:
+            raise _invalid(f"_meta[{EXTENSION_ID!r}].expiresInS must be 1 to {MAX_TTL_S} seconds", "invalidExpiry")
         call = _Request(getattr(ctx.request, "headers", None))
         origin = self.app.origin(call)
         if origin is None:  # registered over HTTP only; a request without headers cannot be given a URL
@@ -118,7 +122,7 @@ class FileTransfer(Extension):
             raise _invalid(f"{exc} (name it in _meta[{EXTENSION_ID!r}].session)", "invalidSession") from None
         try:
             grant = self.app.uploads.grant(target, self.app.owner(), params.name,
-                                           DEFAULT_MAX_BYTES if params.size is None else params.size, DEFAULT_TTL_S,
+                                           DEFAULT_MAX_BYTES if params.size is None else params.size, ttl,
                                            origin, size=params.size, sha256=sha256)
         except InvalidRequest as exc:
             raise _invalid(str(exc), "invalidName") from None
