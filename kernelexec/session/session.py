@@ -11,7 +11,8 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from kernelexec.codemode.broker import Approve, Broker, CellCalls
 from kernelexec.config import Settings, secret_env
 from kernelexec.environment.interpreter import Environment, project_modules
 from kernelexec.environment.packages import InstallError, InstallOutcome, check_allowed, install, installed_record, parse_specs, pip_lines
-from kernelexec.errors import InvalidRequest, SessionError
+from kernelexec.errors import InvalidRequest, SessionBusy, SessionError
 from kernelexec.host import copy_kernel_files
 from kernelexec.kernel.driver import Kernel, OnOutput
 from kernelexec.kernel.execution import CellError, Execution, ResultRule
@@ -279,6 +280,25 @@ class Session:
         async with self.lock:
             kernel = await self.ensure_kernel()
             return await kernel.evaluate(expression)
+
+    @asynccontextmanager
+    async def turn(self, wait_s: float) -> AsyncIterator[Kernel]:
+        """The session's kernel for several silent steps in one turn of its FIFO lock (an upload: nothing else runs
+        between its steps), waiting at most ``wait_s`` for the lock: a busy session raises SessionBusy, nothing done."""
+        acquired = False
+        with anyio.move_on_after(wait_s):
+            await self.lock.acquire()  # a cancelled acquire leaves the lock free (anyio releases what it got)
+            acquired = True
+        if not acquired:
+            raise SessionBusy(f"session {self.handle!r} is busy (a cell has run or waited over {wait_s:g} s); nothing was "
+                              "done: try again when it is idle, or interrupt it")
+        try:
+            if self.closed:
+                raise SessionError.unknown(self.handle)
+            yield await self.ensure_kernel()
+        finally:
+            self.last_used = time.monotonic()
+            self.lock.release()
 
     async def variables(self) -> Any:
         """The kernel's list of its user variables (``_kernelexec_variables``), as it answered: untrusted."""
