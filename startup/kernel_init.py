@@ -41,6 +41,7 @@ def _kernelexec_boot() -> None:
         tools = load("mcp_tools")  # code mode: the user's other MCP servers, called through the server (any profile)
         sys.modules["mcp_tools"] = tools
         vars(builtins)["_kernelexec_tools_catalog"] = tools._install_catalog
+        _kernelexec_link_font_cache(policy, os)  # noqa: F821 - a step below, deleted after boot
         runtime = _kernelexec_install_runtime(shell, policy, runtime_mod, names, os, sys)  # noqa: F821 - a step below, deleted after boot
         import tempfile
 
@@ -68,6 +69,24 @@ def _kernelexec_boot() -> None:
             sys.__stderr__.write(f"kernelexec startup failed: {exc!r}\n")
             sys.__stderr__.flush()
         os._exit(70)
+
+
+def _kernelexec_link_font_cache(policy: "dict", os) -> None:
+    """matplotlib's font list, prepared once by the server (read-only here), linked into this kernel's
+    MPLCONFIGDIR: its first ``import matplotlib`` reads it instead of scanning the fonts. A list of another
+    version is never read by this matplotlib, which then builds its own, as without one. Never fatal."""
+    source, target = policy.get("font_cache"), os.environ.get("MPLCONFIGDIR")
+    if not source or not target:
+        return
+    try:
+        names = [n for n in os.listdir(source) if n.startswith("fontlist-v") and n.endswith(".json")]
+        os.makedirs(target, exist_ok=True)
+        for name in names:
+            link = os.path.join(target, name)
+            if not os.path.lexists(link):
+                os.symlink(os.path.join(source, name), link)
+    except OSError:  # not reachable here (a remote kernel): matplotlib builds its own
+        pass
 
 
 def _kernelexec_install_runtime(shell, policy: "dict", runtime_mod, names: "dict", os, sys):
@@ -203,5 +222,5 @@ def _kernelexec_install_packages(policy: "dict", runtime, runtime_mod, names: "d
 
 
 _kernelexec_boot()
-del _kernelexec_boot, _kernelexec_install_runtime, _kernelexec_install_getpass, _kernelexec_after_guard, _kernelexec_install_warm
+del _kernelexec_boot, _kernelexec_link_font_cache, _kernelexec_install_runtime, _kernelexec_install_getpass, _kernelexec_after_guard, _kernelexec_install_warm
 del _kernelexec_install_packages

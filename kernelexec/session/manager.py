@@ -20,6 +20,7 @@ import anyio
 
 from kernelexec.codemode.broker import from_settings as broker_from_settings
 from kernelexec.config import Settings
+from kernelexec.environment import fontcache
 from kernelexec.environment.interpreter import Environment
 from kernelexec.environment.overlay import prepare
 from kernelexec.errors import InvalidRequest, SessionError
@@ -62,13 +63,22 @@ class SessionManager:
         async with self._store(), code_mode, anyio.create_task_group() as tg:
             self.runs.attach(tg)
             tg.start_soon(self.upkeep.run, tg)
-            tg.start_soon(self.pool.keep_filled)
+            tg.start_soon(self._start_up)
             try:
                 yield self
             finally:
                 tg.cancel_scope.cancel()
                 with anyio.CancelScope(shield=True):
                     await self.aclose()
+
+    async def _start_up(self) -> None:
+        """What each new kernel would pay once is paid here, once per install (matplotlib's font list,
+        environment/fontcache.py); then the warm pool fills, its kernels already served by it."""
+        try:
+            await anyio.to_thread.run_sync(fontcache.prepare, self.settings.cache_dir, kernel_reach(self.settings))
+        except Exception:  # a kernel builds its own, as without it: never the server's failure
+            logger.exception("preparing matplotlib's font list failed")
+        await self.pool.keep_filled()
 
     @asynccontextmanager
     async def _store(self) -> AsyncIterator[Store]:
