@@ -41,16 +41,18 @@ def font_lists(directory: Path) -> list[Path]:
 
 
 def ready(cache_dir: Path, reach: KernelReach) -> Path | None:
-    """The prepared directory, if it holds a font list and no kernel of this configuration can write it."""
+    """The prepared directory, if it exists and no kernel of this configuration can write it. Offered while the
+    list is still being built too: a kernel links what is there when it boots (startup/kernel_init.py)."""
     directory = font_cache_dir(cache_dir)
-    if not font_lists(directory) or reach.writes(directory):
+    if not directory.is_dir() or reach.writes(directory):
         return None
     return directory
 
 
 def prepare(cache_dir: Path, reach: KernelReach) -> Path | None:
     """Build the font list once (kept across restarts: rebuilt only when missing); None when matplotlib is
-    not installed beside kernelexec, when a kernel could write the cache directory, or when the build fails."""
+    not installed beside kernelexec, when a kernel could write the cache directory, or when the build fails.
+    The directory is made first (kernels started meanwhile are offered it), each list renamed into it whole."""
     directory = font_cache_dir(cache_dir)
     if reach.writes(directory):
         logger.warning("the cache directory %s is writable by kernels: matplotlib's font list is not prepared there", directory)
@@ -59,7 +61,8 @@ def prepare(cache_dir: Path, reach: KernelReach) -> Path | None:
         return directory
     if importlib.util.find_spec("matplotlib") is None:
         return None
-    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    directory.mkdir(parents=True, exist_ok=True)
+    directory.chmod(0o755)
     building = Path(tempfile.mkdtemp(prefix=".matplotlib-", dir=cache_dir))
     try:
         done = run_python(["-c", BUILD], timeout=BUILD_TIMEOUT, env=helper_env({"MPLCONFIGDIR": str(building)}))
@@ -67,17 +70,9 @@ def prepare(cache_dir: Path, reach: KernelReach) -> Path | None:
         if done.returncode != 0 or not built:
             logger.warning("matplotlib's font list could not be prepared: %s", (done.stderr or "").strip()[-500:])
             return None
-        for path in building.iterdir():  # only the list: whatever else matplotlib left there is not offered
-            if path not in built:
-                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-        for path in built:
+        for path in built:  # only the list: whatever else matplotlib left there is not offered
             path.chmod(0o644)
-        building.chmod(0o755)
-        try:
-            os.rename(building, directory)  # atomic: a kernel never sees half a directory
-        except OSError:  # another server prepared it meanwhile
-            if not font_lists(directory):
-                raise
+            os.replace(path, directory / path.name)  # atomic: a kernel never reads half a list
         return directory
     except (OSError, subprocess.SubprocessError) as exc:
         logger.warning("matplotlib's font list could not be prepared: %s", exc)
