@@ -173,9 +173,44 @@ async def bench_first_plot(plan, base: Path, out: list[Measurement]) -> None:
                            baseline=FIRST_LATER))
 
 
+COLD_UNPREPARED = "first plot: the cell in a cold kernel, no prepared font list (as before)"
+
+
+async def bench_font_list(plan, base: Path, out: list[Measurement]) -> None:
+    """The cell in a cold kernel (no pool, nothing imported ahead), with matplotlib's font list prepared at start-up
+    and without: a server whose cache dir lies in a work root, which kernels can write, is never offered one (each
+    kernel scans the fonts itself, as every kernel did before). Two servers, rounds alternating."""
+    rounds = 3 if plan.quick else 6
+    log(f"[mem] first plot in a cold kernel: {rounds} rounds, font list prepared vs not")
+    prepared, unprepared = [], []
+    work = base / "fonts-work"
+    work.mkdir()
+    cold = {"pool_size": 0, "warm_imports": []}
+    async with in_memory(make_settings(base, cache_dir=base / "fonts-cache", **cold)) as (p_client, _), \
+            in_memory(make_settings(base, cache_dir=work / "cache", work_roots=[work], **cold)) as (u_client, _):
+        with anyio.fail_after(180):
+            while not list((base / "fonts-cache" / "matplotlib").glob("fontlist-v*.json")):
+                await anyio.sleep(0.1)
+        for i in range(rounds + 1):  # the first round warms the page cache
+            for client, samples in ((p_client, prepared), (u_client, unprepared))[::1 if i % 2 else -1]:
+                handle = (await call(client, "new_session"))["session"]
+                await call(client, "execute_code", code="x = 1", session=handle)  # the kernel started
+                t0 = time.perf_counter()
+                r = await call(client, "execute_code", code=PLOT, session=handle, timeout=180)
+                if i:
+                    samples.append((time.perf_counter() - t0) * 1000)
+                assert r["success"], r
+                await call(client, "close_session", session=handle)
+    out.append(Measurement(COLD_UNPREPARED, "ms", unprepared, note="the cache dir in a work root: never offered to kernels"))
+    out.append(Measurement("first plot: the cell in a cold kernel, font list prepared at start-up", "ms", prepared,
+                           baseline=COLD_UNPREPARED))
+
+
 async def bench_memory_section(plan, base: Path, out: list[Measurement]) -> None:
     await bench_memory_per_session(plan, base, out)
     await bench_first_plot(plan, base, out)
+    if has_setting("cache_dir") and has_setting("work_roots"):
+        await bench_font_list(plan, base, out)
 
 
 def main(argv: list[str] | None = None) -> None:
