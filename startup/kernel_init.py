@@ -35,6 +35,9 @@ def _kernelexec_boot() -> None:
 
     try:
         policy = json.loads(os.environ.pop("KERNELEXEC_POLICY"))
+        for name in json.loads(os.environ.pop("KERNELEXEC_LIFT_BLOCKED", "[]")):  # kernel_main.BOOT_ONLY_BLOCKED
+            if sys.modules.get(name, 0) is None:
+                del sys.modules[name]
         shell = get_ipython()  # type: ignore[name-defined]  # noqa: F821 - provided by IPython in exec_files
         guard = load("guard")
         runtime_mod = load("runtime")
