@@ -64,7 +64,8 @@ def _kernelexec_boot() -> None:
         names["_kernelexec_checkpoint_pause"] = lambda: runtime_mod._Report(checkpoints.pause())
         names["_kernelexec_checkpoint_resume"] = lambda: runtime_mod._Report(checkpoints.resume())
         _kernelexec_after_guard(shell, policy, guard, json, os, sys)  # noqa: F821 - a step below, deleted after boot
-        _kernelexec_install_warm(policy, names, sys)  # noqa: F821 - a step below, deleted after boot
+        link_fonts = _kernelexec_link_font_cache  # noqa: F821 - a step below, deleted after boot
+        _kernelexec_install_warm(policy, names, sys, lambda: link_fonts(policy, os))  # noqa: F821 - a step below, deleted after boot
         _kernelexec_install_packages(policy, runtime, runtime_mod, names, importlib, os, sys)  # noqa: F821 - a step below, deleted after boot
         names["_kernelexec_policy"] = lambda: runtime_mod._Report({"profile": policy["profile"], "active": True})
     except BaseException as exc:  # fail closed: no kernel without its policy
@@ -166,10 +167,12 @@ def _kernelexec_after_guard(shell, policy: "dict", guard, json, os, sys) -> None
         shell.events.register("pre_run_cell", deny_open)
 
 
-def _kernelexec_install_warm(policy: "dict", names: "dict", sys) -> None:
-    """``_kernelexec_warm``: warm kernels import the data stack ahead, through the guard like a cell."""
+def _kernelexec_install_warm(policy: "dict", names: "dict", sys, link_fonts) -> None:
+    """``_kernelexec_warm``: warm kernels import the data stack ahead, through the guard like a cell. The font
+    list is linked again first: a pooled kernel of a new install may have booted before the server had built it."""
     def warm() -> list:
         """Import the data stack ahead (warm kernels: pool, spares); whatever is missing is skipped."""
+        link_fonts()
         done = []
         for name in policy.get("warm_imports", ()):
             try:

@@ -103,3 +103,14 @@ async def test_a_cache_dir_kernels_can_write_is_never_offered(short_tmp: Path) -
         assert not r["result"]["link"], r["result"]
         assert str(cache) not in r["result"]["target"]
         assert "generated new fontManager" in r["stdout"]  # it scanned the fonts itself, as without a prepared list
+
+
+async def test_a_new_installs_pooled_kernel_is_warmed_with_the_prepared_font_list(short_tmp: Path) -> None:
+    """The list is built beside the pool's first kernel, not before it: a pooled kernel that booted before the list
+    was there links it before its warm imports, so it never scans the fonts either."""
+    cache = short_tmp / "pool-cache"
+    async with serving(make_settings(short_tmp, pool_size=1, cache_dir=cache)) as h:
+        await until(lambda: len(h.sessions.pool.sessions) == 1, "the pool filled and warmed", 180)
+        r = await h.run(IMPORT_AND_TELL, session=await h.new_session())
+        assert r["success"], r
+        assert r["result"]["link"] and r["result"]["target"] == str(font_list(cache).resolve()), r["result"]

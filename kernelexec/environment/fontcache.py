@@ -49,20 +49,26 @@ def ready(cache_dir: Path, reach: KernelReach) -> Path | None:
     return directory
 
 
-def prepare(cache_dir: Path, reach: KernelReach) -> Path | None:
-    """Build the font list once (kept across restarts: rebuilt only when missing); None when matplotlib is
-    not installed beside kernelexec, when a kernel could write the cache directory, or when the build fails.
-    The directory is made first (kernels started meanwhile are offered it), each list renamed into it whole."""
+def reserve(cache_dir: Path, reach: KernelReach) -> Path | None:
+    """Make the directory (offered to kernels from now on, empty until ``prepare`` has built the list); None
+    when a kernel of this configuration could write it."""
     directory = font_cache_dir(cache_dir)
     if reach.writes(directory):
-        logger.warning("the cache directory %s is writable by kernels: matplotlib's font list is not prepared there", directory)
-        return None
-    if font_lists(directory):
-        return directory
-    if importlib.util.find_spec("matplotlib") is None:
         return None
     directory.mkdir(parents=True, exist_ok=True)
     directory.chmod(0o755)
+    return directory
+
+
+def prepare(cache_dir: Path, reach: KernelReach) -> Path | None:
+    """Build the font list once (kept across restarts: rebuilt only when missing); None when matplotlib is
+    not installed beside kernelexec, when a kernel could write the cache directory, or when the build fails.
+    The directory is made first (``reserve``: kernels started meanwhile are offered it), each list renamed into it whole."""
+    directory = reserve(cache_dir, reach)
+    if directory is None or font_lists(directory):
+        return directory
+    if importlib.util.find_spec("matplotlib") is None:
+        return None
     building = Path(tempfile.mkdtemp(prefix=".matplotlib-", dir=cache_dir))
     try:
         done = run_python(["-c", BUILD], timeout=BUILD_TIMEOUT, env=helper_env({"MPLCONFIGDIR": str(building)}))
