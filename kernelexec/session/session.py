@@ -21,6 +21,7 @@ import anyio
 from kernelexec.backends import new_kernel
 from kernelexec.codemode.broker import Approve, Broker, CellCalls
 from kernelexec.config import Settings, secret_env
+from kernelexec.environment import fontcache
 from kernelexec.environment.interpreter import Environment, project_modules
 from kernelexec.environment.packages import InstallError, InstallOutcome, check_allowed, install, installed_record, parse_specs, pip_lines
 from kernelexec.errors import InvalidRequest, SessionBusy, SessionError
@@ -32,6 +33,7 @@ from kernelexec.kernel.stdin import Ask
 from kernelexec.layout import SessionDirs
 from kernelexec.sandbox.plan import plan_for
 from kernelexec.sandbox.policy import kernel_policy
+from kernelexec.sandbox.probe import kernel_reach
 from kernelexec.session import connections
 from kernelexec.session.hints import install_hint
 from kernelexec.session.recording import Recorder
@@ -103,7 +105,9 @@ class Session:
         s = self.settings
         env = self.environment
         rw = [] if self.profile == "strict" else [p for p in s.work_roots if p.is_dir()]
-        plan = plan_for(s, self.profile, session_dir=self.dirs.root, rw=rw, ro=[p for p in s.read_dirs if p.is_dir()],
+        fonts = fontcache.ready(s.cache_dir, kernel_reach(s))  # read-only to the kernel, or None
+        ro = [p for p in s.read_dirs if p.is_dir()] + ([fonts] if fonts is not None else [])
+        plan = plan_for(s, self.profile, session_dir=self.dirs.root, rw=rw, ro=ro,
                         cwd=self.default_cwd, key=self.handle, environment=env)
         # the guard keeps them read-only too (the only keeper where bubblewrap is missing)
         protected = [*(env.protected_paths() if env is not None else ()), *plan.kernel_options.get("protected_names", ())]
@@ -125,6 +129,7 @@ class Session:
             figure_formats=list(s.figure_formats),
             checkpoint_dir=self.dirs.checkpoint,
             checkpoint_cap=int(s.checkpoint_mb * 1_000_000),
+            font_cache=fonts,
         )
         return LaunchSpec(dirs=self.dirs, cwd=self.default_cwd, policy=policy, plan=plan, env_pass=s.env_pass,
                           secrets=secret_env(s))
