@@ -48,8 +48,8 @@ def _kernelexec_boot() -> None:
         checkpoints = load("checkpoint").Checkpointer(shell, policy, bypass=None)
         checkpoints.secrets = runtime.secrets  # getpass() answers: a value holding one is never saved
         runtime.bypass = checkpoints.bypass = guard.install(policy)
-        # the checkpoint's wait for the last cell's save first, then the runtime's start of this cell: a cell's CPU
-        # seconds are its own, never the previous cell's save still running in the background
+        # the checkpoint's stop of a save in progress first (never waited for), then the runtime's start of this cell
+        checkpoints.watch_answers(getattr(shell, "kernel", None))  # saves start once a cell's idle status is sent
         shell.events.unregister("pre_run_cell", runtime.pre_run_cell)
         shell.events.register("pre_run_cell", checkpoints.pre_run_cell)
         shell.events.register("pre_run_cell", runtime.pre_run_cell)

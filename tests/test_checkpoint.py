@@ -143,6 +143,60 @@ async def test_x_equals_1_writes_nothing_when_nothing_changed(harness: Harness) 
     assert manifest.stat().st_mtime_ns == before
 
 
+SLOW = """
+import time
+class Slow:
+    def __init__(self):
+        self.n = 1
+    def __reduce__(self):  # runs in the saver thread: reads n, dawdles, reads n again
+        first = self.n
+        time.sleep(SECONDS)
+        return (tuple, ((first, self.n),))
+s = Slow()
+"""
+
+
+async def test_the_next_cell_never_waits_for_a_save(harness: Harness) -> None:
+    """A save taking 4 s (a slow ``__reduce__``) runs after the answer and never holds the next cell up."""
+    s = await harness.new_session()
+    t0 = time.perf_counter()
+    await harness.run(SLOW.replace("SECONDS", "4"), session=s)
+    await harness.run("y = 2", session=s)
+    await harness.run("z = 3", session=s)
+    assert time.perf_counter() - t0 < 3.0, "a cell waited for the previous cell's save"
+    status = await settled(harness, s)  # the server's status call does wait: every change saved by then
+    assert {"s", "y", "z"} <= set(status["saved"]) and status["superseded"] >= 1, status
+
+
+async def test_a_save_a_cell_interrupts_is_dropped_and_done_again_never_torn(harness: Harness) -> None:
+    """The next cell changes ``s`` in place while its save reads it: that save is dropped (the file could mix the
+    values before and after), and ``s`` is saved again after the cell, as it then is. A death afterwards finds
+    the consistent (2, 2), never the torn (1, 2)."""
+    s = await harness.new_session()
+    await harness.run(SLOW.replace("SECONDS", "1.5"), session=s)
+    await anyio.sleep(0.3)  # the save has read n == 1 and dawdles
+    await harness.run("s.n = 2", session=s)
+    status = await settled(harness, s)
+    assert "s" in status["saved"] and status["superseded"] >= 1, status
+    await harness.client.call_tool("execute_code", {"code": "import os\nos._exit(1)", "session": s})
+    r = await harness.run("result = s", session=s, timeout=60)
+    assert r["result"] == [2, 2], r
+
+
+async def test_a_death_before_a_save_is_done_recomputes_never_loads_the_older_value(harness: Harness) -> None:
+    """While a changed name waits for its save, the manifest names it unsaved: a death then reruns its cells
+    instead of loading the value from before the change."""
+    s = await harness.new_session()
+    await harness.run("v = 1", session=s)
+    await settled(harness, s)
+    await harness.run(SLOW.replace("SECONDS", "30") + "v = 2", session=s)
+    await anyio.sleep(0.5)  # the save of s (and v) is under way; v = 2 is not on disk yet
+    os.kill(pid_of(harness, s), signal.SIGKILL)
+    await anyio.sleep(0.5)
+    r = await harness.run("result = v", session=s, timeout=60)
+    assert r["result"] == 2, r
+
+
 # --- fork ------------------------------------------------------------------------------------------------
 
 
