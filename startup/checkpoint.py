@@ -23,9 +23,11 @@ the old class shape under the new class.
 from __future__ import annotations
 
 import ast
+import base64
 import json
 import os
 import pickle
+import stat
 import sys
 import threading
 import types
@@ -132,6 +134,11 @@ def _names(cell: str) -> tuple[set[str], set[str]] | None:
     return wrote, changed
 
 
+def _plain_name(name: str) -> bool:
+    """A file name kernelexec writes in the checkpoint directory (no separator, no leading dot)."""
+    return 0 < len(name) <= 200 and os.sep not in name and not name.startswith(".") and "\0" not in name
+
+
 class _OverCap(Exception):
     """A value's pickle went past the room left under the checkpoint cap (args[0]: that room)."""
 
@@ -219,6 +226,7 @@ class Checkpointer:
         self.watching = False  # watch_answers installed: a save waits for the cell's idle status
         self.thread: threading.Thread | None = None
         self.superseded = 0  # saves a cell interrupted (status)
+        self.exported: dict[str, int] = {}  # the files ``export`` offered a fork: only they are read out
 
     def _exists(self, name: str) -> bool:
         assert self.dir is not None
@@ -476,7 +484,7 @@ class Checkpointer:
             try:
                 self._write(MANIFEST, json.dumps({"version": 1, "vars": {}, "unsaved": {}, "bytes": 0}).encode())
                 with self.bypass():
-                    old += [f for f in os.listdir(self.dir) if f.endswith((".pkl", ".tmp"))]
+                    old += [f for f in os.listdir(self.dir) if f.endswith((".pkl", ".tmp", ".part"))]
                 self._remove(sorted(set(old)))
             except OSError as exc:
                 self.error = repr(exc)[:300]
@@ -516,7 +524,7 @@ class Checkpointer:
             try:
                 if isinstance(entry.get("module"), str):
                     value = __import__(entry["module"], fromlist=["_"])  # through the guard, as a cell's import
-                elif isinstance(entry.get("file"), str) and os.sep not in entry["file"] and not entry["file"].startswith("."):
+                elif isinstance(entry.get("file"), str) and _plain_name(entry["file"]):
                     changed = _changed(entry.get("sources"))
                     if changed is not None:
                         raise ValueError(f"its module {changed} changed since the save")
@@ -540,6 +548,74 @@ class Checkpointer:
             self.seen.update({k: ns[k] for k in restored})
         return {"restored": sorted(restored), "failed": failed,
                 "unsaved": {k: v for k, v in unsaved.items() if names is None or k in names}}
+
+    # --- a fork: the checkpoint from this kernel to another, through the kernels, never read by the host ----
+    def export(self) -> dict[str, Any]:
+        """Every change saved, then the files a fork needs: the manifest and the pickles it names, as
+        ``[[name, size]]`` (regular files only, no link followed). ``read_chunk`` serves them to the server,
+        which hands the bytes, unread, to the fork's kernel (``receive``)."""
+        self.wait()
+        self.exported = {}
+        files: list[list[Any]] = []
+        if not self.dir or not self._exists(MANIFEST):
+            return {"files": files}
+        manifest = json.loads(self._read(MANIFEST))
+        found = manifest.get("vars") if isinstance(manifest, dict) else None
+        names = [e["file"] for e in (found or {}).values()
+                 if isinstance(e, dict) and isinstance(e.get("file"), str) and _plain_name(e["file"])]
+        for name in [MANIFEST, *sorted(set(names))]:
+            try:
+                with self.bypass():
+                    fd = os.open(os.path.join(self.dir, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError as exc:  # ELOOP: a link planted in the directory
+                raise ValueError(f"checkpoint file {name!r} is not a regular file ({exc.strerror})") from None
+            try:
+                st = os.fstat(fd)
+            finally:
+                os.close(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError(f"checkpoint file {name!r} is not a regular file")
+            self.exported[name] = st.st_size
+            files.append([name, st.st_size])
+        return {"files": files}
+
+    def read_chunk(self, name: str, offset: int, size: int) -> str:
+        """``size`` bytes of an exported file from ``offset``, base64: JSON carries them over any kernel protocol."""
+        if name not in self.exported:
+            raise ValueError(f"{name!r} was not exported")
+        assert self.dir is not None
+        with self.bypass():
+            fd = os.open(os.path.join(self.dir, name), os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            return base64.b64encode(os.pread(fd, size, offset)).decode("ascii")
+        finally:
+            os.close(fd)
+
+    def receive(self, name: str, offset: int, data: str) -> dict[str, Any]:
+        """A piece of another kernel's checkpoint (its fork's source), written at ``offset`` of ``name``.part;
+        ``received`` puts the whole in place. Refused once this kernel has a checkpoint of its own."""
+        if not self.dir or not _plain_name(name) or self.entries:
+            raise ValueError("a checkpoint is received only by a new fork's kernel, under a plain file name")
+        raw = base64.b64decode(data, validate=True)
+        with self.bypass():
+            os.makedirs(self.dir, exist_ok=True)
+            fd = os.open(os.path.join(self.dir, name + ".part"), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            os.pwrite(fd, raw, offset)
+        finally:
+            os.close(fd)
+        return {"bytes": len(raw)}
+
+    def received(self, names: list[str]) -> dict[str, Any]:
+        """Every piece is here: the pickles renamed into place, then the manifest (so a kill in between leaves no
+        manifest naming a missing file). ``restore`` loads them next."""
+        assert self.dir is not None
+        ordered = sorted((n for n in names if _plain_name(n)), key=lambda n: n == MANIFEST)
+        with self.bypass():
+            for name in ordered:
+                os.replace(os.path.join(self.dir, name + ".part"), os.path.join(self.dir, name))
+        self.active = False  # the received checkpoint is loaded by restore before anything saves over it
+        return {"received": len(ordered)}
 
     def pause(self) -> dict[str, Any]:
         """Cells rerun to recompute what the checkpoint lacked save nothing until ``resume``, so the

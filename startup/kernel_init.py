@@ -59,6 +59,10 @@ def _kernelexec_boot() -> None:
         names["_kernelexec_checkpoint_status"] = lambda: runtime_mod._Report(checkpoints.status())
         names["_kernelexec_checkpoint_pause"] = lambda: runtime_mod._Report(checkpoints.pause())
         names["_kernelexec_checkpoint_resume"] = lambda: runtime_mod._Report(checkpoints.resume())
+        names["_kernelexec_checkpoint_export"] = lambda: runtime_mod._Report(checkpoints.export())
+        names["_kernelexec_checkpoint_read"] = lambda n, o, k: runtime_mod._Report({"data": checkpoints.read_chunk(n, o, k)})
+        names["_kernelexec_checkpoint_receive"] = lambda n, o, d: runtime_mod._Report(checkpoints.receive(n, o, d))
+        names["_kernelexec_checkpoint_received"] = lambda n: runtime_mod._Report(checkpoints.received(n))
         _kernelexec_after_guard(shell, policy, guard, json, os, sys)  # noqa: F821 - a step below, deleted after boot
         _kernelexec_install_warm(policy, names, sys)  # noqa: F821 - a step below, deleted after boot
         _kernelexec_install_packages(policy, runtime, runtime_mod, names, importlib, os, sys)  # noqa: F821 - a step below, deleted after boot

@@ -290,22 +290,30 @@ async def test_a_checkpoint_file_that_is_a_symlink_is_refused_by_fork_and_by_res
     assert r.structured_content["error_type"] == "NameError"
 
 
-async def test_a_sparse_checkpoint_file_is_refused_by_fork_not_filled_on_the_hosts_disk(harness: Harness) -> None:
-    """A cell can make a 250 MiB file that holds 4 KiB (os.truncate): the server's copy for fork_session would
-    write it whole, outside the kernel's file-size and cgroup limits. Refused; nothing of it is copied."""
-    s = await harness.new_session()
-    await harness.run("mine = 1", session=s)
-    await settled(harness, s)
-    ckpt = harness.settings.sessions_dir / s / "checkpoint"
-    hole = ckpt / "hole.1.1.pkl"  # as a kernel that got around its guard could
-    with open(hole, "wb") as fh:
-        fh.truncate(250 * 2**20)
-    before = {p.name for p in harness.settings.sessions_dir.iterdir()}
-    refused = await harness.call("fork_session", session=s)
-    assert refused.is_error and "sparse" in refused.content[0].text, refused.content
-    for new in {p.name for p in harness.settings.sessions_dir.iterdir()} - before:
-        copied = harness.settings.sessions_dir / new / "checkpoint" / hole.name
-        assert not copied.exists() or copied.stat().st_blocks * 512 < 2**20, "the holes were filled on the host"
+async def test_a_fork_copies_only_what_the_manifest_names_and_never_past_the_cap(short_tmp: Path) -> None:
+    """A cell can leave a 250 MiB file that holds 4 KiB (os.truncate) in its checkpoint directory: a fork copies
+    only what the manifest names, and a manifest naming more than the cap is refused before a byte moves."""
+    async with serving(make_settings(short_tmp, checkpoint_mb=50)) as h:
+        s = await h.new_session()
+        await h.run("mine = 1", session=s)
+        await settled(h, s)
+        ckpt = h.settings.sessions_dir / s / "checkpoint"
+        hole = ckpt / "hole.1.1.pkl"  # as a kernel that got around its guard could
+        with open(hole, "wb") as fh:
+            fh.truncate(250 * 2**20)
+        forked = await h.call("fork_session", session=s)
+        assert not forked.is_error, forked.content
+        f = forked.structured_content["session"]
+        assert not (h.settings.sessions_dir / f / "checkpoint" / hole.name).exists()
+        assert (await h.run("result = mine", session=f))["result"] == 1
+        manifest = json.loads((ckpt / "manifest.json").read_text())
+        manifest["vars"]["hole"] = {"file": hole.name, "bytes": 1}
+        (ckpt / "manifest.json").write_text(json.dumps(manifest))
+        before = {p.name for p in h.settings.sessions_dir.iterdir()}
+        refused = await h.call("fork_session", session=s)
+        assert refused.is_error and "larger than" in refused.content[0].text, refused.content
+        for new in {p.name for p in h.settings.sessions_dir.iterdir()} - before:
+            assert not list((h.settings.sessions_dir / new / "checkpoint").glob("hole*")), "a byte of it moved"
 
 
 async def test_idle_reaping_then_the_next_call_finds_the_variables(harness: Harness) -> None:
