@@ -267,6 +267,49 @@ async def test_a_forged_checkpoint_runs_only_inside_its_own_sandbox(harness: Har
     assert "Error" in r["restored"]["why"]["evil_out"]  # reported (the guard or the OS refused it), never trusted
 
 
+LIAR = """
+import builtins
+class J:
+    def __init__(self, payload):
+        self.payload = payload
+    def _repr_json_(self):
+        return self.payload
+builtins._kernelexec_checkpoint_export = lambda: J({"files": FILES})
+builtins._kernelexec_checkpoint_read = lambda n, o, k: J({"data": DATA})
+"""
+
+
+@pytest.mark.parametrize(("files", "data", "why"), [
+    ([["../../escape.pkl", 4]], "AAAAAA==", "not one kernelexec writes"),  # a path out of the fork's directory
+    ([["manifest.json", 4]], "!!!!!!!!", "not 4 bytes of base64"),  # not base64: never decoded on the host
+    ([["manifest.json", 4]], "A" * 400_000, "not 4 bytes of base64"),  # more than it announced
+    ([["manifest.json", 2_000_000_000]], "", "larger than"),  # past the cap: refused before a byte moves
+])
+async def test_a_source_kernel_that_lies_to_its_fork_is_refused_by_the_relay(
+        harness: Harness, files: list[Any], data: str, why: str) -> None:
+    """The fork's relay is a new door: the source kernel's cell replaces the functions that read its checkpoint
+    out. The server checks names, sizes and pieces before passing anything on, writes nothing of it itself."""
+    s = await harness.new_session()
+    await harness.run("mine = 1", session=s)
+    await harness.run(LIAR.replace("FILES", json.dumps(files)).replace("DATA", repr(data)), session=s)
+    before = {p.name for p in harness.settings.sessions_dir.iterdir()}
+    refused = await harness.call("fork_session", session=s)
+    assert refused.is_error and why in refused.content[0].text, refused.content
+    assert not (harness.settings.sessions_dir / "escape.pkl").exists()
+    assert not list(harness.settings.sessions_dir.glob("*/escape.pkl"))
+    for new in {p.name for p in harness.settings.sessions_dir.iterdir()} - before:
+        assert not list((harness.settings.sessions_dir / new / "checkpoint").glob("manifest.json*"))
+
+
+async def test_a_cell_cannot_write_outside_its_checkpoint_through_receive(harness: Harness) -> None:
+    """``_kernelexec_checkpoint_receive`` is callable by a cell of a new session: only plain names, its own directory."""
+    s = await harness.new_session()
+    r = await harness.client.call_tool("execute_code", {
+        "code": "_kernelexec_checkpoint_receive('../work/x', 0, 'AAAA')", "session": s})
+    assert r.structured_content["error_type"] == "ValueError", r.structured_content
+    assert not (harness.settings.sessions_dir / s / "work" / "x.part").exists()
+
+
 async def test_a_checkpoint_file_that_is_a_symlink_is_refused_by_fork_and_by_restore(harness: Harness) -> None:
     victim, s = await harness.new_session(), await harness.new_session()
     await harness.run("secret = 'victim'", session=victim)
