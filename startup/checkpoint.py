@@ -3,8 +3,10 @@
 After a cell, the names it may have changed (rebound: a new ``id``; or read by the cell, so perhaps
 mutated in place) are pickled by a background thread into the session's ``checkpoint/`` directory,
 each into its own file (temp + rename), then ``manifest.json`` (temp + rename): a kill mid-write leaves
-the last good manifest and every file it names. The next cell waits for a save still running (so a
-save never sees a namespace half-changed); the answer never waits for one.
+the last good manifest and every file it names. Neither the answer nor the next cell ever waits for a
+save: a cell's start drops the save in progress, which is done again after it (``Checkpointer``).
+A fork gets the checkpoint through this kernel too (``export``, ``read_chunk``; the fork's kernel
+``receive``s it): the server relays the pieces, unread.
 
 A checkpoint is data this kernel wrote: it is loaded only here, in a kernel of the same session (or
 its fork), by ``restore``, outside the guard's bypass, so loading it can do no more than a cell could.
@@ -139,6 +141,20 @@ def _plain_name(name: str) -> bool:
     return 0 < len(name) <= 200 and os.sep not in name and not name.startswith(".") and "\0" not in name
 
 
+class _Piece:
+    """A piece of a checkpoint file as ``user_expressions`` returns it: the JSON bundle carries the base64 once
+    (the text/plain one IPython also makes is a short name, not a second copy)."""
+
+    def __init__(self, data: str) -> None:
+        self.data = data
+
+    def _repr_json_(self) -> dict[str, str]:
+        return {"data": self.data}
+
+    def __repr__(self) -> str:
+        return f"<checkpoint piece of {len(self.data):,} base64 characters>"
+
+
 class _OverCap(Exception):
     """A value's pickle went past the room left under the checkpoint cap (args[0]: that room)."""
 
@@ -161,8 +177,8 @@ class _HoldsSecret(Exception):
 
 
 class _Superseded(Exception):
-    """A cell started while a value was being pickled: the file may not be what the namespace held at the save's
-    start (the cell may change the object in place), so it is dropped and the value saved again after that cell."""
+    """A cell started (or ran) while a value was being pickled: the file may not be what the namespace held at the
+    save's start (the cell may change the object in place), so it is dropped and the value saved again after it."""
 
 
 class _Capped:
@@ -579,7 +595,7 @@ class Checkpointer:
             files.append([name, st.st_size])
         return {"files": files}
 
-    def read_chunk(self, name: str, offset: int, size: int) -> str:
+    def read_chunk(self, name: str, offset: int, size: int) -> _Piece:
         """``size`` bytes of an exported file from ``offset``, base64: JSON carries them over any kernel protocol."""
         if name not in self.exported:
             raise ValueError(f"{name!r} was not exported")
@@ -587,7 +603,7 @@ class Checkpointer:
         with self.bypass():
             fd = os.open(os.path.join(self.dir, name), os.O_RDONLY | os.O_NOFOLLOW)
         try:
-            return base64.b64encode(os.pread(fd, size, offset)).decode("ascii")
+            return _Piece(base64.b64encode(os.pread(fd, size, offset)).decode("ascii"))
         finally:
             os.close(fd)
 

@@ -60,7 +60,7 @@ def _kernelexec_boot() -> None:
         names["_kernelexec_checkpoint_pause"] = lambda: runtime_mod._Report(checkpoints.pause())
         names["_kernelexec_checkpoint_resume"] = lambda: runtime_mod._Report(checkpoints.resume())
         names["_kernelexec_checkpoint_export"] = lambda: runtime_mod._Report(checkpoints.export())
-        names["_kernelexec_checkpoint_read"] = lambda n, o, k: runtime_mod._Report({"data": checkpoints.read_chunk(n, o, k)})
+        names["_kernelexec_checkpoint_read"] = checkpoints.read_chunk
         names["_kernelexec_checkpoint_receive"] = lambda n, o, d: runtime_mod._Report(checkpoints.receive(n, o, d))
         names["_kernelexec_checkpoint_received"] = lambda n: runtime_mod._Report(checkpoints.received(n))
         _kernelexec_after_guard(shell, policy, guard, json, os, sys)  # noqa: F821 - a step below, deleted after boot

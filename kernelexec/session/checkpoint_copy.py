@@ -14,6 +14,8 @@ import json
 import re
 from typing import Any
 
+import anyio
+
 from kernelexec.errors import InvalidRequest
 from kernelexec.kernel.driver import Kernel
 
@@ -49,19 +51,36 @@ def _piece(answer: Any, expected: int) -> str:
 
 async def copy_checkpoint(source: Kernel, target: Kernel, *, max_bytes: int, timeout: float) -> int:
     """Every file of ``source``'s checkpoint (its saves finished first) into ``target``'s, piece by piece; the
-    manifest put in place last. Returns the bytes copied. ``target`` must be a new kernel of the fork."""
+    manifest put in place last. The next piece is read from the source while the target writes the last (two
+    kernels, two processes); one piece waits at most. Returns the bytes copied. ``target`` must be a new kernel
+    of the fork."""
     files = _files(await source.evaluate("_kernelexec_checkpoint_export()", timeout=timeout), max_bytes)
+    pieces = [(name, offset, min(CHUNK, size - offset)) for name, size in files for offset in range(0, max(size, 1), CHUNK)]
+    send, receive = anyio.create_memory_object_stream[tuple[str, int, int, str]](1)
+
+    async def read_out() -> None:
+        async with send:
+            for name, offset, n in pieces:
+                data = await source.evaluate(f"_kernelexec_checkpoint_read({json.dumps(name)}, {offset}, {n})",
+                                             timeout=timeout)
+                await send.send((name, offset, n, _piece(data, n)))
+
     copied = 0
-    for name, size in files:
-        for offset in range(0, max(size, 1), CHUNK):
-            n = min(CHUNK, size - offset)
-            data = _piece(await source.evaluate(f"_kernelexec_checkpoint_read({json.dumps(name)}, {offset}, {n})",
-                                                timeout=timeout), n)
-            done = await target.evaluate(f"_kernelexec_checkpoint_receive({json.dumps(name)}, {offset}, "
-                                         f"{json.dumps(data)})", timeout=timeout)
-            if not (isinstance(done, dict) and done.get("bytes") == n):
-                raise InvalidRequest(f"the fork's kernel did not take its checkpoint: {str(done)[:200]}")
-            copied += n
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read_out)
+            async with receive:
+                async for name, offset, n, data in receive:
+                    done = await target.evaluate(f"_kernelexec_checkpoint_receive({json.dumps(name)}, {offset}, "
+                                                 f"{json.dumps(data)})", timeout=timeout)
+                    if not (isinstance(done, dict) and done.get("bytes") == n):
+                        raise InvalidRequest(f"the fork's kernel did not take its checkpoint: {str(done)[:200]}")
+                    copied += n
+    except BaseExceptionGroup as group:  # the first failure, as the caller would see it without the pipeline
+        first: BaseException = group
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from None
     if files:
         done = await target.evaluate(f"_kernelexec_checkpoint_received({json.dumps([n for n, _ in files])})",
                                      timeout=timeout)
