@@ -494,7 +494,7 @@ class Checkpointer:
             self.pending, self.pending_gone = {}, set()
         self.wait()
         old = [e["file"] for e in self.entries.values() if "file" in e]
-        self.entries, self.unsaved, self.seen = {}, {}, {}
+        self.entries, self.unsaved, self.seen, self.exported = {}, {}, {}, {}
         self.active = True
         if self.dir:
             try:
