@@ -166,6 +166,7 @@ async def test_the_next_cell_never_waits_for_a_save(harness: Harness) -> None:
     assert time.perf_counter() - t0 < 3.0, "a cell waited for the previous cell's save"
     status = await settled(harness, s)  # the server's status call does wait: every change saved by then
     assert {"s", "y", "z"} <= set(status["saved"]) and status["superseded"] >= 1, status
+    await harness.call("close_session", session=s)  # the module's server has room for 16
 
 
 async def test_a_save_a_cell_interrupts_is_dropped_and_done_again_never_torn(harness: Harness) -> None:
@@ -181,6 +182,7 @@ async def test_a_save_a_cell_interrupts_is_dropped_and_done_again_never_torn(har
     await harness.client.call_tool("execute_code", {"code": "import os\nos._exit(1)", "session": s})
     r = await harness.run("result = s", session=s, timeout=60)
     assert r["result"] == [2, 2], r
+    await harness.call("close_session", session=s)
 
 
 async def test_a_death_before_a_save_is_done_recomputes_never_loads_the_older_value(harness: Harness) -> None:
@@ -195,6 +197,7 @@ async def test_a_death_before_a_save_is_done_recomputes_never_loads_the_older_va
     await anyio.sleep(0.5)
     r = await harness.run("result = v", session=s, timeout=60)
     assert r["result"] == 2, r
+    await harness.call("close_session", session=s)
 
 
 # --- fork ------------------------------------------------------------------------------------------------
@@ -299,6 +302,7 @@ async def test_a_source_kernel_that_lies_to_its_fork_is_refused_by_the_relay(
     assert not list(harness.settings.sessions_dir.glob("*/escape.pkl"))
     for new in {p.name for p in harness.settings.sessions_dir.iterdir()} - before:
         assert not list((harness.settings.sessions_dir / new / "checkpoint").glob("manifest.json*"))
+    await harness.call("close_session", session=s)
 
 
 async def test_a_cell_cannot_write_outside_its_checkpoint_through_receive(harness: Harness) -> None:
@@ -308,6 +312,7 @@ async def test_a_cell_cannot_write_outside_its_checkpoint_through_receive(harnes
         "code": "_kernelexec_checkpoint_receive('../work/x', 0, 'AAAA')", "session": s})
     assert r.structured_content["error_type"] == "ValueError", r.structured_content
     assert not (harness.settings.sessions_dir / s / "work" / "x.part").exists()
+    await harness.call("close_session", session=s)
 
 
 async def test_a_checkpoint_file_that_is_a_symlink_is_refused_by_fork_and_by_restore(harness: Harness) -> None:
