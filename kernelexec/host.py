@@ -27,7 +27,6 @@ import contextlib
 import fnmatch
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
@@ -244,53 +243,3 @@ def system_which(name: str) -> str | None:
 
 __all__ = ["KernelReach", "check_reach", "run_python", "python_argv", "system_which", "PROTECTED_NAMES"]
 
-
-SPARSE_SLACK = 1 << 20  # bytes a file's size may exceed its allocated blocks before it counts as sparse
-MAX_COPIED_FILES = 10_000  # files one copy of a kernel's directory takes at most
-
-
-def copy_kernel_files(source: Path, target: Path, *, max_bytes: int, suffixes: tuple[str, ...] = (".json", ".pkl")) -> list[str]:
-    """Copy the regular files directly in ``source`` (a directory a kernel writes: a checkpoint) into
-    ``target`` as opaque bytes, never reading them as anything: no symlink followed at either end (a link
-    planted by a kernel is refused, not copied through), nothing but regular files, names of one path
-    component ending in ``suffixes``, at most ``max_bytes`` in all. Returns the names copied; raises
-    InvalidRequest on a symlink, a special file or the size cap."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-    src_dir = os.open(source, flags | os.O_DIRECTORY)
-    copied: list[str] = []
-    total = 0
-    try:
-        os.makedirs(target, mode=0o700, exist_ok=True)
-        dst_dir = os.open(target, flags | os.O_DIRECTORY)
-        try:
-            for name in sorted(os.listdir(src_dir)):
-                if not name.endswith(suffixes) or "/" in name or name.startswith("."):
-                    continue
-                try:
-                    fd = os.open(name, flags | os.O_NONBLOCK, dir_fd=src_dir)
-                except OSError as exc:  # ELOOP: a symlink
-                    raise InvalidRequest(f"checkpoint file {name!r} refused: not a regular file ({exc.strerror})") from None
-                try:
-                    st = os.fstat(fd)
-                    if not stat.S_ISREG(st.st_mode):
-                        raise InvalidRequest(f"checkpoint file {name!r} refused: not a regular file")
-                    if st.st_blocks * 512 + SPARSE_SLACK < st.st_size:  # holes: the copy would fill them on our disk
-                        raise InvalidRequest(f"checkpoint file {name!r} refused: a sparse file (no save writes one)")
-                    total += st.st_size
-                    if total > max_bytes or len(copied) >= MAX_COPIED_FILES:
-                        raise InvalidRequest(f"the checkpoint is larger than {max_bytes:,} bytes or "
-                                             f"{MAX_COPIED_FILES:,} files")
-                    out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dst_dir)
-                    with os.fdopen(out, "wb") as fh:
-                        left = st.st_size  # what was checked, never what the kernel appends meanwhile
-                        while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
-                            fh.write(chunk)
-                            left -= len(chunk)
-                finally:
-                    os.close(fd)
-                copied.append(name)
-        finally:
-            os.close(dst_dir)
-    finally:
-        os.close(src_dir)
-    return copied

@@ -3,8 +3,10 @@
 After a cell, the names it may have changed (rebound: a new ``id``; or read by the cell, so perhaps
 mutated in place) are pickled by a background thread into the session's ``checkpoint/`` directory,
 each into its own file (temp + rename), then ``manifest.json`` (temp + rename): a kill mid-write leaves
-the last good manifest and every file it names. The next cell waits for a save still running (so a
-save never sees a namespace half-changed); the answer never waits for one.
+the last good manifest and every file it names. Neither the answer nor the next cell ever waits for a
+save: a cell's start drops the save in progress, which is done again after it (``Checkpointer``).
+A fork gets the checkpoint through this kernel too (``export``, ``read_chunk``; the fork's kernel
+``receive``s it): the server relays the pieces, unread.
 
 A checkpoint is data this kernel wrote: it is loaded only here, in a kernel of the same session (or
 its fork), by ``restore``, outside the guard's bypass, so loading it can do no more than a cell could.
@@ -23,9 +25,11 @@ the old class shape under the new class.
 from __future__ import annotations
 
 import ast
+import base64
 import json
 import os
 import pickle
+import stat
 import sys
 import threading
 import types
@@ -132,6 +136,25 @@ def _names(cell: str) -> tuple[set[str], set[str]] | None:
     return wrote, changed
 
 
+def _plain_name(name: str) -> bool:
+    """A file name kernelexec writes in the checkpoint directory (no separator, no leading dot)."""
+    return 0 < len(name) <= 200 and os.sep not in name and not name.startswith(".") and "\0" not in name
+
+
+class _Piece:
+    """A piece of a checkpoint file as ``user_expressions`` returns it: the JSON bundle carries the base64 once
+    (the text/plain one IPython also makes is a short name, not a second copy)."""
+
+    def __init__(self, data: str) -> None:
+        self.data = data
+
+    def _repr_json_(self) -> dict[str, str]:
+        return {"data": self.data}
+
+    def __repr__(self) -> str:
+        return f"<checkpoint piece of {len(self.data):,} base64 characters>"
+
+
 class _OverCap(Exception):
     """A value's pickle went past the room left under the checkpoint cap (args[0]: that room)."""
 
@@ -153,14 +176,22 @@ class _HoldsSecret(Exception):
     """A value's pickle holds a getpass() answer: a secret is never written to disk."""
 
 
+class _Superseded(Exception):
+    """A cell started (or ran) while a value was being pickled: the file may not be what the namespace held at the
+    save's start (the cell may change the object in place), so it is dropped and the value saved again after it."""
+
+
 class _Capped:
     """A file's write, counted: past ``room`` bytes it raises _OverCap (pickle.dump stops at once); holding one of
-    ``secrets`` (getpass() answers, UTF-8: pickle writes a str whole within one write) it raises _HoldsSecret."""
+    ``secrets`` (getpass() answers, UTF-8: pickle writes a str whole within one write) it raises _HoldsSecret; once
+    ``stop()`` says a cell has started, it raises _Superseded."""
 
-    def __init__(self, fh: Any, room: int, secrets: list[bytes] | None = None) -> None:
-        self.fh, self.room, self.size, self.secrets = fh, room, 0, secrets or []
+    def __init__(self, fh: Any, room: int, secrets: list[bytes] | None = None, stop: Any = None) -> None:
+        self.fh, self.room, self.size, self.secrets, self.stop = fh, room, 0, secrets or [], stop
 
     def write(self, data: Any) -> int:
+        if self.stop is not None and self.stop():
+            raise _Superseded()
         self.size += memoryview(data).nbytes
         if self.size > self.room:
             raise _OverCap(max(self.room, 0))
@@ -169,9 +200,21 @@ class _Capped:
         return int(self.fh.write(data))
 
 
+STALE = "changed by a cell after its last save, not saved again yet"
+
+
 class Checkpointer:
     """One kernel's checkpoints. Inactive until the server calls ``restore`` or ``reset`` (a new
-    process must not overwrite the checkpoint it has not loaded)."""
+    process must not overwrite the checkpoint it has not loaded).
+
+    Saving never delays an answer nor the next cell. ``post_run_cell`` only notes which objects changed (the
+    newest value of a name supersedes one still waiting) and wakes one saver thread, which starts once the kernel
+    has published the cell's idle status (the answer is out: ``watch_answers``). A save reads objects only while no
+    cell runs: a cell starting (``pre_run_cell``) makes the save in progress drop the file it is writing at its next
+    write (``_Superseded``); the names it had not finished wait for the next quiet moment. A snapshot is therefore
+    always what the namespace held between two cells, without copying it and without forking (seccomp refuses
+    fork to guarded kernels). While a name waits, the manifest names it unsaved (``STALE``): a death then recomputes
+    it from its cells instead of loading an older value."""
 
     def __init__(self, shell: Any, policy: dict[str, Any], bypass: Any) -> None:
         self.shell = shell
@@ -186,9 +229,20 @@ class Checkpointer:
         # so an object is compared by identity; a deleted one is freed at the end of the next cell
         self.seen: dict[str, Any] = {}
         self.seq = 0
-        self.thread: threading.Thread | None = None
         self.error: str | None = None
         self.secrets: list[bytes] = []  # this kernel's getpass() answers (kernel_init): never saved
+        # the saver's state, under ``cond``: what waits to be saved, whether a cell runs, whether its answer is out
+        self.cond = threading.Condition()
+        self.pending: dict[str, Any] = {}
+        self.pending_gone: set[str] = set()
+        self.in_cell = False
+        self.cells_started = 0  # a save whose start saw another count may have read objects a cell was changing
+        self.answered = True
+        self.saving = False
+        self.watching = False  # watch_answers installed: a save waits for the cell's idle status
+        self.thread: threading.Thread | None = None
+        self.superseded = 0  # saves a cell interrupted (status)
+        self.exported: dict[str, int] = {}  # the files ``export`` offered a fork: only they are read out
 
     def _exists(self, name: str) -> bool:
         assert self.dir is not None
@@ -198,6 +252,29 @@ class Checkpointer:
         except Exception:  # noqa: BLE001 - no bypass yet (boot): the guard is not installed either
             return os.path.lexists(os.path.join(self.dir, name))
 
+    def watch_answers(self, kernel: Any) -> None:
+        """Saves start once the kernel has sent a cell's idle status (after its execute_reply): wraps the kernel
+        session's ``send`` (jupyter_client's public Session API), which every reply and status goes through."""
+        session = getattr(kernel, "session", None)
+        send = getattr(session, "send", None)
+        if session is None or send is None:
+            return
+
+        def send_then_wake(stream: Any, msg_or_type: Any, content: Any = None, *args: Any, **kwargs: Any) -> Any:
+            sent = send(stream, msg_or_type, content, *args, **kwargs)
+            if msg_or_type == "status" and isinstance(content, dict) and content.get("execution_state") == "idle":
+                self._answered()
+            return sent
+
+        session.send = send_then_wake
+        self.watching = True
+
+    def _answered(self) -> None:
+        with self.cond:
+            if not self.answered:
+                self.answered = True
+                self.cond.notify_all()
+
     # --- which names changed -------------------------------------------------------------
     def _user_names(self) -> dict[str, Any]:
         hidden = self.shell.user_ns_hidden
@@ -205,17 +282,26 @@ class Checkpointer:
                 if not k.startswith("_") and k not in hidden and k.isidentifier()}
 
     def pre_run_cell(self, info: Any) -> None:
-        try:
-            self.wait()
-        except Exception as exc:  # noqa: BLE001 - a checkpoint never breaks a cell
-            self.error = repr(exc)[:300]
+        """A cell starts: a save in progress stops reading objects at its next write (never waited for)."""
+        self.in_cell = True
+        self.cells_started += 1
 
     def wait(self) -> None:
-        thread, self.thread = self.thread, None
-        if thread is not None:
-            thread.join()
+        """Every change noted so far saved (the server's calls: status before a fork, restore, pause, reset)."""
+        with self.cond:
+            # the server asks between cells (nothing of a cell's left to send), or a cell asks and is blocked here:
+            # either way nothing changes the namespace until the saves are done
+            in_cell, self.in_cell, self.answered = self.in_cell, False, True
+            self.cond.notify_all()
+            try:
+                while self.pending or self.pending_gone or self.saving:
+                    self.cond.wait()
+            finally:
+                self.in_cell = in_cell
 
     def post_run_cell(self, outcome: Any) -> None:
+        with self.cond:
+            self.in_cell = False
         if not self.active or not self.dir or self.cap <= 0:
             return
         try:
@@ -231,38 +317,69 @@ class Checkpointer:
                 # perhaps changed in place (df.drop(..., inplace=True), lst.append, f(lst)); a name bound again
                 # to the same object (x = 1 again) is not saved again
                 changed |= found[1] & set(new)
-            gone = (set(self.entries) | set(self.unsaved)) - set(new)
+            gone = (set(self.entries) | set(self.unsaved) | set(self.pending)) - set(new)
             self.seen = new
             if not changed and not gone:
                 return  # x = 1 again with the same object, print(...): nothing to save
-            values = {k: ns[k] for k in changed}
-            thread = threading.Thread(target=self._save, args=(values, gone), name="kernelexec-checkpoint", daemon=True)
-            try:
-                thread.start()
-            except RuntimeError:  # no thread to be had (--max-processes reached, no memory): saved in the next one
-                self.seen = {k: v for k, v in old.items()}
-                raise
-            self.thread = thread
+            with self.cond:
+                for k in gone:
+                    self.pending.pop(k, None)
+                self.pending.update({k: ns[k] for k in changed})  # the newest object of a name supersedes
+                self.pending_gone = (self.pending_gone | gone) - changed
+                self.answered = not self.watching
+                self.cond.notify_all()
+            self._start()
         except Exception as exc:  # noqa: BLE001 - a checkpoint never breaks a cell
             self.error = repr(exc)[:300]
 
-    # --- saving (the background thread) -------------------------------------------------------
-    def _save(self, values: dict[str, Any], gone: set[str]) -> None:
-        try:
-            self._save_now(values, gone)
-        except Exception as exc:  # noqa: BLE001 - the last good manifest stays
-            self.error = repr(exc)[:300]
+    def _start(self) -> None:
+        if self.thread is not None and self.thread.is_alive():
+            return
+        thread = threading.Thread(target=self._saver, name="kernelexec-checkpoint", daemon=True)
+        thread.start()  # RuntimeError (no thread to be had): noted by the caller, tried again after the next cell
+        self.thread = thread
 
-    def _save_now(self, values: dict[str, Any], gone: set[str]) -> None:
+    # --- saving (the background thread) -------------------------------------------------------
+    def _saver(self) -> None:
+        """The one saver thread: waits for changes, a quiet kernel (no cell running, the answer out), saves."""
+        while True:
+            with self.cond:
+                while not ((self.pending or self.pending_gone) and self.answered and not self.in_cell):
+                    self.cond.wait()
+                values, gone = self.pending, self.pending_gone
+                self.pending, self.pending_gone = {}, set()
+                self.saving = True
+            left: dict[str, Any] = {}
+            try:
+                left = self._save_now(values, gone)
+            except Exception as exc:  # noqa: BLE001 - the last good manifest stays
+                self.error = repr(exc)[:300]
+            with self.cond:
+                self.saving = False
+                for k, v in left.items():
+                    self.pending.setdefault(k, v)  # a newer object of the name, noted meanwhile, wins
+                self.cond.notify_all()
+
+    def _save_now(self, values: dict[str, Any], gone: set[str]) -> dict[str, Any]:
+        """Save ``values`` and forget ``gone``; returns the values a cell's start left unsaved."""
         assert self.dir is not None
         entries = {k: v for k, v in self.entries.items() if k not in gone and k not in values}
         unsaved = {k: v for k, v in self.unsaved.items() if k not in gone and k not in values}
         drop = [e["file"] for k, e in self.entries.items() if "file" in e and (k in gone or k in values)]
         self.seq += 1
+        quiet = self.cells_started
+        if any(not isinstance(v, _SKIP_TYPES) for v in values.values()):
+            # until they are written, the old files do not hold these names' values: a death meanwhile recomputes them
+            self._commit(entries, {**unsaved, **{k: STALE for k in values}})
+        left: dict[str, Any] = {}
         written: list[str] = []
         total = sum(e.get("bytes", 0) for e in entries.values())
         for name in sorted(values):
             value = values[name]
+            if left or self._interrupted(quiet):
+                left[name] = value
+                unsaved[name] = STALE
+                continue
             if isinstance(value, _SKIP_TYPES):
                 entries[name] = {"module": value.__name__}
                 continue
@@ -271,7 +388,12 @@ class Checkpointer:
                 continue
             file = f"{name}.{os.urandom(6).hex()}.{self.seq}.pkl"  # never a name an older manifest uses
             try:
-                size, modules = self._dump(file, value, self.cap - total)
+                size, modules = self._dump(file, value, self.cap - total, quiet)
+            except _Superseded:
+                self.superseded += 1
+                left[name] = value
+                unsaved[name] = STALE
+                continue
             except _HoldsSecret:
                 unsaved[name] = "holds a getpass() answer (a secret is never written to disk)"
                 continue
@@ -287,40 +409,60 @@ class Checkpointer:
             if sources:
                 entries[name]["sources"] = sources
             total += size
+        self._commit(entries, unsaved)
+        self._remove([f for f in drop if f not in written])
+        return left
+
+    def _commit(self, entries: dict[str, dict[str, Any]], unsaved: dict[str, str]) -> None:
+        """The manifest written (atomically), then taken as this kernel's own."""
+        total = sum(e.get("bytes", 0) for e in entries.values())
         manifest = {"version": 1, "vars": entries, "unsaved": unsaved, "bytes": total, "cap": self.cap}
         self._write(MANIFEST, json.dumps(manifest).encode())
-        self.entries, self.unsaved = entries, unsaved
-        self._remove([f for f in drop if f not in written])
+        self.entries, self.unsaved = dict(entries), dict(unsaved)
 
     def _atomic(self, name: str, fill: Any) -> Any:
         """``fill(fh)`` into ``name``'s temp file, then renamed onto it (a kill mid-write leaves the last good file);
-        nothing left behind on a failure. Returns what ``fill`` returned."""
+        nothing left behind on a failure. Returns what ``fill`` returned. Only the open, rename and unlink run under
+        the guard's bypass: ``fill`` pickles user objects, whose ``__reduce__`` is a cell's code and stays guarded."""
         assert self.dir is not None
         path = os.path.join(self.dir, name)
         tmp = path + ".tmp"
         with self.bypass():
             os.makedirs(self.dir, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    done = fill(fh)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                done = fill(fh)
+            with self.bypass():
                 os.replace(tmp, path)
-            except BaseException:
+        except BaseException:
+            with self.bypass():
                 try:
                     os.unlink(tmp)
                 except OSError:
                     pass
-                raise
+            raise
         return done
 
-    def _dump(self, name: str, value: Any, room: int) -> tuple[int, set[str]]:
+    def _interrupted(self, quiet: int) -> bool:
+        """A cell runs, or ran, since the save that saw ``quiet`` cells started."""
+        return self.in_cell or self.cells_started != quiet
+
+    def _dump(self, name: str, value: Any, room: int, quiet: int) -> tuple[int, set[str]]:
         """Pickle ``value`` straight into the file ``name``, never whole in memory: a large array's or bytes' buffer
         goes to the file as it is, so a save does not double the kernel's peak memory. Past ``room`` bytes it stops
-        (_OverCap) and leaves nothing. Its size, and the modules its classes and functions come from."""
+        (_OverCap) and leaves nothing; a cell that started before its last write returned (or ran while a
+        ``__reduce__`` between two writes took its time) leaves nothing either
+        (_Superseded). Its size, and the modules its classes and functions come from."""
+        def stop() -> bool:
+            return self._interrupted(quiet)
+
         def fill(fh: Any) -> tuple[int, set[str]]:
-            out = _Capped(fh, room, list(self.secrets))
+            out = _Capped(fh, room, list(self.secrets), stop)
             pickler = _Pickler(out)
             pickler.dump(value)
+            if stop():  # a cell started during the last write: it may hold half-changed memory
+                raise _Superseded()
             return out.size, pickler.modules
 
         found: tuple[int, set[str]] = self._atomic(name, fill)
@@ -348,15 +490,17 @@ class Checkpointer:
 
     def reset(self) -> Any:
         """A clean kernel by the user's wish (a plain restart): the old checkpoint is dropped."""
+        with self.cond:
+            self.pending, self.pending_gone = {}, set()
         self.wait()
         old = [e["file"] for e in self.entries.values() if "file" in e]
-        self.entries, self.unsaved, self.seen = {}, {}, {}
+        self.entries, self.unsaved, self.seen, self.exported = {}, {}, {}, {}
         self.active = True
         if self.dir:
             try:
                 self._write(MANIFEST, json.dumps({"version": 1, "vars": {}, "unsaved": {}, "bytes": 0}).encode())
                 with self.bypass():
-                    old += [f for f in os.listdir(self.dir) if f.endswith((".pkl", ".tmp"))]
+                    old += [f for f in os.listdir(self.dir) if f.endswith((".pkl", ".tmp", ".part"))]
                 self._remove(sorted(set(old)))
             except OSError as exc:
                 self.error = repr(exc)[:300]
@@ -396,7 +540,7 @@ class Checkpointer:
             try:
                 if isinstance(entry.get("module"), str):
                     value = __import__(entry["module"], fromlist=["_"])  # through the guard, as a cell's import
-                elif isinstance(entry.get("file"), str) and os.sep not in entry["file"] and not entry["file"].startswith("."):
+                elif isinstance(entry.get("file"), str) and _plain_name(entry["file"]):
                     changed = _changed(entry.get("sources"))
                     if changed is not None:
                         raise ValueError(f"its module {changed} changed since the save")
@@ -421,6 +565,74 @@ class Checkpointer:
         return {"restored": sorted(restored), "failed": failed,
                 "unsaved": {k: v for k, v in unsaved.items() if names is None or k in names}}
 
+    # --- a fork: the checkpoint from this kernel to another, through the kernels, never read by the host ----
+    def export(self) -> dict[str, Any]:
+        """Every change saved, then the files a fork needs: the manifest and the pickles it names, as
+        ``[[name, size]]`` (regular files only, no link followed). ``read_chunk`` serves them to the server,
+        which hands the bytes, unread, to the fork's kernel (``receive``)."""
+        self.wait()
+        self.exported = {}
+        files: list[list[Any]] = []
+        if not self.dir or not self._exists(MANIFEST):
+            return {"files": files}
+        manifest = json.loads(self._read(MANIFEST))
+        found = manifest.get("vars") if isinstance(manifest, dict) else None
+        names = [e["file"] for e in (found or {}).values()
+                 if isinstance(e, dict) and isinstance(e.get("file"), str) and _plain_name(e["file"])]
+        for name in [MANIFEST, *sorted(set(names))]:
+            try:
+                with self.bypass():
+                    fd = os.open(os.path.join(self.dir, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError as exc:  # ELOOP: a link planted in the directory
+                raise ValueError(f"checkpoint file {name!r} is not a regular file ({exc.strerror})") from None
+            try:
+                st = os.fstat(fd)
+            finally:
+                os.close(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError(f"checkpoint file {name!r} is not a regular file")
+            self.exported[name] = st.st_size
+            files.append([name, st.st_size])
+        return {"files": files}
+
+    def read_chunk(self, name: str, offset: int, size: int) -> _Piece:
+        """``size`` bytes of an exported file from ``offset``, base64: JSON carries them over any kernel protocol."""
+        if name not in self.exported:
+            raise ValueError(f"{name!r} was not exported")
+        assert self.dir is not None
+        with self.bypass():
+            fd = os.open(os.path.join(self.dir, name), os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            return _Piece(base64.b64encode(os.pread(fd, size, offset)).decode("ascii"))
+        finally:
+            os.close(fd)
+
+    def receive(self, name: str, offset: int, data: str) -> dict[str, Any]:
+        """A piece of another kernel's checkpoint (its fork's source), written at ``offset`` of ``name``.part;
+        ``received`` puts the whole in place. Refused once this kernel has a checkpoint of its own."""
+        if not self.dir or not _plain_name(name) or self.entries:
+            raise ValueError("a checkpoint is received only by a new fork's kernel, under a plain file name")
+        raw = base64.b64decode(data, validate=True)
+        with self.bypass():
+            os.makedirs(self.dir, exist_ok=True)
+            fd = os.open(os.path.join(self.dir, name + ".part"), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            os.pwrite(fd, raw, offset)
+        finally:
+            os.close(fd)
+        return {"bytes": len(raw)}
+
+    def received(self, names: list[str]) -> dict[str, Any]:
+        """Every piece is here: the pickles renamed into place, then the manifest (so a kill in between leaves no
+        manifest naming a missing file). ``restore`` loads them next."""
+        assert self.dir is not None
+        ordered = sorted((n for n in names if _plain_name(n)), key=lambda n: n == MANIFEST)
+        with self.bypass():
+            for name in ordered:
+                os.replace(os.path.join(self.dir, name + ".part"), os.path.join(self.dir, name))
+        self.active = False  # the received checkpoint is loaded by restore before anything saves over it
+        return {"received": len(ordered)}
+
     def pause(self) -> dict[str, Any]:
         """Cells rerun to recompute what the checkpoint lacked save nothing until ``resume``, so the
         checkpoint's files stay as they were while names those cells clobbered are loaded again."""
@@ -441,4 +653,5 @@ class Checkpointer:
     def status(self) -> dict[str, Any]:
         self.wait()
         return {"active": self.active, "saved": sorted(self.entries), "unsaved": dict(self.unsaved),
-                "bytes": sum(e.get("bytes", 0) for e in self.entries.values()), "cap": self.cap, "error": self.error}
+                "bytes": sum(e.get("bytes", 0) for e in self.entries.values()), "cap": self.cap, "error": self.error,
+                "superseded": self.superseded}

@@ -52,8 +52,8 @@ def _kernelexec_boot() -> None:
         checkpoints = load("checkpoint").Checkpointer(shell, policy, bypass=None)
         checkpoints.secrets = runtime.secrets  # getpass() answers: a value holding one is never saved
         runtime.bypass = checkpoints.bypass = guard.install(policy)
-        # the checkpoint's wait for the last cell's save first, then the runtime's start of this cell: a cell's CPU
-        # seconds are its own, never the previous cell's save still running in the background
+        # the checkpoint's stop of a save in progress first (never waited for), then the runtime's start of this cell
+        checkpoints.watch_answers(getattr(shell, "kernel", None))  # saves start once a cell's idle status is sent
         shell.events.unregister("pre_run_cell", runtime.pre_run_cell)
         shell.events.register("pre_run_cell", checkpoints.pre_run_cell)
         shell.events.register("pre_run_cell", runtime.pre_run_cell)
@@ -63,6 +63,10 @@ def _kernelexec_boot() -> None:
         names["_kernelexec_checkpoint_status"] = lambda: runtime_mod._Report(checkpoints.status())
         names["_kernelexec_checkpoint_pause"] = lambda: runtime_mod._Report(checkpoints.pause())
         names["_kernelexec_checkpoint_resume"] = lambda: runtime_mod._Report(checkpoints.resume())
+        names["_kernelexec_checkpoint_export"] = lambda: runtime_mod._Report(checkpoints.export())
+        names["_kernelexec_checkpoint_read"] = checkpoints.read_chunk
+        names["_kernelexec_checkpoint_receive"] = lambda n, o, d: runtime_mod._Report(checkpoints.receive(n, o, d))
+        names["_kernelexec_checkpoint_received"] = lambda n: runtime_mod._Report(checkpoints.received(n))
         _kernelexec_after_guard(shell, policy, guard, json, os, sys)  # noqa: F821 - a step below, deleted after boot
         link_fonts = _kernelexec_link_font_cache  # noqa: F821 - a step below, deleted after boot
         _kernelexec_install_warm(policy, names, sys, lambda: link_fonts(policy, os))  # noqa: F821 - a step below, deleted after boot

@@ -143,6 +143,63 @@ async def test_x_equals_1_writes_nothing_when_nothing_changed(harness: Harness) 
     assert manifest.stat().st_mtime_ns == before
 
 
+SLOW = """
+import time
+class Slow:
+    def __init__(self):
+        self.n = 1
+    def __reduce__(self):  # runs in the saver thread: reads n, dawdles, reads n again
+        first = self.n
+        time.sleep(SECONDS)
+        return (tuple, ((first, self.n),))
+s = Slow()
+"""
+
+
+async def test_the_next_cell_never_waits_for_a_save(harness: Harness) -> None:
+    """A save taking 4 s (a slow ``__reduce__``) runs after the answer and never holds the next cell up."""
+    s = await harness.new_session()
+    t0 = time.perf_counter()
+    await harness.run(SLOW.replace("SECONDS", "4"), session=s)
+    await harness.run("y = 2", session=s)
+    await harness.run("z = 3", session=s)
+    assert time.perf_counter() - t0 < 3.0, "a cell waited for the previous cell's save"
+    status = await settled(harness, s)  # the server's status call does wait: every change saved by then
+    assert {"s", "y", "z"} <= set(status["saved"]) and status["superseded"] >= 1, status
+    await harness.call("close_session", session=s)  # the module's server has room for 16
+
+
+async def test_a_save_a_cell_interrupts_is_dropped_and_done_again_never_torn(harness: Harness) -> None:
+    """The next cell changes ``s`` in place while its save reads it: that save is dropped (the file could mix the
+    values before and after), and ``s`` is saved again after the cell, as it then is. A death afterwards finds
+    the consistent (2, 2), never the torn (1, 2)."""
+    s = await harness.new_session()
+    await harness.run(SLOW.replace("SECONDS", "1.5"), session=s)
+    await anyio.sleep(0.3)  # the save has read n == 1 and dawdles
+    await harness.run("s.n = 2", session=s)
+    status = await settled(harness, s)
+    assert "s" in status["saved"] and status["superseded"] >= 1, status
+    await harness.client.call_tool("execute_code", {"code": "import os\nos._exit(1)", "session": s})
+    r = await harness.run("result = s", session=s, timeout=60)
+    assert r["result"] == [2, 2], r
+    await harness.call("close_session", session=s)
+
+
+async def test_a_death_before_a_save_is_done_recomputes_never_loads_the_older_value(harness: Harness) -> None:
+    """While a changed name waits for its save, the manifest names it unsaved: a death then reruns its cells
+    instead of loading the value from before the change."""
+    s = await harness.new_session()
+    await harness.run("v = 1", session=s)
+    await settled(harness, s)
+    await harness.run(SLOW.replace("SECONDS", "30") + "v = 2", session=s)
+    await anyio.sleep(0.5)  # the save of s (and v) is under way; v = 2 is not on disk yet
+    os.kill(pid_of(harness, s), signal.SIGKILL)
+    await anyio.sleep(0.5)
+    r = await harness.run("result = v", session=s, timeout=60)
+    assert r["result"] == 2, r
+    await harness.call("close_session", session=s)
+
+
 # --- fork ------------------------------------------------------------------------------------------------
 
 
@@ -213,6 +270,51 @@ async def test_a_forged_checkpoint_runs_only_inside_its_own_sandbox(harness: Har
     assert "Error" in r["restored"]["why"]["evil_out"]  # reported (the guard or the OS refused it), never trusted
 
 
+LIAR = """
+import builtins
+class J:
+    def __init__(self, payload):
+        self.payload = payload
+    def _repr_json_(self):
+        return self.payload
+builtins._kernelexec_checkpoint_export = lambda: J({"files": FILES})
+builtins._kernelexec_checkpoint_read = lambda n, o, k: J({"data": DATA})
+"""
+
+
+@pytest.mark.parametrize(("files", "data", "why"), [
+    ([["../../escape.pkl", 4]], "AAAAAA==", "not one kernelexec writes"),  # a path out of the fork's directory
+    ([["manifest.json", 4]], "!!!!!!!!", "not 4 bytes of base64"),  # not base64: never decoded on the host
+    ([["manifest.json", 4]], "A" * 400_000, "not 4 bytes of base64"),  # more than it announced
+    ([["manifest.json", 2_000_000_000]], "", "larger than"),  # past the cap: refused before a byte moves
+])
+async def test_a_source_kernel_that_lies_to_its_fork_is_refused_by_the_relay(
+        harness: Harness, files: list[Any], data: str, why: str) -> None:
+    """The fork's relay is a new door: the source kernel's cell replaces the functions that read its checkpoint
+    out. The server checks names, sizes and pieces before passing anything on, writes nothing of it itself."""
+    s = await harness.new_session()
+    await harness.run("mine = 1", session=s)
+    await harness.run(LIAR.replace("FILES", json.dumps(files)).replace("DATA", repr(data)), session=s)
+    before = {p.name for p in harness.settings.sessions_dir.iterdir()}
+    refused = await harness.call("fork_session", session=s)
+    assert refused.is_error and why in refused.content[0].text, refused.content
+    assert not (harness.settings.sessions_dir / "escape.pkl").exists()
+    assert not list(harness.settings.sessions_dir.glob("*/escape.pkl"))
+    for new in {p.name for p in harness.settings.sessions_dir.iterdir()} - before:
+        assert not list((harness.settings.sessions_dir / new / "checkpoint").glob("manifest.json*"))
+    await harness.call("close_session", session=s)
+
+
+async def test_a_cell_cannot_write_outside_its_checkpoint_through_receive(harness: Harness) -> None:
+    """``_kernelexec_checkpoint_receive`` is callable by a cell of a new session: only plain names, its own directory."""
+    s = await harness.new_session()
+    r = await harness.client.call_tool("execute_code", {
+        "code": "_kernelexec_checkpoint_receive('../work/x', 0, 'AAAA')", "session": s})
+    assert r.structured_content["error_type"] == "ValueError", r.structured_content
+    assert not (harness.settings.sessions_dir / s / "work" / "x.part").exists()
+    await harness.call("close_session", session=s)
+
+
 async def test_a_checkpoint_file_that_is_a_symlink_is_refused_by_fork_and_by_restore(harness: Harness) -> None:
     victim, s = await harness.new_session(), await harness.new_session()
     await harness.run("secret = 'victim'", session=victim)
@@ -236,22 +338,30 @@ async def test_a_checkpoint_file_that_is_a_symlink_is_refused_by_fork_and_by_res
     assert r.structured_content["error_type"] == "NameError"
 
 
-async def test_a_sparse_checkpoint_file_is_refused_by_fork_not_filled_on_the_hosts_disk(harness: Harness) -> None:
-    """A cell can make a 250 MiB file that holds 4 KiB (os.truncate): the server's copy for fork_session would
-    write it whole, outside the kernel's file-size and cgroup limits. Refused; nothing of it is copied."""
-    s = await harness.new_session()
-    await harness.run("mine = 1", session=s)
-    await settled(harness, s)
-    ckpt = harness.settings.sessions_dir / s / "checkpoint"
-    hole = ckpt / "hole.1.1.pkl"  # as a kernel that got around its guard could
-    with open(hole, "wb") as fh:
-        fh.truncate(250 * 2**20)
-    before = {p.name for p in harness.settings.sessions_dir.iterdir()}
-    refused = await harness.call("fork_session", session=s)
-    assert refused.is_error and "sparse" in refused.content[0].text, refused.content
-    for new in {p.name for p in harness.settings.sessions_dir.iterdir()} - before:
-        copied = harness.settings.sessions_dir / new / "checkpoint" / hole.name
-        assert not copied.exists() or copied.stat().st_blocks * 512 < 2**20, "the holes were filled on the host"
+async def test_a_fork_copies_only_what_the_manifest_names_and_never_past_the_cap(short_tmp: Path) -> None:
+    """A cell can leave a 250 MiB file that holds 4 KiB (os.truncate) in its checkpoint directory: a fork copies
+    only what the manifest names, and a manifest naming more than the cap is refused before a byte moves."""
+    async with serving(make_settings(short_tmp, checkpoint_mb=50)) as h:
+        s = await h.new_session()
+        await h.run("mine = 1", session=s)
+        await settled(h, s)
+        ckpt = h.settings.sessions_dir / s / "checkpoint"
+        hole = ckpt / "hole.1.1.pkl"  # as a kernel that got around its guard could
+        with open(hole, "wb") as fh:
+            fh.truncate(250 * 2**20)
+        forked = await h.call("fork_session", session=s)
+        assert not forked.is_error, forked.content
+        f = forked.structured_content["session"]
+        assert not (h.settings.sessions_dir / f / "checkpoint" / hole.name).exists()
+        assert (await h.run("result = mine", session=f))["result"] == 1
+        manifest = json.loads((ckpt / "manifest.json").read_text())
+        manifest["vars"]["hole"] = {"file": hole.name, "bytes": 1}
+        (ckpt / "manifest.json").write_text(json.dumps(manifest))
+        before = {p.name for p in h.settings.sessions_dir.iterdir()}
+        refused = await h.call("fork_session", session=s)
+        assert refused.is_error and "larger than" in refused.content[0].text, refused.content
+        for new in {p.name for p in h.settings.sessions_dir.iterdir()} - before:
+            assert not list((h.settings.sessions_dir / new / "checkpoint").glob("hole*")), "a byte of it moved"
 
 
 async def test_idle_reaping_then_the_next_call_finds_the_variables(harness: Harness) -> None:

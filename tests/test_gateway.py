@@ -293,6 +293,25 @@ async def test_a_kernel_deleted_on_the_gateway_is_replaced(remote: Harness, gw: 
     assert (await remote.run("import subprocess", session=s))["error_type"] == "ImportError"
 
 
+async def test_fork_session_of_a_gateway_kernel_travels_through_the_kernels(remote: Harness) -> None:
+    """The server cannot reach a gateway kernel's files: the checkpoint goes from the source kernel to the fork's
+    in pieces over the kernel protocol (a 9 MB value: three of them, through the gateway's WebSockets). Each side
+    then changes alone."""
+    s = await remote.new_session()
+    await remote.run("shared = [1, 2]\nblob = bytes(range(256)) * 36_000", session=s)
+    forked = await remote.call("fork_session", session=s)
+    assert not forked.is_error, forked.content
+    f = forked.structured_content["session"]
+    assert {"shared", "blob"} <= set(forked.structured_content["restored"]["restored"]), forked.structured_content
+    assert kernel_of(remote, f).km.kernel_id != kernel_of(remote, s).km.kernel_id
+    assert not list((remote.settings.sessions_dir / f / "checkpoint").iterdir()), "copied through the host's files"
+    await remote.run("shared.append('fork only')", session=f)
+    await remote.run("shared.append('source only')", session=s)
+    check = "result = (shared, len(blob), blob == bytes(range(256)) * 36_000)"
+    assert (await remote.run(check, session=f))["result"] == [[1, 2, "fork only"], 9_216_000, True]
+    assert (await remote.run(check, session=s))["result"] == [[1, 2, "source only"], 9_216_000, True]
+
+
 @pytest.mark.slow
 async def test_startup_code_failing_remotely_fails_closed(gw: Gateway, short_tmp: Path) -> None:
     """kernel_init's fail-closed exit happens remotely too: no kernel is handed out without its policy."""

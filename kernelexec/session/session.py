@@ -25,7 +25,6 @@ from kernelexec.environment import fontcache
 from kernelexec.environment.interpreter import Environment, project_modules
 from kernelexec.environment.packages import InstallError, InstallOutcome, check_allowed, install, installed_record, parse_specs, pip_lines
 from kernelexec.errors import InvalidRequest, SessionBusy, SessionError
-from kernelexec.host import copy_kernel_files
 from kernelexec.kernel.driver import Kernel, OnOutput
 from kernelexec.kernel.execution import CellError, Execution, ResultRule
 from kernelexec.kernel.launch import LaunchSpec
@@ -35,6 +34,7 @@ from kernelexec.sandbox.plan import plan_for
 from kernelexec.sandbox.policy import kernel_policy
 from kernelexec.sandbox.probe import kernel_reach
 from kernelexec.session import connections
+from kernelexec.session.checkpoint_copy import copy_checkpoint
 from kernelexec.session.hints import install_hint
 from kernelexec.session.recording import Recorder
 from kernelexec.session.restore import ReplayedCell, RestoreReport, cell_names, checkpoint_restore, describe_replayed, rerun
@@ -408,17 +408,22 @@ class Session:
 
     async def fork_from(self, source: Session) -> RestoreReport | None:
         """Make this new session (same owner, checked by the caller) a fork of ``source``: its checkpoint copied
-        here as opaque bytes (``host.copy_kernel_files``: never read, no link followed), its record up to now
-        copied (working directories in it moved to this session's), then this kernel refilled from the copy.
-        Nothing is shared afterwards: each has its own files, kernel and record."""
+        from the source's kernel to this one's through the kernels (``checkpoint_copy``: the host relays the bytes
+        unread, so a gateway's kernels fork too), its record up to now copied (working directories in it moved to
+        this session's), then this kernel refilled from the copy. Nothing is shared afterwards: each has its own
+        files, kernel and record."""
         s = self.settings
+        timeout = max(60.0, s.default_timeout)
         async with source.lock:
-            if source.kernel is not None and await source.kernel.is_alive():  # its last save written first
-                await source.kernel.evaluate("_kernelexec_checkpoint_status()", timeout=max(60.0, s.default_timeout))
             cells = await anyio.to_thread.run_sync(source.recorder.cells)
-            cap = int(s.checkpoint_mb * 1_000_000) + 10_000_000  # the manifest and the pickles' slack
-            await anyio.to_thread.run_sync(lambda: copy_kernel_files(source.dirs.checkpoint, self.dirs.checkpoint,
-                                                                     max_bytes=cap))
+            if s.checkpoint_mb > 0:
+                async with self.lock:
+                    target = await self.ensure_kernel(refill=False)
+                    # a source without a kernel (reaped, revived) gets one that only reads its checkpoint out:
+                    # it is refilled at the source's next call, as after any replacement
+                    origin = await source.ensure_kernel(refill=False)
+                    cap = int(s.checkpoint_mb * 1_000_000) + 10_000_000  # the manifest and the pickles' slack
+                    await copy_checkpoint(origin, target, max_bytes=cap, timeout=timeout)
         old, new = str(source.dirs.root), str(self.dirs.root)
         for cell in cells:
             meta = cell.get("metadata", {}).get("kernelexec") if isinstance(cell.get("metadata"), dict) else None
