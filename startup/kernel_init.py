@@ -86,6 +86,7 @@ def _kernelexec_install_runtime(shell, policy: "dict", runtime_mod, names: "dict
     names["_kernelexec_report"] = runtime.report
     names["_kernelexec_note"] = runtime.note
     names["_kernelexec_if"] = runtime.note_if
+    names[runtime_mod.REFUSE] = runtime_mod.InterpreterError
     shell.ast_transformers.append(runtime.transformer)
     runtime_mod.hide_own_frames(shell.InteractiveTB)
     names["_kernelexec_variables"] = runtime.variables
