@@ -38,10 +38,11 @@ def _kernelexec_boot() -> None:
         shell = get_ipython()  # type: ignore[name-defined]  # noqa: F821 - provided by IPython in exec_files
         guard = load("guard")
         runtime_mod = load("runtime")
+        protected = load("protected")  # the old safe executor's tools, kept by run_python's cells
         tools = load("mcp_tools")  # code mode: the user's other MCP servers, called through the server (any profile)
         sys.modules["mcp_tools"] = tools
         vars(builtins)["_kernelexec_tools_catalog"] = tools._install_catalog
-        runtime = _kernelexec_install_runtime(shell, policy, runtime_mod, names, os, sys)  # noqa: F821 - a step below, deleted after boot
+        runtime = _kernelexec_install_runtime(shell, policy, runtime_mod, protected, names, os, sys)  # noqa: F821 - a step below, deleted after boot
         import tempfile
 
         tempfile.gettempdir()  # probes by writing a file: cache it before writes may be refused
@@ -70,14 +71,14 @@ def _kernelexec_boot() -> None:
         os._exit(70)
 
 
-def _kernelexec_install_runtime(shell, policy: "dict", runtime_mod, names: "dict", os, sys):
+def _kernelexec_install_runtime(shell, policy: "dict", runtime_mod, protected, names: "dict", os, sys):
     """Before the guard: figure formats, the runtime's hooks (stream caps, cell events, AST transformer,
     traceback trimming) and its builtins. Returns the runtime, whose ``bypass`` the guard sets next."""
     formats = policy.get("figure_formats")
     if formats:
         # a list: the magic line is expanded first, and braces would be read as {expression}
         shell.run_line_magic("config", f"InlineBackend.figure_formats = {list(formats)!r}")
-    runtime = runtime_mod.Runtime(shell, policy, bypass=None)
+    runtime = runtime_mod.Runtime(shell, policy, bypass=None, protected=protected)
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "pub_thread"):
             runtime.cap_stream(stream)
@@ -86,7 +87,7 @@ def _kernelexec_install_runtime(shell, policy: "dict", runtime_mod, names: "dict
     names["_kernelexec_report"] = runtime.report
     names["_kernelexec_note"] = runtime.note
     names["_kernelexec_if"] = runtime.note_if
-    names[runtime_mod.REFUSE] = runtime_mod.InterpreterError
+    names[protected.REFUSE] = protected.InterpreterError
     shell.ast_transformers.append(runtime.transformer)
     runtime_mod.hide_own_frames(shell.InteractiveTB)
     names["_kernelexec_variables"] = runtime.variables

@@ -13,7 +13,6 @@ itself: an AST transform (``LastStatement``) makes the last statement hand its v
 from __future__ import annotations
 
 import ast
-import builtins
 import copy
 import json
 import os
@@ -85,81 +84,22 @@ def _noted(stmt: ast.stmt, level: int = 0) -> list[ast.stmt]:
     return [stmt]
 
 
-# The names the old safe executor (smolagents' LocalPythonExecutor) held as its own tools (its BASE_PYTHON_TOOLS):
-# a run_python cell there could not rebind them, and cannot here (tests/test_safe_executor.py compares the list).
-PROTECTED = frozenset({
-    "print", "isinstance", "range", "float", "int", "bool", "str", "set", "list", "dict", "tuple", "round", "ceil", "floor",
-    "log", "exp", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "degrees", "radians", "pow", "sqrt", "len", "sum",
-    "max", "min", "abs", "enumerate", "zip", "reversed", "sorted", "all", "any", "map", "filter", "ord", "chr", "next",
-    "iter", "divmod", "callable", "getattr", "hasattr", "setattr", "issubclass", "type", "complex",
-})
-REFUSE = "_kernelexec_refuse"  # builtins (kernel_init): the error class a refused cell raises
-
-
-class InterpreterError(ValueError):
-    """The old executor's error, with its words, for a cell that would rebind one of its tools."""
-
-
-def _bound_names(node: ast.AST) -> list[str]:
-    """The names ``node`` binds in its scope: every store target (=, +=, annotated, for, with-as, :=, comprehension),
-    a def's or class's name, an import's (``as``) name, ``global``/``nonlocal``, ``except … as``, a match capture."""
-    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-        return [node.id]
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return [node.name]
-    if isinstance(node, ast.Import):
-        return [a.asname or a.name.split(".")[0] for a in node.names]
-    if isinstance(node, ast.ImportFrom):
-        return [a.asname or a.name for a in node.names]
-    if isinstance(node, (ast.Global, ast.Nonlocal)):
-        return list(node.names)
-    if isinstance(node, ast.ExceptHandler) and node.name:
-        return [node.name]
-    name = getattr(node, "name", None) if type(node).__name__ in ("MatchAs", "MatchStar") else None
-    rest = getattr(node, "rest", None) if type(node).__name__ == "MatchMapping" else None
-    return [n for n in (name, rest) if isinstance(n, str)]
-
-
-def rebinding(tree: ast.AST) -> tuple[ast.AST, str] | None:
-    """The first place ``tree`` rebinds or deletes a protected name, anywhere in the cell (nested scopes too, as the
-    old executor refused it wherever it ran), with the old executor's message; None when it does not."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Del) and node.id in PROTECTED:
-            return node, f"Cannot delete name '{node.id}': name is not defined"
-        for name in _bound_names(node):
-            # the old executor let imports bind any name; here one that binds a builtin's name would erase it,
-            # while ``from math import sqrt`` (no builtin of that name here) erases nothing
-            if isinstance(node, (ast.Import, ast.ImportFrom)) and not hasattr(builtins, name):
-                continue
-            if name in PROTECTED:
-                return node, f"Cannot assign to name '{name}': doing this would erase the existing tool!"
-    return None
-
-
-def _refused(tree: ast.Module, node: ast.AST, message: str) -> ast.Module:
-    """The cell replaced by one ``raise`` of the old executor's error at the offending line: nothing of it runs."""
-    raised = ast.Raise(exc=_call(REFUSE, ast.Constant(value=message)), cause=None)
-    line = getattr(node, "lineno", 1)
-    for part in ast.walk(raised):
-        part.lineno, part.end_lineno, part.col_offset, part.end_col_offset = line, line, 0, 0  # type: ignore[attr-defined]
-    return ast.Module(body=[raised], type_ignores=tree.type_ignores)
-
-
 class LastStatement:
     """An IPython AST transformer (``shell.ast_transformers``): in a cell that asked for the
     statement rule, the last top-level statement notes its value (``_noted``), and a cell that rebinds
     one of the old executor's tools is refused whole (``rebinding``). Other cells, and everything before
     the last statement, run untouched. Never raises (IPython would drop it)."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, protected: Any) -> None:
         self.runtime = runtime
+        self.protected = protected
 
     def visit(self, node: Any) -> Any:
         if self.runtime.rule != "statement" or not isinstance(node, ast.Module) or not node.body:
             return node
-        found = rebinding(node)
+        found = self.protected.rebinding(node)
         if found is not None:
-            return _refused(node, *found)
+            return self.protected.refused(node, *found)
         try:
             node.body[-1:] = _noted(copy.deepcopy(node.body[-1]))
         except Exception:  # noqa: BLE001 - the cell runs as written; its result is then None
@@ -254,8 +194,9 @@ class _Report:
 class Runtime:
     """Per-kernel state: the last cell's result and the stream budget."""
 
-    def __init__(self, shell: Any, policy: dict[str, Any], bypass: Any) -> None:
+    def __init__(self, shell: Any, policy: dict[str, Any], bypass: Any, protected: Any) -> None:
         self.shell = shell
+        self.protected = protected  # startup/protected.py: the old executor's tools, which run_python cells keep
         self.bypass = bypass
         self.spill_dir: str = policy["spill_dir"]
         self.result_cap: int = int(policy.get("result_cap", 8_000_000))
@@ -263,10 +204,10 @@ class Runtime:
         self.disk_cap: int = int(policy.get("disk_cap", 64_000_000))
         self.last: dict[str, Any] = {"kind": "none"}
         self.rule = "variable"  # this cell's result rule: "variable" (execute_code) or "statement" (run_python)
-        self.transformer = LastStatement(self)
+        self.transformer = LastStatement(self, protected)
         self._levels: dict[int, Any] = {}  # level -> the last non-None value noted there (0: the cell)
         self._before: Any = _MISSING
-        self._tools: dict[str, tuple[Any, Any]] | None = None  # a run_python cell's protected names at its start
+        self._kept: Any = None  # a run_python cell's protected names, as they were at its start (protected.Kept)
         self._lock = threading.Lock()
         self._streams: dict[str, dict[str, Any]] = {}
         self._cell = 0
@@ -280,7 +221,7 @@ class Runtime:
         self._cpu_before = _cpu_seconds()
         self._before = self.shell.user_ns.get("result", _MISSING)
         self.rule = self._asked_rule()
-        self._tools = self._tools_now() if self.rule == "statement" else None
+        self._kept = self.protected.Kept(self.shell) if self.rule == "statement" else None
         self._levels = {}
         with self._lock:
             self._streams = {}
@@ -308,36 +249,10 @@ class Runtime:
         elif self._levels.get(level) is not None:
             self._levels[level - 1] = self._levels[level]
 
-    def _tools_now(self) -> dict[str, tuple[Any, Any]]:
-        """Each protected builtin's value in the user namespace and in builtins (a protected name that is no builtin
-        here, ``sqrt``, is a tool nothing can erase: only the AST check refuses rebinding it, as the old executor did)."""
-        ns, names = self.shell.user_ns, vars(builtins)
-        return {name: (ns.get(name, _MISSING), names[name]) for name in PROTECTED if name in names}
-
-    def _keep_tools(self, outcome: Any) -> None:
-        """A run_python cell's rebinding the AST check cannot see (``globals()['print'] = …``, ``exec``,
-        ``builtins.print = …``) is undone when the cell ends, and the cell fails with the old executor's error."""
-        before, self._tools = self._tools, None
-        if before is None:
-            return
-        erased = []
-        for name, was in before.items():
-            for space, old in zip((self.shell.user_ns, vars(builtins)), was, strict=True):
-                if space.get(name, _MISSING) is not old:
-                    erased.append(name)
-                    if old is _MISSING:
-                        space.pop(name, None)
-                    else:
-                        space[name] = old
-        if erased and outcome is not None and outcome.success:
-            try:
-                raise InterpreterError(f"Cannot assign to name '{erased[0]}': doing this would erase the existing tool!")
-            except InterpreterError as exc:
-                self.shell.showtraceback()
-                outcome.error_in_exec = exc
-
     def post_run_cell(self, outcome: Any) -> None:
-        self._keep_tools(outcome)
+        if self._kept is not None:
+            self._kept.end(outcome)
+            self._kept = None
         ns = self.shell.user_ns
         cell = getattr(outcome.info, "raw_cell", "") or ""
         value: Any = _MISSING

@@ -238,7 +238,7 @@ async def test_a_builtin_replaced_through_the_builtins_module_is_put_back(harnes
 
 def test_the_protected_names_are_the_old_executors_tools() -> None:
     executor_module = pytest.importorskip("smolagents.local_python_executor")
-    from startup.runtime import PROTECTED
+    from startup.protected import PROTECTED
 
     assert set(PROTECTED) == set(executor_module.BASE_PYTHON_TOOLS)
 
