@@ -78,27 +78,40 @@ def refused(tree: ast.Module, node: ast.AST, message: str) -> ast.Module:
     return ast.Module(body=[raised], type_ignores=tree.type_ignores)
 
 
+# the builtins themselves, as the kernel booted with them (this file loads before any cell runs)
+ORIGINAL = {name: vars(builtins)[name] for name in PROTECTED if name in vars(builtins)}
+
+
 class Kept:
-    """The protected builtins as they were when a run_python cell started (``Runtime.pre_run_cell``), put back when it
-    ends (``Runtime.post_run_cell``): a rebinding the AST check cannot see (``globals()['print'] = …``, ``exec``,
-    ``builtins.print = …``) is undone, and the cell fails with the old executor's error. A protected name that is no
-    builtin here (``sqrt``) is a tool nothing can erase: only the AST check refuses rebinding it, as the old one did."""
+    """The protected builtins kept whole around a run_python cell (made in ``Runtime.pre_run_cell``, ended in
+    ``post_run_cell``). A rebinding the AST check cannot see (``globals()['print'] = …``, ``exec``,
+    ``builtins.print = …``) is undone at the cell's end, and the cell fails with the old executor's error. The
+    builtins module is held to the kernel's boot (a thread's change between cells is undone when the next
+    run_python cell starts); the user namespace to the cell's start (``execute_code`` may shadow a builtin). A
+    protected name that is no builtin here (``sqrt``) is a tool nothing can erase: only the AST check refuses
+    rebinding it, as the old executor did."""
 
     def __init__(self, shell: Any) -> None:
         self.shell = shell
-        ns, names = shell.user_ns, vars(builtins)
-        self.before = {name: (ns.get(name, _MISSING), names[name]) for name in PROTECTED if name in names}
+        self._put_back(vars(builtins), ORIGINAL)
+        ns = shell.user_ns
+        self.before = {name: ns.get(name, _MISSING) for name in ORIGINAL}
+
+    @staticmethod
+    def _put_back(space: dict[str, Any], was: dict[str, Any]) -> list[str]:
+        """Each name of ``was`` given its value there again (or removed, where it had none); the names changed."""
+        changed = []
+        for name, old in was.items():
+            if space.get(name, _MISSING) is not old:
+                changed.append(name)
+                if old is _MISSING:
+                    space.pop(name, None)
+                else:
+                    space[name] = old
+        return changed
 
     def end(self, outcome: Any) -> None:
-        erased = []
-        for name, was in self.before.items():
-            for space, old in zip((self.shell.user_ns, vars(builtins)), was, strict=True):
-                if space.get(name, _MISSING) is not old:
-                    erased.append(name)
-                    if old is _MISSING:
-                        space.pop(name, None)
-                    else:
-                        space[name] = old
+        erased = self._put_back(self.shell.user_ns, self.before) + self._put_back(vars(builtins), ORIGINAL)
         if erased and outcome is not None and outcome.success:
             try:
                 raise InterpreterError(f"Cannot assign to name '{erased[0]}': doing this would erase the existing tool!")

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from .conftest import Harness, make_settings, serving
@@ -254,3 +255,15 @@ def test_the_old_executor_refuses_what_the_cases_above_say_it_does() -> None:
             executor(code)
         expected = dict(AROUND)[code].split(": ", 1)[1]
         assert expected in str(raised.value), (code, str(raised.value))
+
+
+async def test_a_builtin_replaced_between_cells_by_a_thread_is_put_back(harness: Harness) -> None:
+    """The cell ends before its thread rebinds: the next run_python cell finds the builtin as the kernel booted."""
+    session = await harness.new_session()
+    planted = await harness.call("run_python", session=session,
+                                 code="import builtins, threading\nthreading.Timer(0.3, setattr, (builtins, 'divmod', lambda a, b: 'planted')).start()")
+    assert not planted.is_error, planted.content
+    await anyio.sleep(1.0)
+    assert (await harness.run("result = divmod(7, 2)", session=session))["result"] == "planted"  # control: the thread did rebind it
+    assert (await harness.call("run_python", code="divmod(7, 2)", session=session)).structured_content["result"] == [3, 1]
+    assert (await harness.run("result = divmod(7, 2)", session=session))["result"] == [3, 1]
