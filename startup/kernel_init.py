@@ -38,16 +38,18 @@ def _kernelexec_boot() -> None:
         shell = get_ipython()  # type: ignore[name-defined]  # noqa: F821 - provided by IPython in exec_files
         guard = load("guard")
         runtime_mod = load("runtime")
-        protected = load("protected")  # the old safe executor's tools, kept by run_python's cells
         tools = load("mcp_tools")  # code mode: the user's other MCP servers, called through the server (any profile)
         sys.modules["mcp_tools"] = tools
         vars(builtins)["_kernelexec_tools_catalog"] = tools._install_catalog
-        runtime = _kernelexec_install_runtime(shell, policy, runtime_mod, protected, names, os, sys)  # noqa: F821 - a step below, deleted after boot
+        runtime = _kernelexec_install_runtime(shell, policy, runtime_mod, names, os, sys)  # noqa: F821 - a step below, deleted after boot
         import tempfile
 
         tempfile.gettempdir()  # probes by writing a file: cache it before writes may be refused
         checkpoints = load("checkpoint").Checkpointer(shell, policy, bypass=None)
         checkpoints.secrets = runtime.secrets  # getpass() answers: a value holding one is never saved
+        protected = load("protected")  # the old safe executor's tools, which run_python's cells keep
+        runtime.keep_tools(protected)
+        names[protected.REFUSE] = protected.InterpreterError
         runtime.bypass = checkpoints.bypass = guard.install(policy)
         # the checkpoint's wait for the last cell's save first, then the runtime's start of this cell: a cell's CPU
         # seconds are its own, never the previous cell's save still running in the background
@@ -71,14 +73,14 @@ def _kernelexec_boot() -> None:
         os._exit(70)
 
 
-def _kernelexec_install_runtime(shell, policy: "dict", runtime_mod, protected, names: "dict", os, sys):
+def _kernelexec_install_runtime(shell, policy: "dict", runtime_mod, names: "dict", os, sys):
     """Before the guard: figure formats, the runtime's hooks (stream caps, cell events, AST transformer,
     traceback trimming) and its builtins. Returns the runtime, whose ``bypass`` the guard sets next."""
     formats = policy.get("figure_formats")
     if formats:
         # a list: the magic line is expanded first, and braces would be read as {expression}
         shell.run_line_magic("config", f"InlineBackend.figure_formats = {list(formats)!r}")
-    runtime = runtime_mod.Runtime(shell, policy, bypass=None, protected=protected)
+    runtime = runtime_mod.Runtime(shell, policy, bypass=None)
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "pub_thread"):
             runtime.cap_stream(stream)
@@ -87,7 +89,6 @@ def _kernelexec_install_runtime(shell, policy: "dict", runtime_mod, protected, n
     names["_kernelexec_report"] = runtime.report
     names["_kernelexec_note"] = runtime.note
     names["_kernelexec_if"] = runtime.note_if
-    names[protected.REFUSE] = protected.InterpreterError
     shell.ast_transformers.append(runtime.transformer)
     runtime_mod.hide_own_frames(shell.InteractiveTB)
     names["_kernelexec_variables"] = runtime.variables

@@ -90,16 +90,16 @@ class LastStatement:
     one of the old executor's tools is refused whole (``rebinding``). Other cells, and everything before
     the last statement, run untouched. Never raises (IPython would drop it)."""
 
-    def __init__(self, runtime: Runtime, protected: Any) -> None:
+    def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
-        self.protected = protected
 
     def visit(self, node: Any) -> Any:
         if self.runtime.rule != "statement" or not isinstance(node, ast.Module) or not node.body:
             return node
-        found = self.protected.rebinding(node)
+        protected = self.runtime.protected
+        found = protected.rebinding(node) if protected is not None else None
         if found is not None:
-            return self.protected.refused(node, *found)
+            return protected.refused(node, *found)
         try:
             node.body[-1:] = _noted(copy.deepcopy(node.body[-1]))
         except Exception:  # noqa: BLE001 - the cell runs as written; its result is then None
@@ -194,9 +194,9 @@ class _Report:
 class Runtime:
     """Per-kernel state: the last cell's result and the stream budget."""
 
-    def __init__(self, shell: Any, policy: dict[str, Any], bypass: Any, protected: Any) -> None:
+    def __init__(self, shell: Any, policy: dict[str, Any], bypass: Any) -> None:
         self.shell = shell
-        self.protected = protected  # startup/protected.py: the old executor's tools, which run_python cells keep
+        self.protected: Any = None  # startup/protected.py (``keep_tools``): the old executor's tools, kept by run_python's cells
         self.bypass = bypass
         self.spill_dir: str = policy["spill_dir"]
         self.result_cap: int = int(policy.get("result_cap", 8_000_000))
@@ -204,7 +204,7 @@ class Runtime:
         self.disk_cap: int = int(policy.get("disk_cap", 64_000_000))
         self.last: dict[str, Any] = {"kind": "none"}
         self.rule = "variable"  # this cell's result rule: "variable" (execute_code) or "statement" (run_python)
-        self.transformer = LastStatement(self, protected)
+        self.transformer = LastStatement(self)
         self._levels: dict[int, Any] = {}  # level -> the last non-None value noted there (0: the cell)
         self._before: Any = _MISSING
         self._kept: Any = None  # a run_python cell's protected names, as they were at its start (protected.Kept)
@@ -221,10 +221,14 @@ class Runtime:
         self._cpu_before = _cpu_seconds()
         self._before = self.shell.user_ns.get("result", _MISSING)
         self.rule = self._asked_rule()
-        self._kept = self.protected.Kept(self.shell) if self.rule == "statement" else None
+        self._kept = self.protected.Kept(self.shell) if self.rule == "statement" and self.protected is not None else None
         self._levels = {}
         with self._lock:
             self._streams = {}
+
+    def keep_tools(self, protected: Any) -> None:
+        """From now on, run_python's cells keep the old executor's tools (startup/protected.py, loaded by the boot)."""
+        self.protected = protected
 
     def _asked_rule(self) -> str:
         """The rule the execute request asked for in its metadata (``kernelexec_result``)."""
