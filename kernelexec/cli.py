@@ -200,7 +200,7 @@ async def _serve(settings: Settings) -> None:
                "(kernelexec doctor for details)"), file=sys.stderr)
     from kernelexec import tracing
 
-    if tracing.configure():  # the OTEL_* variables ask for OTLP traces (README: Operator: traces)
+    if tracing.configure():  # the OTEL_* variables ask for OTLP traces (docs/metrics.md: Traces)
         print(safe("kernelexec: traces exported over OTLP/HTTP (OTEL_* variables)"), file=sys.stderr)
     sessions = SessionManager(settings)
     try:

@@ -47,7 +47,7 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Claude Code ignore an empty one; git walks on up past an empty .git).
 PROTECTED_DIRS = (".git", ".claude", ".vscode", ".idea", ".direnv")
 # Files of the same kind: bound read-only where they exist. Where they do not, a placeholder would be
-# a file the tool then fails to parse; see the README for what still guards them.
+# a file the tool then fails to parse; see docs/security.md for what still guards them.
 PROTECTED_FILES = (".gitmodules", ".gitconfig", ".mcp.json", ".envrc", ".bashrc", ".bash_profile", ".bash_login",
                    ".zshrc", ".zshenv", ".zprofile", ".profile")
 # The project's environment: auto-detection adopts a .venv in a work root only because of this (environments.py).

@@ -51,6 +51,9 @@ def _kernelexec_boot() -> None:
         tempfile.gettempdir()  # probes by writing a file: cache it before writes may be refused
         checkpoints = load("checkpoint").Checkpointer(shell, policy, bypass=None)
         checkpoints.secrets = runtime.secrets  # getpass() answers: a value holding one is never saved
+        protected = load("protected")  # the old safe executor's tools, which run_python's cells keep
+        runtime.keep_tools(protected)
+        names[protected.REFUSE] = protected.InterpreterError
         runtime.bypass = checkpoints.bypass = guard.install(policy)
         # the checkpoint's stop of a save in progress first (never waited for), then the runtime's start of this cell
         checkpoints.watch_answers(getattr(shell, "kernel", None))  # saves start once a cell's idle status is sent

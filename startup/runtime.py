@@ -86,8 +86,9 @@ def _noted(stmt: ast.stmt, level: int = 0) -> list[ast.stmt]:
 
 class LastStatement:
     """An IPython AST transformer (``shell.ast_transformers``): in a cell that asked for the
-    statement rule, the last top-level statement notes its value (``_noted``). Other cells, and
-    everything before the last statement, run untouched. Never raises (IPython would drop it)."""
+    statement rule, the last top-level statement notes its value (``_noted``), and a cell that rebinds
+    one of the old executor's tools is refused whole (``rebinding``). Other cells, and everything before
+    the last statement, run untouched. Never raises (IPython would drop it)."""
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
@@ -95,6 +96,10 @@ class LastStatement:
     def visit(self, node: Any) -> Any:
         if self.runtime.rule != "statement" or not isinstance(node, ast.Module) or not node.body:
             return node
+        protected = self.runtime.protected
+        found = protected.rebinding(node) if protected is not None else None
+        if found is not None:
+            return protected.refused(node, *found)
         try:
             node.body[-1:] = _noted(copy.deepcopy(node.body[-1]))
         except Exception:  # noqa: BLE001 - the cell runs as written; its result is then None
@@ -191,6 +196,7 @@ class Runtime:
 
     def __init__(self, shell: Any, policy: dict[str, Any], bypass: Any) -> None:
         self.shell = shell
+        self.protected: Any = None  # startup/protected.py (``keep_tools``): the old executor's tools, kept by run_python's cells
         self.bypass = bypass
         self.spill_dir: str = policy["spill_dir"]
         self.result_cap: int = int(policy.get("result_cap", 8_000_000))
@@ -201,6 +207,7 @@ class Runtime:
         self.transformer = LastStatement(self)
         self._levels: dict[int, Any] = {}  # level -> the last non-None value noted there (0: the cell)
         self._before: Any = _MISSING
+        self._kept: Any = None  # a run_python cell's protected names, as they were at its start (protected.Kept)
         self._lock = threading.Lock()
         self._streams: dict[str, dict[str, Any]] = {}
         self._cell = 0
@@ -214,9 +221,14 @@ class Runtime:
         self._cpu_before = _cpu_seconds()
         self._before = self.shell.user_ns.get("result", _MISSING)
         self.rule = self._asked_rule()
+        self._kept = self.protected.Kept(self.shell) if self.rule == "statement" and self.protected is not None else None
         self._levels = {}
         with self._lock:
             self._streams = {}
+
+    def keep_tools(self, protected: Any) -> None:
+        """From now on, run_python's cells keep the old executor's tools (startup/protected.py, loaded by the boot)."""
+        self.protected = protected
 
     def _asked_rule(self) -> str:
         """The rule the execute request asked for in its metadata (``kernelexec_result``)."""
@@ -242,6 +254,9 @@ class Runtime:
             self._levels[level - 1] = self._levels[level]
 
     def post_run_cell(self, outcome: Any) -> None:
+        if self._kept is not None:
+            self._kept.end(outcome)
+            self._kept = None
         ns = self.shell.user_ns
         cell = getattr(outcome.info, "raw_cell", "") or ""
         value: Any = _MISSING

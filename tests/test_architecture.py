@@ -173,3 +173,10 @@ def test_every_module_is_in_a_layer_and_in_the_floor_plan() -> None:
         if not found:
             missing.append("/".join(parts))
     assert missing == [], f"ARCHITECTURE.md's drawing does not name: {', '.join(missing)}"
+
+
+def test_the_kernel_driver_stays_under_450_lines() -> None:
+    """driver.py holds a kernel's life and the backend seam; one request's life is cell.py's (issue 35: it had
+    grown past 500 lines by taking in every reason to change of the kernel folder)."""
+    lines = len((PACKAGE / "kernel" / "driver.py").read_text().splitlines())
+    assert lines < 450, f"kernel/driver.py has {lines} lines: split it by reason to change, as cell.py was"

@@ -1,6 +1,6 @@
 """Budgets, attacked from outside: a real ``kernelexec serve --transport http`` process, real SDK clients speaking
 2026-07-28 (stateless: no Mcp-Session-Id), real kernels. Everything a caller can create has a limit with a clear
-error, and a failed call gives back what was reserved for it (README.md, Budgets)."""
+error, and a failed call gives back what was reserved for it (docs/budgets.md, Budgets)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One attacking test per README security claim that no other test tried to break.
+"""One attacking test per security claim (docs/security.md) that no other test tried to break.
 
 Each test attacks as a cell or a hostile file would, and judges from outside the product: the host's
 /proc, files on disk, sockets, a real ``kernelexec`` process. Where the guard lives in this process, a

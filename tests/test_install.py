@@ -51,9 +51,25 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = tmp_path_factory.mktemp("src") / "kernelexec"
     shutil.copytree(REPO, src, ignore=IGNORE)
     dist = tmp_path_factory.mktemp("dist")
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-q", "-w", str(dist), str(src)])
+    # -v: the build backend's own output, which -q hides, is what test_the_build_prints_no_warning reads
+    proc = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-v", "-w", str(dist), str(src)])
+    (dist / "build.log").write_text(proc.stdout + proc.stderr)
     (built,) = dist.glob("kernelexec-*.whl")
     return built
+
+
+# what a verbose build prints that is not a warning about the project: pip's own index notes, and the
+# backend saying that it skips byte-compiling (pip compiles at install)
+BENIGN = ("byte-compiling is disabled", "is ignored: it is neither a file nor a directory")
+
+
+def test_the_build_prints_no_warning(wheel: Path) -> None:
+    """setuptools warns, for instance, when a folder that ships files (kernelexec/ui/) is not in `packages`:
+    such a folder is left out of the wheel by a later setuptools, so the warning is a fault, not noise."""
+    log = (wheel.parent / "build.log").read_text()
+    assert "Successfully built" in log or "Saved" in log, log[-2000:]  # control: the log is the backend's, verbose
+    warnings = [line.strip() for line in log.splitlines() if "warn" in line.lower() and not any(b in line for b in BENIGN)]
+    assert warnings == [], "\n".join(warnings)
 
 
 @pytest.fixture(scope="module")

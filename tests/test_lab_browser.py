@@ -189,7 +189,7 @@ async def test_a_user_in_jupyterlab_inspects_the_session_and_the_kernel_cannot_r
     agent = by["agent restart"]
     assert agent["outputs"] == ["'restarted'"], agent
     assert by["agent restart status"]["statuses"][-1].endswith("| Idle"), by["agent restart status"]  # not stuck
-    # the README's screenshot is this test's first one (refreshed with KERNELEXEC_UPDATE_DOCS=1)
+    # docs/notebooks.md's screenshot is this test's first one (refreshed with KERNELEXEC_UPDATE_DOCS=1)
     assert (shots / "lab.png").stat().st_size > 10_000
     if os.environ.get("KERNELEXEC_UPDATE_DOCS"):
         shutil.copy(shots / "lab.png", ROOT / "docs" / "lab.png")

@@ -1,6 +1,6 @@
 """Each profile's in-kernel layer: allowed and refused imports and file access, through MCP.
 
-These guards give clear errors; they are not the security boundary (see README, "Layers").
+These guards give clear errors; they are not the security boundary (see docs/security.md).
 """
 
 from __future__ import annotations

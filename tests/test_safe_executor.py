@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from .conftest import Harness, make_settings, serving
@@ -157,3 +158,112 @@ async def test_execute_code_keeps_its_own_rule_in_the_same_session(harness: Harn
     assert ran.structured_content["result"] == 3
     assert (await harness.run("y = 4", session=session))["result"] is None  # the rule does not stick
     assert (await harness.run("x + y", session=session))["result"] == 7
+
+
+# --- the old executor's tools cannot be rebound --------------------------------------------------
+
+ERASE = "InterpreterError: Cannot assign to name '{}': doing this would erase the existing tool!"
+
+# each rebinds (or would delete) a name the old executor held as a tool: by syntax (refused before anything of the
+# cell runs) or around it, at run time (undone when the cell ends, and the cell fails)
+AROUND: list[tuple[str, str]] = [
+    ("print = '3'", ERASE.format("print")),
+    ("n = 1\nprint += 'x'", ERASE.format("print")),
+    ("print: str = '3'", ERASE.format("print")),
+    ("a, (b, print) = 1, (2, 3)", ERASE.format("print")),
+    ("for print in ['3']:\n    pass", ERASE.format("print")),
+    ("class Ctx:\n    def __enter__(self):\n        return 1\n    def __exit__(self, *exc):\n        return False\nwith Ctx() as len:\n    pass", ERASE.format("len")),
+    ("import math as sum", ERASE.format("sum")),
+    ("from functools import reduce as max", ERASE.format("max")),
+    ("def print(*args):\n    pass", ERASE.format("print")),
+    ("class range:\n    pass", ERASE.format("range")),
+    ("(sorted := 3)", ERASE.format("sorted")),
+    ("[abs for abs in [1]]", ERASE.format("abs")),
+    ("def f():\n    global print\n    print = 3\nf()", ERASE.format("print")),
+    ("try:\n    1 / 0\nexcept ZeroDivisionError as str:\n    pass", ERASE.format("str")),
+    ("match [1]:\n    case [*list]:\n        pass", ERASE.format("list")),
+    ("del print", "InterpreterError: Cannot delete name 'print': name is not defined"),
+    ("log = []", ERASE.format("log")),  # not a builtin here, but a tool of the old executor
+    # around the syntax: a namespace written as a dict, or code the check never saw
+    ("globals()['print'] = '3'", ERASE.format("print")),
+    ("vars()['len'] = len\nvars()['len'] = 3", ERASE.format("len")),
+    ("exec(\"print = '3'\")", ERASE.format("print")),
+    ("__builtins__.print = None if hasattr(__builtins__, 'print') else __builtins__.__setitem__('print', None)", ERASE.format("print")),
+]
+
+
+@pytest.mark.parametrize(("code", "error"), AROUND, ids=[c.replace("\n", "⏎")[:40] for c, _ in AROUND])
+async def test_a_cell_cannot_rebind_a_tool_and_later_cells_still_have_it(safe: Harness, code: str, error: str) -> None:
+    refused = await safe.call("run_python", code=code)
+    assert refused.is_error, (code, refused.structured_content)
+    text = refused.content[0].text
+    assert text.splitlines()[0].endswith(error), text
+    after = await run_python(safe, "print('still here', len([1, 2]), max(1, 2))\nsorted([2, 1])")
+    assert after == {"result": [1, 2], "logs": "still here 2 2\n"}, after
+    assert (await run_python(safe, "'log' in globals(), 'print' in globals()"))["result"] == [False, False]
+
+
+# where CPython's own reading is right, and nothing of the old executor's is erased
+ALLOWED = [
+    ("from math import sqrt, floor\nfloor(sqrt(17))", 4),  # no builtin of those names here: the import erases nothing
+    ("def twice(print):\n    return print * 2\ntwice(4)", 8),  # a parameter is the function's own
+    ("(lambda len: len + 1)(1)", 2),
+    ("printed = 1\nprinter = printed + 1", 2),
+    ("import collections.abc\ncollections.abc.__name__", "collections.abc"),
+]
+
+
+@pytest.mark.parametrize(("code", "expected"), ALLOWED, ids=[c.replace("\n", "⏎")[:40] for c, _ in ALLOWED])
+async def test_names_that_erase_no_tool_stay_allowed(safe: Harness, code: str, expected: Any) -> None:
+    assert (await run_python(safe, code))["result"] == expected
+
+
+async def test_execute_code_may_rebind_any_name(harness: Harness) -> None:
+    """The rule is run_python's, the old tool's: execute_code runs Python as Python."""
+    session = await harness.new_session()
+    assert (await harness.run("log = [1]\nresult = log", session=session))["result"] == [1]
+    ran = await harness.call("run_python", code="log.append(2)\nlog", session=session)  # reading it is not rebinding it
+    assert ran.structured_content["result"] == [1, 2]
+    refused = await harness.call("run_python", code="log = 3", session=session)
+    assert refused.is_error and refused.content[0].text.splitlines()[0].endswith(ERASE.format("log"))
+    assert (await harness.run("result = log", session=session))["result"] == [1, 2]  # the refused cell changed nothing
+
+
+async def test_a_builtin_replaced_through_the_builtins_module_is_put_back(harness: Harness) -> None:
+    """standard imports ``builtins``: its attributes are the tools themselves."""
+    session = await harness.new_session()
+    refused = await harness.call("run_python", code="import builtins\nbuiltins.len = lambda x: 0", session=session)
+    assert refused.is_error and refused.content[0].text.splitlines()[0].endswith(ERASE.format("len"))
+    assert (await harness.call("run_python", code="len([1, 2, 3])", session=session)).structured_content["result"] == 3
+
+
+def test_the_protected_names_are_the_old_executors_tools() -> None:
+    executor_module = pytest.importorskip("smolagents.local_python_executor")
+    from startup.protected import PROTECTED
+
+    assert set(PROTECTED) == set(executor_module.BASE_PYTHON_TOOLS)
+
+
+def test_the_old_executor_refuses_what_the_cases_above_say_it_does() -> None:
+    """The error text is the old tool's own, for the forms it refused (it let others through, where a name it held
+    kept its tool; here CPython would let them erase the builtin, so they are refused too)."""
+    executor_module = pytest.importorskip("smolagents.local_python_executor")
+    for code in ("print = '3'", "print: str = '3'", "for print in ['3']:\n    pass", "[abs for abs in [1]]", "del print"):
+        executor = executor_module.LocalPythonExecutor(additional_authorized_imports=[])
+        executor.send_tools({})
+        with pytest.raises(executor_module.InterpreterError) as raised:
+            executor(code)
+        expected = dict(AROUND)[code].split(": ", 1)[1]
+        assert expected in str(raised.value), (code, str(raised.value))
+
+
+async def test_a_builtin_replaced_between_cells_by_a_thread_is_put_back(harness: Harness) -> None:
+    """The cell ends before its thread rebinds: the next run_python cell finds the builtin as the kernel booted."""
+    session = await harness.new_session()
+    planted = await harness.call("run_python", session=session,
+                                 code="import builtins, threading\nthreading.Timer(0.3, setattr, (builtins, 'divmod', lambda a, b: 'planted')).start()")
+    assert not planted.is_error, planted.content
+    await anyio.sleep(1.0)
+    assert (await harness.run("result = divmod(7, 2)", session=session))["result"] == "planted"  # control: the thread did rebind it
+    assert (await harness.call("run_python", code="divmod(7, 2)", session=session)).structured_content["result"] == [3, 1]
+    assert (await harness.run("result = divmod(7, 2)", session=session))["result"] == [3, 1]

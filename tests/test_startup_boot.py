@@ -37,7 +37,7 @@ STEPS = [node.name for node in ast.parse(startup_file("kernel_init.py").read_tex
 def boot(tmp_path: Path, fail_in: str | None) -> subprocess.CompletedProcess[str]:
     """Run a copy of the startup files, with ``raise RuntimeError`` first in the step ``fail_in`` (in the
     boot function itself: first in its ``try``, the fail-closed part)."""
-    for name in ("guard", "runtime", "mcp_tools", "checkpoint", "kernel_init"):
+    for name in ("guard", "runtime", "protected", "mcp_tools", "checkpoint", "kernel_init"):
         shutil.copy(startup_file(f"{name}.py"), tmp_path / f"{name}.py")
     init = tmp_path / "kernel_init.py"
     if fail_in is not None:
@@ -62,7 +62,7 @@ def test_the_boot_leaves_only_its_builtins_and_imports_nothing_after_the_guard(t
                         "_kernelexec_checkpoint_reset", "_kernelexec_checkpoint_restore", "_kernelexec_checkpoint_resume",
                         "_kernelexec_checkpoint_status",
                         "_kernelexec_if", "_kernelexec_note", "_kernelexec_packages_added", "_kernelexec_policy",
-                        "_kernelexec_report", "_kernelexec_tools_catalog", "_kernelexec_variables", "_kernelexec_warm"]
+                        "_kernelexec_refuse", "_kernelexec_report", "_kernelexec_tools_catalog", "_kernelexec_variables", "_kernelexec_warm"]
 
 
 @pytest.mark.parametrize("step", STEPS)

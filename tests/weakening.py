@@ -4,9 +4,9 @@
   each with its reason (a nodeid prefix). Every other red-team test claims that a layer stops its attack, so with
   every layer gone it must fail: under ``--weaken off`` any other red-team test that passes ends the run with exit
   status ``WEAKENED_PASS_STATUS`` (7), a judge that judges nothing (.ci/run's ``expect_red`` wants 1).
-* ``LAYER_JUDGES``: for each layer, the tests that fail when only that layer is removed (measured, README
+* ``LAYER_JUDGES``: for each layer, the tests that fail when only that layer is removed (measured, docs/security.md
   "Red-team tally"); under ``--weaken LAYER`` any of them that passes ends the run with exit status 7 too.
-  A layer no attack depends on alone is said so in the README, not hidden here.
+  A layer no attack depends on alone is said so in docs/security.md, not hidden here.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ SANDBOX_INDEPENDENT: dict[str, str] = {
 }
 
 _PROCESSES = "tests/redteam/test_processes.py::test_processes"
-LAYER_JUDGES: dict[str, list[str]] = {  # measured on this machine kind; README "Red-team tally" has the counts
+LAYER_JUDGES: dict[str, list[str]] = {  # measured on this machine kind; docs/security.md "Red-team tally" has the counts
     # fork and exec by routes the guard does not see (ctypes, clone3) or lets through to the OS (execve of Python)
     "seccomp": [*_both(_PROCESSES, "ctypes-libc-fork", ""), *_both(_PROCESSES, "ctypes-clone3", ""),
                 *_both(_PROCESSES, "os.execve-python", ""), *_both(_PROCESSES, "subprocess.check_output-python", "")],
@@ -51,13 +51,13 @@ LAYER_JUDGES: dict[str, list[str]] = {  # measured on this machine kind; README 
     # memfd pages written, never mapped: no rlimit counts them, the cgroup's memory cap alone stops them
     "cgroup": ["tests/redteam/test_limits.py::test_unmapped_shared_memory_stops_at_the_cgroup_memory_limit"],
     # (a presence check from /proc, not an attack: every attack it would stop, Landlock's ptrace scope and
-    # bubblewrap's PID namespace stop too; see README)
+    # bubblewrap's PID namespace stop too; see docs/security.md)
     "uid": ["tests/test_sandbox.py::test_as_root_each_kernel_runs_under_its_own_unprivileged_uid"],
     "guard": ["tests/test_policy.py::test_strict_refuses_all_file_access", "tests/test_policy.py::test_guard_survives_rebinding_builtins",
               "tests/test_policy.py::test_standard_refuses_processes_by_any_route",
               "tests/test_policy.py::test_strict_refuses_other_imports_with_a_message_naming_them"],
     # netns: none. Every network payload is stopped with it removed (seccomp's socket families, Landlock's TCP
-    # rules and abstract-unix scope): defence in depth, said in the README
+    # rules and abstract-unix scope): defence in depth, said in docs/security.md
 }
 
 WEAKENED_PASS_STATUS = 7

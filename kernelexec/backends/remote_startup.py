@@ -2,8 +2,8 @@
 
 A kernel on a gateway (``gateway.py``) or launched by a remote provisioner (``kernelspecs.py``)
 cannot run ``startup/kernel_init.py`` through ``exec_files``: the file is not there. So one silent
-execute carries the policy and the source of ``startup/guard.py``, ``startup/runtime.py`` and
-``startup/kernel_init.py``; the kernel writes them to ``<its temp dir>/kernelexec-<handle>.startup/``
+execute carries the policy and the source of the startup files (``startup/guard.py``, ``runtime.py``,
+``protected.py``, ``mcp_tools.py``, ``checkpoint.py``, ``kernel_init.py``); the kernel writes them to ``<its temp dir>/kernelexec-<handle>.startup/``
 and runs them exactly as a local kernel does (same builtins, same guard, same fail-closed
 ``os._exit``). Paths in the policy are the remote kernel's: its session directory is
 ``<its temp dir>/kernelexec-<handle>``, and files the kernel itself spills live there.
@@ -113,8 +113,8 @@ def remote_policy(policy: dict[str, Any]) -> dict[str, Any]:
 
 def startup_code(policy: dict[str, Any], handle: str) -> str:
     """The one silent cell that installs kernelexec's startup code in a kernel that lacks our files."""
-    sources = {name: startup_file(f"{name}.py").read_text(encoding="utf-8") for name in ("guard", "runtime", "mcp_tools", "checkpoint",
-                                                                                     "kernel_init")}
+    sources = {name: startup_file(f"{name}.py").read_text(encoding="utf-8") for name in ("guard", "runtime", "protected", "mcp_tools",
+                                                                                     "checkpoint", "kernel_init")}
     args = {
         "handle": handle,
         "policy": remote_policy(policy),

@@ -13,10 +13,11 @@ our provisioner inside the sandbox; ``kernelspecs.ProvisionedKernel``, a kernels
 - **never** override: the request protocol (``execute``, ``evaluate``, ``reply_to``, ``interrupt``,
   ``is_alive``, ``adopt``, ``warm``): every backend's messages go through the same checks.
 
-``Kernel.execute`` sends one request, reads IOPub (filtered by ``parent_header.msg_id``) and the
-shell reply against one monotonic deadline, and races that against ``is_alive()`` so a dead kernel
-is noticed in well under a second. On timeout it escalates: SIGINT, a short grace, then a restart.
-The stdin channel (questions, code mode's calls) is ``stdin.py``'s; reading the reply, ``report.py``'s.
+``Kernel.execute`` sends one request through a ``cell.CellRun``, which reads IOPub (filtered by
+``parent_header.msg_id``) and the shell reply against one monotonic deadline, and races that against
+``is_alive()`` so a dead kernel is noticed in well under a second. On timeout it escalates: SIGINT, a short
+grace, then a restart. The stdin channel (questions, code mode's calls) is ``stdin.py``'s; reading the reply,
+``report.py``'s.
 Callers hold the session lock: at most one request is ever in flight per kernel.
 """
 
@@ -27,29 +28,24 @@ import queue
 import signal
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO, Any, ClassVar, Protocol
 
 import anyio
-import anyio.lowlevel
-import zmq
 from jupyter_client.manager import AsyncKernelManager
 
 from kernelexec import tracing
 from kernelexec.errors import KernelDied, KernelStartError
+from kernelexec.kernel.cell import POLL, CellRun, OnOutput
 from kernelexec.kernel.collector import Caps, Collector
 from kernelexec.kernel.execution import Execution, ResultRule
 from kernelexec.kernel.launch import LaunchSpec
-from kernelexec.kernel.report import take_reply
-from kernelexec.kernel.stdin import Ask, KernelStalled, Stdin, ToolCalls, send_to_kernel, stdin_first
+from kernelexec.kernel.stdin import Ask, Stdin, ToolCalls
 from kernelexec.kernel.wire import harden
 from kernelexec.layout import SLOTS
 
 logger = logging.getLogger(__name__)
 
-_POLL = 0.2  # seconds between liveness checks while waiting on output
-OnOutput = Callable[[str, str], Awaitable[None]]  # (stream name, text) for progress reporting
 
 
 class SpareKeeper(Protocol):
@@ -71,7 +67,7 @@ class Kernel(ABC):
     """A running kernel for one session. Not safe for concurrent ``execute`` calls: the session serialises them."""
 
     supports_packages: ClassVar[bool] = False  # the server can install into its session's overlay (packages.py)
-    liveness_every: ClassVar[float] = _POLL  # seconds between liveness checks while a request runs
+    liveness_every: ClassVar[float] = POLL  # seconds between liveness checks while a request runs
 
     def __init__(self, spec: LaunchSpec, *, startup_timeout: float = 60.0, slot: str = SLOTS[0]) -> None:
         self.spec = spec
@@ -141,7 +137,7 @@ class Kernel(ABC):
 
     def spill_path_ok(self, path: Any) -> bool:
         """Whether a spill file the kernel reports (a capped stream or result) is where its runtime
-        writes them; anything else a hostile kernel names is dropped from the answer. Called by ``_finish``.
+        writes them; anything else a hostile kernel names is dropped from the answer. Called by ``CellRun._finish`` (cell.py).
         Default: the session's own ``spill/``."""
         return isinstance(path, str) and Path(path).parent == self.spec.dirs.spill
 
@@ -296,66 +292,23 @@ class Kernel(ABC):
         msg_id = str(request["header"]["msg_id"])
         collector = Collector(ex, self.caps(), self.spec.dirs.outputs, tag=f"stream-{msg_id[:12]}")
         stdin = Stdin(self.kc, msg_id, ask, ex, tools) if ask is not None or tools is not None else None
+        run = CellRun(self, ex, msg_id, collector, grace, on_output, stdin)
         span = tracing.span("kernelexec.kernel.execute", **{"kernelexec.kernel.msg_id": msg_id})
         try:
             with span as s:
-                await self._send_and_collect(ex, request, msg_id, collector, started, timeout, grace, on_output, stdin)
+                await run.run(request, started, timeout)
                 if s is not None and ex.error is not None:
                     tracing.error(s, "cell_error")
         except anyio.get_cancelled_exc_class():
             # The client gave up (MCP cancellation): stop the cell so the next call finds a quiet kernel.
             ex.cancelled = True
             with anyio.CancelScope(shield=True):
-                await self._escalate(msg_id, collector, grace, ex, "the call was cancelled")
+                await run.escalate("the call was cancelled")
             raise
         finally:
             collector.finish()
             ex.duration_ms = round((time.monotonic() - started) * 1000, 3)
         return ex
-
-    async def _send_and_collect(self, ex: Execution, request: Any, msg_id: str, collector: Collector, started: float,
-                                timeout: float, grace: float, on_output: OnOutput | None, stdin: Stdin | None) -> None:
-        """One request sent, its IOPub read until idle; a timeout or a hang escalated, a death reported."""
-        try:
-            await send_to_kernel(self.kc.shell_channel, request)
-            state = await self._collect(msg_id, collector, started + timeout, on_output, stdin)
-        except KernelStalled as exc:
-            ex.notes.append(f"{exc}: the request could not be sent, so the kernel was treated as hung")
-            state = "hung"
-        if state == "timeout":
-            ex.timed_out = True
-            state = await self._escalate(msg_id, collector, grace, ex, f"timed out after {timeout:.3g} s")
-        elif state == "hung":  # it stopped reading its channels: a hung kernel, whatever its deadline says
-            state = await self._hung(msg_id, collector, grace, ex)
-        if state == "dead":
-            await self._after_death(ex, silent=not collector.began)
-        elif state == "idle":
-            await self._finish(msg_id, ex, deadline=time.monotonic() + max(grace, 5.0))
-
-    async def _hung(self, msg_id: str, collector: Collector, grace: float, ex: Execution) -> str:
-        """A kernel that stopped reading its channels: interrupted (the cell's end is collected), then restarted.
-        Not kept: the replies it left unread (thousands, in its socket and ours) would answer its next input()s,
-        and its own stdin socket keeps our connection's place until it reads them. Our stdin socket is replaced
-        before the restart, so none of them reaches the new process."""
-        self._fresh_stdin()
-        why = "the kernel stopped reading its channels"
-        state = await self._escalate(msg_id, collector, grace, ex, why)
-        if state == "interrupted":
-            ex.ending = "restarted"
-            ex.restart_reason = (f"{why} (a hung kernel): the interrupt ended the cell, and the kernel was restarted "
-                                 "so that nothing it left unread answers a later call (variables lost)")
-            await self.restart()
-            state = "restarted"
-        return state
-
-    def _fresh_stdin(self) -> None:
-        """A new stdin socket, the old one closed without linger: the replies queued to a kernel that stopped
-        reading them are dropped."""
-        kc = self.kc
-        channel = getattr(kc, "_stdin_channel", None)
-        if channel is not None and isinstance(getattr(channel, "socket", None), zmq.Socket):
-            channel.close()
-            kc._stdin_channel = None  # jupyter_client connects a new one when next asked for it
 
     def caps(self) -> Caps:
         """The server's own per-cell caps: a little above what the kernel's cap forwards, so an honest
@@ -376,95 +329,10 @@ class Kernel(ABC):
     answers_stdin: ClassVar[bool] = True  # a backend whose client has no stdin channel says False
     serves_tool_calls: ClassVar[bool] = True  # code mode's calls over the stdin channel (broker.py); gateways too
 
-    async def _collect(
-        self, msg_id: str, collector: Collector, deadline: float, on_output: OnOutput | None, stdin: Stdin | None = None,
-    ) -> str:
-        """Read IOPub until the request's idle status: returns ``idle``, ``timeout``, ``dead`` or ``hung`` (the
-        kernel stopped reading a reply, see ``stdin.send_to_kernel``); meanwhile ``stdin`` serves the cell's
-        questions and tool calls. The deadline is checked before every message, on either channel."""
-        next_check = time.monotonic() + self.liveness_every
-        while True:
-            if stdin is not None:
-                served = await stdin.serve(deadline)
-                if served != "ok":
-                    return served
-            now = time.monotonic()
-            if now >= next_check:
-                if not await self._manager().is_alive():
-                    return "dead"
-                next_check = now + self.liveness_every
-            remaining = deadline - now
-            if remaining <= 0:
-                return "timeout"
-            wait = min(remaining, _POLL)
-            code_mode = stdin is not None and stdin.tools is not None
-            if code_mode and await stdin_first(self.kc, wait):
-                continue  # code mode: a tool call waits; served at the top, not after the next IOPub poll
-            try:
-                msg = await self.kc.get_iopub_msg(timeout=0 if code_mode else wait)
-            except queue.Empty:
-                continue
-            except Exception as exc:  # a message that would not decode (see wire.loads): dropped, counted
-                collector.handle({"msg_type": "?", "content": None, "error": repr(exc)})
-                continue
-            await anyio.lowlevel.checkpoint()  # a flood of ready messages must not starve other sessions
-            parent = msg.get("parent_header") if isinstance(msg, dict) else None
-            if not isinstance(parent, dict) or parent.get("msg_id") != msg_id:
-                continue
-            text = collector.handle(msg)
-            if on_output is not None and text:
-                await on_output(msg["content"]["name"], text)
-            if collector.idle:
-                return "idle"
-
-    async def _escalate(self, msg_id: str, collector: Collector, grace: float, ex: Execution, why: str) -> str:
-        """SIGINT, wait ``grace`` for idle; if the cell still runs (C loop, SIGINT ignored), restart."""
-        if not await self.is_alive():
-            await self._after_death(ex)
-            return "dead-handled"
-        await self._manager().interrupt_kernel()
-        state = await self._collect(msg_id, collector, time.monotonic() + grace, None)
-        if state == "idle":
-            ex.ending = "interrupted"
-            await self._finish(msg_id, ex, deadline=time.monotonic() + grace)
-            return "interrupted"
-        if state == "dead":
-            await self._after_death(ex)
-            return "dead-handled"
-        ex.ending = "restarted"
-        ex.restart_reason = f"{why}; the interrupt did not stop it within {grace:g} s, so the kernel was restarted (variables lost)"
-        await self.restart()
-        return "restarted"
-
-    async def _after_death(self, ex: Execution, *, silent: bool = False) -> None:
-        status = self.exit_status()
-        ex.ending = "kernel_died"
-        if silent:  # it may have died just before the request reached it, or run it and died at once
-            ex.restart_reason = (f"the kernel died ({status}) before it reported running this code, which may have "
-                                 "run in part or not at all (it is not run again); it was restarted and its variables are lost")
-        else:
-            ex.restart_reason = (
-                f"the kernel died ({status}) while running this code; it was restarted and its variables are lost"
-            )
-        await self.restart()
-
-    async def _finish(self, msg_id: str, ex: Execution, deadline: float) -> None:
-        """Take the shell reply: execution count, the result report and (if no IOPub error came) the error."""
-        try:
-            reply = await self.reply_to(msg_id, deadline - time.monotonic())
-        except (TimeoutError, KernelDied):
-            logger.warning("no execute_reply for %s", msg_id)
-            return
-        content = reply.get("content") if isinstance(reply, dict) else None
-        if not isinstance(content, dict):
-            ex.notes.append("the server dropped a malformed execute_reply (content is not an object)")
-            return
-        take_reply(content, ex, self.spill_path_ok)
-
     async def reply_to(self, msg_id: str, timeout: float) -> dict[str, Any]:
         """The shell reply to request ``msg_id``, within ``timeout`` seconds. Replies to other requests
         and messages that would not decode are skipped; liveness is checked while waiting. The one
-        place a shell reply is awaited (``_finish``, ``evaluate``, remote startup). Raises TimeoutError,
+        place a shell reply is awaited (``CellRun._finish``, ``evaluate``, remote startup). Raises TimeoutError,
         or KernelDied when the kernel is gone."""
         deadline = time.monotonic() + timeout
         while True:
@@ -472,7 +340,7 @@ class Kernel(ABC):
             if remaining <= 0:
                 raise TimeoutError(f"no shell reply to {msg_id}")
             try:
-                reply = await self.kc.get_shell_msg(timeout=min(remaining, _POLL))
+                reply = await self.kc.get_shell_msg(timeout=min(remaining, POLL))
             except queue.Empty:
                 if not await self._manager().is_alive():
                     raise KernelDied(self.exit_status()) from None

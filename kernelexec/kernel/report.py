@@ -70,7 +70,7 @@ def read_cost(report: Any, ex: Execution) -> None:
 
 def take_reply(content: dict[str, Any], ex: Execution, spill_ok: Callable[[Any], bool]) -> None:
     """An execute_reply's content into ``ex``: the execution count, the error (when no IOPub error came first)
-    and the runtime's report (``Kernel._finish``)."""
+    and the runtime's report (``CellRun._finish``, kernel/cell.py)."""
     count = content.get("execution_count")
     if isinstance(count, int) and not isinstance(count, bool):
         ex.execution_count = count

@@ -210,7 +210,7 @@ async def stdin_first(kc: Any, timeout: float) -> bool:
 
 
 async def waiting(channel: Any) -> bool:
-    """A message waits on ``channel``: zmq's EVENTS read directly (``Kernel._collect`` asks once per IOPub message,
+    """A message waits on ``channel``: zmq's EVENTS read directly (``CellRun.collect`` asks once per IOPub message,
     and the channel's ``msg_ready``, an async poll through a future, costs six times as much); a channel
     that is not a zmq socket (a gateway's queue) is asked through its ``msg_ready``."""
     socket = getattr(channel, "socket", None)

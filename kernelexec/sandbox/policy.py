@@ -30,7 +30,7 @@ CODE_MODE_MODULES = frozenset({"mcp_tools"})
 # code (subprocess, socket, ssl, ctypes, multiprocessing, pty, _posixsubprocess, posix), so the model gets the
 # clear early error; everything else the OS layers already keep inside the session (importlib, signal, sqlite3:
 # a module reached through importlib.__import__ still cannot start a process or connect; a signal reaches only
-# the kernel's own PID namespace; sqlite's ATTACH only what Landlock grants). README: "Why standard refuses".
+# the kernel's own PID namespace; sqlite's ATTACH only what Landlock grants). docs/security.md: "Why standard refuses".
 STANDARD_STDLIB = frozenset(
     {
         "__future__", "abc", "argparse", "array", "ast", "asyncio", "base64", "binascii", "bisect", "builtins",
@@ -146,7 +146,7 @@ def kernel_policy(
 
 
 def describe(profile: Profile) -> str:
-    """One line for answers and the README: what the in-kernel layer of this profile does."""
+    """One line for answers and the docs: what the in-kernel layer of this profile does."""
     return {
         "strict": "imports limited to a short stdlib list; no file access; no subprocess, network or ctypes",
         "standard": "stdlib + data stack imports; files only in the session's directories; no subprocess, network or ctypes",

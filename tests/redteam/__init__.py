@@ -22,5 +22,5 @@ and cgroup files, the host's hostname.
 Layout: one ``test_<category>.py`` per category of attack; common.py (the attacked servers, one attack and
 its judgement), conftest.py (the ``world`` and ``targets`` fixtures, one of each for the whole package),
 runner.py (how a payload becomes a cell), world.py (the watched outside world). The tally of payloads,
-attempts and escapes per category is in README.md ("Red-team tally"), nowhere else.
+attempts and escapes per category is in docs/security.md ("Red-team tally"), nowhere else.
 """

@@ -4,7 +4,7 @@ Every payload runs in the ``standard`` and the ``strict`` profile, from two atta
 in ``guard`` mode (behind the in-kernel guard) and in ``os`` mode (the guard switched off first: the
 OS layers alone); see runner.py. A payload is judged by its side effects, never by its error message:
 ``assert_untouched`` checks the outside world (world.py) after every attempt. ``OUTCOMES`` keeps every
-attempt's answer (``KXRT_REDTEAM_TALLY=<file>`` dumps it at the end, for the README's tally).
+attempt's answer (``KXRT_REDTEAM_TALLY=<file>`` dumps it at the end, for the tally in docs/security.md).
 """
 
 from __future__ import annotations
