@@ -18,6 +18,7 @@ from typing import Any
 
 import anyio
 import pytest
+from mcp import Client
 
 from kernelexec.backends import kernel_factory
 from kernelexec.backends.gateway import GatewayKernel, remote_policy, startup_code
@@ -26,10 +27,13 @@ from kernelexec.errors import KernelStartError
 from kernelexec.kernel.launch import LaunchSpec
 from kernelexec.layout import SessionDirs
 from kernelexec.sandbox.policy import kernel_policy
+from kernelexec.server.build import build_server
+from kernelexec.session.manager import SessionManager
 
 from .conftest import Harness, free_port, make_settings
 from .conftest import serving as harness_for
 from .gateways import KINDS, Gateway, enterprise_gateway_command, running_gateway
+from .test_stdin import Human
 
 pytestmark = pytest.mark.anyio
 
@@ -325,3 +329,46 @@ def test_layers_name_the_gateway(tmp_path: Path) -> None:
         assert isinstance(kernel, GatewayKernel)
         assert (kernel.url, kernel.token) == ("http://127.0.0.1:1", "t")
         assert spec.plan.layers == layers
+
+
+# --- input() and getpass() through the gateway's WebSocket ----------------------------------------------
+async def test_input_and_getpass_are_asked_through_the_gateway(gw: Gateway, short_tmp: Path) -> None:
+    """The stdin channel over the gateway's WebSocket: input() an elicitation, getpass() its one-time page,
+    a declined question an EOFError; answers recorded as locally (the secret never)."""
+    settings = make_settings(short_tmp, kernel_gateway=gw.url, kernel_gateway_token=gw.token, pool_size=0, restart_spares=0)
+    human = Human(("accept", "Ada"), ("accept", "s3cret"), ("decline", None))
+    async with SessionManager(settings).running() as sessions, \
+            Client(build_server(settings, sessions), mode="legacy", elicitation_callback=human) as client:
+        r: Any = (await client.call_tool("execute_code", {"code": "name = input('Your name? ')\nname"})).structured_content
+        assert r["result"] == "Ada" and r["layers"] == ["remote-gateway", "guard"], r
+        r = (await client.call_tool("execute_code", {"code": "import getpass\np = getpass.getpass('Token: ')\nlen(p)"})).structured_content
+        assert r["result"] == 6, r
+        r = (await client.call_tool("execute_code", {"code": "input('again? ')"})).structured_content
+        assert not r["success"] and r["error_type"] == "EOFError", r
+        r = (await client.call_tool("execute_code", {"code": "1 + 1"})).structured_content
+        assert r["result"] == 2, r
+        notebook = json.loads(Path(r["notebook"]).read_text())
+    assert "Your name?" in human.asked[0] and len(human.urls) == 1  # getpass: its page, never a form
+    recorded = [c["metadata"]["kernelexec"].get("inputs") for c in notebook["cells"] if c["cell_type"] == "code"]
+    assert recorded[0][0]["answer"] == "Ada" and recorded[1][0]["answer"] == "***", recorded
+    assert "s3cret" not in json.dumps(notebook)
+
+
+async def test_send_input_answers_a_gateway_kernels_question(gw: Gateway, short_tmp: Path) -> None:
+    """A client without elicitation: the run waits (awaiting_input) with its question_id; send_input answers
+    it through the WebSocket; a second answer to the same question is refused; the kernel keeps its state."""
+    settings = make_settings(short_tmp, kernel_gateway=gw.url, kernel_gateway_token=gw.token, pool_size=0, restart_spares=0)
+    async with SessionManager(settings).running() as sessions, \
+            Client(build_server(settings, sessions), mode="legacy") as client:
+        first = await client.call_tool("execute_code", {"code": "kept = 1\nname = input('Your name? ')\nf'hi {name}'"})
+        r: Any = first.structured_content
+        assert r["ending"] == "awaiting_input" and r["input_prompt"] == "Your name? " and r["question_id"], r
+        sent = await client.call_tool("send_input", {"run_id": r["run_id"], "question_id": r["question_id"], "text": "Ada"})
+        done: Any = sent.structured_content
+        assert done["result"] == "hi Ada" and done["run_id"] == r["run_id"], done
+        again = await client.call_tool("send_input", {"run_id": r["run_id"], "question_id": r["question_id"], "text": "late"})
+        assert again.is_error and "already answered" in again.content[0].text  # type: ignore[union-attr]
+        done = (await client.call_tool("execute_code", {"code": "import getpass\ngetpass.getpass('Token: ')"})).structured_content
+        assert done["error_type"] == "EOFError" and "--secret" in done["error"], done  # no URL mode: refused, said why
+        done = (await client.call_tool("execute_code", {"code": "kept + 1", "session": r["session"]})).structured_content
+        assert done["result"] == 2, done
