@@ -90,7 +90,18 @@ def _kernelspec(root: Path) -> Path:
     return share
 
 
-def start_gateway(kind: str, base: Path) -> Gateway:
+def start_gateway(kind: str, base: Path, tries: int = 3) -> Gateway:
+    """Started on a free port; again on another if something took that port first (other tests run alongside)."""
+    for attempt in range(tries):
+        try:
+            return _start_once(kind, base)
+        except RuntimeError as exc:
+            if "already in use" not in str(exc) or attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start_once(kind: str, base: Path) -> Gateway:
     port, token = free_port(), secrets.token_hex(16)
     root = Path(tempfile.mkdtemp(prefix=kind[:2], dir=base))
     (root / "tmp").mkdir()

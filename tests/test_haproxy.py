@@ -9,12 +9,9 @@ fleet's); the balancer is what is tested: which replica each request reaches (it
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,48 +20,22 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from .conftest import free_port, http_server, wait_for_port
+from .balancer import Balancer, have_haproxy, running_haproxy
+from .conftest import http_server
 
 pytestmark = pytest.mark.anyio
 
-CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "haproxy.cfg"
 TOKEN = "lb-token-0123456789abcdef0123"
-HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
-
-
-@dataclass
-class Balancer:
-    url: str  # the balancer's /mcp
-    replicas: dict[str, str]  # server name in the config -> that replica's own /mcp
-    log: Path
 
 
 @contextmanager
 def balancer(base: Path, replica_urls: list[str]) -> Iterator[Balancer]:
-    """deploy/haproxy.cfg unchanged, its addresses from the environment; the servers not given point at closed
-    ports (their health checks fail; they take no traffic)."""
-    if not os.path.exists(HAPROXY):
+    if not have_haproxy():
         if os.environ.get("CI"):
             pytest.fail("haproxy is not installed (.ci/run installs Debian's haproxy)")
         pytest.skip("haproxy is not installed (apt-get install haproxy)")
-    port = free_port()
-    env = {"PATH": os.environ.get("PATH", ""), "KERNELEXEC_LB_BIND": f"127.0.0.1:{port}"}
-    replicas = {}
-    for i in range(3):
-        address = replica_urls[i].split("//", 1)[1].split("/", 1)[0] if i < len(replica_urls) else f"127.0.0.1:{free_port()}"
-        env[f"KERNELEXEC_REPLICA_{i + 1}"] = address
-        if i < len(replica_urls):
-            replicas[f"r{i + 1}"] = replica_urls[i]
-    log = base / f"haproxy-{port}.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([HAPROXY, "-db", "-f", str(CONFIG)], env=env, stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=subprocess.STDOUT)
-    try:
-        wait_for_port(port, proc)
-        yield Balancer(f"http://127.0.0.1:{port}/mcp", replicas, log)
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with running_haproxy(base, replica_urls) as lb:
+        yield lb
 
 
 @pytest.fixture(scope="module")
