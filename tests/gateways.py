@@ -59,7 +59,7 @@ def enterprise_gateway_command() -> str | None:
     return str(local) if local.exists() else None
 
 
-def _command(kind: str, port: int, token: str, root: Path) -> list[str]:
+def _command(kind: str, port: int, token: str, root: Path, *, strict: bool) -> list[str]:
     if kind == "jupyter_server":
         return [sys.executable, "-m", "jupyter_server", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
                 f"--IdentityProvider.token={token}", "--ServerApp.ip=127.0.0.1", "--no-browser", "--allow-root",
@@ -72,11 +72,12 @@ def _command(kind: str, port: int, token: str, root: Path) -> list[str]:
     if eg is None:
         raise FileNotFoundError(f"no Jupyter Enterprise Gateway: python3 -m venv .ci/egw && .ci/egw/bin/pip install "
                                 f"-r {EG_REQUIREMENTS.relative_to(ROOT)} (or set KERNELEXEC_TEST_EG)")
-    # local kernels (no process proxy in the kernelspec); EG refuses to start kernels for root by default,
-    # and tests here run as root: only a user named nobody is refused instead
+    # local kernels (no process proxy in the kernelspec). EG refuses to start kernels for root by default (the
+    # KERNEL_USERNAME a request names, else its own user); tests here run as root, so unless ``strict`` only a
+    # user named nobody is refused instead
     return [eg, "--EnterpriseGatewayApp.ip=127.0.0.1", f"--EnterpriseGatewayApp.port={port}",
             "--EnterpriseGatewayApp.port_retries=0", f"--EnterpriseGatewayApp.auth_token={token}",
-            "--EnterpriseGatewayApp.list_kernels=True", "--EnterpriseGatewayApp.unauthorized_users=nobody"]
+            "--EnterpriseGatewayApp.list_kernels=True", *([] if strict else ["--EnterpriseGatewayApp.unauthorized_users=nobody"])]
 
 
 def _kernelspec(root: Path) -> Path:
@@ -90,18 +91,18 @@ def _kernelspec(root: Path) -> Path:
     return share
 
 
-def start_gateway(kind: str, base: Path, tries: int = 3) -> Gateway:
+def start_gateway(kind: str, base: Path, tries: int = 3, *, strict: bool = False) -> Gateway:
     """Started on a free port; again on another if something took that port first (other tests run alongside)."""
     for attempt in range(tries):
         try:
-            return _start_once(kind, base)
+            return _start_once(kind, base, strict=strict)
         except RuntimeError as exc:
             if "already in use" not in str(exc) or attempt == tries - 1:
                 raise
     raise AssertionError("unreachable")
 
 
-def _start_once(kind: str, base: Path) -> Gateway:
+def _start_once(kind: str, base: Path, *, strict: bool) -> Gateway:
     port, token = free_port(), secrets.token_hex(16)
     root = Path(tempfile.mkdtemp(prefix=kind[:2], dir=base))
     (root / "tmp").mkdir()
@@ -112,7 +113,7 @@ def _start_once(kind: str, base: Path) -> Gateway:
     if kind == "enterprise_gateway":
         env["JUPYTER_PATH"] = str(_kernelspec(root))
         env.pop("VIRTUAL_ENV", None)
-    cmd = _command(kind, port, token, root)
+    cmd = _command(kind, port, token, root, strict=strict)
     log = root / "server.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
@@ -143,8 +144,9 @@ def stop_gateway(gateway: Gateway) -> None:
 
 
 @contextmanager
-def running_gateway(kind: str, base: Path) -> Iterator[Gateway]:
-    gateway = start_gateway(kind, base)
+def running_gateway(kind: str, base: Path, *, strict: bool = False) -> Iterator[Gateway]:
+    """``strict``: Enterprise Gateway with its default authorization (root refused)."""
+    gateway = start_gateway(kind, base, strict=strict)
     try:
         yield gateway
     finally:

@@ -372,3 +372,26 @@ async def test_send_input_answers_a_gateway_kernels_question(gw: Gateway, short_
         assert done["error_type"] == "EOFError" and "--secret" in done["error"], done  # no URL mode: refused, said why
         done = (await client.call_tool("execute_code", {"code": "kept + 1", "session": r["session"]})).structured_content
         assert done["result"] == 2, done
+
+
+@pytest.mark.slow
+async def test_enterprise_gateway_starts_kernels_for_the_kernel_username_it_is_given(
+        short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Enterprise Gateway as it ships refuses root: a server running as root without KERNEL_USERNAME gets the
+    gateway's reason and what to set; with KERNEL_USERNAME in its environment, the kernel starts and has it."""
+    if enterprise_gateway_command() is None and not os.environ.get("CI"):
+        pytest.skip("no Jupyter Enterprise Gateway here (.ci/run makes .ci/egw; see tests/gateways.py)")
+    if os.geteuid() != 0:
+        pytest.skip("Enterprise Gateway refuses root only: this test runs as root")
+    with running_gateway("enterprise_gateway", short_tmp, strict=True) as eg:
+        monkeypatch.delenv("KERNEL_USERNAME", raising=False)
+        async with serving(short_tmp, kernel_gateway=eg.url, kernel_gateway_token=eg.token) as h:
+            refused = await h.call("execute_code", code="1")
+            assert refused.is_error
+            text = refused.content[0].text
+            assert "403" in text and "not authorized" in text and "kernelexec passes on from its own environment" in text, text
+        monkeypatch.setenv("KERNEL_USERNAME", "analyst")
+        async with serving(short_tmp, kernel_gateway=eg.url, kernel_gateway_token=eg.token, profile="trusted") as h:
+            r = await h.run("import os\nos.environ.get('KERNEL_USERNAME')")
+            assert r["result"] == "analyst", r
+            assert kernel_of(h, r["session"]).km.kernel_id in eg.kernel_ids()
