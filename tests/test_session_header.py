@@ -75,7 +75,8 @@ async def test_a_2025_client_sends_no_header_and_keeps_working(server: str) -> N
 
 
 async def test_a_header_that_disagrees_with_the_body_is_refused(server: str) -> None:
-    """Routed by one session's header, naming another in the body: refused before anything runs."""
+    """Routed by one session's header, naming another in the body: refused before anything runs; so is a header
+    without the argument."""
     seen: list[dict[str, str]] = []
     async with client(server, []) as honest:
         victim = (await honest.call_tool("execute_code", {"code": "secret = 'v'"})).structured_content
@@ -97,4 +98,21 @@ async def test_a_header_that_disagrees_with_the_body_is_refused(server: str) -> 
             await attacker.call_tool("execute_code", {"code": "1"})
     async with client(server, []) as honest:
         check = (await honest.call_tool("execute_code", {"code": "ran", "session": mine["session"]})).structured_content
-    assert check is not None and check["result"] == [], check  # the refused call never ran
+    assert check is not None and check["result"] == [], check  # the refused calls never ran
+
+
+async def test_a_modern_client_that_does_not_mirror_the_argument_keeps_working(server: str) -> None:
+    """The header helps a balancer; it is never needed. A 2026-07-28 client that leaves it out (a hand-written
+    JSON-RPC client, one that never listed the tools) is served as before (the SDK alone would refuse it)."""
+    seen: list[dict[str, str]] = []
+
+    def drop(request: httpx2.Request) -> None:
+        if "Mcp-Param-Session" in request.headers:
+            del request.headers["Mcp-Param-Session"]
+
+    async with client(server, seen, rewrite=drop) as careless:
+        first = (await careless.call_tool("execute_code", {"code": "z = 5"})).structured_content
+        assert first is not None
+        again = await careless.call_tool("execute_code", {"code": "z * 2", "session": first["session"]})
+        assert not again.is_error and again.structured_content is not None and again.structured_content["result"] == 10, again
+    assert seen and all(HEADER not in headers for headers in seen) and seen[-1]["mcp-protocol-version"] == "2026-07-28"

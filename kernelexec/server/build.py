@@ -13,7 +13,7 @@ from starlette.responses import PlainTextResponse, Response
 from kernelexec import __version__
 from kernelexec.config import Settings
 from kernelexec.sandbox.policy import describe
-from kernelexec.server import durable, resources, tasks, tools, view
+from kernelexec.server import durable, resources, session_header, tasks, tools, view
 from kernelexec.server.app import App, code_mode_listing
 from kernelexec.server.auth import StaticTokenVerifier, auth_settings, load_tokens, principal_id
 from kernelexec.server.metrics import Metrics, endpoint
@@ -84,6 +84,7 @@ def build_server(settings: Settings, sessions: SessionManager, app: App | None =
         mcp.custom_route("/metrics", methods=["GET"], include_in_schema=False)(endpoint(metrics, tokens))
         mcp.custom_route("/healthz", methods=["GET", "HEAD"], include_in_schema=False)(healthz)
     tools.register(mcp, app)
+    session_header.install(mcp)  # Mcp-Param-Session checked when sent, never required
     if settings.transport == "http":  # getpass() pages at the server's own origin (secret_page.py); the path is the key
         mask_capability_paths()  # their keys never in the access log
         mcp.custom_route("/secret/{key}", methods=["GET", "POST"], include_in_schema=False)(app.pages.endpoint)
