@@ -176,7 +176,7 @@ def stop(proc: subprocess.Popen[bytes], grace: float = 10) -> None:
 
 
 @contextmanager
-def http_server(state_dir: Path, *args: str) -> Iterator[str]:
+def http_server(state_dir: Path, *args: str, timeout: float = 30) -> Iterator[str]:
     """``kernelexec serve --transport http`` as a real process on a free loopback port; yields its /mcp URL."""
     port = free_port()
     proc = subprocess.Popen(
@@ -184,7 +184,7 @@ def http_server(state_dir: Path, *args: str) -> Iterator[str]:
         env=clean_env(**store_env()), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
-        wait_for_port(port, proc)
+        wait_for_port(port, proc, timeout)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         stop(proc)

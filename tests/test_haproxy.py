@@ -43,7 +43,7 @@ def replicas(short_tmp: Path) -> Iterator[list[str]]:
     tokens = short_tmp / "lb-tokens"
     tokens.write_text(TOKEN + "\n")
     with ExitStack() as stack:
-        yield [stack.enter_context(http_server(short_tmp / f"replica{i}", "--auth-token-file", str(tokens)))
+        yield [stack.enter_context(http_server(short_tmp / f"replica{i}", "--auth-token-file", str(tokens), timeout=120))
                for i in (1, 2)]
 
 
@@ -137,7 +137,7 @@ async def test_2026_calls_are_hashed_on_the_session_header(two: Balancer) -> Non
             for n in range(3):
                 r = await c.call_tool("execute_code", {"code": f"n = {n}\nn + 1", "session": handle})
                 if creator == seen.calls[-1][1]:
-                    assert not r.is_error and r.structured_content is not None, r
+                    assert not r.is_error and r.structured_content is not None, (handle, creator, r.content)
                     assert r.structured_content["result"] == n + 1 and r.structured_content["session"] == handle
                     served += 1
     named = seen.calls[before:]
