@@ -61,7 +61,8 @@ T = TypeVar("T")
 
 # The session argument as an `x-mcp-header`: a 2026-07-28 client mirrors it into the `Mcp-Param-Session` HTTP header,
 # so a load balancer can route a session's calls by it without reading the body (deploy/haproxy.cfg hashes on it);
-# the SDK rejects a call whose header disagrees with its body. A plain string in the schema (an `anyOf` with null
+# a header that disagrees with the body is refused (the SDK's check; server/session_header.py keeps the header
+# optional). A plain string in the schema (an `anyOf` with null
 # may not carry the annotation), optional by not being required; older clients just leave the header out.
 SESSION_HEADER = "Session"
 

@@ -16,8 +16,11 @@ from contextvars import ContextVar
 from typing import Any
 
 from mcp.server.mcpserver import MCPServer
+from mcp.shared.inbound import MCP_PARAM_HEADER_PREFIX
 
-HEADER = b"mcp-param-session"  # ASGI header names are lowercase bytes
+from kernelexec.server.app import SESSION_HEADER
+
+HEADER = (MCP_PARAM_HEADER_PREFIX + SESSION_HEADER).lower().encode()  # ASGI header names are lowercase bytes
 
 _sent: ContextVar[bool | None] = ContextVar("kernelexec_session_header_sent", default=None)
 
