@@ -12,7 +12,7 @@ Four real servers on 127.0.0.1, all ``kernelexec serve --transport http`` with o
 * through HAProxy, its kernel on a gateway      the fleet's shape, one replica
 
 Jupyter Enterprise Gateway when tests/gateways.py finds one (.ci/egw), else the Jupyter Kernel Gateway. Samples
-alternate between the four, so drift on the machine hits them alike.
+alternate between the four, each first in turn, so drift on the machine hits them alike.
 
 Not measured yet (rows to come with the fleet's shared store and leases, issue 33): failover time (a replica
 SIGKILLed, the next call served by another) and calls/s with 1, 2 and 3 replicas. ``bench_failover`` and
@@ -60,8 +60,10 @@ async def bench_fleet(plan: Any, base: Path, out: list[Measurement]) -> None:
                 client = await stack.enter_async_context(Client(url))
                 clients[name] = (client, (await call(client, "new_session"))["session"])
             samples: dict[str, list[float]] = {name: [] for name in rows}
+            names = list(clients)
             for i in range(plan.warmup + calls):
-                for name, (client, handle) in clients.items():
+                for name in names[i % len(names):] + names[:i % len(names)]:  # each setup first in turn
+                    client, handle = clients[name]
                     t0 = time.perf_counter()
                     r = await call(client, "execute_code", code="x=1", session=handle)
                     if i >= plan.warmup:
