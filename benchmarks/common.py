@@ -299,6 +299,11 @@ def tree_rss_mb(root: int) -> float:
     return sum(rss_mb(p) or 0 for p in [root, *descendants(root)])
 
 
+def tree_pss_mb(root: int) -> float:
+    """PSS of a process and everything below it: all a session costs (kernel, sandbox wrappers, helpers)."""
+    return sum(pss_mb(p) or 0 for p in [root, *descendants(root)])
+
+
 def session_kernel_pid(sessions: SessionManager, handle: str) -> int:
     """The kernel process of a session in an in-memory server (below its sandbox wrapper, if any)."""
     return kernel_pid_below(session_root_pid(sessions, handle))

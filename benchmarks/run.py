@@ -13,7 +13,10 @@ Sections (each starts and stops its own kernels, so they do not compete for the 
                   (a ``kernelexec serve`` child) and over streamable HTTP (a session handle, one kernel).
 3. CPU-bound      a pure-Python loop and a numpy loop: ``execute_code`` vs ``python -c``, timed inside the
                   code (perf_counter) and end to end (``python -c`` pays interpreter start and imports).
-4. memory         idle kernel RSS/PSS vs a plain ipykernel; with numpy+matplotlib; server process RSS.
+4. memory         RSS/PSS of a warm session's whole process tree (kernel + sandbox wrappers), nothing imported and
+                  with the data stack + a plot, vs plain ipykernels the same way; the first ``import pandas,
+                  matplotlib`` + plot of a brand-new install (new state and cache dirs) vs a later session
+                  (benchmarks/memory.py; ``python -m benchmarks.memory`` alone).
 5. mixed load     4 sessions x 50 calls in parallel in memory vs the same 200 cells serially in one session.
 6. layers         cold ``new_session`` with sandbox off, then adding the OS layers one at a time, and from the
                   warm pool (benchmarks/layers.py; ``python -m benchmarks.layers`` alone).
@@ -91,6 +94,7 @@ from benchmarks.environments import bench_environments_section
 from benchmarks.fleet import bench_fleet
 from benchmarks.flood import bench_flood
 from benchmarks.layers import bench_layers_section
+from benchmarks.memory import bench_memory_section
 from benchmarks.packages import bench_packages
 from benchmarks.recording import bench_recording
 from benchmarks.stats import Measurement, table, to_json
@@ -120,13 +124,6 @@ _dt = time.perf_counter() - _t0
 print(repr(_dt))
 """
 
-PLOT_CODE = """\
-import numpy as np
-import matplotlib.pyplot as plt
-fig, ax = plt.subplots()
-ax.plot(np.arange(100) ** 2)
-plt.show()
-"""
 
 MIX = [
     "x = 1",
@@ -374,26 +371,7 @@ async def bench_cpu(plan: Plan, base: Path, out: list[Measurement]) -> None:
             out.append(Measurement(f"cpu {label}: execute_code (end-to-end)", MS, k_e2e, baseline=py_e2e))
 
 
-# --- 4. memory with the data stack -------------------------------------------------------------------
-async def bench_memory(plan: Plan, base: Path, out: list[Measurement]) -> None:
-    n = max(2, plan.sessions)
-    log(f"[4/5] memory: {n} sessions with numpy+matplotlib and a figure")
-    rss, pss = [], []
-    async with in_memory(make_settings(base)) as (client, sessions):
-        handles = [(await call(client, "new_session"))["session"] for _ in range(n)]
-        for h in handles:
-            r = await call(client, "execute_code", code=PLOT_CODE, session=h)
-            assert r["success"], r
-        await anyio.sleep(0.5)
-        for h in handles:
-            pid = session_kernel_pid(sessions, h)
-            rss.append(rss_mb(pid))
-            pss.append(pss_mb(pid))
-        self_rss = rss_mb()
-    out.append(Measurement("mem: session kernel RSS after numpy+matplotlib plot", "MB", rss, baseline="mem: raw ipykernel idle RSS"))
-    out.append(Measurement("mem: session kernel PSS after numpy+matplotlib plot", "MB", pss, baseline="mem: raw ipykernel idle PSS"))
-    out.append(Measurement("mem: benchmark process RSS (in-memory server+client)", "MB", [self_rss],
-                           note=f"with {n} sessions; includes the client and everything run so far"))
+# --- 4. memory per session and the first plot: benchmarks/memory.py -------------------------------------
 
 
 # --- 5. mixed load ---------------------------------------------------------------------------------------
@@ -437,7 +415,7 @@ async def bench_mixed(plan: Plan, base: Path, out: list[Measurement]) -> None:
 
 
 ORDER = [
-    "cold:", "layers:", "x=1:", "cpu loop", "cpu numpy", "cpu vs smolagents", "mem:", "layers mem:", "mixed:",
+    "cold:", "layers:", "x=1:", "cpu loop", "cpu numpy", "cpu vs smolagents", "mem:", "first plot:", "layers mem:", "mixed:",
     "alone:", "load:", "record:", "flood:", "install:",
 ]
 
@@ -472,7 +450,7 @@ SECTIONS = {
     "cold": [bench_cold_start],
     "roundtrip": [bench_raw_floor, bench_in_memory, bench_stdio, bench_http],
     "cpu": [bench_cpu],
-    "memory": [bench_memory],
+    "memory": [bench_memory_section],
     "mixed": [bench_mixed],
     "layers": [bench_layers_section],
     "environments": [bench_environments_section],

@@ -151,6 +151,9 @@ class Settings(BaseSettings):
     auth_token: SecretStr | None = Field(None, description="Bearer token HTTP clients must send (at least 16 characters).")
     auth_token_file: Path | None = Field(None, description="File of bearer tokens, one per line; each is its own principal.")
     max_sessions_per_token: int = Field(8, ge=1, description="Most live sessions one HTTP token may hold.")
+    max_upload_urls_per_token: int = Field(
+        16, ge=1, description="Most upload URLs (upload_url, files/authorizeUpload) one HTTP token may hold unused and "
+        "unexpired at once; more are refused until one is used or expires.")
     max_queued_runs_per_session: int = Field(
         16, ge=1, description="Most runs (execute_code cells, background or foreground) one session may have queued or "
         "running at once; more are refused until one finishes.")

@@ -32,6 +32,10 @@ class SessionError(KernelexecError):
         return cls(f"session limit reached ({limit} live sessions); close one with close_session or wait for idle ones to be reaped")
 
 
+class SessionBusy(SessionError):
+    """The session's lock was not free within the wait a caller allows (an upload's): nothing was done."""
+
+
 class InvalidRequest(KernelexecError, ValueError):
     """The tool was called with input we refuse before touching a kernel."""
 

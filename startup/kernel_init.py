@@ -35,12 +35,16 @@ def _kernelexec_boot() -> None:
 
     try:
         policy = json.loads(os.environ.pop("KERNELEXEC_POLICY"))
+        for name in json.loads(os.environ.pop("KERNELEXEC_LIFT_BLOCKED", "[]")):  # kernel_main.BOOT_ONLY_BLOCKED
+            if sys.modules.get(name, 0) is None:
+                del sys.modules[name]
         shell = get_ipython()  # type: ignore[name-defined]  # noqa: F821 - provided by IPython in exec_files
         guard = load("guard")
         runtime_mod = load("runtime")
         tools = load("mcp_tools")  # code mode: the user's other MCP servers, called through the server (any profile)
         sys.modules["mcp_tools"] = tools
         vars(builtins)["_kernelexec_tools_catalog"] = tools._install_catalog
+        _kernelexec_link_font_cache(policy, os)  # noqa: F821 - a step below, deleted after boot
         runtime = _kernelexec_install_runtime(shell, policy, runtime_mod, names, os, sys)  # noqa: F821 - a step below, deleted after boot
         import tempfile
 
@@ -60,7 +64,8 @@ def _kernelexec_boot() -> None:
         names["_kernelexec_checkpoint_pause"] = lambda: runtime_mod._Report(checkpoints.pause())
         names["_kernelexec_checkpoint_resume"] = lambda: runtime_mod._Report(checkpoints.resume())
         _kernelexec_after_guard(shell, policy, guard, json, os, sys)  # noqa: F821 - a step below, deleted after boot
-        _kernelexec_install_warm(policy, names, sys)  # noqa: F821 - a step below, deleted after boot
+        link_fonts = _kernelexec_link_font_cache  # noqa: F821 - a step below, deleted after boot
+        _kernelexec_install_warm(policy, names, sys, lambda: link_fonts(policy, os))  # noqa: F821 - a step below, deleted after boot
         _kernelexec_install_packages(policy, runtime, runtime_mod, names, importlib, os, sys)  # noqa: F821 - a step below, deleted after boot
         names["_kernelexec_policy"] = lambda: runtime_mod._Report({"profile": policy["profile"], "active": True})
     except BaseException as exc:  # fail closed: no kernel without its policy
@@ -68,6 +73,24 @@ def _kernelexec_boot() -> None:
             sys.__stderr__.write(f"kernelexec startup failed: {exc!r}\n")
             sys.__stderr__.flush()
         os._exit(70)
+
+
+def _kernelexec_link_font_cache(policy: "dict", os) -> None:
+    """matplotlib's font list, prepared once by the server (read-only here), linked into this kernel's
+    MPLCONFIGDIR: its first ``import matplotlib`` reads it instead of scanning the fonts. A list of another
+    version is never read by this matplotlib, which then builds its own, as without one. Never fatal."""
+    source, target = policy.get("font_cache"), os.environ.get("MPLCONFIGDIR")
+    if not source or not target:
+        return
+    try:
+        names = [n for n in os.listdir(source) if n.startswith("fontlist-v") and n.endswith(".json")]
+        os.makedirs(target, exist_ok=True)
+        for name in names:
+            link = os.path.join(target, name)
+            if not os.path.lexists(link):
+                os.symlink(os.path.join(source, name), link)
+    except OSError:  # not reachable here (a remote kernel): matplotlib builds its own
+        pass
 
 
 def _kernelexec_install_runtime(shell, policy: "dict", runtime_mod, names: "dict", os, sys):
@@ -144,10 +167,12 @@ def _kernelexec_after_guard(shell, policy: "dict", guard, json, os, sys) -> None
         shell.events.register("pre_run_cell", deny_open)
 
 
-def _kernelexec_install_warm(policy: "dict", names: "dict", sys) -> None:
-    """``_kernelexec_warm``: warm kernels import the data stack ahead, through the guard like a cell."""
+def _kernelexec_install_warm(policy: "dict", names: "dict", sys, link_fonts) -> None:
+    """``_kernelexec_warm``: warm kernels import the data stack ahead, through the guard like a cell. The font
+    list is linked again first: a pooled kernel of a new install may have booted before the server had built it."""
     def warm() -> list:
         """Import the data stack ahead (warm kernels: pool, spares); whatever is missing is skipped."""
+        link_fonts()
         done = []
         for name in policy.get("warm_imports", ()):
             try:
@@ -203,5 +228,5 @@ def _kernelexec_install_packages(policy: "dict", runtime, runtime_mod, names: "d
 
 
 _kernelexec_boot()
-del _kernelexec_boot, _kernelexec_install_runtime, _kernelexec_install_getpass, _kernelexec_after_guard, _kernelexec_install_warm
+del _kernelexec_boot, _kernelexec_link_font_cache, _kernelexec_install_runtime, _kernelexec_install_getpass, _kernelexec_after_guard, _kernelexec_install_warm
 del _kernelexec_install_packages

@@ -17,6 +17,8 @@ import json
 import os
 import sys
 
+BOOT_ONLY_BLOCKED = ("debugpy",)
+
 
 def watch_lifeline(fd: int) -> None:
     """Exit when the server is gone. ``fd`` is the read end of a pipe whose write end only the server
@@ -72,6 +74,13 @@ def main() -> None:
         setup_path(options)
     for name in options.get("block_modules", ()):
         sys.modules[name] = None  # type: ignore[assignment]  # `import ctypes` now raises ImportError
+    # ipykernel imports debugpy (about 130 modules, 7 MB) for a debugger no client of kernelexec can reach (MCP
+    # has no debug messages; Lab's guard refuses them): blocked while ipykernel starts, then, where the profile
+    # allows it, importable again for a cell (startup/kernel_init.py lifts BOOT_ONLY_BLOCKED)
+    lift = [name for name in BOOT_ONLY_BLOCKED if name not in sys.modules]
+    for name in lift:
+        sys.modules[name] = None  # type: ignore[assignment]
+    os.environ["KERNELEXEC_LIFT_BLOCKED"] = json.dumps(lift)
     if os.getppid() == 1:
         # in a PID namespace our parent is its init: ipykernel's parent poller would exit at once;
         # bubblewrap's --die-with-parent and the lifeline below tie our lifetime to the server instead

@@ -1,5 +1,6 @@
 // A human at a getpass() page (kernelexec/server/secret_page.py) in headless Chromium: opens the URL a URL-mode
-// elicitation gave, reads the page, tries a forged POST, types the secret, submits, and tries the URL again.
+// elicitation gave (after a link preview's GET), reads the page, tries a forged POST, types the secret, submits, and
+// tries the URL again.
 // Run by tests/test_secret_page.py: node tests/secret_browser.mjs '<json options>'.
 // Options: url, secret, playwright, userDataDir, shots (a directory, optional). Prints one JSON object per line;
 // the last is "done" or "error".
@@ -23,6 +24,10 @@ try {
   const page = await context.newPage();
   page.on("request", (r) => requests.push(`${r.method()} ${r.url()}`));
   page.on("console", (m) => { if (m.type() === "error") consoleErrors.push(m.text()); });
+  // a chat client's link preview fetches the URL first (a plain GET, another agent): it must not use the page up
+  const preview = await fetch(opts.url, { headers: { "User-Agent": "Slackbot-LinkExpanding 1.0" } });
+  const previewText = await preview.text();
+  say("preview", { status: preview.status, form: previewText.includes("name=secret") });
   const opened = await page.goto(opts.url, { timeout: 30_000 });
   const headers = opened.headers();
   say("opened", {

@@ -176,12 +176,13 @@ def stop(proc: subprocess.Popen[bytes], grace: float = 10) -> None:
 
 
 @contextmanager
-def http_server(state_dir: Path, *args: str, timeout: float = 30) -> Iterator[str]:
-    """``kernelexec serve --transport http`` as a real process on a free loopback port; yields its /mcp URL."""
+def http_server(state_dir: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 30) -> Iterator[str]:
+    """``kernelexec serve --transport http`` as a real process on a free loopback port (``env`` added to its
+    environment); yields its /mcp URL."""
     port = free_port()
     proc = subprocess.Popen(
         kernelexec_cmd("serve", "--transport", "http", "--port", str(port), "--state-dir", str(state_dir), *args),
-        env=clean_env(**store_env()), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=clean_env(**store_env(), **(env or {})), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
         wait_for_port(port, proc, timeout)

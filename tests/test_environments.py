@@ -424,3 +424,22 @@ async def test_a_cells_src_sitecustomize_never_runs_on_the_host_at_the_next_star
                                 capture_output=True, text=True, timeout=120, cwd=project, env=clean_env())
         assert ".venv in the working directory" in doctor.stdout, doctor.stdout
     assert not canary.exists(), canary.read_text()
+
+
+def test_doctor_names_a_data_stack_installed_without_bytecode(tmp_path: Path) -> None:
+    """Kernels never write bytecode: a package installed without .pyc (uv without --compile-bytecode) is compiled
+    from source by every kernel that imports it, which doctor says; compiled, the note goes."""
+    import compileall
+
+    from kernelexec.environment.overlay import explain
+
+    project = make_project(tmp_path, sys.executable)
+    (site,) = glob.glob(str(project / ".venv/lib/python3.*/site-packages"))
+    (Path(site) / "pandas").mkdir()
+    (Path(site) / "pandas" / "__init__.py").write_text("VALUE = 1\n")
+    lines = explain("auto", project, tmp_path / "cache")
+    (pandas,) = [line for line in lines if line.strip().startswith("pandas ")]
+    assert "no bytecode" in pandas, lines
+    assert compileall.compile_dir(str(Path(site) / "pandas"), quiet=1)
+    (pandas,) = [line for line in explain("auto", project, tmp_path / "cache") if line.strip().startswith("pandas ")]
+    assert "no bytecode" not in pandas

@@ -125,8 +125,9 @@ def _stdio(state: Path, out: Path, log: Path, *flags: str) -> StdioServerParamet
 
 
 def _checked_page(steps: dict[str, Any], handle: str) -> None:
+    assert steps["preview"] == {"step": "preview", "status": 200, "form": True}, steps["preview"]  # a GET is harmless:
     opened = steps["opened"]
-    assert opened["status"] == 200, opened
+    assert opened["status"] == 200, opened  # the human opens the page after the preview, and it works
     headers = opened["headers"]
     assert headers["x-frame-options"] == "DENY" and "frame-ancestors 'none'" in headers["content-security-policy"], headers
     assert "default-src 'none'" in headers["content-security-policy"] and headers["cache-control"] == "no-store", headers

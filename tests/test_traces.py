@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
 
-from .support import build_wheel, clean_env, kernelexec_cmd, package_index
+from .support import build_wheel, clean_env, http_server, kernelexec_cmd, package_index
 
 pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2")
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
@@ -190,6 +192,31 @@ async def check_the_tree(short_tmp: Path, receiver: Receiver, tools: Path, meta_
     got = [json.loads(line) for line in meta_log.read_text().splitlines()]
     assert len(got) == 1, got
     assert got[0].get("traceparent") == f"00-{TRACE_ID}-{sent['span_id']}-01", got
+
+
+@pytest.mark.anyio
+@pytest.mark.timeout(180)
+async def test_over_streamable_http_a_call_continues_the_clients_trace(short_tmp: Path, receiver: Receiver) -> None:
+    """The same tree over the HTTP transport (stateless 2026-07-28, a bearer token): the client's `_meta.traceparent`
+    is the tool span's parent, and the queue wait, the kernel's execution, the record and the render are its children."""
+    tokens = short_tmp / "tokens"
+    tokens.write_text("trace-token-0123456789abcdef\n")
+    otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_SERVICE_NAME": "kx-http"}
+    with http_server(short_tmp / "state", "--pool-size", "0", "--auth-token-file", str(tokens), env=otel) as url:
+        http = httpx2.AsyncClient(headers={"Authorization": "Bearer trace-token-0123456789abcdef"}, timeout=60)
+        async with Client(streamable_http_client(url, http_client=http)) as client:
+            result = await client.call_tool("execute_code", {"code": "x = 6 * 7\nx"},
+                                            meta={"traceparent": TRACEPARENT, "tracestate": "kx=1"})
+            assert not result.is_error and result.structured_content["result"] == 42, result.content
+            for name in ("kernelexec.queue_wait", "kernelexec.kernel.execute", "kernelexec.record", "kernelexec.render"):
+                receiver.wait_for(name)
+    tool = receiver.wait_id(receiver.wait_for("kernelexec.kernel.execute")["parent"])
+    assert tool["name"] == "tools/call execute_code" and tool["service"] == "kx-http", tool
+    assert tool["trace_id"] == TRACE_ID and tool["parent"] == PARENT_ID and tool["state"] == "kx=1", tool
+    assert tool["attributes"]["gen_ai.tool.name"] == "execute_code" and tool["attributes"]["kernelexec.session"]
+    children = {s["name"] for s in receiver.spans if s["trace_id"] == TRACE_ID and s["parent"] == tool["span_id"]}
+    assert {"kernelexec.queue_wait", "kernelexec.kernel.execute", "kernelexec.record", "kernelexec.render"} <= children, \
+        [(s["name"], s["trace_id"], s["parent"]) for s in receiver.spans]
 
 
 def test_without_otel_variables_the_sdk_is_never_imported() -> None:

@@ -106,6 +106,17 @@ class Environment:
     def version_of(self, name: str) -> str | None:
         return dict(self.distributions).get(_norm(name))
 
+    def has_bytecode(self, package: str) -> bool | None:
+        """Whether ``package``'s ``__init__`` has a ``.pyc`` for this interpreter (None: not found). Kernels never
+        write bytecode, so a package without it is compiled from source by every kernel that imports it."""
+        implementation = "pypy" if self.tag.startswith("pp") else "cpython"
+        cache_tag = f"{implementation}-{self.version_info[0]}{self.version_info[1]}"
+        for site in self.site_packages:
+            init = Path(site, package, "__init__.py")
+            if init.is_file():
+                return Path(site, package, "__pycache__", f"__init__.{cache_tag}.pyc").is_file()
+        return None
+
     @property
     def has_ipykernel(self) -> bool:
         return self.version_of("ipykernel") is not None

@@ -193,7 +193,10 @@ def explain(setting: str, working_dir: Path | None, cache_dir: Path, reach: Kern
         state = "built" if overlay_ready(path) else "not built yet: built on first use (needs the package index once)"
         lines.append(f"  ipykernel                            kernelexec's overlay {path} ({state})")
     for name in ("numpy", "pandas", "matplotlib"):
-        lines.append(f"  {name:<36} {env.version_of(name) or 'not installed'}")
+        compiled = env.has_bytecode(name)
+        note = " (no bytecode: every kernel compiles it from source on import; reinstall with pip, or uv's " \
+               "--compile-bytecode)" if compiled is False else ""
+        lines.append(f"  {name:<36} {env.version_of(name) or 'not installed'}{note}")
     return lines
 
 

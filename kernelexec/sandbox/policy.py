@@ -92,13 +92,16 @@ def kernel_policy(
     figure_formats: list[str] | None = None,
     checkpoint_dir: Path | None = None,
     checkpoint_cap: int = 0,
+    font_cache: Path | None = None,
 ) -> dict[str, Any]:
     """The JSON the kernel's startup code reads (``KERNELEXEC_POLICY``). ``environment_paths``: what
     the kernel's interpreter reads (default: kernelexec's own); ``protected``: the environment a cell
     must not write; ``warm_imports``: modules a warm kernel imports ahead (those the profile allows);
     ``environment_modules``: a project environment's own top-level modules and the project's code,
     which standard allows too (environments.project_modules); ``figure_formats``: the inline backend's
-    forms of a figure (default png, as Jupyter)."""
+    forms of a figure (default png, as Jupyter); ``font_cache``: matplotlib's font list prepared by the server
+    (environment/fontcache.py), read-only to the kernel, which links it into its MPLCONFIGDIR."""
+    read_dirs = [*read_dirs, *([font_cache] if font_cache is not None else [])]
     base: dict[str, Any] = {
         "profile": profile,
         "spill_dir": str(spill_dir),
@@ -109,6 +112,7 @@ def kernel_policy(
         "figure_formats": list(figure_formats or ["png"]),  # Jupyter's default: png only
         "checkpoint_dir": str(checkpoint_dir) if checkpoint_dir is not None else None,
         "checkpoint_cap": checkpoint_cap,  # bytes; 0: no checkpoints
+        "font_cache": str(font_cache) if font_cache is not None else None,
     }
     if profile == "trusted":
         return base | {"allowed_imports": None, "file_io": "all", "warm_imports": list(warm_imports or ())}

@@ -11,9 +11,9 @@ import math
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar
 
 import anyio
 from mcp.server.mcpserver import Context
@@ -79,6 +79,14 @@ SessionArg = Annotated[
 ]
 SessionName = Annotated[str, WithJsonSchema({"type": "string", "x-mcp-header": SESSION_HEADER}),
                         Field(description="Session handle")]
+
+
+class Call(Protocol):
+    """What resolving a session and this server's origin read of a request: its HTTP headers (None: stdio, in memory).
+    A tool's Context has them; an extension method's request gives them too (file_transfer.py)."""
+
+    @property
+    def headers(self) -> Mapping[str, str] | None: ...
 
 
 def translated(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
@@ -161,7 +169,10 @@ class App:
     # finished runs' answers, once each, by owner (token): the last KEEP_FINISHED of each, like the runs kept
     _answers: "dict[str | None, OrderedDict[str, Rendered]]" = field(default_factory=dict)
     pages: SecretPages = field(default_factory=SecretPages)  # getpass() pages (HTTP: routes of build.py's app)
-    uploads: Uploads = field(default_factory=Uploads)  # upload URLs (HTTP only: routes of build.py's app)
+    uploads: Uploads = field(init=False)  # upload URLs (HTTP only: routes of build.py's app)
+
+    def __post_init__(self) -> None:
+        self.uploads = Uploads(self.settings.max_upload_urls_per_token, spool_dir=self.settings.state_dir)
 
     def page_opener(self, ctx: Context | None) -> OpenPage | None:
         """How a run started by this call asks a getpass(): on a one-time page, where the client declared URL-mode
@@ -172,7 +183,7 @@ class App:
         origin = self.origin(ctx)
         return lambda run, question: self.pages.open(run, question, origin)
 
-    def origin(self, ctx: Context | None) -> str | None:
+    def origin(self, ctx: Call | None) -> str | None:
         """Over HTTP, this server's own origin (its bound host and port; for a wildcard bind, the Host the client
         reached); else None."""
         headers = ctx.headers if ctx is not None else None
@@ -222,7 +233,7 @@ class App:
         """The caller's auth principal (its token over HTTP), or None."""
         return current_principal()
 
-    async def resolve(self, ctx: Context | None, handle: str | None) -> Session:
+    async def resolve(self, ctx: Call | None, handle: str | None) -> Session:
         """The session a call that runs no code means (interrupt, list_variables, restart, the view's buttons): its
         handle, else its connection's default (see DESIGN.md, sessions). Over stateless HTTP a call without a
         handle names no session, and a session made for it would hold a place for nothing: refused, nothing made."""
@@ -244,7 +255,7 @@ class App:
                     await self.sessions.discard(target)
             raise
 
-    async def _resolve(self, ctx: Context | None, handle: str | None, working_dir: str | None = None) -> tuple[Session, bool]:
+    async def _resolve(self, ctx: Call | None, handle: str | None, working_dir: str | None = None) -> tuple[Session, bool]:
         """``resolve``, and whether the session was made for this call. A call's ``working_dir`` is checked
         before a session is made for it (what can be checked without one: ``SessionManager.check_working_dir``),
         and again on the session; a session made for this call that fails that is given up (``discard``)."""

@@ -13,7 +13,7 @@ from starlette.responses import PlainTextResponse, Response
 from kernelexec import __version__
 from kernelexec.config import Settings
 from kernelexec.sandbox.policy import describe
-from kernelexec.server import durable, resources, session_header, tasks, tools, view
+from kernelexec.server import durable, file_transfer, resources, session_header, tasks, tools, view
 from kernelexec.server.app import App, code_mode_listing
 from kernelexec.server.auth import StaticTokenVerifier, auth_settings, load_tokens, principal_id
 from kernelexec.server.metrics import Metrics, endpoint
@@ -69,13 +69,14 @@ def build_server(settings: Settings, sessions: SessionManager, app: App | None =
     sessions.runs.observers.append(durable.observer(app))  # runs recorded in the session store (a restart keeps them)
     apps = tools.run_view(app)  # the MCP Apps extension of the run view (view.py), where execute_code is exposed
     long_calls = tasks.extension(app)  # MCP Tasks (tasks.py) for long execute_code / install_packages calls
+    files = file_transfer.extension(app)  # SEP-2631's files/authorizeUpload over the upload URLs (HTTP only)
     mcp = MCPServer(
         "kernelexec",
         version=__version__,
         instructions=INSTRUCTIONS.format(profile=profile, what=describe(profile)),
         token_verifier=StaticTokenVerifier(tokens) if tokens else None,
         auth=auth_settings(settings) if tokens else None,
-        extensions=[e for e in (apps, long_calls) if e is not None] or None,
+        extensions=[e for e in (apps, long_calls, files) if e is not None] or None,
     )
     metrics = metrics or Metrics()  # its own registry, never prometheus-client's global one
     metrics.watch(sessions)

@@ -4,9 +4,11 @@ the MCP client, the model, an answer, a log or the record (URL-mode elicitation,
 ``SecretPages.open(run, question, origin)`` makes one page for one question, at an unguessable path
 (``/secret/<32 random bytes>``), for as long as the question is asked: over streamable HTTP a route of the server's
 own app (``route``, mounted by build.py) at its own origin; under stdio (``origin`` None) a listener opened for
-that question alone, on 127.0.0.1 and a random port, closed with it. The page is used once: the first GET shows
-the form (a second GET is 410), the POST with that form's token answers the question through ``Run.answer``
-(``by_page``) and the page is gone (404); a POST with another token is refused (403) and answers nothing. The
+that question alone, on 127.0.0.1 and a random port, closed with it. A GET is harmless: it shows the form, with a
+token of its own, and consumes nothing, so a chat client's link preview (or a reload) never uses the page up; at
+most ``MAX_FORMS`` forms are given out (then 429). The page is used once: the first POST carrying the token of a form
+it gave answers the question through ``Run.answer`` (``by_page``) and the page is gone (404); a POST with any other
+token is refused (403) and answers nothing. The
 page is a plain HTML form: no script, a strict Content-Security-Policy, not framable, not cached, no referrer.
 It names, escaped, the session whose code asks and the code's prompt.
 """
@@ -20,7 +22,7 @@ import logging
 import secrets
 import socket
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -48,12 +50,14 @@ STYLE = "body{font-family:sans-serif;max-width:40em;margin:3em auto;line-height:
 logger = logging.getLogger(__name__)
 
 
+MAX_FORMS = 16  # forms (GETs) one page gives out: previews and reloads, not a flood of tokens
+
+
 @dataclass
 class Page:
     run: Run
     question: Question
-    token: str  # the form's token: a POST without it answers nothing
-    shown: bool = False
+    tokens: list[str] = field(default_factory=list)  # the tokens of the forms given out: a POST needs one of them
 
 
 def _page(title: str, body: str, status: int) -> HTMLResponse:
@@ -76,7 +80,7 @@ class SecretPages:
         """The question's page while the block runs; its URL. ``origin``: the HTTP server's own (the page is a route
         of its app); None: a listener on 127.0.0.1 for this page alone."""
         key = secrets.token_urlsafe(32)
-        self._pages[key] = Page(run, question, secrets.token_urlsafe(32))
+        self._pages[key] = Page(run, question)
         try:
             if origin is not None:
                 yield f"{origin.rstrip('/')}/secret/{key}"
@@ -99,12 +103,12 @@ class SecretPages:
         if page is None or page.question.closed is not None:
             self._pages.pop(key, None)
             return _page("Not found", GONE, 404)
-        if request.method == "GET":
-            if page.shown:  # used once: whoever opened it first holds the form
-                return _page("Already opened", "<p>This page was opened already; it is shown once. If that was not "
-                             "you, decline the question in your client.</p>", 410)
-            page.shown = True
-            return self._form(page, key)
+        if request.method == "GET":  # harmless (a link preview, a reload): a form of its own, nothing consumed
+            if len(page.tokens) >= MAX_FORMS:
+                return _page("Opened too often", "<p>This page was opened too many times. If that was not you, decline "
+                             "the question in your client.</p>", 429)
+            page.tokens.append(secrets.token_urlsafe(32))
+            return self._form(page, key, page.tokens[-1])
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
@@ -115,7 +119,7 @@ class SecretPages:
         except ValueError:  # more fields than the form has
             fields = {}
         token = (fields.get("token") or [""])[0]
-        if not page.shown or not hmac.compare_digest(token.encode(), page.token.encode()):
+        if not any(hmac.compare_digest(token.encode(), given.encode()) for given in page.tokens):
             return _page("Refused", "<p>This form was not the one this page gave. Nothing was sent.</p>", 403)
         del self._pages[key]  # single use, whatever happens next
         try:
@@ -131,15 +135,15 @@ class SecretPages:
         return _page("Sent", "<p>The secret went to the code. You can close this page.</p>", 200)
 
     @staticmethod
-    def _form(page: Page, key: str) -> HTMLResponse:
+    def _form(page: Page, key: str, token: str) -> HTMLResponse:
         handle = html.escape(page.run.session.handle)
         prompt = html.escape(page.question.prompt.strip()[:500]) or "(no prompt)"
         body = (f"<p>Code running in kernelexec session <b>{handle}</b> asks for a password or secret through "
                 f"getpass(). The question comes from the code, not from the assistant or kernelexec. Its prompt:</p>"
                 f"<pre>{prompt}</pre><p>What you type here goes to that code only: not to the assistant, and the "
-                f"notebook records it as ***. This page works once.</p>"
+                f"notebook records it as ***. The secret can be sent once.</p>"
                 f"<form method=post action=\"/secret/{html.escape(key)}\" autocomplete=off>"
-                f"<input type=hidden name=token value=\"{html.escape(page.token)}\">"
+                f"<input type=hidden name=token value=\"{html.escape(token)}\">"
                 f"<label>Secret <input type=password name=secret autofocus autocomplete=off></label> "
                 f"<button type=submit>Send to the code</button></form>")
         return _page(f"kernelexec session {page.run.session.handle}: a secret", body, 200)

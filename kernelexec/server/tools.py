@@ -216,7 +216,7 @@ def _session_tools(app: App) -> dict[str, Any]:
         filename: Annotated[str, Field(description="The file's name in the session's working directory (one plain name, no path)")],
         session: SessionArg = None,
         max_bytes: Annotated[int, Field(ge=1, le=uploads.MAX_BYTES, description="The largest body the URL accepts")] = uploads.DEFAULT_MAX_BYTES,
-        expires_s: Annotated[int, Field(ge=1, le=3600, description="Seconds the URL stays valid")] = uploads.DEFAULT_TTL_S,
+        expires_s: Annotated[int, Field(ge=1, le=uploads.MAX_TTL_S, description="Seconds the URL stays valid")] = uploads.DEFAULT_TTL_S,
     ) -> UploadGrant:
         """A one-time URL to PUT a file's bytes to (outside the conversation: the bytes never pass through the model);
         they land in the session's working directory under filename, through its kernel. HTTP transport only."""
@@ -225,7 +225,9 @@ def _session_tools(app: App) -> dict[str, Any]:
             raise InvalidRequest("upload_url works over the HTTP transport only; under stdio the working directory "
                                  "already is yours: put the file there")
         target = await app.resolve(ctx, session)
-        return UploadGrant(**app.uploads.mint(target, app.owner(), filename, max_bytes, expires_s, origin))
+        g = app.uploads.grant(target, app.owner(), filename, max_bytes, expires_s, origin)
+        return UploadGrant(uploadUrl=g.url, headers=dict(uploads.PUT_HEADERS), expiresAt=g.expires_at, maxBytes=g.max_bytes,
+                           session=target.handle, filename=g.filename)
 
     return {"new_session": new_session, "restart_session": restart_session, "close_session": close_session,
             "install_packages": install_packages, "fork_session": fork_session, "upload_url": upload_url}

@@ -1,23 +1,26 @@
-"""Files in, without the model carrying bytes: ``upload_url`` mints a one-time upload URL for a session (HTTP only);
-a ``PUT`` of the bytes to it lands in the session's working directory **through the kernel** (so a remote kernel
-gets them too).
-
-The result follows the draft SEP-2631 ``files/authorizeUpload`` shape (``uploadUrl``, ``method``, ``headers``,
-``expiresAt``, ``maxBytes``). The installed SDK has neither that method nor the SEP's extension, so it is a tool,
-listed over HTTP only (under stdio the working directory already is the user's); the SEP's method, behind its
-extension id where a client declares it, is not served yet.
+"""Files in, without the model carrying bytes: a one-time upload URL for a session (HTTP only), minted by the
+``upload_url`` tool or by the draft SEP-2631 ``files/authorizeUpload`` request (file_transfer.py, behind its extension
+id): one mechanism, ``Uploads.grant``. A ``PUT`` of the bytes to it lands in the session's working directory **through
+the kernel** (so a remote kernel gets them too).
 
 The URL is the capability, like a getpass() page (secret_page.py): ``/upload/<32 random bytes>``, unguessable,
-bound to the session and the token that asked, capped, expiring. A PUT needs no bearer token; one that carries a
+bound to the session and the token that asked, capped, expiring. A token holds at most
+``--max-upload-urls-per-token`` URLs unused and unexpired at once. A PUT needs no bearer token; one that carries a
 token other than its owner's is answered 404, as for an unknown URL. It is used once: the first PUT claims it
 (whatever then happens), a later or concurrent one gets 410, as does one after it expired. A body over the cap
-is refused 413 (by its Content-Length before anything is written, else while streaming), and the partial file is
-removed. The name is one plain file name (no ``/``, ``\\``, ``..``, NUL, control characters, device names).
+is refused 413 (by its Content-Length before anything is read, else while streaming). A URL minted for a declared
+size or SHA-256 (files/authorizeUpload) refuses other bytes, 422. The name is one plain file name (no ``/``,
+``\\``, ``..``, NUL, control characters, device names).
 
-Kernel side: the bytes go in base64 chunks of ``CHUNK`` bytes through silent user expressions (``Kernel.evaluate``,
-in turn with the session's cells, never recorded) that append to a temporary file the kernel created with
-``O_CREAT|O_EXCL|O_NOFOLLOW`` and opens each time with ``O_NOFOLLOW``; at the end it is renamed onto the name
-(``rename`` replaces a link planted there, never follows it).
+The body is first received whole into an unnamed spool file in the server's state directory (never the kernel's):
+a slow or lying client never holds the session, and the kernel sees nothing of a body that is refused. Then, in one
+turn of the session's lock (``Session.turn``, waited for at most ``LOCK_WAIT_S``: a busy session answers 409 and
+nothing is written), the bytes go in base64 chunks of ``CHUNK`` bytes through silent user expressions
+(``Kernel.evaluate``, never recorded) that append to a temporary file the kernel created in its working directory
+with ``O_CREAT|O_EXCL|O_NOFOLLOW`` and opens each time with ``O_NOFOLLOW``; at the end it is renamed onto the name
+(``rename`` replaces a link planted there, never follows it). Any failure after the temporary file may exist removes
+it, in the same turn. The answer says only what the server knows (name, size, SHA-256, session): nothing the
+kernel wrote.
 """
 
 from __future__ import annotations
@@ -28,17 +31,20 @@ import hashlib
 import hmac
 import json
 import secrets
+import tempfile
 import time
 import unicodedata
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from kernelexec.errors import InvalidRequest
+from kernelexec.errors import InvalidRequest, KernelexecError, SessionBusy, SessionError
+from kernelexec.kernel.driver import Kernel
 from kernelexec.session.session import Session
 
 PATH = "/upload/{key}"
@@ -46,8 +52,11 @@ CHUNK = 256 * 1024
 MAX_BYTES = 256 * 1024 * 1024  # the largest cap a URL may have
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 DEFAULT_TTL_S = 600
+MAX_TTL_S = 3600
+LOCK_WAIT_S = 10.0  # an upload waits this long for a busy session, then 409 (nothing written)
 REMEMBER_S = 3600  # a used or expired URL answers 410 this long after it expired, then 404 as unknown
 DEVICES = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lpt{i}" for i in range(10))}
+PUT_HEADERS = {"Content-Type": "application/octet-stream"}  # what the uploader sends with its PUT
 HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
 
 
@@ -62,18 +71,40 @@ def check_name(name: str) -> str:
     return name
 
 
+class TooManyUploads(KernelexecError):
+    """The token holds its budget of unused, unexpired upload URLs (--max-upload-urls-per-token)."""
+
+
 @dataclass
 class Grant:
+    """One upload URL: what it may receive and where it lands."""
+
+    key: str
+    url: str
     session: Session
     owner: str | None
     filename: str
     max_bytes: int
     expires: float  # time.time()
+    size: int | None = None  # declared (files/authorizeUpload): the body must be exactly this long
+    sha256: bytes | None = None  # declared: the body must hash to this
     used: bool = False
 
+    @property
+    def expires_at(self) -> str:
+        return datetime.fromtimestamp(self.expires, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
-class _Refused(OSError):
-    """The kernel would not place the file there (its policy, a directory of that name)."""
+    @property
+    def outstanding(self) -> bool:
+        return not self.used and self.expires > time.time()
+
+
+class _Refused(Exception):
+    """An upload refused with an HTTP status and the server's own words."""
+
+    def __init__(self, status: int, error: str) -> None:
+        super().__init__(error)
+        self.status, self.error = status, error
 
 
 def _answer(status: int, **fields: Any) -> JSONResponse:
@@ -83,26 +114,32 @@ def _answer(status: int, **fields: Any) -> JSONResponse:
 class Uploads:
     """The open upload URLs of one server, by their path's key."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_per_owner: int = 16, spool_dir: Path | None = None) -> None:
         self._grants: dict[str, Grant] = {}
+        self.max_per_owner = max_per_owner
+        self.spool_dir = spool_dir  # the server's own (its state dir), never a kernel's; None: the system's
         self.principals: dict[bytes, str] = {}  # token → principal (build.py fills it over HTTP)
 
-    def mint(self, session: Session, owner: str | None, filename: str, max_bytes: int, ttl_s: float,
-             origin: str) -> dict[str, Any]:
+    def grant(self, session: Session, owner: str | None, filename: str, max_bytes: int, ttl_s: float, origin: str,
+              *, size: int | None = None, sha256: bytes | None = None) -> Grant:
+        """A new upload URL for ``session``, bound to ``owner`` (the one mechanism of upload_url and
+        files/authorizeUpload); InvalidRequest for a bad name or cap, TooManyUploads over the owner's budget."""
+        if not 0 <= max_bytes <= MAX_BYTES:
+            raise InvalidRequest(f"the size cap must be 0 to {MAX_BYTES} bytes; got {max_bytes}")
+        if not 0 < ttl_s <= MAX_TTL_S:
+            raise InvalidRequest(f"an upload URL lives 1 to {MAX_TTL_S} seconds; got {ttl_s:g}")
+        name = check_name(filename)
         now = time.time()
         for key in [k for k, g in self._grants.items() if g.expires + REMEMBER_S <= now]:  # long gone: forgotten
             del self._grants[key]
+        held = sum(1 for g in self._grants.values() if g.owner == owner and g.outstanding)
+        if held >= self.max_per_owner:
+            raise TooManyUploads(f"this token holds {held} unused upload URLs, its budget (--max-upload-urls-per-token "
+                                 f"{self.max_per_owner}): use one, or wait until one expires")
         key = secrets.token_urlsafe(32)
-        grant = self._grants[key] = Grant(session, owner, check_name(filename), max_bytes, now + ttl_s)
-        return {
-            "uploadUrl": f"{origin.rstrip('/')}/upload/{key}",
-            "method": "PUT",
-            "headers": {"Content-Type": "application/octet-stream"},
-            "expiresAt": datetime.fromtimestamp(grant.expires, UTC).isoformat().replace("+00:00", "Z"),
-            "maxBytes": max_bytes,
-            "session": session.handle,
-            "filename": grant.filename,
-        }
+        grant = self._grants[key] = Grant(key, f"{origin.rstrip('/')}/upload/{key}", session, owner, name, max_bytes,
+                                          now + ttl_s, size=size, sha256=sha256)
+        return grant
 
     def _caller(self, request: Request) -> tuple[bool, str | None]:
         """(whether a token was offered, its principal or None when it is no known token)."""
@@ -134,63 +171,77 @@ class Uploads:
         except ValueError:
             return _answer(400, error="bad Content-Length")
         if declared > grant.max_bytes:
-            return _answer(413, error=f"over this URL's cap of {grant.max_bytes} bytes")
-        return await self._receive(request, grant)
-
-    async def _receive(self, request: Request, grant: Grant) -> JSONResponse:
-        session = grant.session
-        where = await _evaluate(session, CREATE.format(tmp=repr(f".kernelexec-upload-{secrets.token_hex(8)}.part")))
-        if not isinstance(where, list) or len(where) != 2 or not all(isinstance(p, str) for p in where):
-            return _answer(500, error=f"the kernel could not create the file: {where}")
-        cwd, tmp = where
-        size, digest, buffer = 0, hashlib.sha256(), bytearray()
+            return _answer(413, error=f"over this URL's cap of {grant.max_bytes} bytes; nothing was kept")
         try:
-            async for piece in request.stream():
-                size += len(piece)
-                if size > grant.max_bytes:
-                    await session.evaluate(REMOVE.format(tmp=repr(tmp)))
-                    return _answer(413, error=f"over this URL's cap of {grant.max_bytes} bytes; nothing was kept")
-                digest.update(piece)
-                buffer += piece
-                while len(buffer) >= CHUNK:
-                    await self._append(session, tmp, bytes(buffer[:CHUNK]))
-                    del buffer[:CHUNK]
-            if buffer:
-                await self._append(session, tmp, bytes(buffer))
-            done = await _evaluate(session, RENAME.format(tmp=repr(tmp), name=repr(grant.filename)))
-            if not isinstance(done, str):
-                raise _Refused(f"the kernel could not place the file (nothing was kept): {done}")
-        except BaseException as exc:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(30):  # a client gone or a cancel: still removed
-                await session.evaluate(REMOVE.format(tmp=repr(tmp)))
-            if not isinstance(exc, Exception):
+            with tempfile.TemporaryFile(dir=self.spool_dir) as spool:  # unnamed: gone with the file object, or the process
+                size, digest = await _spool(request, grant, spool)
+                await _place(grant, spool)
+        except _Refused as refused:
+            return _answer(refused.status, error=refused.error)
+        return _answer(201, name=grant.filename, size=size, sha256=digest.hex(), session=grant.session.handle)
+
+
+async def _spool(request: Request, grant: Grant, spool: IO[bytes]) -> tuple[int, bytes]:
+    """The whole body into ``spool``, checked against the grant: (size, SHA-256), or _Refused (the kernel untouched)."""
+    size, digest = 0, hashlib.sha256()
+    async for piece in request.stream():
+        size += len(piece)
+        if size > grant.max_bytes:
+            raise _Refused(413, f"over this URL's cap of {grant.max_bytes} bytes; nothing was kept")
+        digest.update(piece)
+        await anyio.to_thread.run_sync(spool.write, piece)
+    if grant.size is not None and size != grant.size:
+        raise _Refused(422, f"the body is {size} bytes, not the {grant.size} declared; nothing was kept")
+    if grant.sha256 is not None and not hmac.compare_digest(digest.digest(), grant.sha256):
+        raise _Refused(422, "the body's SHA-256 is not the digest declared; nothing was kept")
+    await anyio.to_thread.run_sync(spool.seek, 0)
+    return size, digest.digest()
+
+
+async def _place(grant: Grant, spool: IO[bytes]) -> None:
+    """The spooled bytes into the session's working directory, in one turn of its lock; on any failure, nothing left."""
+    tmp = f".kernelexec-upload-{secrets.token_hex(8)}.part"
+    try:
+        async with grant.session.turn(LOCK_WAIT_S) as kernel:
+            try:
+                if await _evaluate(kernel, CREATE.format(tmp=repr(tmp))) is not True:
+                    raise _Refused(409, "the kernel could not create a file in the session's working directory "
+                                        "(read-only, or its policy); nothing was kept")
+                while data := await anyio.to_thread.run_sync(spool.read, CHUNK):
+                    answer = await _evaluate(kernel, APPEND.format(tmp=repr(tmp), data=repr(base64.b64encode(data).decode())))
+                    if answer != len(data):
+                        raise _Refused(500, "the kernel could not write the file; nothing was kept")
+                if await _evaluate(kernel, RENAME.format(tmp=repr(tmp), name=repr(grant.filename))) is not True:
+                    raise _Refused(409, f"the kernel could not place the file as {grant.filename!r} (a directory of that "
+                                        "name, or its policy); nothing was kept")
+            except BaseException:  # the temporary file may exist from the first step on: removed in this same turn
+                with anyio.CancelScope(shield=True), anyio.move_on_after(30):
+                    await kernel.evaluate(REMOVE.format(tmp=repr(tmp)))
                 raise
-            return _answer(409 if isinstance(exc, _Refused) else 500, error=str(exc)[:500])
-        return _answer(201, path=done, size=size, sha256=digest.hexdigest(), session=session.handle, cwd=cwd)
-
-    @staticmethod
-    async def _append(session: Session, tmp: str, data: bytes) -> None:
-        answer = await _evaluate(session, APPEND.format(tmp=repr(tmp), data=repr(base64.b64encode(data).decode())))
-        if answer != len(data):
-            raise OSError(f"the kernel could not write: {answer}")
+    except SessionBusy as busy:
+        raise _Refused(409, str(busy)) from None
+    except SessionError:
+        raise _Refused(410, "this upload URL's session is closed") from None
+    except (KernelexecError, OSError, TimeoutError):
+        raise _Refused(500, "the kernel failed while receiving the file; nothing was kept") from None
 
 
-async def _evaluate(session: Session, expression: str) -> Any:
-    """One expression of the kernel side: its JSON answer (untrusted), or the kernel's error as it came."""
-    answer = await session.evaluate(f"__import__('json').dumps({expression})")
+async def _evaluate(kernel: Kernel, expression: str) -> Any:
+    """One expression of the kernel side: its JSON answer (untrusted; compared, never shown), or None."""
+    answer = await kernel.evaluate(f"__import__('json').dumps({expression})")
     if isinstance(answer, str) and len(answer) < 10_000:
         try:
             return json.loads(ast.literal_eval(answer))  # text/plain: the repr of the JSON string
         except (ValueError, SyntaxError):
             pass
-    return answer
+    return None
 
 
-# the kernel side: user expressions (each evaluated alone; stdlib only); paths absolute from the first one
-CREATE = ("(lambda os: (lambda p: (os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW "
-          "| os.O_CLOEXEC, 0o600)), [os.getcwd(), p])[1])(os.path.join(os.getcwd(), {tmp})))(__import__('os'))")
+# the kernel side: user expressions (each evaluated alone; stdlib only), names relative to the kernel's working
+# directory (nothing runs in the session between them: one turn of its lock)
+CREATE = ("(lambda os: os.close(os.open({tmp}, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, "
+          "0o600)) is None)(__import__('os'))")
 APPEND = ("(lambda os, b: (lambda f: (f.write(b), f.close())[0])(open(os.open({tmp}, os.O_WRONLY | os.O_APPEND "
           "| os.O_NOFOLLOW | os.O_CLOEXEC), 'ab')))(__import__('os'), __import__('base64').b64decode({data}))")
-RENAME = ("(lambda os: (lambda d: (os.rename({tmp}, d), d)[1])(os.path.join(os.path.dirname({tmp}), {name})))"
-          "(__import__('os'))")
+RENAME = "(lambda os: os.rename({tmp}, {name}) is None)(__import__('os'))"
 REMOVE = "(lambda os: os.unlink({tmp}) if os.path.lexists({tmp}) else None)(__import__('os'))"

@@ -20,9 +20,11 @@ import anyio
 
 from kernelexec.codemode.broker import from_settings as broker_from_settings
 from kernelexec.config import Settings
+from kernelexec.environment import fontcache
 from kernelexec.environment.interpreter import Environment
 from kernelexec.environment.overlay import prepare
 from kernelexec.errors import InvalidRequest, SessionError
+from kernelexec.host import KernelReach
 from kernelexec.layout import valid_handle
 from kernelexec.sandbox.probe import kernel_reach
 from kernelexec.session.pool import WarmPool
@@ -62,13 +64,36 @@ class SessionManager:
         async with self._store(), code_mode, anyio.create_task_group() as tg:
             self.runs.attach(tg)
             tg.start_soon(self.upkeep.run, tg)
-            tg.start_soon(self.pool.keep_filled)
+            tg.start_soon(self._start_up)
             try:
                 yield self
             finally:
                 tg.cancel_scope.cancel()
                 with anyio.CancelScope(shield=True):
                     await self.aclose()
+
+    async def _start_up(self) -> None:
+        """What each new kernel would pay once is paid here, once per install (matplotlib's font list,
+        environment/fontcache.py), while the warm pool's first kernel starts: its directory is made at once, the
+        pool's warm imports wait for the list, and a kernel links it when it boots and again before them."""
+        reach = kernel_reach(self.settings)
+        try:
+            if fontcache.reserve(self.settings.cache_dir, reach) is None:  # else offered to the first pooled kernel already
+                logger.warning("the cache directory %s is writable by kernels: matplotlib's font list is not prepared there",
+                               self.settings.cache_dir)
+        except OSError:
+            logger.exception("the cache directory cannot hold matplotlib's font list")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._prepare_font_list, reach)
+            await self.pool.keep_filled()
+
+    async def _prepare_font_list(self, reach: KernelReach) -> None:
+        try:
+            await anyio.to_thread.run_sync(fontcache.prepare, self.settings.cache_dir, reach)
+        except Exception:  # a kernel builds its own, as without it: never the server's failure
+            logger.exception("preparing matplotlib's font list failed")
+        finally:
+            self.pool.start_up_done.set()
 
     @asynccontextmanager
     async def _store(self) -> AsyncIterator[Store]:

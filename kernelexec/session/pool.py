@@ -31,6 +31,9 @@ class WarmPool:
         self._environment_for = environment_for
         self._discard = discard  # removes a never-handed-out session's directory
         self._changed = anyio.Event()
+        # set once the server's start-up work is done (SessionManager._start_up: matplotlib's font list): warm
+        # imports wait for it, the kernel's start does not
+        self.start_up_done = anyio.Event()
 
     async def take(self, environment: Environment | None, working_dir: Path | None,
                    admit: Callable[[Session], None]) -> Session | None:
@@ -83,6 +86,7 @@ class WarmPool:
                     await session.ensure_kernel()
                     session.reserved = False  # a pooled kernel counts against the limits once adopted
                     if session.kernel is not None:
+                        await self.start_up_done.wait()
                         await session.kernel.warm()
                 except Exception:
                     logger.exception("starting a pooled kernel failed; retrying in 5 s")

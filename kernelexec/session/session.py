@@ -11,7 +11,8 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,10 @@ import anyio
 from kernelexec.backends import new_kernel
 from kernelexec.codemode.broker import Approve, Broker, CellCalls
 from kernelexec.config import Settings, secret_env
+from kernelexec.environment import fontcache
 from kernelexec.environment.interpreter import Environment, project_modules
 from kernelexec.environment.packages import InstallError, InstallOutcome, check_allowed, install, installed_record, parse_specs, pip_lines
-from kernelexec.errors import InvalidRequest, SessionError
+from kernelexec.errors import InvalidRequest, SessionBusy, SessionError
 from kernelexec.host import copy_kernel_files
 from kernelexec.kernel.driver import Kernel, OnOutput
 from kernelexec.kernel.execution import CellError, Execution, ResultRule
@@ -31,6 +33,7 @@ from kernelexec.kernel.stdin import Ask
 from kernelexec.layout import SessionDirs
 from kernelexec.sandbox.plan import plan_for
 from kernelexec.sandbox.policy import kernel_policy
+from kernelexec.sandbox.probe import kernel_reach
 from kernelexec.session import connections
 from kernelexec.session.hints import install_hint
 from kernelexec.session.recording import Recorder
@@ -102,7 +105,9 @@ class Session:
         s = self.settings
         env = self.environment
         rw = [] if self.profile == "strict" else [p for p in s.work_roots if p.is_dir()]
-        plan = plan_for(s, self.profile, session_dir=self.dirs.root, rw=rw, ro=[p for p in s.read_dirs if p.is_dir()],
+        fonts = fontcache.ready(s.cache_dir, kernel_reach(s))  # read-only to the kernel, or None
+        ro = [p for p in s.read_dirs if p.is_dir()] + ([fonts] if fonts is not None else [])
+        plan = plan_for(s, self.profile, session_dir=self.dirs.root, rw=rw, ro=ro,
                         cwd=self.default_cwd, key=self.handle, environment=env)
         # the guard keeps them read-only too (the only keeper where bubblewrap is missing)
         protected = [*(env.protected_paths() if env is not None else ()), *plan.kernel_options.get("protected_names", ())]
@@ -124,6 +129,7 @@ class Session:
             figure_formats=list(s.figure_formats),
             checkpoint_dir=self.dirs.checkpoint,
             checkpoint_cap=int(s.checkpoint_mb * 1_000_000),
+            font_cache=fonts,
         )
         return LaunchSpec(dirs=self.dirs, cwd=self.default_cwd, policy=policy, plan=plan, env_pass=s.env_pass,
                           secrets=secret_env(s))
@@ -279,6 +285,25 @@ class Session:
         async with self.lock:
             kernel = await self.ensure_kernel()
             return await kernel.evaluate(expression)
+
+    @asynccontextmanager
+    async def turn(self, wait_s: float) -> AsyncIterator[Kernel]:
+        """The session's kernel for several silent steps in one turn of its FIFO lock (an upload: nothing else runs
+        between its steps), waiting at most ``wait_s`` for the lock: a busy session raises SessionBusy, nothing done."""
+        acquired = False
+        with anyio.move_on_after(wait_s):
+            await self.lock.acquire()  # a cancelled acquire leaves the lock free (anyio releases what it got)
+            acquired = True
+        if not acquired:
+            raise SessionBusy(f"session {self.handle!r} is busy (a cell has run or waited over {wait_s:g} s); nothing was "
+                              "done: try again when it is idle, or interrupt it")
+        try:
+            if self.closed:
+                raise SessionError.unknown(self.handle)
+            yield await self.ensure_kernel()
+        finally:
+            self.last_used = time.monotonic()
+            self.lock.release()
 
     async def variables(self) -> Any:
         """The kernel's list of its user variables (``_kernelexec_variables``), as it answered: untrusted."""
