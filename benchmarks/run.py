@@ -42,6 +42,9 @@ Sections (each starts and stops its own kernels, so they do not compete for the 
                   direct tool calls vs one cell; execute_code's description with code mode on (benchmarks/codemode.py).
 13. durable       checkpoint overhead per cell (x=1, a 1 MB change) on vs off; a 50 MB DataFrame back after os._exit;
                   fork_session; restart_session(restore=true) vs (replay=true) (benchmarks/durable.py).
+14. fleet         x=1 through HAProxy (deploy/haproxy.cfg) to a replica whose kernel is on a gateway (Enterprise
+                  Gateway, else Kernel Gateway) vs one server with local kernels, alternating; failover and calls/s
+                  with 1-3 replicas to come with the fleet's shared store (benchmarks/fleet.py).
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ from benchmarks.common import (
 )
 from benchmarks.durable import bench_durable
 from benchmarks.environments import bench_environments_section
+from benchmarks.fleet import bench_fleet
 from benchmarks.flood import bench_flood
 from benchmarks.layers import bench_layers_section
 from benchmarks.memory import bench_memory_section
@@ -459,6 +463,7 @@ SECTIONS = {
     "answers": [bench_answers],
     "codemode": [bench_codemode],
     "durable": [bench_durable],
+    "fleet": [bench_fleet],
 }
 
 

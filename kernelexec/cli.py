@@ -233,9 +233,22 @@ async def _serve_with(settings: Settings, sessions: Any) -> None:
 
                 security = TransportSecuritySettings(allowed_hosts=[f"{settings.host}:*"],
                                                      allowed_origins=[f"http://{settings.host}:*", f"https://{settings.host}:*"])
-            await server.run_streamable_http_async(host=settings.host, port=settings.port, transport_security=security)
+            await _serve_streamable_http(server, settings, security)
         if metrics_server is not None:
             metrics_server.should_exit = True  # the MCP transport ended: so does the metrics port
+
+
+async def _serve_streamable_http(server: Any, settings: Settings, security: Any) -> None:
+    """The SDK's ``run_streamable_http_async``, with its app wrapped so the Session header's check knows whether a
+    request sent the header (server/session_header.py)."""
+    import uvicorn
+
+    from kernelexec.server.session_header import SessionHeaderSeen
+
+    app = server.streamable_http_app(transport_security=security, host=settings.host)
+    config = uvicorn.Config(SessionHeaderSeen(app), host=settings.host, port=settings.port,
+                            log_level=server.settings.log_level.lower())
+    await uvicorn.Server(config).serve()
 
 
 def _metrics_server(metrics: Any, port: int) -> Any:

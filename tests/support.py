@@ -176,7 +176,7 @@ def stop(proc: subprocess.Popen[bytes], grace: float = 10) -> None:
 
 
 @contextmanager
-def http_server(state_dir: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[str]:
+def http_server(state_dir: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 30) -> Iterator[str]:
     """``kernelexec serve --transport http`` as a real process on a free loopback port (``env`` added to its
     environment); yields its /mcp URL."""
     port = free_port()
@@ -185,7 +185,7 @@ def http_server(state_dir: Path, *args: str, env: dict[str, str] | None = None) 
         env=clean_env(**store_env(), **(env or {})), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
-        wait_for_port(port, proc)
+        wait_for_port(port, proc, timeout)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         stop(proc)

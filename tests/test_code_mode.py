@@ -8,6 +8,7 @@ the human. Replay serves the recorded results offline, or calls the live servers
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -30,6 +31,7 @@ from kernelexec.server.build import build_server
 from kernelexec.session.manager import SessionManager
 
 from .conftest import clean_env, free_port, kernelexec_cmd, make_settings, wait_for_port
+from .gateways import KINDS, enterprise_gateway_command, running_gateway
 
 pytestmark = pytest.mark.anyio
 
@@ -356,20 +358,18 @@ def test_patterns_names_and_schemas() -> None:
     assert Broker([]).allow == ["*"] and issubclass(ToolsConfigError, KernelexecError)
 
 
-async def test_calls_travel_through_a_gateways_websocket_too(short_tmp: Path, config_dir: Path) -> None:
-    """The stdin channel passes through a Jupyter Server's kernel WebSocket: code mode with --kernel-gateway."""
-    from .test_gateway import _start_gateway, _stop_gateway
-
-    gateway = _start_gateway("jupyter_server", short_tmp)
-    try:
+@pytest.mark.parametrize("kind", KINDS)
+async def test_calls_travel_through_a_gateways_websocket_too(kind: str, short_tmp: Path, config_dir: Path) -> None:
+    """The stdin channel passes through each gateway flavour's kernel WebSocket: code mode with --kernel-gateway."""
+    if kind == "enterprise_gateway" and enterprise_gateway_command() is None and not os.environ.get("CI"):
+        pytest.skip("no Jupyter Enterprise Gateway here (.ci/run makes .ci/egw; see tests/gateways.py)")
+    with running_gateway(kind, short_tmp) as gateway:
         settings = make_settings(short_tmp, pool_size=0, restart_spares=0, kernel_gateway=gateway.url,
                                  kernel_gateway_token=gateway.token, tools_config=str(write_config(config_dir, None)))
         async with SessionManager(settings).running() as sessions, Client(build_server(settings, sessions), mode="legacy") as client:
             code = "import mcp_tools\nresult = [mcp_tools.local.add(a=20, b=22), await mcp_tools.gather(mcp_tools.local.shout.acall(text='gw'))]"
             r: Any = (await client.call_tool("execute_code", {"code": code})).structured_content
             assert r["result"] == [42, ["GW!"]], r
-    finally:
-        _stop_gateway(gateway)
 
 
 def test_a_schema_with_names_python_cannot_take_still_makes_a_function() -> None:

@@ -1,5 +1,6 @@
-"""Kernels on a remote engine (``--kernel-gateway``): a real Jupyter Server and a real Jupyter Kernel
-Gateway, each started here on 127.0.0.1 with a token, driven through the in-memory MCP harness.
+"""Kernels on a remote engine (``--kernel-gateway``): a real Jupyter Server, a real Jupyter Kernel Gateway and
+a real Jupyter Enterprise Gateway (tests/gateways.py), each started here on 127.0.0.1 with a token, driven
+through the in-memory MCP harness.
 
 The "remote" engine runs on this machine, so the tests can also look at its processes and files;
 nothing in kernelexec relies on that.
@@ -9,21 +10,15 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
-import signal
-import subprocess
 import sys
-import tempfile
-import time
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from mcp import Client
 
 from kernelexec.backends import kernel_factory
 from kernelexec.backends.gateway import GatewayKernel, remote_policy, startup_code
@@ -32,92 +27,40 @@ from kernelexec.errors import KernelStartError
 from kernelexec.kernel.launch import LaunchSpec
 from kernelexec.layout import SessionDirs
 from kernelexec.sandbox.policy import kernel_policy
+from kernelexec.server.build import build_server
+from kernelexec.session.manager import SessionManager
 
-from .conftest import Harness, clean_env, free_port, make_settings, wait_for_port
+from .conftest import Harness, free_port, make_settings
 from .conftest import serving as harness_for
+from .gateways import KINDS, Gateway, enterprise_gateway_command, running_gateway
+from .test_stdin import Human
 
 pytestmark = pytest.mark.anyio
 
 
-@dataclass
-class Gateway:
-    kind: str
-    url: str
-    token: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    def api(self, path: str, method: str = "GET") -> Any:
-        request = urllib.request.Request(self.url + path, method=method,
-                                         headers={"Authorization": f"token {self.token}"})
-        with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - 127.0.0.1 only
-            body = response.read()
-        return json.loads(body) if body else None
-
-    def kernel_ids(self) -> set[str]:
-        return {k["id"] for k in self.api("/api/kernels")}
-
-
-def _start_gateway(kind: str, base: Path) -> Gateway:
-    port, token = free_port(), secrets.token_hex(16)
-    root = Path(tempfile.mkdtemp(prefix=kind[:2], dir=base))
-    (root / "tmp").mkdir()
-    # TMPDIR: the remote kernels' session directories land here and go with the test's temp dir
-    # (the Kernel Gateway passes its kernels only PATH and the variables it is told to)
-    env = clean_env(JUPYTER_RUNTIME_DIR=str(root / "runtime"), JUPYTER_CONFIG_DIR=str(root / "config"),
-                    TMPDIR=str(root / "tmp"), KG_ENV_PROCESS_WHITELIST="TMPDIR")
-    if kind == "jupyter_server":
-        cmd = [sys.executable, "-m", "jupyter_server", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
-               f"--IdentityProvider.token={token}", "--ServerApp.ip=127.0.0.1", "--no-browser", "--allow-root",
-               f"--ServerApp.root_dir={root}"]
-    else:
-        cmd = [sys.executable, "-m", "kernel_gateway", "--KernelGatewayApp.ip=127.0.0.1",
-               f"--KernelGatewayApp.port={port}", "--KernelGatewayApp.port_retries=0",
-               f"--KernelGatewayApp.auth_token={token}", "--JupyterWebsocketPersonality.list_kernels=True"]
-    log = root / "server.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-    gateway = Gateway(kind, f"http://127.0.0.1:{port}", token, proc, log)
-    try:
-        wait_for_port(port, proc, timeout=120)
-        deadline = time.monotonic() + 60
-        while True:  # listening is not serving yet
-            try:
-                gateway.api("/api/kernelspecs")
-                return gateway
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise
-                time.sleep(0.2)
-    except BaseException:
-        _stop_gateway(gateway)
-        raise RuntimeError(f"{kind} did not start:\n{log.read_text(errors='replace')[-3000:]}") from None
-
-
-def _stop_gateway(gateway: Gateway) -> None:
-    gateway.proc.send_signal(signal.SIGTERM)  # both servers shut their kernels down on SIGTERM
-    try:
-        gateway.proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        gateway.proc.kill()
-        gateway.proc.wait()
+def _gateway(kind: str, base: Path) -> Iterator[Gateway]:
+    if kind == "enterprise_gateway" and enterprise_gateway_command() is None and not os.environ.get("CI"):
+        pytest.skip("no Jupyter Enterprise Gateway here (.ci/run makes .ci/egw; see tests/gateways.py)")
+    with running_gateway(kind, base) as gateway:
+        yield gateway
 
 
 @pytest.fixture(scope="module")
 def jupyter_server(short_tmp: Path) -> Iterator[Gateway]:
-    gateway = _start_gateway("jupyter_server", short_tmp)
-    yield gateway
-    _stop_gateway(gateway)
+    yield from _gateway("jupyter_server", short_tmp)
 
 
 @pytest.fixture(scope="module")
 def kernel_gateway(short_tmp: Path) -> Iterator[Gateway]:
-    gateway = _start_gateway("kernel_gateway", short_tmp)
-    yield gateway
-    _stop_gateway(gateway)
+    yield from _gateway("kernel_gateway", short_tmp)
 
 
-@pytest.fixture(scope="module", params=["jupyter_server", "kernel_gateway"])
+@pytest.fixture(scope="module")
+def enterprise_gateway(short_tmp: Path) -> Iterator[Gateway]:
+    yield from _gateway("enterprise_gateway", short_tmp)
+
+
+@pytest.fixture(scope="module", params=KINDS)
 def gw(request: pytest.FixtureRequest) -> Gateway:
     return request.getfixturevalue(request.param)
 
@@ -405,3 +348,69 @@ def test_layers_name_the_gateway(tmp_path: Path) -> None:
         assert isinstance(kernel, GatewayKernel)
         assert (kernel.url, kernel.token) == ("http://127.0.0.1:1", "t")
         assert spec.plan.layers == layers
+
+
+# --- input() and getpass() through the gateway's WebSocket ----------------------------------------------
+async def test_input_and_getpass_are_asked_through_the_gateway(gw: Gateway, short_tmp: Path) -> None:
+    """The stdin channel over the gateway's WebSocket: input() an elicitation, getpass() its one-time page,
+    a declined question an EOFError; answers recorded as locally (the secret never)."""
+    settings = make_settings(short_tmp, kernel_gateway=gw.url, kernel_gateway_token=gw.token, pool_size=0, restart_spares=0)
+    human = Human(("accept", "Ada"), ("accept", "s3cret"), ("decline", None))
+    async with SessionManager(settings).running() as sessions, \
+            Client(build_server(settings, sessions), mode="legacy", elicitation_callback=human) as client:
+        r: Any = (await client.call_tool("execute_code", {"code": "name = input('Your name? ')\nname"})).structured_content
+        assert r["result"] == "Ada" and r["layers"] == ["remote-gateway", "guard"], r
+        r = (await client.call_tool("execute_code", {"code": "import getpass\np = getpass.getpass('Token: ')\nlen(p)"})).structured_content
+        assert r["result"] == 6, r
+        r = (await client.call_tool("execute_code", {"code": "input('again? ')"})).structured_content
+        assert not r["success"] and r["error_type"] == "EOFError", r
+        r = (await client.call_tool("execute_code", {"code": "1 + 1"})).structured_content
+        assert r["result"] == 2, r
+        notebook = json.loads(Path(r["notebook"]).read_text())
+    assert "Your name?" in human.asked[0] and len(human.urls) == 1  # getpass: its page, never a form
+    recorded = [c["metadata"]["kernelexec"].get("inputs") for c in notebook["cells"] if c["cell_type"] == "code"]
+    assert recorded[0][0]["answer"] == "Ada" and recorded[1][0]["answer"] == "***", recorded
+    assert "s3cret" not in json.dumps(notebook)
+
+
+async def test_send_input_answers_a_gateway_kernels_question(gw: Gateway, short_tmp: Path) -> None:
+    """A client without elicitation: the run waits (awaiting_input) with its question_id; send_input answers
+    it through the WebSocket; a second answer to the same question is refused; the kernel keeps its state."""
+    settings = make_settings(short_tmp, kernel_gateway=gw.url, kernel_gateway_token=gw.token, pool_size=0, restart_spares=0)
+    async with SessionManager(settings).running() as sessions, \
+            Client(build_server(settings, sessions), mode="legacy") as client:
+        first = await client.call_tool("execute_code", {"code": "kept = 1\nname = input('Your name? ')\nf'hi {name}'"})
+        r: Any = first.structured_content
+        assert r["ending"] == "awaiting_input" and r["input_prompt"] == "Your name? " and r["question_id"], r
+        sent = await client.call_tool("send_input", {"run_id": r["run_id"], "question_id": r["question_id"], "text": "Ada"})
+        done: Any = sent.structured_content
+        assert done["result"] == "hi Ada" and done["run_id"] == r["run_id"], done
+        again = await client.call_tool("send_input", {"run_id": r["run_id"], "question_id": r["question_id"], "text": "late"})
+        assert again.is_error and "already answered" in again.content[0].text  # type: ignore[union-attr]
+        done = (await client.call_tool("execute_code", {"code": "import getpass\ngetpass.getpass('Token: ')"})).structured_content
+        assert done["error_type"] == "EOFError" and "--secret" in done["error"], done  # no URL mode: refused, said why
+        done = (await client.call_tool("execute_code", {"code": "kept + 1", "session": r["session"]})).structured_content
+        assert done["result"] == 2, done
+
+
+@pytest.mark.slow
+async def test_enterprise_gateway_starts_kernels_for_the_kernel_username_it_is_given(
+        short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Enterprise Gateway as it ships refuses root: a server running as root without KERNEL_USERNAME gets the
+    gateway's reason and what to set; with KERNEL_USERNAME in its environment, the kernel starts and has it."""
+    if enterprise_gateway_command() is None and not os.environ.get("CI"):
+        pytest.skip("no Jupyter Enterprise Gateway here (.ci/run makes .ci/egw; see tests/gateways.py)")
+    if os.geteuid() != 0:
+        pytest.skip("Enterprise Gateway refuses root only: this test runs as root")
+    with running_gateway("enterprise_gateway", short_tmp, strict=True) as eg:
+        monkeypatch.delenv("KERNEL_USERNAME", raising=False)
+        async with serving(short_tmp, kernel_gateway=eg.url, kernel_gateway_token=eg.token) as h:
+            refused = await h.call("execute_code", code="1")
+            assert refused.is_error
+            text = refused.content[0].text
+            assert "403" in text and "not authorized" in text and "kernelexec passes on from its own environment" in text, text
+        monkeypatch.setenv("KERNEL_USERNAME", "analyst")
+        async with serving(short_tmp, kernel_gateway=eg.url, kernel_gateway_token=eg.token, profile="trusted") as h:
+            r = await h.run("import os\nos.environ.get('KERNEL_USERNAME')")
+            assert r["result"] == "analyst", r
+            assert kernel_of(h, r["session"]).km.kernel_id in eg.kernel_ids()

@@ -3,7 +3,11 @@
 ``--kernel-gateway URL [--kernel-gateway-token T]`` makes every session's kernel a kernel of that
 server: started with ``POST /api/kernels``, interrupted, restarted and deleted over REST, and driven
 over its ``/api/kernels/<id>/channels`` WebSocket. ``GatewayKernel`` plugs into ``Kernel``'s seams;
-the request/reply logic (timeouts, interrupt-then-restart, result report) is the local one unchanged.
+the request/reply logic (timeouts, interrupt-then-restart, result report) is the local one unchanged,
+and so is the stdin channel: a cell's ``input()``/``getpass()`` requests and code mode's calls arrive on the
+WebSocket's ``stdin`` queue and their replies go back through ``stdin.send_to_kernel`` (a worker-thread send,
+abandoned after its bound), exactly as for a local kernel. The server routes a kernel's stdin messages to
+the WebSocket of the session that sent the ``execute_request`` (``allow_stdin`` set on it).
 
 Built on jupyter_server's gateway classes (``GatewayKernelManager``, ``GatewayKernelClient``,
 ``GatewayClient``), with what a long-lived, multi-session MCP server needs on top:
@@ -207,8 +211,6 @@ class GatewayManager(GatewayKernelManager):
 class GatewayKernel(Kernel):
     """A session's kernel on a remote gateway. Isolation is the remote engine's job (its pods or
     machines); the in-kernel guard is installed there as locally."""
-
-    answers_stdin = False  # input() is not served through the gateway's websocket yet
 
     url: str = ""
     token: str | None = None

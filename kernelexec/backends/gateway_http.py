@@ -50,8 +50,11 @@ class GatewayError(RuntimeError):
 
 def failure_hint(status: int | None) -> str:
     """What to check, for a failed request's HTTP status (None: no answer at all)."""
-    if status in (401, 403):
+    if status == 401:
         return " (check --kernel-gateway-token)"
+    if status == 403:  # Enterprise Gateway also refuses users it does not authorize (root, by default)
+        return (" (check --kernel-gateway-token, and that the gateway lets this user start kernels: Enterprise Gateway "
+                "reads KERNEL_USERNAME, which kernelexec passes on from its own environment)")
     if status == 404:
         return " (no such kernel or kernel name; check --kernel-gateway and the gateway's kernelspecs)"
     if status in (None, 599):

@@ -13,7 +13,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar
 
 import anyio
 from mcp.server.mcpserver import Context
@@ -24,6 +24,7 @@ from mcp_types import (
     InputRequiredResult,
     TextContent,
 )
+from pydantic import Field, WithJsonSchema
 
 from kernelexec import tracing
 from kernelexec.codemode.broker import Broker
@@ -57,6 +58,27 @@ RUN_PYTHON_TIMEOUT = 60.0  # run_python keeps the old tool's contract: one answe
 MAX_LISTED_VARIABLES = 1000  # list_variables answers at most this many (a namespace can hold millions)
 
 T = TypeVar("T")
+
+# The session argument as an `x-mcp-header`: a 2026-07-28 client mirrors it into the `Mcp-Param-Session` HTTP header,
+# so a load balancer can route a session's calls by it without reading the body (deploy/haproxy.cfg hashes on it);
+# a header that disagrees with the body is refused (the SDK's check; server/session_header.py keeps the header
+# optional). A plain string in the schema (an `anyOf` with null
+# may not carry the annotation), optional by not being required; older clients just leave the header out.
+SESSION_HEADER = "Session"
+
+
+def _session_schema(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)  # omitted means the default session; null is accepted but not advertised
+
+
+SessionArg = Annotated[
+    str | None,
+    WithJsonSchema({"type": "string", "x-mcp-header": SESSION_HEADER}),
+    Field(description="Session handle from an earlier answer; omit for this connection's default",
+          json_schema_extra=_session_schema),
+]
+SessionName = Annotated[str, WithJsonSchema({"type": "string", "x-mcp-header": SESSION_HEADER}),
+                        Field(description="Session handle")]
 
 
 class Call(Protocol):

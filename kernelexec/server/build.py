@@ -7,11 +7,13 @@ Built by ``build_server(settings, sessions)``; nothing happens at import.
 import logging
 
 from mcp.server.mcpserver import MCPServer
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
 
 from kernelexec import __version__
 from kernelexec.config import Settings
 from kernelexec.sandbox.policy import describe
-from kernelexec.server import durable, file_transfer, resources, tasks, tools, view
+from kernelexec.server import durable, file_transfer, resources, session_header, tasks, tools, view
 from kernelexec.server.app import App, code_mode_listing
 from kernelexec.server.auth import StaticTokenVerifier, auth_settings, load_tokens, principal_id
 from kernelexec.server.metrics import Metrics, endpoint
@@ -50,6 +52,12 @@ def mask_capability_paths() -> None:
         access.addFilter(_MaskCapabilityPaths())
 
 
+async def healthz(request: Request) -> Response:
+    """A load balancer's health check (deploy/haproxy.cfg): no token needed, so it says nothing but that this
+    process answers HTTP; cheap, it touches no session, kernel or store."""
+    return PlainTextResponse("ok\n", headers={"Cache-Control": "no-store"})
+
+
 def build_server(settings: Settings, sessions: SessionManager, app: App | None = None, metrics: Metrics | None = None) -> MCPServer:
     """Create the MCP server. ``sessions`` must be running (``SessionManager.running()``) while it serves.
     ``app``: the one its tools work over, when the caller keeps it (the red team reads its renderers).
@@ -75,7 +83,9 @@ def build_server(settings: Settings, sessions: SessionManager, app: App | None =
     mcp.middleware.append(metrics.middleware)  # each tool call timed (the outermost of ours: the whole call)
     if settings.transport == "http":
         mcp.custom_route("/metrics", methods=["GET"], include_in_schema=False)(endpoint(metrics, tokens))
+        mcp.custom_route("/healthz", methods=["GET", "HEAD"], include_in_schema=False)(healthz)
     tools.register(mcp, app)
+    session_header.install(mcp)  # Mcp-Param-Session checked when sent, never required
     if settings.transport == "http":  # getpass() pages at the server's own origin (secret_page.py); the path is the key
         mask_capability_paths()  # their keys never in the access log
         mcp.custom_route("/secret/{key}", methods=["GET", "POST"], include_in_schema=False)(app.pages.endpoint)

@@ -16,7 +16,7 @@ from pydantic import Field
 
 from kernelexec.errors import InvalidRequest
 from kernelexec.server import durable, uploads, view
-from kernelexec.server.app import RUN_PYTHON_TIMEOUT, App, exposed_tools, info, translated, variables_answer
+from kernelexec.server.app import RUN_PYTHON_TIMEOUT, App, SessionArg, SessionName, exposed_tools, info, translated, variables_answer
 from kernelexec.server.render import Rendered
 from kernelexec.server.results import ExecuteResult, InstalledPackage, InstallResult, Restored, RunPythonResult, SessionInfo, UploadGrant, VariablesResult
 from kernelexec.server.view import VIEW_META
@@ -24,10 +24,6 @@ from kernelexec.session.restore import RestoreReport, describe_replayed
 from kernelexec.session.runs import Run
 from kernelexec.session.session import Session
 
-SessionArg = Annotated[
-    str | None,
-    Field(description="Session handle from an earlier answer; omit for this connection's default"),
-]
 CodeArg = Annotated[str, Field(description="Python code to run (IPython syntax: magics and top-level await work)")]
 def run_view(app: App) -> Any:
     """The run view's MCP Apps extension (view.py), with this module's helpers; None when execute_code is not exposed."""
@@ -180,7 +176,7 @@ def _session_tools(app: App) -> dict[str, Any]:
 
     @translated
     async def close_session(
-        ctx: Context, session: Annotated[str, Field(description="Handle of the session to close")]
+        ctx: Context, session: SessionName
     ) -> SessionInfo:
         """Shut the session's kernel down and forget its handle (its notebook stays on disk)."""
         return info(await app.sessions.close(session, owner=app.owner()), "closed")

@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field
 
 from kernelexec.display import display
 from kernelexec.errors import KernelexecError
-from kernelexec.server.app import App, info, translated, variables_answer
+from kernelexec.server.app import App, SessionName, info, translated, variables_answer
 from kernelexec.server.results import SessionInfo, VariablesResult
 
 VIEW_URI = "ui://kernelexec/run.html"
@@ -39,7 +39,6 @@ APP_ONLY = ("view_table", "view_variables", "view_interrupt", "view_restart")
 MAX_PAGE_ROWS = 100
 MAX_COLUMNS = 50
 MAX_CELL_CHARS = 120
-SessionName = Annotated[str, Field(description="Session handle")]
 MAX_PAGE_CHARS = 1_000_000  # the kernel's answer for one page, at most (it is untrusted input)
 
 

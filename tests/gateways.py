@@ -1,0 +1,153 @@
+"""Real kernel gateways on 127.0.0.1 for the tests and benchmarks: a Jupyter Server, a Jupyter Kernel Gateway
+and a Jupyter Enterprise Gateway, each started with a token, its kernels local to this machine.
+
+Enterprise Gateway 3.x pins jupyter_client<7 and jupyter_server<2, which cannot share kernelexec's environment,
+so it runs from its own virtual environment (``.ci/egw``, made by ``.ci/run`` from
+tests/enterprise-gateway.txt, or ``KERNELEXEC_TEST_EG=/path/to/jupyter-enterprisegateway``). Its kernels are
+started from a kernelspec that runs this environment's Python, so every flavour's kernels are the same ipykernel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .support import clean_env, free_port, wait_for_port
+
+KINDS = ("jupyter_server", "kernel_gateway", "enterprise_gateway")
+ROOT = Path(__file__).resolve().parent.parent
+EG_REQUIREMENTS = ROOT / "tests" / "enterprise-gateway.txt"
+
+
+@dataclass
+class Gateway:
+    kind: str
+    url: str
+    token: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def api(self, path: str, method: str = "GET") -> Any:
+        request = urllib.request.Request(self.url + path, method=method,
+                                         headers={"Authorization": f"token {self.token}"})
+        with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - 127.0.0.1 only
+            body = response.read()
+        return json.loads(body) if body else None
+
+    def kernel_ids(self) -> set[str]:
+        return {k["id"] for k in self.api("/api/kernels")}
+
+
+def enterprise_gateway_command() -> str | None:
+    """The ``jupyter-enterprisegateway`` to run: ``KERNELEXEC_TEST_EG``, else .ci/egw's, else None."""
+    named = os.environ.get("KERNELEXEC_TEST_EG")
+    if named:
+        return named
+    local = ROOT / ".ci" / "egw" / "bin" / "jupyter-enterprisegateway"
+    return str(local) if local.exists() else None
+
+
+def _command(kind: str, port: int, token: str, root: Path, *, strict: bool) -> list[str]:
+    if kind == "jupyter_server":
+        return [sys.executable, "-m", "jupyter_server", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+                f"--IdentityProvider.token={token}", "--ServerApp.ip=127.0.0.1", "--no-browser", "--allow-root",
+                f"--ServerApp.root_dir={root}"]
+    if kind == "kernel_gateway":
+        return [sys.executable, "-m", "kernel_gateway", "--KernelGatewayApp.ip=127.0.0.1",
+                f"--KernelGatewayApp.port={port}", "--KernelGatewayApp.port_retries=0",
+                f"--KernelGatewayApp.auth_token={token}", "--JupyterWebsocketPersonality.list_kernels=True"]
+    eg = enterprise_gateway_command()
+    if eg is None:
+        raise FileNotFoundError(f"no Jupyter Enterprise Gateway: python3 -m venv .ci/egw && .ci/egw/bin/pip install "
+                                f"-r {EG_REQUIREMENTS.relative_to(ROOT)} (or set KERNELEXEC_TEST_EG)")
+    # local kernels (no process proxy in the kernelspec). EG refuses to start kernels for root by default (the
+    # KERNEL_USERNAME a request names, else its own user); tests here run as root, so unless ``strict`` only a
+    # user named nobody is refused instead
+    return [eg, "--EnterpriseGatewayApp.ip=127.0.0.1", f"--EnterpriseGatewayApp.port={port}",
+            "--EnterpriseGatewayApp.port_retries=0", f"--EnterpriseGatewayApp.auth_token={token}",
+            "--EnterpriseGatewayApp.list_kernels=True", *([] if strict else ["--EnterpriseGatewayApp.unauthorized_users=nobody"])]
+
+
+def _kernelspec(root: Path) -> Path:
+    """A ``python3`` kernelspec running this environment's ipykernel (Enterprise Gateway's own has none)."""
+    share = root / "share"
+    spec = share / "kernels" / "python3"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3 (kernelexec tests)", "language": "python"}))
+    return share
+
+
+def start_gateway(kind: str, base: Path, tries: int = 3, *, strict: bool = False) -> Gateway:
+    """Started on a free port; again on another if something took that port first (other tests run alongside)."""
+    for attempt in range(tries):
+        try:
+            return _start_once(kind, base, strict=strict)
+        except RuntimeError as exc:
+            if "already in use" not in str(exc) or attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start_once(kind: str, base: Path, *, strict: bool) -> Gateway:
+    port, token = free_port(), secrets.token_hex(16)
+    root = Path(tempfile.mkdtemp(prefix=kind[:2], dir=base))
+    (root / "tmp").mkdir()
+    # TMPDIR: the remote kernels' session directories land here and go with the test's temp dir
+    # (the gateways pass their kernels only PATH and the variables they are told to)
+    env = clean_env(JUPYTER_RUNTIME_DIR=str(root / "runtime"), JUPYTER_CONFIG_DIR=str(root / "config"),
+                    TMPDIR=str(root / "tmp"), KG_ENV_PROCESS_WHITELIST="TMPDIR", EG_ENV_PROCESS_WHITELIST="TMPDIR")
+    if kind == "enterprise_gateway":
+        env["JUPYTER_PATH"] = str(_kernelspec(root))
+        env.pop("VIRTUAL_ENV", None)
+    cmd = _command(kind, port, token, root, strict=strict)
+    log = root / "server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    gateway = Gateway(kind, f"http://127.0.0.1:{port}", token, proc, log)
+    try:
+        wait_for_port(port, proc, timeout=120)
+        deadline = time.monotonic() + 60
+        while True:  # listening is not serving yet
+            try:
+                gateway.api("/api/kernelspecs")
+                return gateway
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.2)
+    except BaseException:
+        stop_gateway(gateway)
+        raise RuntimeError(f"{kind} did not start:\n{log.read_text(errors='replace')[-3000:]}") from None
+
+
+def stop_gateway(gateway: Gateway) -> None:
+    gateway.proc.send_signal(signal.SIGTERM)  # the servers shut their kernels down on SIGTERM
+    try:
+        gateway.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        gateway.proc.kill()
+        gateway.proc.wait()
+
+
+@contextmanager
+def running_gateway(kind: str, base: Path, *, strict: bool = False) -> Iterator[Gateway]:
+    """``strict``: Enterprise Gateway with its default authorization (root refused)."""
+    gateway = start_gateway(kind, base, strict=strict)
+    try:
+        yield gateway
+    finally:
+        stop_gateway(gateway)
