@@ -18,6 +18,7 @@ Each row prints its median and p95; ``ratio`` is its median over the raw row's.
 from __future__ import annotations
 
 import argparse
+import logging
 import queue
 import sys
 import time
@@ -122,6 +123,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=20)
     args = parser.parse_args(argv)
+    for name in ("httpx", "httpx2"):  # MCPServer() sets the root logger to INFO: no line per HTTP request
+        logging.getLogger(name).setLevel(logging.WARNING)
     plan = argparse.Namespace(calls=args.calls, warmup=args.warmup)
     out: list[Measurement] = []
 
