@@ -10,7 +10,10 @@ machine hits every row alike):
 - stdio: ``mcp.Client`` over ``stdio_client`` to a ``kernelexec serve`` child calling ``execute_code(code="x=1")``
   (the client validates the structured content against the tool's output schema on every call);
 - streamable HTTP: the same against ``kernelexec serve --transport http`` (a session handle);
-- in memory: the same against a server in this process.
+- in memory: the same against a server in this process;
+
+and the stdio server process's own CPU time per call (all its threads), which other load on the machine
+barely changes, unlike the times.
 
 Each row prints its median and p95; ``ratio`` is its median over the raw row's.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import queue
 import sys
 import time
@@ -31,12 +35,29 @@ if __package__ in (None, ""):
 import anyio
 from mcp import Client
 
-from benchmarks.common import call, http_server, in_memory, log, make_settings, raw_kernel, short_tmp, stdio_params
+from benchmarks.common import (
+    call,
+    http_server,
+    in_memory,
+    log,
+    make_settings,
+    raw_kernel,
+    short_tmp,
+    stdio_params,
+    stdio_server_pid,
+)
 from benchmarks.stats import Measurement
 
 MS = "ms"
 RAW = "overhead x=1: raw BlockingKernelClient (reply+idle)"
 CODE = "x=1"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (all its threads), from /proc."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def blocking_execute(kc: Any, code: str, timeout: float = 30.0) -> dict[str, Any]:
@@ -73,8 +94,9 @@ async def bench_overhead(plan: Any, base: Path, out: list[Measurement]) -> None:
     stdio: list[float] = []
     http: list[float] = []
     memory: list[float] = []
+    server_cpu: list[float] = []
     async with raw_kernel(base) as (km, _akc), Client(stdio_params(base / "ov-stdio")) as s_client, \
-            http_server(base / "ov-http") as (url, _proc), Client(url) as h_client, \
+            http_server(base / "ov-http", timeout=180) as (url, _proc), Client(url) as h_client, \
             in_memory(make_settings(base)) as (m_client, _sessions):
         kc = km.blocking_client()
         kc.start_channels()
@@ -93,7 +115,11 @@ async def bench_overhead(plan: Any, base: Path, out: list[Measurement]) -> None:
                 return await m_client.call_tool("execute_code", {"code": CODE})
 
             rows = ((stdio_call, stdio), (http_call, http), (memory_call, memory))
+            server_pid = stdio_server_pid(base / "ov-stdio")
+            cpu_before = 0.0
             for i in range(warmup + calls):
+                if i == warmup and server_pid is not None:
+                    cpu_before = cpu_seconds(server_pid)
                 t0 = time.perf_counter()
                 reply = blocking_execute(kc, CODE)
                 elapsed = time.perf_counter() - t0
@@ -107,6 +133,8 @@ async def bench_overhead(plan: Any, base: Path, out: list[Measurement]) -> None:
                     assert not result.is_error and result.structured_content["success"], result
                     if i >= warmup:
                         samples.append(elapsed * 1000)
+            if server_pid is not None:
+                server_cpu.append((cpu_seconds(server_pid) - cpu_before) / calls * 1000)
         finally:
             kc.stop_channels()
     out.append(Measurement(RAW, MS, raw, note="plain ipykernel via jupyter_client's kernel manager, ipc, no history"))
@@ -114,6 +142,9 @@ async def bench_overhead(plan: Any, base: Path, out: list[Measurement]) -> None:
                            note="mcp.Client + stdio_client, output schema validated per call: the issue's bar"))
     out.append(Measurement("overhead x=1: execute_code, SDK client over streamable HTTP", MS, http, baseline=RAW))
     out.append(Measurement("overhead x=1: execute_code, SDK client in memory", MS, memory, baseline=RAW))
+    out.append(Measurement("overhead x=1: stdio server CPU per call", MS, server_cpu,
+                           note="the kernelexec serve process's user+system CPU (all its threads) over the timed calls, "
+                                "per call: what the server itself spends, much less sensitive to other load than the times"))
 
 
 def main(argv: list[str] | None = None) -> None:

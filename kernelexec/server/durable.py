@@ -1,6 +1,7 @@
-"""Runs and tasks a restart keeps: each run's changes recorded in the session store (``RunRegistry.observers``),
-with its final answer as the client would get it (the ``CallToolResult``'s JSON); and read back for a run or
-task this process does not hold — one from before a restart, or one no longer kept in memory.
+"""Runs and tasks a restart keeps: each run whose id was told recorded in the session store from then on
+(``RunRegistry.observers``; a run its own call answers in full is not: nobody could ask for it), with its final
+answer as the client would get it (the ``CallToolResult``'s JSON); and read back for a run or task this process
+does not hold — one from before a restart, or one no longer kept in memory.
 
 A run recorded as running or waiting for input when its server died is marked ``lost`` when the next server
 starts (``SessionManager``); its answer says so, honestly, and never "unknown". Nothing read back is executed:
