@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -29,10 +30,18 @@ async def test_a_cell_answered_in_full_leaves_only_its_journal_line(short_tmp: P
     async with serving(settings) as h:
         store = h.sessions.store
         assert isinstance(store, SQLiteStore)
+        written: list[str] = []  # every run record the server writes (the store's own method, observed)
+        put_run = store.put_run
+
+        async def observed(record: Any, **kwargs: Any) -> None:
+            written.append(record.state)
+            await put_run(record, **kwargs)
+
+        store.put_run = observed  # type: ignore[method-assign]
         for _ in range(3):
             assert (await h.run("x = 1"))["success"]
         await anyio.sleep(0.5)  # a record written after the answer would be here by now
-        assert run_rows(settings.state_dir) == []
+        assert written == [] and run_rows(settings.state_dir) == []
         handle = next(iter(h.sessions.sessions))
         assert [e.record["source"] for e in await store.journal(handle)][-3:] == ["x = 1"] * 3
         await until(lambda: store.wal_sync.synced >= 1, "the WAL fsynced after the journal's commits")
