@@ -11,6 +11,9 @@ Sections (each starts and stops its own kernels, so they do not compete for the 
 2. round trip     ``x=1``: raw jupyter_client reply+idle (plain kernel, ipc, no history)  vs
                   ``Kernel.execute`` / ``Session.run`` (no MCP) and ``execute_code`` in memory, over stdio
                   (a ``kernelexec serve`` child) and over streamable HTTP (a session handle, one kernel).
+   overhead       the issue's bar: ``execute_code(code="x=1")`` through the SDK's own client over stdio, HTTP
+                  and in memory vs raw ``BlockingKernelClient.execute`` + reply/idle, interleaved call by call
+                  (benchmarks/overhead.py; ``python -m benchmarks.overhead`` alone).
 3. CPU-bound      a pure-Python loop and a numpy loop: ``execute_code`` vs ``python -c``, timed inside the
                   code (perf_counter) and end to end (``python -c`` pays interpreter start and imports).
 4. memory         RSS/PSS of a warm session's whole process tree (kernel + sandbox wrappers), nothing imported and
@@ -95,6 +98,7 @@ from benchmarks.fleet import bench_fleet
 from benchmarks.flood import bench_flood
 from benchmarks.layers import bench_layers_section
 from benchmarks.memory import bench_memory_section
+from benchmarks.overhead import bench_overhead
 from benchmarks.packages import bench_packages
 from benchmarks.recording import bench_recording
 from benchmarks.stats import Measurement, table, to_json
@@ -415,7 +419,8 @@ async def bench_mixed(plan: Plan, base: Path, out: list[Measurement]) -> None:
 
 
 ORDER = [
-    "cold:", "layers:", "x=1:", "cpu loop", "cpu numpy", "cpu vs smolagents", "mem:", "first plot:", "layers mem:", "mixed:",
+    "cold:", "layers:", "overhead x=1:", "x=1:", "cpu loop", "cpu numpy", "cpu vs smolagents", "mem:", "first plot:",
+    "layers mem:", "mixed:",
     "alone:", "load:", "record:", "flood:", "install:",
 ]
 
@@ -449,6 +454,7 @@ async def bench_load(plan: Plan, base: Path, out: list[Measurement]) -> None:
 SECTIONS = {
     "cold": [bench_cold_start],
     "roundtrip": [bench_raw_floor, bench_in_memory, bench_stdio, bench_http],
+    "overhead": [bench_overhead],
     "cpu": [bench_cpu],
     "memory": [bench_memory_section],
     "mixed": [bench_mixed],

@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("sandbox", {"sandbox"}),
     ("environment", {"environment"}),
     ("store", {"store"}),
-    ("base", {"__init__", "config", "errors", "layout", "host", "longtext", "terminal", "display", "tracing"}),
+    ("base", {"__init__", "config", "errors", "layout", "host", "longtext", "terminal", "display", "tracing", "lean_schema"}),
 ]
 SAME_RANK = {"lab": 1, "server": 1}  # side by side: neither imports the other
 

@@ -27,9 +27,10 @@ pytestmark = pytest.mark.anyio
 MODEL_VISIBLE_BUDGET = 7_600
 # Output schemas too (clients validate with them; most do not show them to the model). Measured at 21k, 34k
 # since send_input (a third tool with ExecuteResult's output schema); 51.4k with fork_session and every answer's
-# restore report, cost and question id (ExecuteResult 4.6k -> 5.7k of its own, three times over). Leaner output
-# schemas are the per-call overhead issue's work: this bound only stops further growth.
-FULL_LISTING_BUDGET = 52_000
+# restore report, cost and question id (ExecuteResult 4.6k -> 5.7k of its own, three times over). 43.7k once the
+# results' schemas were lean (lean_schema.py: no pydantic titles or defaults, every field and description kept);
+# the rest is descriptions a client shows, ExecuteResult three times and SessionInfo six (no sharing across tools).
+FULL_LISTING_BUDGET = 44_500
 INSTRUCTIONS_BUDGET = 1_500
 DESCRIPTION_BUDGET = 300
 

@@ -349,6 +349,7 @@ class App:
             if cancel:
                 started.detach()  # a question asked over this call's back-channel now waits on the run too
         if not started.done.is_set() or not cancel:
+            await self.sessions.runs.keep(started)  # its id goes out in the answer: recorded first
             return started  # still going, or finished for a later call (its answer names the run)
         self.sessions.runs.forget(started)
         if started.failure is not None:
@@ -407,6 +408,7 @@ class App:
         started = await self._start(ctx, session, working_dir, lambda target, unused: self.sessions.runs.start(
             target, code, timeout=seconds, working_dir=working_dir, unused=unused, open_page=self.page_opener(ctx),
             url_retry=url_elicits(ctx) and multi_round_trip(ctx)))
+        await self.sessions.runs.keep(started)  # its id goes out in the answer: recorded first
         return running(started, f"started in the background (timeout {seconds:g} s)")
 
 

@@ -1,6 +1,7 @@
-"""Runs and tasks a restart keeps: each run's changes recorded in the session store (``RunRegistry.observers``),
-with its final answer as the client would get it (the ``CallToolResult``'s JSON); and read back for a run or
-task this process does not hold — one from before a restart, or one no longer kept in memory.
+"""Runs and tasks a restart keeps: each run whose id was told recorded in the session store from then on
+(``RunRegistry.observers``; a run its own call answers in full is not: nobody could ask for it), with its final
+answer as the client would get it (the ``CallToolResult``'s JSON); and read back for a run or task this process
+does not hold — one from before a restart, or one no longer kept in memory.
 
 A run recorded as running or waiting for input when its server died is marked ``lost`` when the next server
 starts (``SessionManager``); its answer says so, honestly, and never "unknown". Nothing read back is executed:
@@ -41,37 +42,37 @@ def error(text: str) -> CallToolResult:
 
 
 def observer(app: App) -> Any:
-    """The RunRegistry observer that records ``app``'s runs in its session store."""
+    """The RunRegistry observer that records ``app``'s runs in its session store: a run from the moment its id
+    is told (``kept``: written before the answer that tells it), then each change. A run its own call answers in
+    full is never written: nobody holds its id to ask for it, and its cell is in the journal, so the per-call
+    path pays no store write for it."""
 
-    started: dict[str, anyio.Event] = {}  # a run's first record, written in the background (the cell does not wait)
+    recorded: dict[str, anyio.Event] = {}  # runs whose id was told, until their end is recorded: set once the first record is
     forgotten: set[str] = set()  # runs whose own call took their answer before their final record was written
 
     async def record(run: Run, event: str) -> None:
         store = app.sessions.store
         if store is None:
             return
+        if event == "kept":
+            if run.id in recorded or run.done.is_set():  # recorded already (a later call following it), or its end is
+                return
+            written = recorded[run.id] = anyio.Event()
+            try:
+                first: RunState = "awaiting_input" if run.awaiting is not None else "running"
+                await store.put_run(RunRecord(run.id, run.session.handle, run.session.owner, first))
+            except KernelexecError:
+                logger.exception("recording run %s", run.id)
+            finally:
+                written.set()
+            return
+        first_written = recorded.get(run.id)
+        if first_written is None:  # never told (answered in full by its own call), or its end recorded already
+            return
         if event == "forgotten":  # its own call returned its answer: the store keeps no copy (kept results' budget)
-            if run.id in started:
-                forgotten.add(run.id)  # its final record is still to come: forgotten right after it
-            else:
-                await store.delete_run(run.id)
+            forgotten.add(run.id)  # its final record is still to come: forgotten right after it
             return
-        if event == "started":
-            written = started[run.id] = anyio.Event()
-
-            async def first() -> None:
-                try:
-                    await store.put_run(RunRecord(run.id, run.session.handle, run.session.owner, "running"))
-                except KernelexecError:
-                    logger.exception("recording run %s", run.id)
-                finally:
-                    written.set()
-
-            app.sessions.runs.spawn(first)
-            return
-        first_written = started.get(run.id)
-        if first_written is not None:  # every later record after the first, in order
-            await first_written.wait()
+        await first_written.wait()  # every later record after the first, in order
         state: RunState
         answer: dict[str, Any] | None = None
         if event != "finished":
@@ -90,7 +91,7 @@ def observer(app: App) -> Any:
             await store.put_run(RunRecord(run.id, run.session.handle, run.session.owner, state, answer))
         finally:
             if event == "finished":
-                started.pop(run.id, None)
+                recorded.pop(run.id, None)
                 if run.id in forgotten:
                     forgotten.discard(run.id)
                     await store.delete_run(run.id)

@@ -1,21 +1,26 @@
 """The tools' structured results: pydantic models whose JSON schemas are the tools' output schemas
-(execute_code's ``ExecuteResult``, run_python's ``{result, logs}``, sessions, variables, installs)."""
+(execute_code's ``ExecuteResult``, run_python's ``{result, logs}``, sessions, variables, installs).
+
+Every one is a ``LeanModel`` (lean_schema.py): the SDK's client validates every answer against its schema,
+and every tools/list carries it.
+"""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
+from kernelexec.lean_schema import LeanModel
 from kernelexec.session.restore import ReplayedCell, RestoreReport
 
 
-class Rerun(BaseModel):
+class Rerun(LeanModel):
     cell: int = Field(description="Notebook cell (1-based)")
     for_names: list[str] = Field(default_factory=list, description="What it was run again for")
 
 
-class Restored(BaseModel):
+class Restored(LeanModel):
     """How a replaced kernel got its variables back (session/restore.RestoreReport, as answers say it)."""
 
     restored: list[str] = Field(default_factory=list, description="Loaded from the checkpoint")
@@ -35,7 +40,7 @@ class Restored(BaseModel):
 RunEnding = Literal["completed", "interrupted", "restarted", "kernel_died", "running", "awaiting_input"]
 
 
-class OutputRef(BaseModel):
+class OutputRef(LeanModel):
     """A rich output kept as a file: what it is, how big, and where to get all of it."""
 
     mime_type: str = Field(description="MIME type, e.g. image/png, image/svg+xml, text/html")
@@ -49,7 +54,7 @@ class OutputRef(BaseModel):
 ANY_JSON: dict[str, Any] = {"anyOf": [{"type": t} for t in ("string", "number", "boolean", "object", "array", "null")]}
 
 
-class EnvironmentInfo(BaseModel):
+class EnvironmentInfo(LeanModel):
     """The Python a kernel runs in, and why that one (environments.py)."""
 
     python: str = Field(description="The interpreter the kernel was started with")
@@ -59,7 +64,7 @@ class EnvironmentInfo(BaseModel):
     ipykernel: str | None = Field(None, description="Whose ipykernel: the environment's own, or kernelexec's overlay (the environment is never modified)")
 
 
-class ExecuteResult(BaseModel):
+class ExecuteResult(LeanModel):
     """The structured answer of execute_code (the old plugin's fields, extended)."""
 
     success: bool = Field(description="True when the code ran to the end without raising")
@@ -106,7 +111,7 @@ class ExecuteResult(BaseModel):
                              "(caps it applied, malformed kernel messages it dropped)")
 
 
-class RunPythonResult(BaseModel):
+class RunPythonResult(LeanModel):
     """The old safe executor's answer."""
 
     result: Any = Field(
@@ -116,7 +121,7 @@ class RunPythonResult(BaseModel):
     logs: str = Field("", description="Everything printed (stdout then stderr)")
 
 
-class Variable(BaseModel):
+class Variable(LeanModel):
     name: str
     type: str
     repr: str = Field(description="Bounded repr")
@@ -124,12 +129,12 @@ class Variable(BaseModel):
     length: int | None = None
 
 
-class VariablesResult(BaseModel):
+class VariablesResult(LeanModel):
     session: str
     variables: list[Variable]
 
 
-class SessionInfo(BaseModel):
+class SessionInfo(LeanModel):
     session: str
     status: str = Field(description="What happened: created, restarted, closed")
     profile: str
@@ -142,13 +147,13 @@ class SessionInfo(BaseModel):
     forked_from: str | None = Field(None, description="fork_session: the session this one was forked from")
 
 
-class InstalledPackage(BaseModel):
+class InstalledPackage(LeanModel):
     name: str
     version: str
     size: int = Field(description="Bytes it takes in the session's overlay")
 
 
-class InstallResult(BaseModel):
+class InstallResult(LeanModel):
     """The answer of install_packages."""
 
     session: str
@@ -158,7 +163,7 @@ class InstallResult(BaseModel):
     summary: str
 
 
-class UploadGrant(BaseModel):
+class UploadGrant(LeanModel):
     """upload_url's answer, in the draft SEP-2631 files/authorizeUpload shape (server/uploads.py)."""
 
     uploadUrl: str = Field(description="PUT the file's bytes here, once; the URL is the capability")  # noqa: N815
@@ -168,3 +173,4 @@ class UploadGrant(BaseModel):
     maxBytes: int = Field(description="The largest body accepted; more is refused with 413")  # noqa: N815
     session: str
     filename: str
+

@@ -2,7 +2,8 @@
 
 The Recorder is the one writer of a session's record. Each cell goes, in this order, before the answer leaves
 (off the event loop):
-- the session store's journal (``Recorder.sink``: one transaction, durable when it returns): the record the
+- the session store's journal (``Recorder.sink``: one transaction, kept by a kill of the server when it returns;
+  SQLite fsyncs it right after, off the call's path): the record the
   server trusts. Without a store (``kernelexec replay``, a store write that failed) the file below is fsynced
   instead and is the durable record until the next server start imports it (``reconcile``).
 - ``journal.jsonl``, one JSON line per cell: the same record as a file beside the notebook (what
@@ -117,7 +118,7 @@ def mark_closed(session_dir: Path) -> None:
     os.replace(tmp, target)
 
 
-JournalSink = Callable[[dict[str, Any]], int]  # one record into the store's journal, durable when it returns; its seq
+JournalSink = Callable[[dict[str, Any]], int]  # one record into the store's journal, kept by a kill when it returns; its seq
 
 
 def rebuild_stale(sessions_dir: Path) -> list[Path]:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 from kernelexec.codemode.recorded_calls import RecordedCalls, catalog_from_records
 from kernelexec.environment.packages import pip_lines
 from kernelexec.errors import InvalidRequest
+from kernelexec.lean_schema import LeanModel
 from kernelexec.session.record_meta import read_cell_meta
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from kernelexec.kernel.execution import Execution
 
 
-class ReplayedCell(BaseModel):
+class ReplayedCell(LeanModel):
     """One recorded cell run again to rebuild a session's state (restore, revival)."""
 
     cell: int = Field(description="Position of the cell in the session's notebook (1-based)")

@@ -403,7 +403,7 @@ class RunRegistry:
         self.per_session = defaults.max_queued_runs_per_session
         self.per_token = defaults.max_queued_runs_per_token
         self.per_server = defaults.max_queued_runs
-        self.observers: list[RunObserver] = []  # each run's start, questions and end (the session store's record)
+        self.observers: list[RunObserver] = []  # each run's start, its id told (kept), questions and end (the store's record)
 
     def attach(self, task_group: Any) -> None:
         self._tg = task_group
@@ -478,6 +478,12 @@ class RunRegistry:
                     await observer(run, event)
                 except Exception:
                     logger.exception("run %s: recording %s", run.id, event)
+
+    async def keep(self, run: Run) -> None:
+        """``run``'s id is about to leave the server (its call answers it still going or waiting for input, or it
+        was started in the background): the observers are told and waited for, so the session store holds the run
+        before anyone can ask for it. A run its own call answers in full never is: the store keeps nothing of it."""
+        await self._notify(run, "kept")
 
     def spawn(self, work: Callable[[], Awaitable[None]]) -> None:
         """Start ``work`` in the runs' task group: work that outlives the call that started it (a task's job)."""

@@ -133,7 +133,8 @@ def visible(owner: str | None, caller: str | None) -> bool:
 @runtime_checkable
 class Store(Protocol):
     """Everything a session owns outside its kernel. Every method is async and safe to call from the event
-    loop (a backend does its blocking work elsewhere); each write is one transaction, durable when it returns."""
+    loop (a backend does its blocking work elsewhere); each write is one transaction, durable when it returns
+    (SQLite's journal appends: kept by a kill of the server when they return, fsynced a moment later)."""
 
     @property
     def url(self) -> str:

@@ -1,5 +1,10 @@
 """The built-in store: one SQLite file, ``<state dir>/kernelexec.db`` (WAL, synchronous=FULL, mode 0600).
 
+But for the journal: a cell's commit skips the fsync (``synchronous=NORMAL`` for that one transaction), so it
+is in the operating system when its answer goes out (a kill of the server, SIGKILL included, loses nothing) and
+on the disk a moment later, when ``WalSync``'s thread has fsynced the WAL (one fsync for the commits that came
+meanwhile). The per-call path pays no fsync; the next FULL commit or checkpoint would sync those frames anyway.
+
 One connection, used by one worker thread at a time (``anyio.to_thread`` under a limiter of one): the event
 loop never waits on the disk. Every write is one ``BEGIN IMMEDIATE`` transaction, so a check and its write
 (a lease's compare-and-set, a fence, a question's single answer, the journal's next number) cannot interleave
@@ -9,6 +14,7 @@ with another process's. The schema is created and migrated when the store opens 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -37,6 +43,7 @@ from kernelexec.store.interface import (
     visible,
 )
 
+logger = logging.getLogger(__name__)
 T = TypeVar("T")
 DB_NAME = "kernelexec.db"
 
@@ -76,6 +83,53 @@ def dumps(value: Any) -> str:
         raise StoreError(f"not storable as JSON: {exc}") from None
 
 
+class WalSync:
+    """One thread that fsyncs the store's WAL when asked (``due``), after journal commits that skipped it: the
+    commits asked for while it syncs share its next fsync. ``close`` waits for the last one."""
+
+    def __init__(self, wal: Path) -> None:
+        self.wal = wal
+        self._wake = threading.Condition()
+        self._due = self._closed = False
+        self.synced = 0  # fsyncs done (the tests count them)
+        self._thread = threading.Thread(target=self._run, name="kernelexec-wal-sync", daemon=True)
+        self._thread.start()
+
+    def due(self) -> None:
+        with self._wake:
+            self._due = True
+            self._wake.notify()
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._due and not self._closed:
+                    self._wake.wait()
+                if not self._due:
+                    return
+                self._due = False
+            self.sync()
+
+    def sync(self) -> None:
+        try:
+            fd = os.open(self.wal, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:  # checkpointed away: SQLite synced it before, and the database after
+            return
+        try:
+            os.fsync(fd)
+            self.synced += 1
+        except OSError as exc:
+            logger.warning("fsync of the store's WAL %s failed: %s", self.wal, exc)
+        finally:
+            os.close(fd)
+
+
 class SQLiteStore:
     """The ``Store`` in one SQLite file. Open with ``await SQLiteStore.open(path)``."""
 
@@ -84,6 +138,7 @@ class SQLiteStore:
         self._conn: sqlite3.Connection | None = conn
         self._lock = threading.Lock()
         self._limiter = anyio.CapacityLimiter(1)
+        self.wal_sync = WalSync(path.with_name(path.name + "-wal"))
 
     def __repr__(self) -> str:
         return f"SQLiteStore({str(self.path)!r})"
@@ -125,19 +180,26 @@ class SQLiteStore:
 
         self._tx(migrate)
 
-    def _tx(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        """``work`` in one immediate (write-locked) transaction, committed or rolled back."""
+    def _tx(self, work: Callable[[sqlite3.Connection], T], *, fsync: bool = True) -> T:
+        """``work`` in one immediate (write-locked) transaction, committed or rolled back. ``fsync=False``: the
+        commit is not fsynced (in the OS, not yet on the disk); the caller has ``wal_sync`` do it."""
         with self._lock:
             db = self._conn
             if db is None:
                 raise StoreError("the store is closed")
-            db.execute("BEGIN IMMEDIATE")
+            if not fsync:
+                db.execute("PRAGMA synchronous=NORMAL")
             try:
-                result = work(db)
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    result = work(db)
+                except BaseException:
+                    db.execute("ROLLBACK")
+                    raise
+                db.execute("COMMIT")
+            finally:
+                if not fsync:
+                    db.execute("PRAGMA synchronous=FULL")
             return result
 
     def _read(self, work: Callable[[sqlite3.Connection], T]) -> T:
@@ -161,6 +223,7 @@ class SQLiteStore:
 
     async def close(self) -> None:
         def close() -> None:
+            self.wal_sync.close()  # the journal's last commits on the disk first
             with self._lock:
                 if self._conn is not None:
                     self._conn.close()
@@ -338,7 +401,8 @@ class SQLiteStore:
 
     def append_journal_sync(self, session: str, record: dict[str, Any], *, fence: Fence | None = None) -> int:
         """``append_journal`` from a worker thread (the Recorder's, which writes a cell off the event loop): one
-        transaction, durable when it returns, without a hop through the event loop."""
+        transaction, without a hop through the event loop; in the OS when it returns (a kill of the server keeps
+        it), fsynced a moment later by ``wal_sync``, off the call's path."""
         if fence is not None and fence.session != session:
             raise StaleLease(f"a fence of session {fence.session} cannot write session {session}'s journal")
         text = dumps(record)
@@ -350,9 +414,11 @@ class SQLiteStore:
             return seq
 
         try:
-            return self._tx(append)
+            seq = self._tx(append, fsync=False)
         except sqlite3.Error as exc:
             raise StoreError(f"store write failed: {exc}") from None
+        self.wal_sync.due()
+        return seq
 
     async def journal_counts(self) -> dict[str, int]:
         rows = await self._query(lambda db: db.execute("SELECT session, max(seq) FROM journal GROUP BY session").fetchall())
