@@ -8,15 +8,20 @@ helpers live in tests/conftest.py, which re-exports them for the test modules th
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
+import secrets
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -188,6 +193,73 @@ def http_server(state_dir: Path, *args: str) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         stop(proc)
+
+
+# --- a real kernel gateway on 127.0.0.1 (tests/test_gateway.py, tests/test_fleet.py) ---------------------
+@dataclass
+class Gateway:
+    kind: str
+    url: str
+    token: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def api(self, path: str, method: str = "GET") -> Any:
+        request = urllib.request.Request(self.url + path, method=method,
+                                         headers={"Authorization": f"token {self.token}"})
+        with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - 127.0.0.1 only
+            body = response.read()
+        return json.loads(body) if body else None
+
+    def kernel_ids(self) -> set[str]:
+        return {k["id"] for k in self.api("/api/kernels")}
+
+
+def start_gateway(kind: str, base: Path) -> Gateway:
+    """A real Jupyter Server or Kernel Gateway on 127.0.0.1 with a token (tests/test_gateway.py, tests/test_fleet.py)."""
+    port, token = free_port(), secrets.token_hex(16)
+    root = Path(tempfile.mkdtemp(prefix=kind[:2], dir=base))
+    (root / "tmp").mkdir()
+    # TMPDIR: the remote kernels' session directories land here and go with the test's temp dir
+    # (the Kernel Gateway passes its kernels only PATH and the variables it is told to)
+    env = clean_env(JUPYTER_RUNTIME_DIR=str(root / "runtime"), JUPYTER_CONFIG_DIR=str(root / "config"),
+                    TMPDIR=str(root / "tmp"), KG_ENV_PROCESS_WHITELIST="TMPDIR")
+    if kind == "jupyter_server":
+        cmd = [sys.executable, "-m", "jupyter_server", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+               f"--IdentityProvider.token={token}", "--ServerApp.ip=127.0.0.1", "--no-browser", "--allow-root",
+               f"--ServerApp.root_dir={root}"]
+    else:
+        cmd = [sys.executable, "-m", "kernel_gateway", "--KernelGatewayApp.ip=127.0.0.1",
+               f"--KernelGatewayApp.port={port}", "--KernelGatewayApp.port_retries=0",
+               f"--KernelGatewayApp.auth_token={token}", "--JupyterWebsocketPersonality.list_kernels=True"]
+    log = root / "server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    gateway = Gateway(kind, f"http://127.0.0.1:{port}", token, proc, log)
+    try:
+        wait_for_port(port, proc, timeout=120)
+        deadline = time.monotonic() + 60
+        while True:  # listening is not serving yet
+            try:
+                gateway.api("/api/kernelspecs")
+                return gateway
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.2)
+    except BaseException:
+        stop_gateway(gateway)
+        raise RuntimeError(f"{kind} did not start:\n{log.read_text(errors='replace')[-3000:]}") from None
+
+
+def stop_gateway(gateway: Gateway) -> None:
+    gateway.proc.send_signal(signal.SIGTERM)  # both servers shut their kernels down on SIGTERM
+    try:
+        gateway.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        gateway.proc.kill()
+        gateway.proc.wait()
+
 
 
 # --- a real package index on 127.0.0.1 (installs: tests/test_packages.py, benchmarks/packages.py) -----------

@@ -9,16 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
-import signal
-import subprocess
 import sys
-import tempfile
-import time
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,88 +26,25 @@ from kernelexec.kernel.launch import LaunchSpec
 from kernelexec.layout import SessionDirs
 from kernelexec.sandbox.policy import kernel_policy
 
-from .conftest import Harness, clean_env, free_port, make_settings, wait_for_port
+from .conftest import Harness, free_port, make_settings
 from .conftest import serving as harness_for
+from .support import Gateway, start_gateway, stop_gateway
 
 pytestmark = pytest.mark.anyio
 
 
-@dataclass
-class Gateway:
-    kind: str
-    url: str
-    token: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    def api(self, path: str, method: str = "GET") -> Any:
-        request = urllib.request.Request(self.url + path, method=method,
-                                         headers={"Authorization": f"token {self.token}"})
-        with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - 127.0.0.1 only
-            body = response.read()
-        return json.loads(body) if body else None
-
-    def kernel_ids(self) -> set[str]:
-        return {k["id"] for k in self.api("/api/kernels")}
-
-
-def _start_gateway(kind: str, base: Path) -> Gateway:
-    port, token = free_port(), secrets.token_hex(16)
-    root = Path(tempfile.mkdtemp(prefix=kind[:2], dir=base))
-    (root / "tmp").mkdir()
-    # TMPDIR: the remote kernels' session directories land here and go with the test's temp dir
-    # (the Kernel Gateway passes its kernels only PATH and the variables it is told to)
-    env = clean_env(JUPYTER_RUNTIME_DIR=str(root / "runtime"), JUPYTER_CONFIG_DIR=str(root / "config"),
-                    TMPDIR=str(root / "tmp"), KG_ENV_PROCESS_WHITELIST="TMPDIR")
-    if kind == "jupyter_server":
-        cmd = [sys.executable, "-m", "jupyter_server", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
-               f"--IdentityProvider.token={token}", "--ServerApp.ip=127.0.0.1", "--no-browser", "--allow-root",
-               f"--ServerApp.root_dir={root}"]
-    else:
-        cmd = [sys.executable, "-m", "kernel_gateway", "--KernelGatewayApp.ip=127.0.0.1",
-               f"--KernelGatewayApp.port={port}", "--KernelGatewayApp.port_retries=0",
-               f"--KernelGatewayApp.auth_token={token}", "--JupyterWebsocketPersonality.list_kernels=True"]
-    log = root / "server.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-    gateway = Gateway(kind, f"http://127.0.0.1:{port}", token, proc, log)
-    try:
-        wait_for_port(port, proc, timeout=120)
-        deadline = time.monotonic() + 60
-        while True:  # listening is not serving yet
-            try:
-                gateway.api("/api/kernelspecs")
-                return gateway
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise
-                time.sleep(0.2)
-    except BaseException:
-        _stop_gateway(gateway)
-        raise RuntimeError(f"{kind} did not start:\n{log.read_text(errors='replace')[-3000:]}") from None
-
-
-def _stop_gateway(gateway: Gateway) -> None:
-    gateway.proc.send_signal(signal.SIGTERM)  # both servers shut their kernels down on SIGTERM
-    try:
-        gateway.proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        gateway.proc.kill()
-        gateway.proc.wait()
-
-
 @pytest.fixture(scope="module")
 def jupyter_server(short_tmp: Path) -> Iterator[Gateway]:
-    gateway = _start_gateway("jupyter_server", short_tmp)
+    gateway = start_gateway("jupyter_server", short_tmp)
     yield gateway
-    _stop_gateway(gateway)
+    stop_gateway(gateway)
 
 
 @pytest.fixture(scope="module")
 def kernel_gateway(short_tmp: Path) -> Iterator[Gateway]:
-    gateway = _start_gateway("kernel_gateway", short_tmp)
+    gateway = start_gateway("kernel_gateway", short_tmp)
     yield gateway
-    _stop_gateway(gateway)
+    stop_gateway(gateway)
 
 
 @pytest.fixture(scope="module", params=["jupyter_server", "kernel_gateway"])
