@@ -159,7 +159,8 @@ class Fleet:
         before = self.taken.get(handle)
         self.held[handle] = self.taken[handle] = lease
         self.lost.discard(handle)
-        return lease, before is not None and lease.token == before.token + 1
+        current = lease.token == 1 if before is None else lease.token == before.token + 1  # 1: nobody held it before
+        return lease, current
 
     async def attach(self, session: Session, *, wait: bool = True) -> bool:
         """Take ``session``'s lease (its lock held): its runs a dead holder left marked lost, its record made the

@@ -161,6 +161,7 @@ class Session:
             try:
                 yield True
             except StaleLease as exc:
+                kept = False
                 raise SessionError(self.lost_lease(str(exc))) from None
             finally:
                 with anyio.CancelScope(shield=True):
@@ -169,9 +170,11 @@ class Session:
                 raise SessionError(self.lost_lease("its lease ran out while this call ran"))
 
     def lost_lease(self, why: str) -> str:
-        return (f"session {self.handle}: this replica lost the session's lease ({why}): another replica drives it now. "
+        said = (f"session {self.handle}: this replica lost the session's lease ({why}): another replica drives it now. "
                 "This call's work may have run in the session's kernel, but nothing of it is recorded or answered here; "
                 "call again (any replica serves it)")
+        logger.warning("%s", said)
+        return said
 
     def forget_kernel(self) -> None:
         """Let go of the kernel without stopping it (a fleet's session between its driving periods)."""
@@ -334,7 +337,8 @@ class Session:
         cwd = self.resolve_working_dir(working_dir)
         if cwd is not None:
             self.default_cwd = self.cwd = cwd
-        await self.ensure_kernel()
+        async with self.driving():  # a fleet's: its kernel's id recorded at once, for any replica's next call
+            await self.ensure_kernel()
 
     async def evaluate(self, expression: str) -> Any:
         """One silent expression in the kernel, in turn with the session's calls (not a cell: not recorded);
