@@ -88,10 +88,18 @@ class Fleet:
         return f"{REPLICAS}{self.kind}:{self.id}"
 
     async def join(self) -> None:
-        """Register, then look: two servers starting together both see each other (and a conflict refuses both)."""
+        """Register, then look: two servers starting together both see each other (and a conflict refuses both).
+        A conflict is looked at again until a dead server's registration has run out (a server restarted at once
+        after a SIGKILL finds its own previous process there), so only a live one refuses."""
         self._me = await self.store.acquire_lease(self.key, self.id, LEASE_TTL)
-        others = [lease for lease in await self.store.live_leases(REPLICAS) if lease.holder != self.id]
-        refusal = admission(self.kind, self.id, others, self.store.url)
+        with anyio.move_on_after(LEASE_TTL + RENEW_EVERY):
+            while True:
+                others = [lease for lease in await self.store.live_leases(REPLICAS) if lease.holder != self.id]
+                refusal = admission(self.kind, self.id, others, self.store.url)
+                if refusal is None:
+                    break
+                await anyio.sleep(0.25)
+                self._me = await self.store.renew_lease(self._me, LEASE_TTL) if self._me is not None else None
         if refusal is not None:
             await self.leave()
             raise FleetRefused(refusal)
