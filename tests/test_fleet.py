@@ -217,7 +217,7 @@ async def test_a_replica_paused_past_its_lease_cannot_write_and_lets_go(fleet: F
     assert again["result"] == 101
 
 
-async def test_a_task_created_on_one_replica_is_read_on_another(fleet: Fleet) -> None:
+async def test_a_task_created_on_one_replica_is_polled_and_cancelled_on_another(fleet: Fleet) -> None:
     a, b = fleet.replicas[0], fleet.replicas[1]
     on_a, on_b = Raw(a.url, "none"), Raw(b.url, "none")
     handle = (await on_a.call("new_session"))["structuredContent"]["session"]
@@ -228,6 +228,15 @@ async def test_a_task_created_on_one_replica_is_read_on_another(fleet: Fleet) ->
     assert seen["status"] == "working", seen  # read from the store on B
     done = await on_b.until(created["taskId"], "completed", within=30)
     assert done["result"]["structuredContent"]["result"] == 2, done
+    endless = await on_a.call("execute_code", code="while True: pass", session=handle)
+    assert_task(endless, "task", "working")
+    started = time.monotonic()
+    ack = await on_b.result("tasks/cancel", {"taskId": endless["taskId"]})  # asked on B, done by A (the store as the bus)
+    assert ack["resultType"] == "complete", ack
+    cancelled = await on_b.until(endless["taskId"], "cancelled", within=10)
+    assert cancelled["status"] == "cancelled" and time.monotonic() - started < 10
+    after = await call(b.url, "t * 42", session=handle)  # the session goes on, on any replica, its variables kept
+    assert after["result"] == 42, after
 
 
 async def test_exactly_one_replica_leads_the_once_per_fleet_work(fleet: Fleet) -> None:
