@@ -144,6 +144,9 @@ async def send_input(app: App, run_id: str, unknown: InvalidRequest) -> None:
         raise unknown
     if record.state == "lost":
         raise InvalidRequest(_lost(record) + " Its question cannot be answered any more.")
+    if record.state == "awaiting_input":  # a fleet's: the run is another replica's
+        raise InvalidRequest(f"run {record.id} waits for input in another server process (another replica of this fleet); "
+                             "its question is answered through the replica that runs it (docs/fleet.md: Limits)")
     raise InvalidRequest(f"run {record.id} is not waiting for input (it is {record.state.replace('_', ' ')}); "
                          f"get_run(run_id={record.id!r}) gives its answer")
 

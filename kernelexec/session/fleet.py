@@ -45,7 +45,7 @@ class FleetRefused(KernelexecError):
     """This server may not join the store: other servers serve it and not every kernel is reachable by all."""
 
 
-def admission(kind: str, me: str, others: list[Lease], store: str) -> str | None:
+def admission(kind: str, others: list[Lease], store: str) -> str | None:
     """Why a server of ``kind`` ("gateway" or "local") may not serve ``store`` beside ``others`` (live replica
     leases), or None. One line each: what to use instead."""
     if not others:
@@ -60,7 +60,6 @@ def admission(kind: str, me: str, others: list[Lease], store: str) -> str | None
         return (f"refusing to start: the store {store} is served by a kernelexec server with local kernels "
                 f"({', '.join(sorted(lease.session.split(':', 2)[2] for lease in local))}), which this replica cannot reach; "
                 "restart that server with --kernel-gateway URL, or give this one a store of its own")
-    del me
     return None
 
 
@@ -95,7 +94,7 @@ class Fleet:
         with anyio.move_on_after(LEASE_TTL + RENEW_EVERY):
             while True:
                 others = [lease for lease in await self.store.live_leases(REPLICAS) if lease.holder != self.id]
-                refusal = admission(self.kind, self.id, others, self.store.url)
+                refusal = admission(self.kind, others, self.store.url)
                 if refusal is None:
                     break
                 await anyio.sleep(0.25)
