@@ -160,6 +160,13 @@ def main(argv: list[str] | None = None) -> None:
             from_settings(settings)  # a tools config a kernel could have written is refused before anything starts
     except KernelexecError as exc:
         sys.exit(safe(f"kernelexec: {exc}"))
+    if args.command == "serve":
+        from kernelexec.config import state_keys
+
+        try:
+            state_keys(settings)  # a fleet's key file: refused in one line before anything starts
+        except ValueError as exc:
+            sys.exit(safe(f"kernelexec: {exc}"))
     if args.command == "serve" and settings.transport == "http":
         from kernelexec.server.auth import LOOPBACK, load_tokens
 
@@ -172,9 +179,10 @@ def main(argv: list[str] | None = None) -> None:
                      "set --auth-token / KERNELEXEC_AUTH_TOKEN or --auth-token-file, or bind 127.0.0.1"))
     import anyio
 
+    from kernelexec.session.fleet import FleetRefused
     from kernelexec.store import StoreError
 
-    try:  # a store that cannot be opened: one line saying why (its URL's password redacted), no traceback
+    try:  # a store that cannot be opened, or a fleet that refuses this server: one line saying why, no traceback
         if args.command == "serve":
             anyio.run(_serve, settings)
         elif args.command == "exec":
@@ -185,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
 
             sys.exit(anyio.run(lambda: replay_command(settings, args.notebook, output=args.output, profile=args.profile,
                                                          install=args.install, ask=args.ask, live_tools=args.live_tools)))
-    except StoreError as exc:
+    except (StoreError, FleetRefused) as exc:
         sys.exit(safe(f"kernelexec: {exc}"))
 
 

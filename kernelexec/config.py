@@ -197,6 +197,13 @@ class Settings(BaseSettings):
     tools_max_calls_per_cell: int = Field(100, ge=1, description="Code mode: most brokered tool calls one cell may make.")
     tools_max_result_chars: int = Field(200_000, ge=100, description="Code mode: largest result of one tool call, in "
                                         "characters of JSON.")
+    state_key_file: Path | None = Field(
+        None, description="A fleet's shared request-state keys: one key per line (each at least 32 bytes), the first seals "
+        "and every one opens, so an input() or approval retry sealed by one replica opens on any (docs/fleet.md). "
+        "Default: a key of this process alone.")
+    shared_dir: Path | None = Field(
+        None, description="A directory every replica of a fleet mounts: session directories (notebooks, plots, cut text) "
+        "live under it, so any replica reads any session's files (docs/fleet.md). Default: under --state-dir.")
     transport: Transport = Field("stdio", description="MCP transport.")
     host: str = Field("127.0.0.1", description="HTTP bind address.")
     port: int = Field(8765, ge=0, le=65535, description="HTTP port.")
@@ -267,7 +274,33 @@ class Settings(BaseSettings):
 
     @property
     def sessions_dir(self) -> Path:
-        return self.state_dir / "sessions"
+        return (self.shared_dir if self.shared_dir is not None else self.state_dir) / "sessions"
+
+
+MIN_STATE_KEY_BYTES = 32
+
+
+def state_keys(settings: Settings) -> list[bytes] | None:
+    """``--state-key-file``'s keys, first the one that seals; None without the file. A ValueError (one line, never a
+    key) when it is unreadable, empty, or holds a key shorter than ``MIN_STATE_KEY_BYTES``."""
+    path = settings.state_key_file
+    if path is None:
+        return None
+    path = path.expanduser()
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(1 << 20)
+    except OSError as exc:
+        raise ValueError(f"--state-key-file {path}: cannot read it: {exc.strerror or exc}") from None
+    keys = [line.strip() for line in data.splitlines() if line.strip()]
+    if not keys:
+        raise ValueError(f"--state-key-file {path}: holds no key (one key per line, each at least "
+                         f"{MIN_STATE_KEY_BYTES} bytes: e.g. `openssl rand -hex 32`)")
+    for number, key in enumerate(keys, 1):
+        if len(key) < MIN_STATE_KEY_BYTES:
+            raise ValueError(f"--state-key-file {path}: key {number} is {len(key)} bytes, shorter than "
+                             f"{MIN_STATE_KEY_BYTES} (e.g. `openssl rand -hex 32` makes one)")
+    return keys
 
 
 SECRET_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")

@@ -31,6 +31,7 @@ import pytest
 from kernelexec.store import (
     AlreadyAnswered,
     Fence,
+    Lease,
     QuestionRecord,
     RunRecord,
     SessionRecord,
@@ -198,7 +199,9 @@ async def test_lease_compare_and_set_and_fencing(store: Store) -> None:
     a = await store.acquire_lease("s1", "server-a", ttl_s=0.4)
     assert a is not None and a.token == 1 and a.holder == "server-a"
     assert await store.acquire_lease("s1", "server-b", ttl_s=5) is None  # held
-    assert await store.acquire_lease("s1", "server-a", ttl_s=5) is None  # held, even for its holder: renew it
+    mine = await store.acquire_lease("s1", "server-a", ttl_s=0.4)  # its own holder's acquire: the same token, extended
+    assert mine is not None and mine.token == a.token and mine.expires >= a.expires and mine.taken_from is None
+    a = mine
     assert await store.current_lease("s1") == a
     renewed = await store.renew_lease(a, ttl_s=0.4)
     assert renewed is not None and renewed.token == a.token and renewed.expires >= a.expires
@@ -207,6 +210,8 @@ async def test_lease_compare_and_set_and_fencing(store: Store) -> None:
     assert await store.current_lease("s1") is None
     b = await store.acquire_lease("s1", "server-b", ttl_s=30)
     assert b is not None and b.token > a.token
+    assert b.taken_from == "server-a"  # a takeover: the holder whose lease ran out is named (its runs are lost)
+    b = Lease(b.session, b.holder, b.token, b.expires)
     assert await store.renew_lease(a, ttl_s=30) is None  # A's renew with its old token fails
     assert await store.release_lease(a) is False  # and so does its release
     with pytest.raises(StaleLease):  # A's writes with the stale token are refused
@@ -215,8 +220,14 @@ async def test_lease_compare_and_set_and_fencing(store: Store) -> None:
         await store.put_session(_session("s1", working_dir="/from/a"), fence=Fence.of(a))
     with pytest.raises(StaleLease):
         await store.delete_session("s1", fence=Fence.of(a))
+    with pytest.raises(StaleLease):
+        await store.put_run(RunRecord("run-a", "s1", "alice", "finished", ANSWER), fence=Fence.of(a))
+    with pytest.raises(StaleLease):
+        await store.put_question(QuestionRecord("q-a", "run-a", "x? "), fence=Fence.of(a))
+    assert await store.get_run("run-a", owner="alice") is None and await store.get_question("q-a", owner=None) is None
     with pytest.raises(StaleLease):  # a fence is for its own session only
         await store.append_journal("s2", {"cell": 1}, fence=Fence.of(b))
+    await store.put_run(RunRecord("run-b", "s1", "alice", "running"), fence=Fence.of(b))
     assert await store.append_journal("s1", {"cell": 2}, fence=Fence.of(b)) == 2
     await store.put_session(_session("s1", working_dir="/from/b"), fence=Fence.of(b))
     assert [e.record for e in await store.journal("s1")] == [{"cell": 1}, {"cell": 2}]
@@ -228,9 +239,24 @@ async def test_lease_compare_and_set_and_fencing(store: Store) -> None:
     with pytest.raises(StaleLease):  # a released lease fences nothing
         await store.append_journal("s1", {"cell": "after release"}, fence=Fence.of(b))
     c = await store.acquire_lease("s1", "server-a", ttl_s=30)
-    assert c is not None and c.token > b.token  # monotonic across a release
+    assert c is not None and c.token > b.token and c.taken_from is None  # monotonic across a release; not a takeover
     with pytest.raises(StaleLease):  # a fence for a session that never had a lease
         await store.append_journal("s9", {"cell": 1}, fence=Fence("s9", 1))
+
+
+async def test_live_leases_by_prefix(store: Store) -> None:
+    """A fleet's replicas register as leases ``replica:<id>``: listed while held and unexpired, by prefix only."""
+    one = await store.acquire_lease("replica:one", "one", ttl_s=30)
+    two = await store.acquire_lease("replica:two", "two", ttl_s=0.3)
+    await store.acquire_lease("replicas-not", "x", ttl_s=30)
+    await store.acquire_lease("s1", "one", ttl_s=30)
+    assert one is not None and two is not None
+    assert [lease.holder for lease in await store.live_leases("replica:")] == ["one", "two"]
+    await anyio.sleep(0.5)
+    assert [lease.holder for lease in await store.live_leases("replica:")] == ["one"]
+    assert await store.release_lease(one)
+    assert await store.live_leases("replica:") == []
+    assert await store.live_leases("replica_") == []  # the prefix is text, not a pattern
 
 
 async def test_racing_acquirers_on_two_connections_one_wins(where: Where) -> None:

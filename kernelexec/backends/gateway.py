@@ -82,6 +82,7 @@ class GatewayManager(GatewayKernelManager):
         self.kernels_url = url_path_join(gateway.url, gateway.kernels_endpoint)
         self.note = note or (lambda text: None)  # writes a line to the session's kernel.log
         self.gone: str | None = None  # why the remote kernel is known dead or replaced
+        self.attached = False  # started by attaching to a kernel the gateway already ran (a fleet's)
         self._checked = 0.0
         self._clients: weakref.WeakSet[GatewayChannelsClient] = weakref.WeakSet()
 
@@ -130,6 +131,11 @@ class GatewayManager(GatewayKernelManager):
         return model
 
     async def start_kernel(self, **kwargs: Any) -> None:
+        """A new kernel (``POST /api/kernels``), or with ``attach_to`` the gateway's kernel of that id when it still
+        lives (a fleet's session, started by another replica); a new one when the gateway no longer has it."""
+        attach_to = kwargs.get("attach_to")
+        if attach_to and await self._attach(str(attach_to)):
+            return
         name = kwargs.get("kernel_name") or DEFAULT_KERNEL_NAME
         body = {"name": name, "env": dict(kwargs.get("env") or {})}
         self.kernel = await self._request(self.kernels_url, "POST", body)
@@ -137,6 +143,20 @@ class GatewayManager(GatewayKernelManager):
         self.kernel_url = url_path_join(self.kernels_url, quote(str(self.kernel_id), safe=""))
         self.gone = None
         self.note(f"started remote kernel {self.kernel_id} ({name}) on {self.gateway.url}")
+
+    async def _attach(self, kernel_id: str) -> bool:
+        self.kernel_id = kernel_id
+        self.kernel_url = url_path_join(self.kernels_url, quote(kernel_id, safe=""))
+        self.kernel = None
+        model = await self.refresh_model()
+        if model is None or model.get("execution_state") == "dead":
+            self.note(f"remote kernel {kernel_id} is gone from {self.gateway.url}: a new one is started")
+            self.kernel = None
+            return False
+        self.attached = True
+        self.gone = None
+        self.note(f"attached to remote kernel {kernel_id} on {self.gateway.url}")
+        return True
 
     async def shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:
         if self.kernel is None:
@@ -220,6 +240,7 @@ class GatewayKernel(Kernel):
     def __init__(self, spec: LaunchSpec, *, startup_timeout: float = 60.0, url: str | None = None,
                  token: str | None = None, kernel_name: str | None = None) -> None:
         super().__init__(spec, startup_timeout=startup_timeout)
+        self.attach_to: str | None = None  # a fleet's session: the gateway kernel to attach to (session/fleet.py)
         self.url = url or self.url
         self.token = token if token is not None else self.token
         self.kernel_name = kernel_name or self.kernel_name
@@ -242,10 +263,27 @@ class GatewayKernel(Kernel):
         environment (Enterprise Gateway reads KERNEL_USERNAME, KERNEL_NAMESPACE, ...). No fds, cwd or
         scrubbed environment: the remote engine launches and isolates its kernels."""
         env = {k: v for k, v in os.environ.items() if k.startswith("KERNEL_")}
-        return {"kernel_name": self.kernel_name, "env": env}
+        return {"kernel_name": self.kernel_name, "env": env, "attach_to": self.attach_to}
+
+    @property
+    def kernel_id(self) -> str | None:
+        """The gateway's id of the kernel (what a fleet's store records to attach to it), once started."""
+        km = cast("GatewayManager | None", self.km)
+        return str(km.kernel_id) if km is not None and km.kernel_id else None
+
+    @property
+    def attached(self) -> bool:
+        """Whether ``start`` attached to a live kernel (its variables are there) rather than starting one."""
+        km = cast("GatewayManager | None", self.km)
+        return km is not None and km.attached
 
     async def install_startup(self) -> None:
-        """Run kernelexec's startup code in the remote kernel (a silent execute); fail closed."""
+        """Run kernelexec's startup code in the remote kernel (a silent execute); fail closed. A kernel attached
+        to already runs it (its policy answers): nothing is sent again."""
+        if self.attached:
+            report = await self.evaluate("_kernelexec_policy()", timeout=self.startup_timeout)
+            if isinstance(report, dict) and report.get("active"):
+                return
         await install_remote_startup(self)
         self.note(f"installed kernelexec's startup code in remote kernel {self._manager().kernel_id}")
 

@@ -189,6 +189,17 @@ class Kernel(ABC):
             self._log.close()
             self._log = None
 
+    def detach(self) -> None:
+        """Let go of the kernel without stopping it: its channels closed, its manager dropped, the kernel left
+        running where it is (a gateway's, which another replica of a fleet drives next: ``session/fleet.py``)."""
+        if self.kc is not None:
+            self.kc.stop_channels()
+            self.kc = None
+        self.km = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
     async def restart(self) -> None:
         """Kill the kernel (and its process group) and start a fresh one; the startup code runs again.
         A warm spare, if one is ready or being started, takes over instead of a cold start."""

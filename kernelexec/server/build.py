@@ -7,11 +7,12 @@ Built by ``build_server(settings, sessions)``; nothing happens at import.
 import logging
 
 from mcp.server.mcpserver import MCPServer
+from mcp.server.request_state import RequestStateSecurity
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from kernelexec import __version__
-from kernelexec.config import Settings
+from kernelexec.config import Settings, state_keys
 from kernelexec.sandbox.policy import describe
 from kernelexec.server import durable, file_transfer, resources, session_header, tasks, tools, view
 from kernelexec.server.app import App, code_mode_listing
@@ -70,8 +71,10 @@ def build_server(settings: Settings, sessions: SessionManager, app: App | None =
     apps = tools.run_view(app)  # the MCP Apps extension of the run view (view.py), where execute_code is exposed
     long_calls = tasks.extension(app)  # MCP Tasks (tasks.py) for long execute_code / install_packages calls
     files = file_transfer.extension(app)  # SEP-2631's files/authorizeUpload over the upload URLs (HTTP only)
+    keys = state_keys(settings)  # a fleet's shared keys: a retry sealed by one replica opens on any (same name: audience)
     mcp = MCPServer(
         "kernelexec",
+        request_state_security=RequestStateSecurity(keys=keys) if keys is not None else None,
         version=__version__,
         instructions=INSTRUCTIONS.format(profile=profile, what=describe(profile)),
         token_verifier=StaticTokenVerifier(tokens) if tokens else None,

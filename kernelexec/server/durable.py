@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ from mcp_types import CallToolResult, TextContent
 from kernelexec.errors import InvalidRequest, KernelexecError
 from kernelexec.session.runs import KEEP_FINISHED, Run
 from kernelexec.store import RunRecord, RunState, Store, TaskRecord
+from kernelexec.store.interface import UNFINISHED
 
 if TYPE_CHECKING:
     from kernelexec.server.app import App
@@ -143,6 +145,9 @@ async def send_input(app: App, run_id: str, unknown: InvalidRequest) -> None:
         raise unknown
     if record.state == "lost":
         raise InvalidRequest(_lost(record) + " Its question cannot be answered any more.")
+    if record.state == "awaiting_input":  # a fleet's: the run is another replica's
+        raise InvalidRequest(f"run {record.id} waits for input in another server process (another replica of this fleet); "
+                             "its question is answered through the replica that runs it (docs/fleet.md: Limits)")
     raise InvalidRequest(f"run {record.id} is not waiting for input (it is {record.state.replace('_', ' ')}); "
                          f"get_run(run_id={record.id!r}) gives its answer")
 
@@ -184,3 +189,37 @@ async def stored_task(app: App, task_id: str, owner: str | None) -> tuple[TaskRe
         logger.exception("reading task %s from the store", task_id[:80])
         return None
     return task, run
+
+
+CANCEL_ASKED = "cancel_asked"  # a task's status in the store: another replica was asked to cancel it (a fleet's bus)
+CANCELLED = "cancelled"
+
+
+async def ask_cancel(app: App, task: TaskRecord, run: RunRecord | None) -> None:
+    """tasks/cancel of a task another replica holds: the request written on its row, which that replica polls
+    (``cancels_asked``) and acts on as on its own tasks/cancel. A task whose run ended is left as it is."""
+    store = app.sessions.store
+    if store is None or run is None or run.state not in UNFINISHED or task.status in (CANCEL_ASKED, CANCELLED):
+        return
+    try:
+        await store.put_task(TaskRecord(task.id, task.owner, task.run_id, task.ttl_s, CANCEL_ASKED, task.created, time.time()))
+    except KernelexecError:
+        logger.exception("asking for the cancellation of task %s", task.id)
+
+
+async def cancels_asked(app: App, tasks: Mapping[str, tuple[str | None, float, float, str | None]]) -> list[str]:
+    """Of this process's unfinished tasks (id → owner, ttl, created, run id), those another replica was asked to
+    cancel; each marked cancelled in the store as it is taken."""
+    store = app.sessions.store
+    if store is None:
+        return []
+    asked = []
+    for task_id, (owner, ttl_s, created, run_id) in tasks.items():
+        try:
+            found = await store.get_task(task_id, owner=owner)
+            if found is not None and found.status == CANCEL_ASKED:
+                await store.put_task(TaskRecord(task_id, owner, run_id, ttl_s, CANCELLED, created, time.time()))
+                asked.append(task_id)
+        except KernelexecError:
+            logger.exception("reading task %s from the store", task_id)
+    return asked

@@ -176,6 +176,21 @@ class Tasks(Extension):
     def __init__(self, app: App) -> None:
         self.app = app
         self.store = TaskStore()
+        self._watching = False  # a fleet's: the store polled for cancellations asked of this replica's tasks
+
+    async def _watch_cancels(self) -> None:
+        """A fleet's tasks/cancel that landed on another replica: asked on the task's store row (durable.ask_cancel),
+        polled here once a second while this replica holds unfinished tasks, and done as a local tasks/cancel."""
+        while True:
+            await anyio.sleep(1.0)
+            held = {t.id: (t.owner, t.ttl_s, t.created, t.run.id) for t in list(self.store._tasks.values())
+                    if t.run is not None and not t.finished and not t.cancelled}
+            if held:
+                for task_id in await durable.cancels_asked(self.app, held):
+                    task = self.store._tasks.get(task_id)
+                    if task is not None and task.run is not None and not task.finished:
+                        task.cancelled = True
+                        task.run.cancel()
 
     def methods(self) -> Sequence[MethodBinding]:
         versions = frozenset(MODERN_PROTOCOL_VERSIONS)
@@ -197,6 +212,10 @@ class Tasks(Extension):
             id=secrets.token_urlsafe(18), owner=current_principal(), run=run, job=None, elicits=_elicits(ctx),
             ttl_s=(run.deadline - run.started) + KEEP_AFTER))
         await durable.record_task(self.app, task.id, task.owner, run.id, task.ttl_s, task.created)  # a restart keeps it
+        fleet = self.app.sessions.fleet
+        if fleet is not None and fleet.drives and not self._watching:
+            self._watching = True
+            self.app.sessions.runs.spawn(self._watch_cancels)
         return self._created(task)
 
     def _unfinished_run(self, params: CallToolRequestParams, result: HandlerResult) -> Run | None:
@@ -265,6 +284,8 @@ class Tasks(Extension):
         elif run.state in ("running", "awaiting_input"):
             said = durable.stored_answer(run).content[0]
             status, extra = "working", {"statusMessage": said.text if isinstance(said, TextContent) else run.state}
+        elif task.status in (durable.CANCEL_ASKED, durable.CANCELLED):  # cancelled through another replica
+            status, extra = "cancelled", {"statusMessage": "cancelled by the client: the cell was interrupted; the session's variables stay"}
         else:
             status, extra = "completed", {"result": durable.wire(durable.stored_answer(run))}
         updated = run.updated if run is not None else task.updated
@@ -374,9 +395,11 @@ class Tasks(Extension):
         require_client_extension(ctx, EXTENSION_ID)
         try:
             task = self.store.get(params.task_id)
-        except MCPError:  # a task from before a restart: its work ended with that server
-            if await self._stored(params.task_id) is None:
+        except MCPError:  # a task another replica holds (asked there through the store), or one from before a restart
+            found = await durable.stored_task(self.app, params.task_id, current_principal())
+            if found is None:
                 raise
+            await durable.ask_cancel(self.app, *found)
             return {"resultType": "complete"}
         if not task.finished:
             task.cancelled = True

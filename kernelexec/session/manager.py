@@ -27,13 +27,14 @@ from kernelexec.errors import InvalidRequest, SessionError
 from kernelexec.host import KernelReach
 from kernelexec.layout import valid_handle
 from kernelexec.sandbox.probe import kernel_reach
+from kernelexec.session.fleet import Fleet
 from kernelexec.session.pool import WarmPool
 from kernelexec.session.reconcile import reconcile
 from kernelexec.session.recording import JournalSink, mark_closed
 from kernelexec.session.runs import RunRegistry
 from kernelexec.session.session import Session
 from kernelexec.session.upkeep import Upkeep
-from kernelexec.store import SessionRecord, Store, StoreError, open_store
+from kernelexec.store import Fence, SessionRecord, Store, StoreError, open_store
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ class SessionManager:
         self._create_lock = anyio.Lock()
         self.runs = RunRegistry(settings)  # the run budgets (--max-queued-runs*) and the finished runs kept
         self.store: Store | None = None  # the session store, while running (runs and tasks a restart keeps)
+        self.fleet: Fleet | None = None  # on a shared store, or with gateway kernels: this server's place in its fleet
         self.broker = broker_from_settings(settings)  # code mode, or None; a config a kernel could write is refused here
         self.pool = WarmPool(settings, self.environment_for, self.remove_dir)
         self.upkeep = Upkeep(settings, self.sessions)
@@ -63,6 +65,8 @@ class SessionManager:
         code_mode = self.broker.running() if self.broker is not None else contextlib.nullcontext()  # code mode's connections
         async with self._store(), code_mode, anyio.create_task_group() as tg:
             self.runs.attach(tg)
+            if self.fleet is not None:
+                tg.start_soon(self.fleet.keep)
             tg.start_soon(self.upkeep.run, tg)
             tg.start_soon(self._start_up)
             try:
@@ -101,23 +105,36 @@ class SessionManager:
         running or waiting for input died with it: they are marked lost, so they answer so."""
         url = self.settings.store.get_secret_value() if self.settings.store is not None else None
         store = await open_store(url, self.settings.state_dir)
+        remote = bool(self.settings.kernel_gateway)
+        shared = url is not None and url.split(":", 1)[0].lower() in ("postgresql", "postgres")
         try:
-            # a previous release's sessions imported, files and store made to agree (a killed server's last cells)
-            await reconcile(store, self.settings.sessions_dir)
-            lost = await store.lose_unfinished()
-            if lost:
-                logger.warning("%d run(s) were still running when the previous server stopped: recorded as lost", lost)
+            if shared or remote:  # a store other servers may serve: admitted (fleet.py) or refused, before anything
+                fleet = Fleet(store, remote=remote)
+                await fleet.join()
+                self.fleet = fleet
+            if not remote:
+                # a previous release's sessions imported, files and store made to agree (a killed server's last cells)
+                await reconcile(store, self.settings.sessions_dir)
+                lost = await store.lose_unfinished()
+                if lost:
+                    logger.warning("%d run(s) were still running when the previous server stopped: recorded as lost", lost)
+            # with gateway kernels other replicas' runs go on: a session's are marked lost when its lease is taken over
             self.store = store
             yield store
         finally:
             self.store = None
             with anyio.CancelScope(shield=True):
+                if self.fleet is not None:
+                    await self.fleet.leave()
+                    self.fleet = None
                 await store.close()
 
     async def aclose(self) -> None:
         await self.pool.close()
         for session in list(self.sessions.values()):
             try:
+                if session.driver is not None:
+                    session.forget_kernel()  # a fleet's kernel stays on the gateway for the other replicas
                 await session.stop_kernel()
             except Exception:
                 logger.exception("closing session %s", session.handle)
@@ -145,6 +162,9 @@ class SessionManager:
         session.admit = self.admit
         session.broker = self.broker
         session.recorder.sink = self._journal_sink(session.handle)
+        if self.fleet is not None and self.fleet.drives:
+            session.driver = self.fleet
+            session.remember = self._remember_kernel
         self.sessions[session.handle] = session
         return session
 
@@ -154,24 +174,38 @@ class SessionManager:
         store = self.store
         if store is None:
             return None
+        fleet = self.fleet if self.fleet is not None and self.fleet.drives else None
+
+        def fence() -> Fence | None:  # a fleet's cell carries its lease's token: refused once another replica took it
+            return fleet.fence(handle) if fleet is not None else None
+
         direct = getattr(store, "append_journal_sync", None)
         if direct is not None:
-            return lambda record: int(direct(handle, record))
-        return lambda record: int(anyio.from_thread.run(store.append_journal, handle, record))
+            return lambda record: int(direct(handle, record, fence=fence()))
+        return lambda record: int(anyio.from_thread.run(functools.partial(store.append_journal, handle, record, fence=fence())))
 
     async def _remember(self, session: Session, *, closed: bool = False) -> None:
         """The session's record in the store (created, adopted, revived or closed): what a later lookup trusts.
         A closed session's record stays, closed: no file left behind brings it back (``reconcile``)."""
         if self.store is None:
             return
-        env = session.environment.summary() if session.environment is not None else None
-        record = SessionRecord(session.handle, session.owner, str(session.default_cwd),
-                               json.dumps(env, sort_keys=True) if env is not None else "", session.profile, local_slot="k",
-                               closed=time.time() if closed else None)
         try:
-            await self.store.put_session(record)
+            await self.store.put_session(self._record(session, session.attach_to, closed=closed))
         except StoreError:
             logger.exception("recording session %s in the store", session.handle)
+
+    def _record(self, session: Session, gateway_kernel_id: str | None, *, closed: bool = False) -> SessionRecord:
+        env = session.environment.summary() if session.environment is not None else None
+        remote = bool(self.settings.kernel_gateway)
+        return SessionRecord(session.handle, session.owner, str(session.default_cwd),
+                             json.dumps(env, sort_keys=True) if env is not None else "", session.profile,
+                             local_slot=None if remote else "k", gateway_kernel_id=gateway_kernel_id if remote else None,
+                             closed=time.time() if closed else None)
+
+    async def _remember_kernel(self, session: Session, gateway_kernel_id: str | None, fence: Fence | None) -> None:
+        """A fleet's session: the gateway kernel it now has, written under its lease (refused once lost)."""
+        if self.store is not None:
+            await self.store.put_session(self._record(session, gateway_kernel_id), fence=fence)
 
     async def environment_for(self, working_dir: Path | None) -> Environment | None:
         """The Python a new session working in ``working_dir`` runs in (``--python``; its ipykernel overlay
@@ -273,7 +307,9 @@ class SessionManager:
             known = isinstance(handle, str) and valid_handle(handle) and handle not in self.sessions
             # the store's record, never session.json: it is what this server (or the migration) wrote
             record = await self._stored_session(handle, owner) if known else None
-            if record is None or not (self.settings.sessions_dir / handle).is_dir():
+            # a fleet's session may never have been on this replica: its directory is made here, its record from the store
+            here = (self.settings.sessions_dir / handle).is_dir() or (self.fleet is not None and self.fleet.drives)
+            if record is None or not here:
                 raise
         async with self._create_lock:
             if handle not in self.sessions:
@@ -291,6 +327,7 @@ class SessionManager:
                     if cwd is not None:
                         session.default_cwd = session.cwd = cwd
                 session.revive = True
+                session.attach_to = record.gateway_kernel_id
                 self._track(session)  # its place is reserved when its kernel starts (Session.ensure_kernel)
                 await self._remember(session)
         return self.get(handle, owner=owner)
@@ -328,7 +365,9 @@ class SessionManager:
 
     async def close(self, handle: str, *, owner: str | None = None) -> Session:
         session = self.get(handle, owner=owner)
-        async with session.lock:
+        async with session.driving():
+            if session.kernel is None and session.attach_to is not None:
+                await session.ensure_kernel(refill=False)  # a fleet's: attached, so that it is stopped on the gateway
             session.closed = True
             await session.stop_kernel()
             mark_closed(session.dirs.root)

@@ -43,6 +43,7 @@ from kernelexec.kernel.wire import clean
 from kernelexec.layout import SessionDirs
 from kernelexec.longtext import cut
 from kernelexec.session.record_meta import Event, read_session_meta
+from kernelexec.store import StaleLease
 
 logger = logging.getLogger(__name__)
 
@@ -229,6 +230,8 @@ class Recorder:
             try:
                 self.sink(record)
                 stored = True
+            except StaleLease:  # a fleet's replica that lost the session's lease: it records nothing, anywhere
+                raise
             except Exception as exc:  # noqa: BLE001 - the cell is kept all the same: in the file, fsynced
                 # From now on this session records in its files only (the store and the file would disagree on
                 # the order otherwise); the next server start imports what the store lacks (``reconcile``).

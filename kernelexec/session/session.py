@@ -11,10 +11,10 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -39,8 +39,19 @@ from kernelexec.session.hints import install_hint
 from kernelexec.session.recording import Recorder
 from kernelexec.session.restore import ReplayedCell, RestoreReport, cell_names, checkpoint_restore, describe_replayed, rerun
 from kernelexec.session.runs import Finished
+from kernelexec.store import Fence, StaleLease
 
 logger = logging.getLogger(__name__)
+
+
+class Driver(Protocol):
+    """Who may drive a session's kernel in a fleet (``fleet.Fleet``): its lease taken before, let go after."""
+
+    async def attach(self, session: Session, *, wait: bool = True) -> bool: ...
+    async def detach(self, session: Session) -> bool: ...
+
+
+Remember = Callable[["Session", "str | None", "Fence | None"], Awaitable[None]]  # its record, with its gateway kernel
 
 
 def _claim(root: Path, handle: str) -> int:
@@ -87,7 +98,11 @@ class Session:
         meta_file = self.dirs.meta
         if not meta_file.exists():
             meta_file.write_text(json.dumps({**meta, "owner": owner, "working_dir": str(self.default_cwd)}))
-        self._lock_fd: int | None = _claim(self.dirs.root, handle)
+        # one server per session: its directory's lock; in a fleet (gateway kernels) the session's lease instead
+        self._lock_fd: int | None = _claim(self.dirs.root, handle) if not settings.kernel_gateway else None
+        self.driver: Driver | None = None  # a fleet's (set by the manager): every driving period under the lease
+        self.remember: Remember | None = None
+        self.attach_to: str | None = None  # the gateway kernel the store names for this session (a fleet's)
         self.revive = False  # set by SessionManager.lookup: refill the next kernel from the journal
         self.pooled = False  # in the pool: its kernel is not published for `kernelexec lab` until adopted
         # Counted against --max-sessions / --max-sessions-per-token from the moment it is reserved
@@ -134,6 +149,49 @@ class Session:
         return LaunchSpec(dirs=self.dirs, cwd=self.default_cwd, policy=policy, plan=plan, env_pass=s.env_pass,
                           secrets=secret_env(s))
 
+    @asynccontextmanager
+    async def driving(self, *, wait: bool = True) -> AsyncIterator[bool]:
+        """The session's lock, and in a fleet its lease for as long (``Driver``): every use of its kernel is inside.
+        A lease lost meanwhile (this replica was paused or cut off past its expiry) fails the call, said plainly.
+        Yields True; without ``wait``, False at once when another replica holds the lease (background work skips)."""
+        async with self.lock:
+            driver = self.driver
+            if driver is None:
+                yield True
+                return
+            if not await driver.attach(self, wait=wait):
+                yield False
+                return
+            kept = True
+            try:
+                yield True
+            except StaleLease as exc:
+                kept = False
+                raise SessionError(self.lost_lease(str(exc))) from None
+            finally:
+                with anyio.CancelScope(shield=True):
+                    kept = await driver.detach(self)
+            if not kept:
+                raise SessionError(self.lost_lease("its lease ran out while this call ran"))
+
+    def lost_lease(self, why: str) -> str:
+        said = (f"session {self.handle}: this replica lost the session's lease ({why}): another replica drives it now. "
+                "This call's work may have run in the session's kernel, but nothing of it is recorded or answered here; "
+                "call again (any replica serves it)")
+        logger.warning("%s", said)
+        return said
+
+    def forget_kernel(self) -> None:
+        """Let go of the kernel without stopping it (a fleet's session between its driving periods)."""
+        kernel, self.kernel = self.kernel, None
+        self._epoch = None
+        self.reserved = False
+        if kernel is not None:
+            if self._published is not None:
+                connections.withdraw(self.settings.state_dir, self.handle)
+                self._published = None
+            kernel.detach()
+
     async def ensure_kernel(self, *, refill: bool = True) -> Kernel:
         if self.kernel is None:
             if not self.reserved and self.admit is not None:
@@ -141,6 +199,8 @@ class Session:
             self.reserved = True
             self._epoch = None  # a new Kernel may reuse the old one's id(): never taken for the old process
             kernel = new_kernel(self.settings, self.launch_spec())
+            if self.attach_to is not None and hasattr(kernel, "attach_to"):
+                kernel.attach_to = self.attach_to  # a fleet's session: its kernel on the gateway, if it still lives
             try:
                 await kernel.start()
             except BaseException:
@@ -149,6 +209,11 @@ class Session:
             self.kernel = kernel
             self.cwd = self.default_cwd
             self.publish()
+            if getattr(kernel, "attached", False):  # the same kernel process another replica drove: nothing to refill
+                self._epoch = (id(kernel), kernel.restarts)
+                self.revive = False
+            elif self.attach_to is not None:  # the gateway lost it: a new kernel, refilled as after a restart
+                self.revive = True
         kernel = self.kernel
         if refill and self._epoch != (id(kernel), kernel.restarts):
             revived, self.revive = self.revive, False
@@ -211,7 +276,7 @@ class Session:
         ``result_rule``: which value is the result (Kernel.execute)."""
         cwd = self.resolve_working_dir(working_dir)
         request, runnable = pip_lines(code)  # an unsupported pip line is refused before anything runs
-        async with self.lock:
+        async with self.driving():
             if self.closed:
                 raise SessionError.unknown(self.handle)
             self.busy = True
@@ -277,12 +342,13 @@ class Session:
         cwd = self.resolve_working_dir(working_dir)
         if cwd is not None:
             self.default_cwd = self.cwd = cwd
-        await self.ensure_kernel()
+        async with self.driving():  # a fleet's: its kernel's id recorded at once, for any replica's next call
+            await self.ensure_kernel()
 
     async def evaluate(self, expression: str) -> Any:
         """One silent expression in the kernel, in turn with the session's calls (not a cell: not recorded);
         the kernel's answer, untrusted. For views of the state (variables, a table page)."""
-        async with self.lock:
+        async with self.driving():
             kernel = await self.ensure_kernel()
             return await kernel.evaluate(expression)
 
@@ -359,7 +425,7 @@ class Session:
     async def install(self, specs: list[str], *, upgrade: bool = False) -> InstallOutcome:
         """``install_packages``: validated specs into this session's overlay, importable at once; recorded."""
         specs = parse_specs(specs)
-        async with self.lock:
+        async with self.driving():
             if self.closed:
                 raise SessionError.unknown(self.handle)
             self.busy = True
@@ -378,12 +444,12 @@ class Session:
         """A fresh kernel; with ``replay``, refilled by running the journal's successful cells since the
         last plain restart again (``restore.restorable``), and returns what was replayed; with ``restore``,
         refilled from the checkpoint and only the cells it lacks (``refill``), and returns how."""
-        async with self.lock:
+        async with self.driving():
             self.revive = False  # this restart replaces a pending revival
-            if self.kernel is None:
+            if self.kernel is None and self.attach_to is None:
                 kernel = await self.ensure_kernel(refill=False)
-            else:
-                kernel = self.kernel
+            else:  # a fleet's session attaches to its kernel on the gateway first, then restarts it
+                kernel = self.kernel if self.kernel is not None else await self.ensure_kernel(refill=False)
                 await kernel.restart()
             self._epoch = (id(kernel), kernel.restarts)
             self.cwd = self.default_cwd
@@ -414,10 +480,10 @@ class Session:
         files, kernel and record."""
         s = self.settings
         timeout = max(60.0, s.default_timeout)
-        async with source.lock:
+        async with source.driving():
             cells = await anyio.to_thread.run_sync(source.recorder.cells)
             if s.checkpoint_mb > 0:
-                async with self.lock:
+                async with self.driving():
                     target = await self.ensure_kernel(refill=False)
                     # a source without a kernel (reaped, revived) gets one that only reads its checkpoint out:
                     # it is refilled at the source's next call, as after any replacement
@@ -432,7 +498,7 @@ class Session:
                 meta["cwd"] = new + cwd[len(old):]  # type: ignore[index]
         forked = {"session": source.handle, "cells": len(cells), "at": time.time()}
         await anyio.to_thread.run_sync(lambda: self.recorder.adopt(cells, forked_from=forked))
-        async with self.lock:
+        async with self.driving():
             self._epoch = None  # a pooled kernel started before the copy: refilled now
             await self.ensure_kernel()
             report, self.restored, self.notice = self.restored, None, None

@@ -40,7 +40,10 @@ class Upkeep:
         for session in idle:
             if timeout and now - session.last_used > timeout:
                 logger.info("stopping idle session %s", session.handle)
-                async with session.lock:
+                # a fleet's: only when no other replica drives it now or drove it since (its kernel is then let go here)
+                async with session.driving(wait=False) as driven:
+                    if not driven or session.kernel is None:
+                        continue
                     await session.stop_kernel()
                     session.notice = (f"before this call: the session was idle for more than {timeout:g} s, so its kernel "
                                       "was shut down (--idle-timeout); this call runs in a fresh kernel and earlier variables are lost")
@@ -120,7 +123,9 @@ class Upkeep:
             if session.kernel is None or session.busy or session.lock.locked():
                 continue
             if not await session.kernel.is_alive():
-                async with session.lock:
+                async with session.driving(wait=False) as driven:  # a fleet's: not while another replica drives it
+                    if not driven:
+                        continue
                     try:
                         await session.check_alive()
                     except Exception:

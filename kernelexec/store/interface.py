@@ -6,11 +6,13 @@ since the epoch. Ownership: a record with an owner is unknown to any other calle
 exactly as the in-memory registries treat runs and tasks; a record without one (stdio, no auth) is anyone's.
 Nothing read from a store is ever executed: it is data, rendered or compared.
 
-Leases keep two processes apart on one session: ``acquire`` succeeds when the session's lease is free or
-expired (compare-and-set), and every acquisition takes a new fencing token, strictly greater than every
-token the session had before (a released lease keeps its token row). A write that carries a ``Fence`` is
-refused (``StaleLease``) unless it is still the session's current token — so a holder whose lease expired
-and was taken by another can no longer write, even if it does not know yet.
+Leases keep two processes apart on one session: ``acquire`` succeeds when the session's lease is free,
+expired or already the caller's (one atomic statement or transaction), and every acquisition from another
+holder takes a new fencing token, strictly greater than every token the session had before (a released lease
+keeps its token row; the holder's own acquire while it holds keeps its token and extends it). A write that
+carries a ``Fence`` is refused (``StaleLease``) unless it is still the session's current token — so a holder
+whose lease expired and was taken by another can no longer write, even if it does not know yet. Leases whose
+key is not a session handle (``replica:<id>``, ``fleet:upkeep``) are a fleet's own (``session/fleet.py``).
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ class Lease:
     holder: str
     token: int  # the fencing token: strictly increasing per session
     expires: float
+    taken_from: str | None = None  # acquire only: the holder whose lease had expired (it died or was paused)
 
 
 @dataclass(frozen=True)
@@ -150,7 +153,7 @@ class Store(Protocol):
     async def delete_session(self, handle: str, *, fence: Fence | None = None) -> None: ...
 
     # runs
-    async def put_run(self, record: RunRecord) -> None: ...
+    async def put_run(self, record: RunRecord, *, fence: Fence | None = None) -> None: ...
     async def get_run(self, run_id: str, *, owner: str | None) -> RunRecord | None: ...
     async def runs_of(self, session: str, *, owner: str | None) -> list[RunRecord]: ...
     async def lose_unfinished(self, *, session: str | None = None) -> int:
@@ -171,7 +174,7 @@ class Store(Protocol):
     async def get_task(self, task_id: str, *, owner: str | None) -> TaskRecord | None: ...
 
     # pending questions
-    async def put_question(self, record: QuestionRecord) -> None: ...
+    async def put_question(self, record: QuestionRecord, *, fence: Fence | None = None) -> None: ...
     async def get_question(self, question_id: str, *, owner: str | None) -> QuestionRecord | None: ...
     async def answer_question(self, question_id: str, *, by: str | None) -> QuestionRecord:
         """Mark the question answered (compare-and-set): ``AlreadyAnswered`` if it was; ``StoreError`` if
@@ -179,10 +182,16 @@ class Store(Protocol):
         ...
 
     # leases
-    async def acquire_lease(self, session: str, holder: str, ttl_s: float) -> Lease | None: ...
+    async def acquire_lease(self, session: str, holder: str, ttl_s: float) -> Lease | None:
+        """The lease when it was free, expired or ``holder``'s (then its token kept), else None: atomic."""
+        ...
+
     async def renew_lease(self, lease: Lease, ttl_s: float) -> Lease | None: ...
     async def release_lease(self, lease: Lease) -> bool: ...
     async def current_lease(self, session: str) -> Lease | None: ...
+    async def live_leases(self, prefix: str) -> list[Lease]:
+        """Every held, unexpired lease whose key starts with ``prefix`` (a fleet's replicas: ``replica:``)."""
+        ...
 
     # the journal
     async def append_journal(self, session: str, record: dict[str, Any], *, fence: Fence | None = None) -> int: ...

@@ -212,19 +212,22 @@ class PostgresStore:
 
     # runs
 
-    async def put_run(self, record: RunRecord) -> None:
+    async def put_run(self, record: RunRecord, *, fence: Fence | None = None) -> None:
         if record.state not in RUN_STATES:
             raise StoreError(f"not a run state: {record.state!r}")
+        if fence is not None and fence.session != record.session:
+            raise StaleLease(f"a fence of session {fence.session} cannot write a run of session {record.session}")
         now = time.time()
         answer = dumps(record.answer) if record.answer is not None else None
 
         async def put(cur: Any) -> None:
+            await self._fenced(cur, fence)
             await cur.execute(
                 """INSERT INTO runs (id, session, owner, state, answer, created, updated) VALUES (%s, %s, %s, %s, %s::json, %s, %s)
                    ON CONFLICT (id) DO UPDATE SET state = excluded.state, answer = excluded.answer, updated = excluded.updated""",
                 (record.id, record.session, record.owner, record.state, answer, record.created or now, now))
 
-        await self._run(put, "cannot write the run", single=True)
+        await self._run(put, "cannot write the run", single=fence is None)
 
     async def get_run(self, run_id: str, *, owner: str | None) -> RunRecord | None:
         row = await self._one(f"SELECT {RUN_COLUMNS} FROM runs WHERE id = %s", (run_id,), "cannot read the run")
@@ -284,8 +287,9 @@ class PostgresStore:
 
     # questions
 
-    async def put_question(self, record: QuestionRecord) -> None:
+    async def put_question(self, record: QuestionRecord, *, fence: Fence | None = None) -> None:
         async def put(cur: Any) -> None:
+            await self._fenced(cur, fence)
             await cur.execute(
                 """INSERT INTO questions (id, run_id, prompt, password, approval, answerer, answered, created)
                    VALUES (%s, %s, %s, %s, %s, %s, %s, %s)""",
@@ -318,18 +322,20 @@ class PostgresStore:
 
     async def acquire_lease(self, session: str, holder: str, ttl_s: float) -> Lease | None:
         async def acquire(cur: Any) -> Lease | None:
-            await cur.execute("INSERT INTO leases (session, holder, token, expires) VALUES (%s, NULL, 0, 0) ON CONFLICT DO NOTHING",
-                              (session,))
-            await cur.execute(f"SELECT holder, token, expires, {NOW} FROM leases WHERE session = %s FOR UPDATE", (session,))
-            current, token, expires, now = await cur.fetchone()
-            if current is not None and expires > now:
-                return None
-            lease = Lease(session, holder, token + 1, now + ttl_s)
-            await cur.execute("UPDATE leases SET holder = %s, token = %s, expires = %s WHERE session = %s",
-                              (holder, lease.token, lease.expires, session))
-            return lease
+            # one statement: taken when free, expired or already the holder's (then its token kept); the CTE reads the
+            # row as it was, to tell a takeover (an expired holder) from a free lease
+            await cur.execute(
+                f"""WITH before AS (SELECT holder, expires FROM leases WHERE session = %(s)s)
+                    INSERT INTO leases AS l (session, holder, token, expires) VALUES (%(s)s, %(h)s, 1, {NOW} + %(ttl)s)
+                    ON CONFLICT (session) DO UPDATE SET holder = excluded.holder, expires = excluded.expires,
+                      token = CASE WHEN l.holder = excluded.holder AND l.expires > {NOW} THEN l.token ELSE l.token + 1 END
+                    WHERE l.holder IS NULL OR l.expires <= {NOW} OR l.holder = excluded.holder
+                    RETURNING l.token, l.expires, (SELECT holder FROM before WHERE holder <> %(h)s)""",
+                {"s": session, "h": holder, "ttl": ttl_s})
+            row = await cur.fetchone()
+            return Lease(session, holder, int(row[0]), row[1], taken_from=row[2]) if row is not None else None
 
-        result: Lease | None = await self._run(acquire, "cannot acquire the lease")
+        result: Lease | None = await self._run(acquire, "cannot acquire the lease", single=True)
         return result
 
     async def renew_lease(self, lease: Lease, ttl_s: float) -> Lease | None:
@@ -355,6 +361,12 @@ class PostgresStore:
         row = await self._one(f"SELECT session, holder, token, expires FROM leases WHERE session = %s AND holder IS NOT NULL AND expires > {NOW}",
                               (session,), "cannot read the lease")
         return Lease(*row) if row is not None else None
+
+    async def live_leases(self, prefix: str) -> list[Lease]:
+        rows = await self._all(f"""SELECT session, holder, token, expires FROM leases WHERE left(session, %s) = %s
+                                   AND holder IS NOT NULL AND expires > {NOW} ORDER BY session""",
+                               (len(prefix), prefix), "cannot read the leases")
+        return [Lease(*row) for row in rows]
 
     # the journal
 

@@ -278,15 +278,22 @@ class SQLiteStore:
 
     # runs
 
-    async def put_run(self, record: RunRecord) -> None:
+    async def put_run(self, record: RunRecord, *, fence: Fence | None = None) -> None:
         if record.state not in RUN_STATES:
             raise StoreError(f"not a run state: {record.state!r}")
+        if fence is not None and fence.session != record.session:
+            raise StaleLease(f"a fence of session {fence.session} cannot write a run of session {record.session}")
         now = time.time()
         answer = dumps(record.answer) if record.answer is not None else None
-        await self._write(lambda db: db.execute(
-            """INSERT INTO runs (id, session, owner, state, answer, created, updated) VALUES (?, ?, ?, ?, ?, ?, ?)
-               ON CONFLICT (id) DO UPDATE SET state = excluded.state, answer = excluded.answer, updated = excluded.updated""",
-            (record.id, record.session, record.owner, record.state, answer, record.created or now, now)))
+
+        def put(db: sqlite3.Connection) -> None:
+            self._fenced(db, fence)
+            db.execute(
+                """INSERT INTO runs (id, session, owner, state, answer, created, updated) VALUES (?, ?, ?, ?, ?, ?, ?)
+                   ON CONFLICT (id) DO UPDATE SET state = excluded.state, answer = excluded.answer, updated = excluded.updated""",
+                (record.id, record.session, record.owner, record.state, answer, record.created or now, now))
+
+        await self._write(put)
 
     async def get_run(self, run_id: str, *, owner: str | None) -> RunRecord | None:
         row = await self._query(lambda db: db.execute(f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,)).fetchone())
@@ -328,14 +335,21 @@ class SQLiteStore:
 
     # questions
 
-    async def put_question(self, record: QuestionRecord) -> None:
+    async def put_question(self, record: QuestionRecord, *, fence: Fence | None = None) -> None:
         now = time.time()
-        try:
-            await self._write(lambda db: db.execute(
+
+        def put(db: sqlite3.Connection) -> None:
+            self._fenced(db, fence)
+            db.execute(
                 """INSERT INTO questions (id, run_id, prompt, password, approval, answerer, answered, created)
                    VALUES (?, ?, ?, ?, ?, ?, ?, ?)""",
                 (record.id, record.run_id, record.prompt, record.password, record.approval, record.answerer, record.answered,
-                 record.created or now)))
+                 record.created or now))
+
+        try:
+            await self._write(put)
+        except StaleLease:
+            raise
         except StoreError as exc:
             raise StoreError(f"question {record.id} exists already: {exc}") from None
 
@@ -363,9 +377,12 @@ class SQLiteStore:
         def acquire(db: sqlite3.Connection) -> Lease | None:
             now = time.time()
             row = db.execute("SELECT holder, token, expires FROM leases WHERE session = ?", (session,)).fetchone()
-            if row is not None and row[0] is not None and row[2] > now:
+            live = row is not None and row[0] is not None and row[2] > now
+            if live and row[0] != holder:
                 return None
-            lease = Lease(session, holder, (row[1] if row is not None else 0) + 1, now + ttl_s)
+            token = row[1] if live else (row[1] if row is not None else 0) + 1  # its own live lease: the same token
+            taken = row[0] if row is not None and row[0] is not None and not live and row[0] != holder else None
+            lease = Lease(session, holder, token, now + ttl_s, taken_from=taken)
             db.execute("""INSERT INTO leases (session, holder, token, expires) VALUES (?, ?, ?, ?)
                           ON CONFLICT (session) DO UPDATE SET holder = excluded.holder, token = excluded.token, expires = excluded.expires""",
                        (lease.session, lease.holder, lease.token, lease.expires))
@@ -393,6 +410,12 @@ class SQLiteStore:
         if row is None or row[1] is None or row[3] <= time.time():
             return None
         return Lease(*row)
+
+    async def live_leases(self, prefix: str) -> list[Lease]:
+        rows = await self._query(lambda db: db.execute(
+            "SELECT session, holder, token, expires FROM leases WHERE substr(session, 1, ?) = ? AND holder IS NOT NULL "
+            "AND expires > ? ORDER BY session", (len(prefix), prefix, time.time())).fetchall())
+        return [Lease(*row) for row in rows]
 
     # the journal
 

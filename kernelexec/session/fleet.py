@@ -1,0 +1,229 @@
+"""A fleet: several ``kernelexec serve`` replicas on one session store are one service (docs/fleet.md).
+
+- **Admission** (``Fleet.join``): every server on a shared store (PostgreSQL, or any store with gateway kernels)
+  registers as a lease ``replica:<kind>:<id>``, renewed while it runs. Replicas whose kernels live on a gateway
+  (``--kernel-gateway``: every replica can reach them) join each other; a server with local kernels joins only a
+  store no other server serves, and nothing joins a store such a server serves. Anything else is refused at
+  start with one line saying what to use instead (``FleetRefused``).
+- **Driving a session** (``Fleet.attach`` / ``Fleet.detach``, through ``Session.driving``): with gateway kernels a
+  session's calls run under its lease (expiry ``LEASE_TTL``, renewed every ``RENEW_EVERY`` while held). Taking it,
+  the replica, when another replica drove the session since (the token is not its last one plus one), drops its
+  connection to the kernel and brings its copy of the record up to the store's journal, then attaches to the
+  session's gateway kernel (its id is in the store); letting go, it records the kernel's id and releases the lease,
+  its connection kept for its next call (used only after the lease is taken again). Every journal write carries the
+  lease's fencing token: a replica that lost its lease (paused, cut off) cannot write, and lets go.
+- **Once per fleet** (``Fleet.leads``): a leader lease ``fleet:upkeep`` for the work that must not run once per
+  replica (reaping idle sessions' kernels on the gateway).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+from typing import TYPE_CHECKING
+
+import anyio
+
+from kernelexec.errors import KernelexecError, SessionError
+from kernelexec.store import Fence, Lease, Store, StoreError
+
+if TYPE_CHECKING:
+    from kernelexec.session.session import Session
+
+logger = logging.getLogger(__name__)
+
+LEASE_TTL = 5.0  # seconds a lease outlives its holder's last renewal: the longest a failover waits
+RENEW_EVERY = 1.0  # seconds between renewals (a paused replica misses several before its lease runs out)
+WAIT_EVERY = 0.05  # seconds between tries for a lease another replica holds
+REPLICAS = "replica:"
+UPKEEP = "fleet:upkeep"
+
+
+class FleetRefused(KernelexecError):
+    """This server may not join the store: other servers serve it and not every kernel is reachable by all."""
+
+
+def admission(kind: str, others: list[Lease], store: str) -> str | None:
+    """Why a server of ``kind`` ("gateway" or "local") may not serve ``store`` beside ``others`` (live replica
+    leases), or None. One line each: what to use instead."""
+    if not others:
+        return None
+    names = ", ".join(sorted({lease.session.split(":", 2)[2] for lease in others}))
+    local = [lease for lease in others if lease.session.startswith(f"{REPLICAS}local:")]
+    if kind == "local":
+        return (f"refusing to start: the store {store} is served by other kernelexec servers ({names}), and this one's "
+                "kernels are local, so no other replica could reach them; start every replica with --kernel-gateway URL "
+                "(and one --state-key-file), or give this server a store of its own")
+    if local:
+        return (f"refusing to start: the store {store} is served by a kernelexec server with local kernels "
+                f"({', '.join(sorted(lease.session.split(':', 2)[2] for lease in local))}), which this replica cannot reach; "
+                "restart that server with --kernel-gateway URL, or give this one a store of its own")
+    return None
+
+
+def replica_id() -> str:
+    """This process's name in the fleet: host, pid and a random part (a restarted replica is a new one)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+class Fleet:
+    """This server's place in the store's fleet: its registration, the session leases it holds, the leader lease."""
+
+    def __init__(self, store: Store, *, remote: bool) -> None:
+        self.store = store
+        self.id = replica_id()
+        self.kind = "gateway" if remote else "local"
+        self.drives = remote  # sessions are driven under leases (their kernels are reachable from every replica)
+        self.held: dict[str, Lease] = {}  # sessions this replica drives now
+        self.taken: dict[str, Lease] = {}  # the last lease taken per session: its writes' fence, even once lost
+        self.lost: set[str] = set()  # sessions whose lease ran out while held (renewal refused)
+        self._me: Lease | None = None
+        self._leader: Lease | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{REPLICAS}{self.kind}:{self.id}"
+
+    async def join(self) -> None:
+        """Register, then look: two servers starting together both see each other (and a conflict refuses both).
+        A conflict is looked at again until a dead server's registration has run out (a server restarted at once
+        after a SIGKILL finds its own previous process there), so only a live one refuses."""
+        self._me = await self.store.acquire_lease(self.key, self.id, LEASE_TTL)
+        with anyio.move_on_after(LEASE_TTL + RENEW_EVERY):
+            while True:
+                others = [lease for lease in await self.store.live_leases(REPLICAS) if lease.holder != self.id]
+                refusal = admission(self.kind, others, self.store.url)
+                if refusal is None:
+                    break
+                await anyio.sleep(0.25)
+                self._me = await self.store.renew_lease(self._me, LEASE_TTL) if self._me is not None else None
+        if refusal is not None:
+            await self.leave()
+            raise FleetRefused(refusal)
+        if others:
+            logger.info("joined a fleet of %d other replica(s) as %s", len(others), self.id)
+
+    async def leave(self) -> None:
+        """Release everything (a clean stop: the next replica need not wait for expiry)."""
+        for lease in [*self.held.values(), *(x for x in (self._leader, self._me) if x is not None)]:
+            try:
+                await self.store.release_lease(lease)
+            except StoreError:
+                logger.warning("releasing lease %s failed", lease.session)
+        self.held.clear()
+        self._me = self._leader = None
+
+    async def keep(self) -> None:
+        """The renewals, every ``RENEW_EVERY`` seconds while the server runs (in the manager's task group)."""
+        while True:
+            await anyio.sleep(RENEW_EVERY)
+            try:
+                await self.renew()
+            except StoreError as exc:  # the store is unreachable for a moment: leases run out if it stays so
+                logger.warning("renewing this replica's leases: %s", exc)
+
+    async def renew(self) -> None:
+        store = self.store
+        self._me = (await store.renew_lease(self._me, LEASE_TTL) if self._me is not None else None) or \
+            await store.acquire_lease(self.key, self.id, LEASE_TTL)
+        for handle, lease in list(self.held.items()):
+            renewed = await store.renew_lease(lease, LEASE_TTL)
+            if renewed is None:
+                if self.held.get(handle) is lease:
+                    del self.held[handle]
+                    self.lost.add(handle)
+                    logger.warning("session %s: this replica's lease ran out and was taken (token %d is stale): "
+                                   "its writes are refused; letting go", handle, lease.token)
+            elif self.held.get(handle) is lease:
+                self.held[handle] = renewed
+        if self.drives:
+            leader = await store.renew_lease(self._leader, LEASE_TTL) if self._leader is not None else None
+            self._leader = leader or await store.acquire_lease(UPKEEP, self.id, LEASE_TTL)
+
+    @property
+    def leads(self) -> bool:
+        """Whether this replica runs the fleet's once-per-fleet work now."""
+        return self._leader is not None
+
+    def fence(self, handle: str) -> Fence | None:
+        """What a write about ``handle`` carries: the token of the lease this replica last took for it."""
+        lease = self.taken.get(handle)
+        return Fence.of(lease) if lease is not None else None
+
+    async def hold(self, handle: str, *, wait: bool = True) -> tuple[Lease, bool] | None:
+        """The session's lease, waiting while another live replica drives it (at most ``LEASE_TTL`` after that one
+        died; None at once without ``wait``); and whether nobody else held it since this replica last did (then its
+        connection to the kernel and its copy of the record are current)."""
+        while True:
+            lease = await self.store.acquire_lease(handle, self.id, LEASE_TTL)
+            if lease is not None:
+                break
+            if not wait:
+                return None
+            await anyio.sleep(WAIT_EVERY)
+        before = self.taken.get(handle)
+        self.held[handle] = self.taken[handle] = lease
+        self.lost.discard(handle)
+        current = lease.token == 1 if before is None else lease.token == before.token + 1  # 1: nobody held it before
+        return lease, current
+
+    async def attach(self, session: Session, *, wait: bool = True) -> bool:
+        """Take ``session``'s lease (its lock held): its runs a dead holder left marked lost, its record made the
+        store's, and the gateway kernel to attach to named (``Session.ensure_kernel`` attaches). False when another
+        replica holds it and ``wait`` is off."""
+        handle = session.handle
+        held = await self.hold(handle, wait=wait)
+        if held is None:
+            return False
+        lease, current = held
+        try:
+            if lease.taken_from is not None:
+                lost = await self.store.lose_unfinished(session=handle)
+                logger.warning("session %s taken over from replica %s (its lease ran out)%s", handle, lease.taken_from,
+                               f"; {lost} of its run(s) recorded as lost" if lost else "")
+                session.notice = (f"before this call: the replica that drove this session ({lease.taken_from}) stopped "
+                                  "answering, and this one took the session over; the kernel kept running on the gateway")
+            if not current:  # another replica drove it since: this one's connection and copy of the record are stale
+                session.forget_kernel()
+                entries = await self.store.journal(handle)
+                await anyio.to_thread.run_sync(session.recorder.write_journal, [e.record for e in entries])
+            record = await self.store.get_session(handle, owner=session.owner)
+            if record is None or record.closed is not None:  # closed on another replica
+                session.closed = True
+                raise SessionError.unknown(handle)
+            session.attach_to = record.gateway_kernel_id
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.let_go(handle)
+            raise
+        return True
+
+    async def detach(self, session: Session) -> bool:
+        """After a driving period: the kernel's id recorded (fenced), the kernel detached (it stays on the gateway),
+        the lease released. False when the lease was lost meanwhile (nothing was written)."""
+        handle = session.handle
+        kernel = session.kernel
+        kernel_id = getattr(kernel, "kernel_id", None)
+        kept = handle not in self.lost
+        try:
+            if kept and kernel_id != session.attach_to and session.remember is not None:
+                await session.remember(session, kernel_id, self.fence(handle))
+                session.attach_to = kernel_id
+        except StoreError as exc:
+            kept = False
+            logger.warning("session %s: recording its kernel: %s", handle, exc)
+        finally:
+            if not kept:
+                session.forget_kernel()
+            await self.let_go(handle)  # the kernel stays attached: if nobody else takes the lease, the next call reuses it
+        return kept
+
+    async def let_go(self, handle: str) -> None:
+        lease = self.held.pop(handle, None)
+        if lease is not None:
+            try:
+                await self.store.release_lease(lease)
+            except StoreError as exc:  # it runs out by itself
+                logger.warning("releasing the lease of %s: %s", handle, exc)

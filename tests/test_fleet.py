@@ -1,0 +1,313 @@
+"""A fleet (issue 33): real ``kernelexec serve`` replicas on different loopback ports, one real PostgreSQL as
+their store, one real Jupyter Server as their gateway, and real MCP SDK clients over streamable HTTP talking to
+the replicas directly (no load balancer: a test picks the replica of each call).
+
+What it shows: one session's calls alternate across replicas with its variables kept and one record; a replica
+SIGKILLed while it drives a session is replaced within the lease's expiry, the cell it was running finishing
+in the kernel; a replica SIGSTOPped past its lease cannot write once another took the session, and says so; a
+task created on one replica is read on another; a replica that would bring unreachable (local) kernels into
+the fleet is refused at start in one line; a key file too short is refused in one line; the leader lease that
+runs the once-per-fleet work is held by exactly one replica.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client
+
+from kernelexec.store import open_store
+
+from .gateways import Gateway, start_gateway, stop_gateway
+from .pg import Postgres, postgres
+from .support import clean_env, free_port, kernelexec_cmd, wait_for_port
+from .test_tasks import Raw, assert_task
+
+__all__ = ["postgres"]  # the session's PostgreSQL, a fixture
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+LEASE_TTL = 5.0  # session/fleet.py's
+
+
+@dataclass
+class Replica:
+    name: str
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@dataclass
+class Fleet:
+    """The parts every replica shares: the store, the gateway, the key file and the shared directory."""
+
+    base: Path
+    store: str
+    gateway: Gateway
+    key_file: Path
+    shared: Path
+    replicas: list[Replica] = field(default_factory=list)
+
+    def args(self, name: str, *extra: str, gateway: bool = True) -> list[str]:
+        found = ["--state-dir", str(self.base / name), "--shared-dir", str(self.shared), "--state-key-file", str(self.key_file),
+                 "--yield-after", "1", "--pool-size", "0", "--restart-spares", "0", *extra]
+        if gateway:
+            found += ["--kernel-gateway", self.gateway.url, "--kernel-gateway-token", self.gateway.token]
+        return found
+
+    def start(self, name: str, *extra: str, gateway: bool = True) -> Replica:
+        port = free_port()
+        log = self.base / f"{name}.log"
+        with log.open("ab") as out:
+            proc = subprocess.Popen(kernelexec_cmd("serve", "--transport", "http", "--port", str(port), *self.args(name, *extra, gateway=gateway)),
+                                    env=clean_env(KERNELEXEC_STORE=self.store), stdout=out, stderr=out)
+        replica = Replica(name, f"http://127.0.0.1:{port}/mcp", proc, log)
+        self.replicas.append(replica)
+        try:
+            wait_for_port(port, proc, timeout=60)
+        except Exception:
+            raise AssertionError(f"replica {name} did not start:\n{replica.output()[-3000:]}") from None
+        return replica
+
+    def stop_all(self) -> None:
+        for replica in self.replicas:
+            if replica.proc.poll() is None:
+                with _resumed(replica):
+                    replica.proc.terminate()
+                try:
+                    replica.proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    replica.proc.kill()
+                    replica.proc.wait(20)
+
+
+@contextmanager
+def _resumed(replica: Replica) -> Iterator[None]:
+    os.kill(replica.proc.pid, signal.SIGCONT)  # a stopped process would not act on its SIGTERM
+    yield
+
+
+@pytest.fixture(scope="module")
+def gateway(short_tmp: Path) -> Iterator[Gateway]:
+    found = start_gateway("jupyter_server", short_tmp)
+    yield found
+    stop_gateway(found)
+
+
+@pytest.fixture(scope="module")
+def fleet(short_tmp: Path, postgres: Postgres, gateway: Gateway) -> Iterator[Fleet]:
+    base = short_tmp / "fleet"
+    base.mkdir()
+    key_file = base / "state.key"
+    key_file.write_text(os.urandom(32).hex() + "\n")
+    key_file.chmod(0o600)
+    shared = base / "shared"
+    shared.mkdir()
+    found = Fleet(base, postgres.url(postgres.create_db()), gateway, key_file, shared)
+    try:
+        for name in ("a", "b", "c"):
+            found.start(name)
+        yield found
+    finally:
+        found.stop_all()
+
+
+async def call(url: str, code: str, **arguments: Any) -> dict[str, Any]:
+    """execute_code on the replica at ``url``, its answer followed (get_run, same replica) when it yielded."""
+    async with Client(url) as client:
+        result = await client.call_tool("execute_code", {"code": code, **arguments})
+        while result.structured_content is not None and result.structured_content.get("ending") == "running":
+            result = await client.call_tool("get_run", {"run_id": result.structured_content["run_id"], "wait_s": 30})
+    assert not result.is_error, result.content
+    assert result.structured_content is not None
+    return result.structured_content
+
+
+async def journal_sources(fleet: Fleet, handle: str) -> list[str]:
+    store = await open_store(fleet.store, fleet.base)
+    try:
+        return [str(e.record.get("source", "")) for e in await store.journal(handle) if e.record.get("cell_type") == "code"]
+    finally:
+        await store.close()
+
+
+async def test_one_sessions_calls_alternate_across_replicas_with_its_variables_and_one_record(fleet: Fleet) -> None:
+    a, b, c = fleet.replicas[:3]
+    first = await call(a.url, "x = 1\nimport os\npid = os.getpid()\nx")
+    handle = first["session"]
+    kernels = fleet.gateway.kernel_ids()
+    for replica, expected in ((b, 2), (c, 3), (a, 4), (b, 5), (c, 6)):
+        answer = await call(replica.url, "x += 1\nx", session=handle)
+        assert answer["result"] == expected, (replica.name, answer)
+    same = await call(c.url, "pid == os.getpid()", session=handle)
+    assert same["result"] is True  # one kernel process on the gateway all along
+    assert fleet.gateway.kernel_ids() == kernels  # no kernel started for any replica's call
+    sources = await journal_sources(fleet, handle)
+    assert len(sources) == 7 and sources[1:6] == ["x += 1\nx"] * 5  # one record, in call order
+    notebook = fleet.shared / "sessions" / handle / "notebook.ipynb"  # every replica wrote the same file in turn
+    cells = json.loads(notebook.read_text())["cells"]
+    assert [cell["source"] for cell in cells if cell["cell_type"] == "code"] == sources
+
+
+async def test_a_replica_sigkilled_while_it_runs_a_cell_is_replaced_within_the_lease_expiry(fleet: Fleet) -> None:
+    victim = fleet.start("victim")
+    survivor = fleet.replicas[1]
+    handle = (await call(victim.url, "y = 41"))["session"]
+    async with Client(victim.url) as client:
+        going = await client.call_tool("execute_code", {"code": "import time\ntime.sleep(2.5)\ny += 1", "session": handle})
+    running = going.structured_content
+    assert running is not None and running.get("ending") == "running", going.content  # yielded after 1 s: the cell runs
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait(10)
+    killed = time.monotonic()
+    after = await call(survivor.url, "y", session=handle)
+    took = time.monotonic() - killed
+    assert after["result"] == 42, after  # the cell kept running on the gateway's kernel and finished there
+    assert took < LEASE_TTL + 1.5, f"the next call took {took:.1f} s after the SIGKILL"
+    assert "took the session over" in (after.get("restart_reason") or ""), after
+    async with Client(survivor.url) as client:  # the killed replica's run: honestly lost, from any replica
+        lost = await client.call_tool("get_run", {"run_id": running["run_id"], "wait_s": 0})
+    said = "".join(getattr(c, "text", "") for c in lost.content)
+    assert lost.is_error and "lost" in said, said
+    sources = await journal_sources(fleet, handle)
+    assert sources == ["y = 41", "y"], sources  # the record: every answered cell, nothing of the lost one claimed
+
+
+async def test_a_replica_paused_past_its_lease_cannot_write_and_lets_go(fleet: Fleet) -> None:
+    paused = fleet.start("paused")
+    other = fleet.replicas[2]
+    handle = (await call(paused.url, "w = 1"))["session"]
+    async with Client(paused.url) as client:
+        going = await client.call_tool("execute_code", {"code": "import time\ntime.sleep(3)\nw = 100\nw", "session": handle})
+    running = going.structured_content
+    assert running is not None and running.get("ending") == "running", going.content
+    paused.proc.send_signal(signal.SIGSTOP)
+    try:
+        await anyio.sleep(LEASE_TTL + 1)  # its lease runs out while it is stopped
+        taken = await call(other.url, "w", session=handle)  # another replica takes the session over
+        assert taken["result"] == 100  # the paused replica's cell ran on in the kernel
+    finally:
+        paused.proc.send_signal(signal.SIGCONT)
+    async with Client(paused.url) as client:  # woken, it finds its lease taken: its write refused, said so
+        with anyio.fail_after(30):
+            while True:
+                answer = await client.call_tool("get_run", {"run_id": running["run_id"], "wait_s": 5})
+                said = "".join(getattr(c, "text", "") for c in answer.content)
+                if answer.is_error or "running" not in said:
+                    break
+    assert answer.is_error and "lost the session's lease" in said, said
+    sources = await journal_sources(fleet, handle)
+    assert sources == ["w = 1", "w"], sources  # nothing the paused replica finished after the takeover was written
+    assert "lost the session's lease" in paused.output() and "is stale" in paused.output()  # the store refused it
+    again = await call(paused.url, "w + 1", session=handle)  # and it serves the session again, by the rules
+    assert again["result"] == 101
+
+
+async def test_a_task_created_on_one_replica_is_polled_and_cancelled_on_another(fleet: Fleet) -> None:
+    a, b = fleet.replicas[0], fleet.replicas[1]
+    on_a, on_b = Raw(a.url, "none"), Raw(b.url, "none")
+    handle = (await on_a.call("new_session"))["structuredContent"]["session"]
+    assert (await on_a.call("execute_code", code="t = 1", session=handle))["structuredContent"]["success"]
+    created = await on_a.call("execute_code", code="import time\ntime.sleep(2)\nresult = t + 1", session=handle)
+    assert_task(created, "task", "working")
+    seen = await on_b.result("tasks/get", {"taskId": created["taskId"]})
+    assert seen["status"] == "working", seen  # read from the store on B
+    done = await on_b.until(created["taskId"], "completed", within=30)
+    assert done["result"]["structuredContent"]["result"] == 2, done
+    endless = await on_a.call("execute_code", code="while True: pass", session=handle)
+    assert_task(endless, "task", "working")
+    started = time.monotonic()
+    ack = await on_b.result("tasks/cancel", {"taskId": endless["taskId"]})  # asked on B, done by A (the store as the bus)
+    assert ack["resultType"] == "complete", ack
+    cancelled = await on_b.until(endless["taskId"], "cancelled", within=10)
+    assert cancelled["status"] == "cancelled" and time.monotonic() - started < 10
+    after = await call(b.url, "t * 42", session=handle)  # the session goes on, on any replica, its variables kept
+    assert after["result"] == 42, after
+
+
+async def test_exactly_one_replica_leads_the_once_per_fleet_work(fleet: Fleet) -> None:
+    store = await open_store(fleet.store, fleet.base)
+    try:
+        with anyio.fail_after(10):
+            while not (leaders := await store.live_leases("fleet:upkeep")):
+                await anyio.sleep(0.2)
+        replicas = await store.live_leases("replica:gateway:")
+    finally:
+        await store.close()
+    assert len(leaders) == 1 and leaders[0].holder in {r.holder for r in replicas}
+    assert len(replicas) >= 3
+
+
+def test_a_server_with_local_kernels_is_refused_from_a_fleets_store_in_one_line(fleet: Fleet) -> None:
+    port = free_port()
+    done = subprocess.run(kernelexec_cmd("serve", "--transport", "http", "--port", str(port), *fleet.args("local", gateway=False)),
+                          env=clean_env(KERNELEXEC_STORE=fleet.store), capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.startswith("kernelexec: ")]
+    assert len(lines) == 1 and "--kernel-gateway" in lines[0] and "refusing to start" in lines[0], done.stderr
+    assert "Traceback" not in done.stderr and "pw-" not in done.stderr  # no traceback, the store's password redacted
+
+
+def test_one_server_with_local_kernels_may_use_postgresql_alone(short_tmp: Path, postgres: Postgres) -> None:
+    port = free_port()
+    proc = subprocess.Popen(kernelexec_cmd("serve", "--transport", "http", "--port", str(port), "--state-dir", str(short_tmp / "alone"),
+                                           "--pool-size", "0"),
+                            env=clean_env(KERNELEXEC_STORE=postgres.url(postgres.create_db())), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    try:
+        wait_for_port(port, proc, timeout=60)
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+@pytest.mark.parametrize("content", ["short-key\n", "", None])
+def test_a_state_key_file_too_short_or_unreadable_is_refused_in_one_line(short_tmp: Path, content: str | None) -> None:
+    key_file = short_tmp / f"key-{content is None}-{len(content or '')}"
+    if content is not None:
+        key_file.write_text(content)
+    done = subprocess.run(kernelexec_cmd("serve", "--transport", "http", "--port", str(free_port()), "--state-dir",
+                                         str(short_tmp / "keys"), "--state-key-file", str(key_file)),
+                          env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert done.stderr.strip().count("\n") == 0 and "--state-key-file" in done.stderr, done.stderr
+    if content:
+        assert "short-key" not in done.stderr  # a key is never printed
+
+
+def test_a_retry_sealed_by_one_replica_opens_on_another_with_the_shared_key_file(tmp_path: Path) -> None:
+    """The request state of an input() or approval retry (sealed by the SDK's RequestStateSecurity) opens on any replica
+    given the same --state-key-file, also across a rotation (new key first, old one kept); never with another key."""
+    from mcp.server.request_state import InvalidRequestState, RequestStateSecurity
+
+    from kernelexec.config import load_settings, state_keys
+
+    old, new = os.urandom(32).hex(), os.urandom(32).hex()
+    files = {"a": f"{old}\n", "b": f"{new}\n{old}\n", "stranger": f"{os.urandom(32).hex()}\n"}
+    codecs = {}
+    for name, text in files.items():
+        path = tmp_path / name
+        path.write_text(text)
+        keys = state_keys(load_settings(state_dir=tmp_path / f"state-{name}", state_key_file=path))
+        codecs[name] = RequestStateSecurity(keys=keys).codec
+    sealed_on_a = codecs["a"].seal(b"run-1 q-1")
+    assert codecs["b"].unseal(sealed_on_a) == b"run-1 q-1"  # B opens A's (the old key is still in its ring)
+    with pytest.raises(InvalidRequestState):
+        codecs["stranger"].unseal(sealed_on_a)
+    with pytest.raises(InvalidRequestState):  # B seals with its first key, which A does not have yet
+        codecs["a"].unseal(codecs["b"].seal(b"run-2 q-2"))
