@@ -189,10 +189,12 @@ class Connection:
         if self._closing is not None:
             self._closing.set()
 
-    async def request(self, tg: Any, method: str, *args: Any) -> Any:
+    async def request(self, tg: Any, method: str, *args: Any, timeout: float = math.inf) -> Any:
         """The one door for an upstream's replies: ``client.<method>(*args)`` (connecting first), its result with
         every secret of the server scrubbed from all its text and structured values (an ``isError`` result too),
-        a failure as an ``UpstreamError`` whose message is scrubbed (the connection dropped when it broke)."""
+        a failure as an ``UpstreamError`` whose message is scrubbed (the connection dropped when it broke).
+        ``timeout`` bounds the request alone (TimeoutError): starting and connecting a server has its own bound,
+        ``CONNECT_TIMEOUT``, so a server slow to start on a busy machine is not taken for a tool that hangs."""
         self.active += 1
         tool = args[0] if method == "call_tool" and args and isinstance(args[0], str) else None
         try:
@@ -201,17 +203,18 @@ class Connection:
             with tracing.span(f"kernelexec.broker {method}", **{"kernelexec.upstream": self.upstream.name,
                                                                  "gen_ai.tool.name": tool}) as span:
                 client = await self.get(tg)
-                try:
-                    result = await getattr(client, method)(*args)
-                except Exception as exc:
-                    from mcp.shared.exceptions import MCPError
+                with anyio.fail_after(timeout):
+                    try:
+                        result = await getattr(client, method)(*args)
+                    except Exception as exc:
+                        from mcp.shared.exceptions import MCPError
 
-                    broken = not isinstance(exc, MCPError) or "closed" in str(exc).lower()
-                    if broken:
-                        self.drop()  # the server crashed or the transport broke: connect again on the next call
-                    said = f"{type(exc).__name__}: {exc}" if broken else str(exc)
-                    tracing.error(span, type(exc).__name__ if broken else str(getattr(getattr(exc, "error", None), "code", "mcp_error")))
-                    raise UpstreamError(self.upstream.scrub(said), broken=broken) from None
+                        broken = not isinstance(exc, MCPError) or "closed" in str(exc).lower()
+                        if broken:
+                            self.drop()  # the server crashed or the transport broke: connect again on the next call
+                        said = f"{type(exc).__name__}: {exc}" if broken else str(exc)
+                        tracing.error(span, type(exc).__name__ if broken else str(getattr(getattr(exc, "error", None), "code", "mcp_error")))
+                        raise UpstreamError(self.upstream.scrub(said), broken=broken) from None
                 if getattr(result, "is_error", False):
                     tracing.error(span, "tool_error")
         finally:
@@ -231,9 +234,9 @@ class Connection:
     def idle_for(self, now: float) -> float:
         return -1.0 if self.active else now - self.last_used
 
-    async def list_tools(self, tg: Any) -> dict[str, ToolEntry]:
+    async def list_tools(self, tg: Any, timeout: float = math.inf) -> dict[str, ToolEntry]:
         if self.tools is None:
-            listed = await self.request(tg, "list_tools")
+            listed = await self.request(tg, "list_tools", timeout=timeout)
             self.tools = {t.name: ToolEntry(self.upstream.name, t.name, t.description or "", dict(t.input_schema or {}),
                                             dict(t.output_schema) if t.output_schema else None) for t in listed.tools}
         return self.tools
@@ -343,8 +346,7 @@ class Broker:
                 failed[attr] = connection.error or "could not connect"  # not tried again for every cell
                 return
             try:
-                with anyio.fail_after(self.limits.call_timeout):
-                    tools = await connection.list_tools(tg)
+                tools = await connection.list_tools(tg, self.limits.call_timeout)
             except Exception as exc:  # noqa: BLE001 - listed as unavailable
                 connection.drop()
                 failed[attr] = connection.error or connection.upstream.scrub(f"{type(exc).__name__}: {exc}")[:300]
@@ -400,8 +402,8 @@ class Broker:
         name = connection.upstream.name
         if connection.tools is None:
             try:
-                with anyio.fail_after(self.limits.call_timeout):  # a server whose tools/list hangs does not hold the cell
-                    await connection.list_tools(self._task_group())
+                # a server whose tools/list hangs does not hold the cell
+                await connection.list_tools(self._task_group(), self.limits.call_timeout)
             except TimeoutError:
                 raise CallFailed(f"MCP server {name!r} did not list its tools within {self.limits.call_timeout:g} s") from None
             except UpstreamError as exc:
@@ -436,8 +438,8 @@ class Broker:
         # looked up again: while the human was asked, the connection may have been closed (idle, or for a budget)
         connection = self.connection(principal, attr)
         try:
-            with anyio.fail_after(self.limits.call_timeout):
-                result = await connection.request(self._task_group(), "call_tool", entry.name, arguments)
+            result = await connection.request(self._task_group(), "call_tool", entry.name, arguments,
+                                              timeout=self.limits.call_timeout)
         except TimeoutError:
             raise CallFailed(f"{name}.{entry.name} timed out after {self.limits.call_timeout:g} s "
                              "(--tools-call-timeout)") from None
