@@ -48,13 +48,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     support.WEAKEN = config.getoption("--weaken", None)
-    if config.getoption("--store", "sqlite") == "postgres":  # one real PostgreSQL for the run, a database per server
+    # one real PostgreSQL for each process that runs tests (xdist: each worker), a database per server
+    if config.getoption("--store", "sqlite") == "postgres" and runs_tests(config):
         from .pg import running_postgres
 
         stack = contextlib.ExitStack()
         pg = stack.enter_context(running_postgres())
         config.add_cleanup(stack.close)
         support.STORE_URL = lambda: pg.url(pg.create_db())
+
+
+def runs_tests(config: pytest.Config) -> bool:
+    """False in pytest-xdist's controller (``-n N``), which hands the tests to its workers and runs none itself."""
+    return hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None)
 
 
 # Skips a CI run accepts, each reviewed, with its reason (a nodeid prefix). Any other skip fails a run with
@@ -98,6 +104,30 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             reporter.write_line("\n".join(lines), red=True)
         if exitstatus == 0:
             session.exitstatus = 1
+
+
+def worker_unit(nodeid: str) -> str:
+    """The unit one pytest-xdist worker runs whole: a module, so that its shared server (``harness`` and the
+    module-scoped fixtures like it) starts once and its tests never overlap one another; the red team as one
+    unit, since its ``world`` and ``targets`` are package-scoped (and the world's DNS canary, 127.0.0.1:53,
+    can be bound by one process only)."""
+    path = nodeid.split("::", 1)[0]
+    return "tests/redteam" if path.startswith("tests/redteam/") else path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``-n N --dist loadscope`` (.ci/run) hands out ``worker_unit`` units, the largest first (xdist's own
+    loadscope would split a module's test classes apart and the red team into its modules)."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WholeScopes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_unit(nodeid)
+
+    return WholeScopes(config, log)
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:

@@ -130,6 +130,7 @@ async def test_stateless_calls_that_run_no_code_hold_no_session(short_tmp: Path,
             assert not mine.is_error and mine.structured_content["result"] == "still served", mine.content
 
 
+@pytest.mark.slow
 async def test_one_tokens_quick_runs_do_not_evict_anothers_unread_result(short_tmp: Path, tokens: Path) -> None:
     """Finished runs are kept for get_run per token: bob's finished, unread background run survives alice's 250
     quick ones. Before, the 200 kept runs were one pool for all tokens and bob's run was gone ("unknown run")."""

@@ -163,6 +163,7 @@ def test_startup_files_compile_on_every_supported_python() -> None:
 
 
 # --- the project's .venv -------------------------------------------------------------------------------------
+@pytest.mark.slow
 async def test_a_project_venv_on_312_without_ipykernel_runs_the_kernel_and_stays_unchanged(
         built_312: str, overlay_cache: Path, short_tmp: Path, tmp_path: Path) -> None:
     project = make_project(tmp_path, built_312, pth_src=True)
@@ -213,6 +214,7 @@ async def test_a_project_venv_on_312_without_ipykernel_runs_the_kernel_and_stays
     assert tree_hash(venv) == before, "the project's .venv changed"
 
 
+@pytest.mark.slow
 async def test_python_flag_on_313_in_the_standard_profile(overlay_cache: Path, short_tmp: Path) -> None:
     python = need("3.13")
     settings = make_settings(short_tmp, python=python, cache_dir=overlay_cache, pool_size=0, restart_spares=0)
@@ -224,6 +226,7 @@ async def test_python_flag_on_313_in_the_standard_profile(overlay_cache: Path, s
         assert not refused["success"] and "not allowed" in refused["error"], refused
 
 
+@pytest.mark.slow
 async def test_python_310_kernels_start_with_the_guard(overlay_cache: Path, short_tmp: Path) -> None:
     python = need("3.10")
     prefix = str(Path(python).parent.parent)  # --python as a prefix directory
@@ -389,6 +392,7 @@ async def test_without_bubblewrap_a_venv_inside_the_working_dir_is_said_writable
     assert not Path(site, "evil.pth").exists()
 
 
+@pytest.mark.slow
 async def test_a_cells_src_sitecustomize_never_runs_on_the_host_at_the_next_start_doctor_or_install(
         built_312: str, overlay_cache: Path, short_tmp: Path, tmp_path: Path) -> None:
     """An editable install's .pth puts the kernel-writable src/ on the project

@@ -142,6 +142,7 @@ BAD_FIELDS = [
 ]
 
 
+@pytest.mark.slow
 def test_the_real_command_lets_ours_through_and_denies_the_rest_for_many_inputs() -> None:
     """One subprocess per input, as Claude Code runs it; the full matrix is checked in-process below."""
     cases: list[tuple[bytes | str, str, str]] = [

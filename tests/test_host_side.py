@@ -91,6 +91,7 @@ def plant_venv_cell(canary: Path, secret_dir: Path, project: Path, kind: str) ->
 
 
 @pytest.mark.parametrize("kind", ["script", "real-interpreter-and-pth"])
+@pytest.mark.slow
 async def test_a_venv_a_cell_plants_is_never_run_by_new_sessions_serve_doctor_or_replay(
         kind: str, short_tmp: Path, tmp_path: Path, project: Path, canary: Path) -> None:
     """A cell's .venv/bin/python3 (a script, or the real interpreter with a .pth of code and of a
@@ -140,6 +141,7 @@ async def test_a_venv_a_cell_plants_is_never_run_by_new_sessions_serve_doctor_or
     assert not canary.exists(), canary.read_text()
 
 
+@pytest.mark.slow
 def test_the_servers_helpers_never_import_a_planted_module_from_its_working_directory(
         short_tmp: Path, project: Path, canary: Path) -> None:
     """`python -c` helpers put the cwd first on sys.path; the server runs in the project."""
@@ -309,6 +311,7 @@ def _python_flags(argv: list[str]) -> list[str] | None:
     return None
 
 
+@pytest.mark.slow
 async def test_every_host_process_the_server_starts_is_isolated_and_runs_nothing_a_kernel_could_write(
         short_tmp: Path, project: Path, tmp_path: Path) -> None:
     """The audit: serve's preflight, a session and its cells, doctor and replay, recorded by an audit hook

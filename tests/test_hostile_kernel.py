@@ -68,6 +68,7 @@ def stdio_params(state: Path) -> StdioServerParameters:
     return StdioServerParameters(command=cmd[0], args=cmd[1:], env=clean_env())
 
 
+@pytest.mark.slow
 async def test_lone_surrogates_from_a_kernel_never_kill_the_stdio_server_or_the_next_start(short_tmp: Path) -> None:
     state = short_tmp / "surrogates"
     async with Client(stdio_params(state)) as client:
