@@ -239,6 +239,8 @@ async def test_a_fork_has_the_variables_and_the_record_and_each_changes_alone(ha
     assert nb["metadata"]["kernelexec"]["forked_from"]["session"] == s
     assert [c["source"] for c in nb["cells"] if c["cell_type"] == "code"][:2] == [
         "shared = [1, 2]\nsource = open('in.txt', 'w')", "n = 5"]
+    for done in (s, f):  # the module's server holds 16 sessions
+        await harness.call("close_session", session=done)
 
 
 # --- the host rule: a checkpoint is data its own kernel wrote --------------------------------------------
@@ -392,6 +394,8 @@ async def test_a_checkpoint_file_that_is_a_symlink_is_refused_by_fork_and_by_res
     assert restored["restored"] == ["mine"] and "secret" in restored["why"], restored
     r = await harness.client.call_tool("execute_code", {"code": "secret", "session": s})
     assert r.structured_content["error_type"] == "NameError"
+    for done in (victim, s):  # the module's server holds 16 sessions
+        await harness.call("close_session", session=done)
 
 
 async def test_a_fork_copies_only_what_the_manifest_names_and_never_past_the_cap(short_tmp: Path) -> None:
