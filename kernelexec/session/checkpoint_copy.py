@@ -111,9 +111,9 @@ def _copy_files(files: list[tuple[str, int]], source_dir: Path, target_dir: Path
                         raise InvalidRequest(f"checkpoint file {name!r} refused: a sparse file (no save writes one)")
                     out = os.open(name + ".part", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                                   0o600, dir_fd=dst_dir)
-                    if (owner.st_uid, owner.st_gid) != (os.geteuid(), os.getegid()):
-                        os.fchown(out, owner.st_uid, owner.st_gid)
                     try:  # in the OS, file to file (sendfile: the bytes never pass through this process)
+                        if (owner.st_uid, owner.st_gid) != (os.geteuid(), os.getegid()):
+                            os.fchown(out, owner.st_uid, owner.st_gid)
                         offset = 0
                         while offset < size and (sent := os.sendfile(out, fd, offset, min(size - offset, COPY_BUFFER))):
                             offset += sent  # what was checked, never what the kernel appends meanwhile
