@@ -528,3 +528,18 @@ async def _module_that_changed(harness: Harness) -> None:
     assert "keep" in restored["restored"] and "p" not in restored["restored"], restored
     assert [(c["cell"], c["for_names"]) for c in restored["reran"]] == [(2, ["p"])], restored
     assert "re-ran cell 2 for p" in r["restart_reason"], r
+
+
+async def test_a_name_the_cell_deleted_does_not_make_restore_run_the_cell_again(harness: Harness) -> None:
+    """``parts`` built, turned into ``frame``, then ``del parts``: the checkpoint has everything the cell leaves
+    behind, so a restore (and a fork) loads it and runs nothing again (the benchmark's 30 s build cell did rerun)."""
+    s = await harness.new_session()
+    await harness.run("import time\nparts = []\nfor i in range(3):\n    parts.append(i)\n    time.sleep(0.1)\n"
+                      "frame = list(parts)\ndel parts", session=s)
+    await settled(harness, s)
+    os.kill(pid_of(harness, s), signal.SIGKILL)
+    await anyio.sleep(0.5)
+    r = await harness.run("result = frame", session=s)
+    assert r["result"] == [0, 1, 2] and r["restored"]["reran"] == [], r["restored"]
+    assert "frame" in r["restored"]["restored"], r["restored"]
+    await harness.call("close_session", session=s)
