@@ -13,7 +13,8 @@ Rows (in memory, the default settings, warm spares off), each "on" row against i
   loop of numpy blocks with sleeps between them: the slow part of a real computation; ``--quick`` shortens it to
   QUICK_BUILD_S s and says so in the row's name); once the last save is done, a cell ``os._exit``s the kernel, then
   the timed call reads ``df`` (the new kernel loads it from the checkpoint first) and checks it equal. Goal: <= 3 s.
-- ``durable: fork_session``: the checkpoint read out by the source kernel, relayed in pieces, loaded by the fork's.
+- ``durable: fork_session``: the checkpoint named by the source kernel, its files copied by the server (local
+  kernels; a gateway's are relayed through the kernels instead), loaded by the fork's.
 - ``durable: restart_session(restore=true)`` vs ``restart_session(replay=true)``: the checkpoint loaded vs every
   recorded cell (the BUILD_S s one too) run again.
 """
@@ -139,7 +140,7 @@ async def bench_durable(plan: Any, base: Path, out: list[Measurement]) -> None:
                     note="the call after the death: a new kernel, df loaded inside it from the checkpoint, "
                          "then checked equal (goal <= 3 s)"),
         Measurement(f"durable: fork_session, {label}", "ms", forks,
-                    note="read out by the source kernel, relayed in 4 MiB pieces, loaded by the fork's (goal <= 3 s)"),
+                    note="named by the source kernel, its files copied on this host, loaded by the fork's (goal <= 3 s)"),
         Measurement(f"durable: restart_session(replay=true), {label}", "ms", replay,
                     note="every recorded cell run again"),
         Measurement(f"durable: restart_session(restore=true), {label}", "ms", restore,

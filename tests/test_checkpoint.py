@@ -16,6 +16,8 @@ from typing import Any
 import anyio
 import pytest
 
+from kernelexec.backends.local import LocalKernel
+
 from .support import Harness, make_settings, serving
 
 pytestmark = pytest.mark.anyio
@@ -203,7 +205,21 @@ async def test_a_death_before_a_save_is_done_recomputes_never_loads_the_older_va
 # --- fork ------------------------------------------------------------------------------------------------
 
 
-async def test_a_fork_has_the_variables_and_the_record_and_each_changes_alone(harness: Harness) -> None:
+@pytest.fixture(params=["copied", "relayed"])
+def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """How a fork's checkpoint travels: local kernels' files copied on this host, or relayed through the kernels
+    as a gateway's are (the same real local kernels, told their checkpoint is not the server's to reach)."""
+    if request.param == "relayed":
+        monkeypatch.setattr(LocalKernel, "checkpoint_on_this_host", False)
+    return str(request.param)
+
+
+@pytest.fixture
+def relayed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(LocalKernel, "checkpoint_on_this_host", False)
+
+
+async def test_a_fork_has_the_variables_and_the_record_and_each_changes_alone(harness: Harness, transport: str) -> None:
     s = await harness.new_session()
     await harness.run("shared = [1, 2]\nsource = open('in.txt', 'w')", session=s)
     await harness.run("n = 5", session=s)
@@ -223,6 +239,8 @@ async def test_a_fork_has_the_variables_and_the_record_and_each_changes_alone(ha
     assert nb["metadata"]["kernelexec"]["forked_from"]["session"] == s
     assert [c["source"] for c in nb["cells"] if c["cell_type"] == "code"][:2] == [
         "shared = [1, 2]\nsource = open('in.txt', 'w')", "n = 5"]
+    for done in (s, f):  # the module's server holds 16 sessions
+        await harness.call("close_session", session=done)
 
 
 # --- the host rule: a checkpoint is data its own kernel wrote --------------------------------------------
@@ -289,7 +307,7 @@ builtins._kernelexec_checkpoint_read = lambda n, o, k: J({"data": DATA})
     ([["manifest.json", 2_000_000_000]], "", "larger than"),  # past the cap: refused before a byte moves
 ])
 async def test_a_source_kernel_that_lies_to_its_fork_is_refused_by_the_relay(
-        harness: Harness, files: list[Any], data: str, why: str) -> None:
+        harness: Harness, relayed: None, files: list[Any], data: str, why: str) -> None:
     """The fork's relay is a new door: the source kernel's cell replaces the functions that read its checkpoint
     out. The server checks names, sizes and pieces before passing anything on, writes nothing of it itself."""
     s = await harness.new_session()
@@ -315,7 +333,47 @@ async def test_a_cell_cannot_write_outside_its_checkpoint_through_receive(harnes
     await harness.call("close_session", session=s)
 
 
-async def test_a_checkpoint_file_that_is_a_symlink_is_refused_by_fork_and_by_restore(harness: Harness) -> None:
+LIAR_SIZES = """
+import builtins
+class J:
+    def __init__(self, payload):
+        self.payload = payload
+    def _repr_json_(self):
+        return self.payload
+builtins._kernelexec_checkpoint_export = lambda: J({"files": FILES})
+"""
+
+
+@pytest.mark.parametrize(("files", "why"), [
+    ([["manifest.json", 4]], "not the 4 bytes its kernel announced"),  # less than the file: never a torn copy
+    ([["manifest.json", 1]], "not the 1 bytes its kernel announced"),
+    ([["manifest.json", 5], ["manifest.json", 5]], "named a checkpoint file twice"),
+    ([["hole.1.1.pkl", 40 * 2**20]], "a sparse file"),  # 40 MiB of holes, under the cap: not filled on our disk
+    ([["fifo.pkl", 0]], "not a regular file"),  # a FIFO: never opened for a blocking read
+])
+async def test_a_source_kernel_that_lies_to_its_fork_is_refused_by_the_direct_copy(
+        harness: Harness, files: list[Any], why: str) -> None:
+    """Local kernels' checkpoints are copied by the server: what the source kernel announces is checked against
+    the files themselves before a byte is written, and nothing but the announced bytes of regular files moves."""
+    s = await harness.new_session()
+    await harness.run("mine = 1", session=s)
+    await settled(harness, s)
+    ckpt = harness.settings.sessions_dir / s / "checkpoint"
+    with open(ckpt / "hole.1.1.pkl", "wb") as fh:  # as a kernel that got around its guard could
+        fh.truncate(40 * 2**20)
+    os.mkfifo(ckpt / "fifo.pkl")
+    await harness.run(LIAR_SIZES.replace("FILES", json.dumps(files)), session=s)
+    before = {p.name for p in harness.settings.sessions_dir.iterdir()}
+    refused = await harness.call("fork_session", session=s)
+    assert refused.is_error and why in refused.content[0].text, refused.content
+    for new in {p.name for p in harness.settings.sessions_dir.iterdir()} - before:
+        for copied in (harness.settings.sessions_dir / new / "checkpoint").glob("*"):
+            assert not copied.name.startswith("manifest.json"), "a manifest was put in place"
+            assert copied.stat().st_blocks * 512 < 2**20, "the holes were filled on the host"
+    await harness.call("close_session", session=s)
+
+
+async def test_a_checkpoint_file_that_is_a_symlink_is_refused_by_fork_and_by_restore(harness: Harness, transport: str) -> None:
     victim, s = await harness.new_session(), await harness.new_session()
     await harness.run("secret = 'victim'", session=victim)
     await settled(harness, victim)
@@ -336,6 +394,8 @@ async def test_a_checkpoint_file_that_is_a_symlink_is_refused_by_fork_and_by_res
     assert restored["restored"] == ["mine"] and "secret" in restored["why"], restored
     r = await harness.client.call_tool("execute_code", {"code": "secret", "session": s})
     assert r.structured_content["error_type"] == "NameError"
+    for done in (victim, s):  # the module's server holds 16 sessions
+        await harness.call("close_session", session=done)
 
 
 async def test_a_fork_copies_only_what_the_manifest_names_and_never_past_the_cap(short_tmp: Path) -> None:
@@ -468,3 +528,18 @@ async def _module_that_changed(harness: Harness) -> None:
     assert "keep" in restored["restored"] and "p" not in restored["restored"], restored
     assert [(c["cell"], c["for_names"]) for c in restored["reran"]] == [(2, ["p"])], restored
     assert "re-ran cell 2 for p" in r["restart_reason"], r
+
+
+async def test_a_name_the_cell_deleted_does_not_make_restore_run_the_cell_again(harness: Harness) -> None:
+    """``parts`` built, turned into ``frame``, then ``del parts``: the checkpoint has everything the cell leaves
+    behind, so a restore (and a fork) loads it and runs nothing again (the benchmark's 30 s build cell did rerun)."""
+    s = await harness.new_session()
+    await harness.run("import time\nparts = []\nfor i in range(3):\n    parts.append(i)\n    time.sleep(0.1)\n"
+                      "frame = list(parts)\ndel parts", session=s)
+    await settled(harness, s)
+    os.kill(pid_of(harness, s), signal.SIGKILL)
+    await anyio.sleep(0.5)
+    r = await harness.run("result = frame", session=s)
+    assert r["result"] == [0, 1, 2] and r["restored"]["reran"] == [], r["restored"]
+    assert "frame" in r["restored"]["restored"], r["restored"]
+    await harness.call("close_session", session=s)

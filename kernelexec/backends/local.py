@@ -18,6 +18,7 @@ class LocalKernel(Kernel):
     """A kernel on this machine, launched by our provisioner inside the session's sandbox plan."""
 
     supports_packages = True
+    checkpoint_on_this_host = True  # a fork copies its checkpoint files directly (session/checkpoint_copy.py)
 
     def __init__(self, spec: LaunchSpec, *, startup_timeout: float = 60.0, slot: str = SLOTS[0]) -> None:
         super().__init__(spec, startup_timeout=startup_timeout, slot=slot)

@@ -8,7 +8,7 @@ our provisioner inside the sandbox; ``kernelspecs.ProvisionedKernel``, a kernels
 - **must** override: ``create_manager``, ``start_kwargs`` (abstract).
 - **may** override (a safe default here): ``install_startup``, ``exit_code``, ``exit_status``, ``log_tail``,
   ``spill_path_ok``; ``restart`` and ``shutdown`` when the backend owns more than the manager (call
-  ``super()``); the class attributes ``supports_packages`` and ``liveness_every``; and ``spares`` (set in
+  ``super()``); the class attributes ``supports_packages``, ``liveness_every`` and ``checkpoint_on_this_host``; and ``spares`` (set in
   ``__init__`` when the backend keeps a warm spare: a ``SpareKeeper``).
 - **never** override: the request protocol (``execute``, ``evaluate``, ``reply_to``, ``interrupt``,
   ``is_alive``, ``adopt``, ``warm``): every backend's messages go through the same checks.
@@ -68,6 +68,8 @@ class Kernel(ABC):
 
     supports_packages: ClassVar[bool] = False  # the server can install into its session's overlay (packages.py)
     liveness_every: ClassVar[float] = POLL  # seconds between liveness checks while a request runs
+    # its checkpoint is its session's directory on this host: a fork copies the files, else relays them (checkpoint_copy)
+    checkpoint_on_this_host: ClassVar[bool] = False
 
     def __init__(self, spec: LaunchSpec, *, startup_timeout: float = 60.0, slot: str = SLOTS[0]) -> None:
         self.spec = spec

@@ -64,6 +64,13 @@ def cell_names(source: str) -> dict[str, list[str]] | None:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return None
+    written, read = _names(tree)
+    wrote = written - _deleted_for_good(tree)  # what it reads of its own making stays its own (read & written)
+    return {"wrote": sorted(wrote), "read": sorted(read - written) + sorted(read & written)}
+
+
+def _names(tree: ast.AST) -> tuple[set[str], set[str]]:
+    """The names ``tree``'s top level may bind, and every name it reads."""
     wrote: set[str] = set()
     read: set[str] = set()
     todo: list[tuple[ast.AST, bool]] = [(tree, True)]
@@ -82,7 +89,20 @@ def cell_names(source: str) -> dict[str, list[str]] | None:
             wrote.add(node.name)
         inner = top and not isinstance(node, _SCOPES)
         todo.extend((child, inner) for child in ast.iter_child_nodes(node))
-    return {"wrote": sorted(wrote), "read": sorted(read - wrote) + sorted(read & wrote)}
+    return wrote, read
+
+
+def _deleted_for_good(tree: ast.Module) -> set[str]:
+    """Names a top-level ``del`` removes with no top-level statement after it binding them again: gone once the
+    cell ends (``del parts`` after building a frame from them), so a restore never runs the cell again for them."""
+    gone: set[str] = set()
+    bound_later: set[str] = set()
+    for statement in reversed(tree.body):
+        if isinstance(statement, ast.Delete):
+            gone |= {t.id for t in statement.targets if isinstance(t, ast.Name)} - bound_later
+        else:
+            bound_later |= _names(statement)[0]
+    return gone
 
 
 def first_line(source: str, limit: int = 80) -> str:

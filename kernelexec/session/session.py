@@ -474,8 +474,8 @@ class Session:
 
     async def fork_from(self, source: Session) -> RestoreReport | None:
         """Make this new session (same owner, checked by the caller) a fork of ``source``: its checkpoint copied
-        from the source's kernel to this one's through the kernels (``checkpoint_copy``: the host relays the bytes
-        unread, so a gateway's kernels fork too), its record up to now copied (working directories in it moved to
+        from the source's kernel to this one's (``checkpoint_copy``: the files directly for local kernels, relayed
+        unread through the kernels for a gateway's), its record up to now copied (working directories in it moved to
         this session's), then this kernel refilled from the copy. Nothing is shared afterwards: each has its own
         files, kernel and record."""
         s = self.settings
@@ -489,7 +489,8 @@ class Session:
                     # it is refilled at the source's next call, as after any replacement
                     origin = await source.ensure_kernel(refill=False)
                     cap = int(s.checkpoint_mb * 1_000_000) + 10_000_000  # the manifest and the pickles' slack
-                    await copy_checkpoint(origin, target, max_bytes=cap, timeout=timeout)
+                    await copy_checkpoint(origin, target, source_dir=source.dirs.checkpoint,
+                                          target_dir=self.dirs.checkpoint, max_bytes=cap, timeout=timeout)
         old, new = str(source.dirs.root), str(self.dirs.root)
         for cell in cells:
             meta = cell.get("metadata", {}).get("kernelexec") if isinstance(cell.get("metadata"), dict) else None
