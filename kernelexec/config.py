@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import stat
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
@@ -280,6 +281,18 @@ class Settings(BaseSettings):
 MIN_STATE_KEY_BYTES = 32
 
 
+def _check_private(path: Path, st: os.stat_result) -> None:
+    """A key file must be the server's alone: a regular file of its uid, unreadable by group and others (0600),
+    so no other user (nor a kernel of another uid) could have read or planted the keys."""
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"--state-key-file {path}: not a regular file")
+    if st.st_uid != os.getuid():
+        raise ValueError(f"--state-key-file {path}: owned by uid {st.st_uid}, not this server's ({os.getuid()})")
+    if st.st_mode & 0o077:
+        raise ValueError(f"--state-key-file {path}: mode {stat.S_IMODE(st.st_mode):04o} lets group or others at it; "
+                         f"chmod 600 {path}")
+
+
 def state_keys(settings: Settings) -> list[bytes] | None:
     """``--state-key-file``'s keys, first the one that seals; None without the file. A ValueError (one line, never a
     key) when it is unreadable, empty, or holds a key shorter than ``MIN_STATE_KEY_BYTES``."""
@@ -289,6 +302,7 @@ def state_keys(settings: Settings) -> list[bytes] | None:
     path = path.expanduser()
     try:
         with open(path, "rb") as fh:
+            _check_private(path, os.fstat(fh.fileno()))
             data = fh.read(1 << 20)
     except OSError as exc:
         raise ValueError(f"--state-key-file {path}: cannot read it: {exc.strerror or exc}") from None
