@@ -154,7 +154,10 @@ class Settings(BaseSettings):
     max_sessions_per_token: int = Field(8, ge=1, description="Most live sessions one HTTP token may hold.")
     max_upload_urls_per_token: int = Field(
         16, ge=1, description="Most upload URLs (upload_url, files/authorizeUpload) one HTTP token may hold unused and "
-        "unexpired at once; more are refused until one is used or expires.")
+        "unexpired, or with their upload still under way, at once; more are refused until one is used or expires.")
+    max_upload_spool_mb: int = Field(
+        1024, ge=1, description="Most MiB of upload bodies the server receives at once, over all tokens (spooled in "
+        "--state-dir before they go to the kernel); an upload that would pass it is refused (HTTP 503), nothing kept.")
     max_queued_runs_per_session: int = Field(
         16, ge=1, description="Most runs (execute_code cells, background or foreground) one session may have queued or "
         "running at once; more are refused until one finishes.")
