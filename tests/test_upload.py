@@ -165,6 +165,22 @@ async def test_a_closed_sessions_url_is_gone(server: str) -> None:
         assert (await put(g["uploadUrl"], b"late")).status_code == 410
 
 
+async def test_a_killed_uploads_temporary_file_is_swept_at_the_sessions_next_upload(server: str) -> None:
+    """A SIGKILL mid-upload leaves ``.kernelexec-upload-*.part`` in the working directory: the next upload of the
+    session removes the stale ones (untouched for STALE_PART_S), never a fresh one (another upload's, in progress)."""
+    async with client(server, ALICE) as alice:
+        handle = (await alice.call_tool("new_session", {})).structured_content["session"]
+        await cell(alice, handle, "import os, time\n"
+                                  "open('.kernelexec-upload-dead.part', 'wb').write(b'half')\n"
+                                  "os.utime('.kernelexec-upload-dead.part', (time.time() - 7200,) * 2)\n"
+                                  "open('.kernelexec-upload-live.part', 'wb').write(b'going')\nresult = 1")
+        g = await grant(alice, handle, "next.bin")
+        assert (await put(g["uploadUrl"], b"next")).status_code == 201
+        names = await listing(alice, handle)
+        assert ".kernelexec-upload-dead.part" not in names and ".kernelexec-upload-live.part" in names, names
+        await cell(alice, handle, "import os; os.unlink('.kernelexec-upload-live.part'); result = 1")
+
+
 @pytest.fixture(scope="module")
 def tight(short_tmp: Path) -> Iterator[str]:
     """A server with small upload budgets: 2 URLs per token, 1 MiB being received at once."""

@@ -22,8 +22,8 @@ nothing is written), the bytes go in base64 chunks of ``CHUNK`` bytes through si
 (``Kernel.evaluate``, never recorded) that append to a temporary file the kernel created in its working directory
 with ``O_CREAT|O_EXCL|O_NOFOLLOW`` and opens each time with ``O_NOFOLLOW``; at the end it is renamed onto the name
 (``rename`` replaces a link planted there, never follows it). Any failure after the temporary file may exist removes
-it, in the same turn. The answer says only what the server knows (name, size, SHA-256, session): nothing the
-kernel wrote.
+it, in the same turn; one a killed server left (untouched ``STALE_PART_S``) goes at the session's next upload.
+The answer says only what the server knows (name, size, SHA-256, session): nothing the kernel wrote.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 DEFAULT_TTL_S = 600
 DEFAULT_MAX_SPOOL_BYTES = 1024 * 1024 * 1024  # bodies being received at once, over the whole server
 MAX_TTL_S = 3600
+STALE_PART_S = 600  # an upload's temporary file untouched this long was left by a killed server
 LOCK_WAIT_S = 10.0  # an upload waits this long for a busy session, then 409 (nothing written)
 REMEMBER_S = 3600  # a used or expired URL answers 410 this long after it expired, then 404 as unknown
 DEVICES = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lpt{i}" for i in range(10))}
@@ -242,6 +243,7 @@ async def _place(grant: Grant, spool: IO[bytes]) -> None:
     tmp = f".kernelexec-upload-{secrets.token_hex(8)}.part"
     try:
         async with grant.session.turn(LOCK_WAIT_S) as kernel:
+            await _evaluate(kernel, SWEEP.format(age=STALE_PART_S))  # a killed server's leftovers; another upload's stays
             try:
                 if await _evaluate(kernel, CREATE.format(tmp=repr(tmp))) is not True:
                     raise _Refused(409, "the kernel could not create a file in the session's working directory "
@@ -283,4 +285,9 @@ CREATE = ("(lambda os: os.close(os.open({tmp}, os.O_WRONLY | os.O_CREAT | os.O_E
 APPEND = ("(lambda os, b: (lambda f: (f.write(b), f.close())[0])(open(os.open({tmp}, os.O_WRONLY | os.O_APPEND "
           "| os.O_NOFOLLOW | os.O_CLOEXEC), 'ab')))(__import__('os'), __import__('base64').b64decode({data}))")
 RENAME = "(lambda os: os.rename({tmp}, {name}) is None)(__import__('os'))"
+# temporary files of uploads a killed server left: untouched for STALE_PART_S (each chunk renews an upload's mtime)
+SWEEP = ("(lambda os, time: [os.unlink(e.name) for e in os.scandir('.') if e.name.startswith('.kernelexec-upload-') "
+         "and e.name.endswith('.part') and e.is_file(follow_symlinks=False) "
+         "and e.stat(follow_symlinks=False).st_mtime < time.time() - {age}] and None)"
+         "(__import__('os'), __import__('time'))")
 REMOVE = "(lambda os: os.unlink({tmp}) if os.path.lexists({tmp}) else None)(__import__('os'))"
