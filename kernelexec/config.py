@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import stat
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
@@ -153,7 +154,10 @@ class Settings(BaseSettings):
     max_sessions_per_token: int = Field(8, ge=1, description="Most live sessions one HTTP token may hold.")
     max_upload_urls_per_token: int = Field(
         16, ge=1, description="Most upload URLs (upload_url, files/authorizeUpload) one HTTP token may hold unused and "
-        "unexpired at once; more are refused until one is used or expires.")
+        "unexpired, or with their upload still under way, at once; more are refused until one is used or expires.")
+    max_upload_spool_mb: int = Field(
+        1024, ge=1, description="Most MiB of upload bodies the server receives at once, over all tokens (spooled in "
+        "--state-dir before they go to the kernel); an upload that would pass it is refused (HTTP 503), nothing kept.")
     max_queued_runs_per_session: int = Field(
         16, ge=1, description="Most runs (execute_code cells, background or foreground) one session may have queued or "
         "running at once; more are refused until one finishes.")
@@ -280,6 +284,18 @@ class Settings(BaseSettings):
 MIN_STATE_KEY_BYTES = 32
 
 
+def _check_private(path: Path, st: os.stat_result) -> None:
+    """A key file must be the server's alone: a regular file of its uid, unreadable by group and others (0600),
+    so no other user (nor a kernel of another uid) could have read or planted the keys."""
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"--state-key-file {path}: not a regular file")
+    if st.st_uid != os.getuid():
+        raise ValueError(f"--state-key-file {path}: owned by uid {st.st_uid}, not this server's ({os.getuid()})")
+    if st.st_mode & 0o077:
+        raise ValueError(f"--state-key-file {path}: mode {stat.S_IMODE(st.st_mode):04o} lets group or others at it; "
+                         f"chmod 600 {path}")
+
+
 def state_keys(settings: Settings) -> list[bytes] | None:
     """``--state-key-file``'s keys, first the one that seals; None without the file. A ValueError (one line, never a
     key) when it is unreadable, empty, or holds a key shorter than ``MIN_STATE_KEY_BYTES``."""
@@ -289,6 +305,7 @@ def state_keys(settings: Settings) -> list[bytes] | None:
     path = path.expanduser()
     try:
         with open(path, "rb") as fh:
+            _check_private(path, os.fstat(fh.fileno()))
             data = fh.read(1 << 20)
     except OSError as exc:
         raise ValueError(f"--state-key-file {path}: cannot read it: {exc.strerror or exc}") from None

@@ -182,6 +182,10 @@ def check_reach(settings: Settings, reach: KernelReach) -> None:
         (_real(p), "--read-dirs") for p in settings.read_dirs]
     own = [(_real(settings.state_dir), "kernelexec's state directory (--state-dir)"),
            (_real(settings.cache_dir), "kernelexec's cache (--cache-dir)")]
+    if settings.shared_dir is not None:  # every session's directory, of every replica
+        own.append((_real(settings.shared_dir), "the fleet's shared directory (--shared-dir)"))
+    if settings.state_key_file is not None:  # the keys that seal every replica's request state
+        own.append((_real(settings.state_key_file), "the fleet's request-state keys (--state-key-file)"))
     for root, flag in roots:
         if root == "/" or inside(home, [root]):
             raise InvalidRequest(

@@ -281,6 +281,7 @@ def test_a_state_key_file_too_short_or_unreadable_is_refused_in_one_line(short_t
     key_file = short_tmp / f"key-{content is None}-{len(content or '')}"
     if content is not None:
         key_file.write_text(content)
+        key_file.chmod(0o600)  # the mode is right: what is refused is the content
     done = subprocess.run(kernelexec_cmd("serve", "--transport", "http", "--port", str(free_port()), "--state-dir",
                                          str(short_tmp / "keys"), "--state-key-file", str(key_file)),
                           env=clean_env(), capture_output=True, text=True, timeout=60)
@@ -303,6 +304,7 @@ def test_a_retry_sealed_by_one_replica_opens_on_another_with_the_shared_key_file
     for name, text in files.items():
         path = tmp_path / name
         path.write_text(text)
+        path.chmod(0o600)
         keys = state_keys(load_settings(state_dir=tmp_path / f"state-{name}", state_key_file=path))
         codecs[name] = RequestStateSecurity(keys=keys).codec
     sealed_on_a = codecs["a"].seal(b"run-1 q-1")

@@ -267,6 +267,51 @@ def test_a_working_directory_that_reaches_kernelexecs_own_state_or_your_home_is_
     assert ("home directory" in message) if where == "home" else ("overlap" in message or "home directory" in message), message
 
 
+@pytest.mark.parametrize("where", ["shared-inside-work", "work-inside-shared", "key-inside-work"])
+def test_a_shared_dir_or_state_key_file_within_a_kernels_reach_is_refused_at_start(where: str, short_tmp: Path) -> None:
+    """--shared-dir holds every session's directory and --state-key-file the keys that seal every replica's request
+    state: a kernel that can reach either reads other sessions' files or forges their retries."""
+    tmp_path = Path(tempfile.mkdtemp(prefix="s", dir=short_tmp))
+    work = tmp_path / "work"
+    work.mkdir()
+    key = tmp_path / "state.key"
+    shared = tmp_path / "shared"
+    if where == "shared-inside-work":
+        shared = work / "shared"
+    elif where == "work-inside-shared":
+        work = shared / "project"
+        work.mkdir(parents=True)
+    else:
+        key = work / "state.key"
+    key.write_text(os.urandom(32).hex() + "\n")
+    key.chmod(0o600)
+    shared.mkdir(exist_ok=True)
+    proc = subprocess.run(kernelexec_cmd("serve", "--working-dir", str(work), "--state-dir", str(tmp_path / "state"),
+                                         "--cache-dir", str(tmp_path / "cache"), "--shared-dir", str(shared),
+                                         "--state-key-file", str(key)),
+                          capture_output=True, text=True, timeout=120, cwd=work, env=clean_env(HOME=str(tmp_path)),
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode != 0, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    message = proc.stderr.strip().splitlines()[-1]
+    assert "overlap" in message and ("--shared-dir" in message or "--state-key-file" in message), message
+
+
+def test_a_state_key_file_others_can_read_is_refused_in_one_line(short_tmp: Path) -> None:
+    """A 0644 key file: any local user (or a kernel running as another uid) could read the keys and seal request
+    state every replica trusts."""
+    tmp_path = Path(tempfile.mkdtemp(prefix="k", dir=short_tmp))
+    key = tmp_path / "state.key"
+    key.write_text(os.urandom(32).hex() + "\n")
+    key.chmod(0o644)
+    proc = subprocess.run(kernelexec_cmd("serve", "--transport", "http", "--port", "0", "--state-dir", str(tmp_path / "state"),
+                                         "--state-key-file", str(key)),
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path, env=clean_env(HOME=str(tmp_path)),
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode != 0, (proc.returncode, proc.stderr)
+    assert proc.stderr.strip().count("\n") == 0 and "0644" in proc.stderr and "--state-key-file" in proc.stderr, proc.stderr
+
+
 def test_the_reach_counts_protected_names_and_only_venvs_that_were_there_first(tmp_path: Path, short_tmp: Path) -> None:
     require_bwrap()
     work = tmp_path / "w"

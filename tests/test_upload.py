@@ -165,6 +165,79 @@ async def test_a_closed_sessions_url_is_gone(server: str) -> None:
         assert (await put(g["uploadUrl"], b"late")).status_code == 410
 
 
+async def test_a_killed_uploads_temporary_file_is_swept_at_the_sessions_next_upload(server: str) -> None:
+    """A SIGKILL mid-upload leaves ``.kernelexec-upload-*.part`` in the working directory: the next upload of the
+    session removes the stale ones (untouched for STALE_PART_S), never a fresh one (another upload's, in progress)."""
+    async with client(server, ALICE) as alice:
+        handle = (await alice.call_tool("new_session", {})).structured_content["session"]
+        await cell(alice, handle, "import os, time\n"
+                                  "open('.kernelexec-upload-dead.part', 'wb').write(b'half')\n"
+                                  "os.utime('.kernelexec-upload-dead.part', (time.time() - 7200,) * 2)\n"
+                                  "open('.kernelexec-upload-live.part', 'wb').write(b'going')\nresult = 1")
+        g = await grant(alice, handle, "next.bin")
+        assert (await put(g["uploadUrl"], b"next")).status_code == 201
+        names = await listing(alice, handle)
+        assert ".kernelexec-upload-dead.part" not in names and ".kernelexec-upload-live.part" in names, names
+        await cell(alice, handle, "import os; os.unlink('.kernelexec-upload-live.part'); result = 1")
+
+
+@pytest.fixture(scope="module")
+def tight(short_tmp: Path) -> Iterator[str]:
+    """A server with small upload budgets: 2 URLs per token, 1 MiB being received at once."""
+    tokens = short_tmp / "tight-tokens"
+    tokens.write_text(f"{ALICE}\n")
+    with http_server(short_tmp / "tight", "--auth-token-file", str(tokens), "--max-upload-urls-per-token", "2",
+                     "--max-upload-spool-mb", "1") as url:
+        yield url
+
+
+def trickle(first: bytes, pause: float) -> Any:
+    """A chunked body that sends ``first``, then stalls ``pause`` seconds before its last byte: a slow client."""
+    async def body() -> Any:
+        yield first
+        await anyio.sleep(pause)
+        yield b"."
+    return body()
+
+
+async def test_slow_puts_from_one_token_hold_neither_its_budget_nor_the_servers_spool(tight: str) -> None:
+    """One token, many slow PUTs: a URL whose PUT is under way still counts against the token's budget, and the
+    server receives at most --max-upload-spool-mb at once (503 past it, nothing kept)."""
+    async with client(tight, ALICE) as alice:
+        handle = (await alice.call_tool("new_session", {})).structured_content["session"]
+        first, second = await grant(alice, handle, "one.bin"), await grant(alice, handle, "two.bin")
+        async with anyio.create_task_group() as tg:
+            done: dict[str, int] = {}
+
+            async def slow(name: str, url: str, size: int, pause: float) -> None:
+                done[name] = (await put(url, trickle(b"a" * size, pause))).status_code
+
+            tg.start_soon(slow, "one", first["uploadUrl"], 700 * 1024, 4.0)
+            await anyio.sleep(1.5)  # its first 700 KiB are spooled; the PUT is still under way
+            third = await grant(alice, handle, "three.bin")
+            assert getattr(third, "is_error", False), third  # the PUT under way still counts: 2 of 2
+            assert "--max-upload-urls-per-token" in third.content[0].text
+            tg.start_soon(slow, "two", second["uploadUrl"], 700 * 1024, 1.0)  # 1.4 MiB at once: over the spool budget
+        assert done == {"one": 201, "two": 503}, done
+        names = await listing(alice, handle)
+        assert "one.bin" in names and "two.bin" not in names and not [n for n in names if n.startswith(".kernelexec-upload")]
+        again = await grant(alice, handle, "four.bin")  # both PUTs over: the budget is free again
+        assert not getattr(again, "is_error", False), again
+
+
+async def test_a_body_that_has_not_arrived_when_its_url_expires_is_refused(tight: str) -> None:
+    """A client trickling its body past the URL's expiry holds nothing longer: 408, nothing kept."""
+    async with client(tight, ALICE) as alice:
+        handle = (await alice.call_tool("new_session", {})).structured_content["session"]
+        g = await grant(alice, handle, "late.bin", expires_s=2)
+        started = time.monotonic()
+        answer = await put(g["uploadUrl"], trickle(b"b" * 1024, 5.0))
+        assert answer.status_code == 408, (answer.status_code, answer.text)
+        assert time.monotonic() - started < 30
+        names = await listing(alice, handle)
+        assert "late.bin" not in names and not [n for n in names if n.startswith(".kernelexec-upload")]
+
+
 async def test_not_listed_under_stdio(tmp_path: Path) -> None:
     from kernelexec.config import Settings
     from kernelexec.server.build import build_server

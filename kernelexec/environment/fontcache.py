@@ -9,17 +9,23 @@ kernel could write, and the server never reads the list back. ``ready`` offers t
 only while no kernel can write it; each kernel links the file into its own ``MPLCONFIGDIR`` at start
 (``startup/kernel_init.py``): a kernel whose matplotlib has another font-list version finds no file of its
 name there and builds its own, as before. The fonts the list names lie in kernelexec's own environment
-and the system's directories, which every kernel reads (``sandbox/probe.system_read_paths``).
+and the system's directories, which every kernel reads (``sandbox/probe.system_read_paths``). The build runs
+with ``HOME`` and ``XDG_{DATA,CONFIG,CACHE}_HOME`` set to its own empty directory: a same-uid kernel (trusted
+or ``--sandbox off``) could have planted fonts or a fontconfig file in the user's ``~/.fonts``,
+``~/.local/share/fonts`` or ``~/.config/fontconfig``, and the server never parses what a kernel wrote. A build
+killed midway leaves a ``.matplotlib-*`` directory in the cache: the next start removes stale ones.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 from kernelexec.host import KernelReach, helper_env, run_python
@@ -60,18 +66,34 @@ def reserve(cache_dir: Path, reach: KernelReach) -> Path | None:
     return directory
 
 
+def remove_stale_builds(cache_dir: Path) -> None:
+    """``.matplotlib-*`` build directories a killed server left (older than a build may take: not another's)."""
+    cutoff = time.time() - 2 * BUILD_TIMEOUT
+    for stale in Path(cache_dir).glob(".matplotlib-*"):
+        with contextlib.suppress(OSError):
+            if stale.is_dir() and not stale.is_symlink() and stale.lstat().st_mtime < cutoff:
+                shutil.rmtree(stale, ignore_errors=True)
+
+
 def prepare(cache_dir: Path, reach: KernelReach) -> Path | None:
     """Build the font list once (kept across restarts: rebuilt only when missing); None when matplotlib is
     not installed beside kernelexec, when a kernel could write the cache directory, or when the build fails.
     The directory is made first (``reserve``: kernels started meanwhile are offered it), each list renamed into it whole."""
     directory = reserve(cache_dir, reach)
-    if directory is None or font_lists(directory):
+    if directory is None:
+        return None
+    remove_stale_builds(cache_dir)
+    if font_lists(directory):
         return directory
     if importlib.util.find_spec("matplotlib") is None:
         return None
     building = Path(tempfile.mkdtemp(prefix=".matplotlib-", dir=cache_dir))
+    home = building / "home"  # empty: no user's fonts or fontconfig, which a kernel may have written
     try:
-        done = run_python(["-c", BUILD], timeout=BUILD_TIMEOUT, env=helper_env({"MPLCONFIGDIR": str(building)}))
+        home.mkdir()
+        isolated = {"HOME": str(home), "XDG_DATA_HOME": str(home), "XDG_CONFIG_HOME": str(home),
+                    "XDG_CACHE_HOME": str(home), "MPLCONFIGDIR": str(building)}
+        done = run_python(["-c", BUILD], timeout=BUILD_TIMEOUT, env=helper_env(isolated))
         built = font_lists(building)
         if done.returncode != 0 or not built:
             logger.warning("matplotlib's font list could not be prepared: %s", (done.stderr or "").strip()[-500:])

@@ -172,7 +172,8 @@ class App:
     uploads: Uploads = field(init=False)  # upload URLs (HTTP only: routes of build.py's app)
 
     def __post_init__(self) -> None:
-        self.uploads = Uploads(self.settings.max_upload_urls_per_token, spool_dir=self.settings.state_dir)
+        self.uploads = Uploads(self.settings.max_upload_urls_per_token, spool_dir=self.settings.state_dir,
+                              max_spool_bytes=self.settings.max_upload_spool_mb * 1024 * 1024)
 
     def page_opener(self, ctx: Context | None) -> OpenPage | None:
         """How a run started by this call asks a getpass(): on a one-time page, where the client declared URL-mode

@@ -43,6 +43,25 @@ def error(text: str) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
 
 
+KEEP_TRIES = (0.0, 0.2, 0.5)  # seconds before each try of a told run's first record
+
+
+async def put_first(store: Any, record: RunRecord) -> None:
+    """A run's first record, before its id is told: tried again briefly, then the answer fails (a run id the store
+    does not hold would answer ``unknown run`` from any other replica or after a restart)."""
+    failure: KernelexecError | None = None
+    for pause in KEEP_TRIES:
+        await anyio.sleep(pause)
+        try:
+            await store.put_run(record)
+            return
+        except KernelexecError as exc:
+            failure = exc
+            logger.warning("recording run %s: %s", record.id, exc)
+    raise KernelexecError(f"run {record.id} could not be recorded in the session store ({failure}), so its id is not "
+                          "told: its cell may still run and is recorded in the session's notebook when it ends") from None
+
+
 def observer(app: App) -> Any:
     """The RunRegistry observer that records ``app``'s runs in its session store: a run from the moment its id
     is told (``kept``: written before the answer that tells it), then each change. A run its own call answers in
@@ -62,9 +81,10 @@ def observer(app: App) -> Any:
             written = recorded[run.id] = anyio.Event()
             try:
                 first: RunState = "awaiting_input" if run.awaiting is not None else "running"
-                await store.put_run(RunRecord(run.id, run.session.handle, run.session.owner, first))
-            except KernelexecError:
-                logger.exception("recording run %s", run.id)
+                await put_first(store, RunRecord(run.id, run.session.handle, run.session.owner, first))
+            except BaseException:  # never told: its later records have nothing to follow
+                recorded.pop(run.id, None)
+                raise
             finally:
                 written.set()
             return

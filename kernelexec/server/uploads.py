@@ -5,7 +5,10 @@ the kernel** (so a remote kernel gets them too).
 
 The URL is the capability, like a getpass() page (secret_page.py): ``/upload/<32 random bytes>``, unguessable,
 bound to the session and the token that asked, capped, expiring. A token holds at most
-``--max-upload-urls-per-token`` URLs unused and unexpired at once. A PUT needs no bearer token; one that carries a
+``--max-upload-urls-per-token`` URLs unused and unexpired, or with their PUT still under way, at once. The server
+spools at most ``--max-upload-spool-mb`` of bodies at once over all its uploads (a PUT that would pass it is refused
+503, nothing kept), and a body must have arrived by its URL's expiry (else 408, nothing kept): slow PUTs hold neither
+memory, disk nor the token's budget for longer than the URL lives. A PUT needs no bearer token; one that carries a
 token other than its owner's is answered 404, as for an unknown URL. It is used once: the first PUT claims it
 (whatever then happens), a later or concurrent one gets 410, as does one after it expired. A body over the cap
 is refused 413 (by its Content-Length before anything is read, else while streaming). A URL minted for a declared
@@ -19,8 +22,8 @@ nothing is written), the bytes go in base64 chunks of ``CHUNK`` bytes through si
 (``Kernel.evaluate``, never recorded) that append to a temporary file the kernel created in its working directory
 with ``O_CREAT|O_EXCL|O_NOFOLLOW`` and opens each time with ``O_NOFOLLOW``; at the end it is renamed onto the name
 (``rename`` replaces a link planted there, never follows it). Any failure after the temporary file may exist removes
-it, in the same turn. The answer says only what the server knows (name, size, SHA-256, session): nothing the
-kernel wrote.
+it, in the same turn; one a killed server left (untouched ``STALE_PART_S``) goes at the session's next upload.
+The answer says only what the server knows (name, size, SHA-256, session): nothing the kernel wrote.
 """
 
 from __future__ import annotations
@@ -52,7 +55,9 @@ CHUNK = 256 * 1024
 MAX_BYTES = 256 * 1024 * 1024  # the largest cap a URL may have
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 DEFAULT_TTL_S = 600
+DEFAULT_MAX_SPOOL_BYTES = 1024 * 1024 * 1024  # bodies being received at once, over the whole server
 MAX_TTL_S = 3600
+STALE_PART_S = 600  # an upload's temporary file untouched this long was left by a killed server
 LOCK_WAIT_S = 10.0  # an upload waits this long for a busy session, then 409 (nothing written)
 REMEMBER_S = 3600  # a used or expired URL answers 410 this long after it expired, then 404 as unknown
 DEVICES = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lpt{i}" for i in range(10))}
@@ -89,6 +94,8 @@ class Grant:
     size: int | None = None  # declared (files/authorizeUpload): the body must be exactly this long
     sha256: bytes | None = None  # declared: the body must hash to this
     used: bool = False
+    receiving: bool = False  # its PUT is under way: it still counts against the owner's budget
+    spooled: int = 0  # bytes of its body held in the server's spool now
 
     @property
     def expires_at(self) -> str:
@@ -96,7 +103,8 @@ class Grant:
 
     @property
     def outstanding(self) -> bool:
-        return not self.used and self.expires > time.time()
+        """Counted against the owner's budget: usable, or being used (until its PUT has finished, whatever the end)."""
+        return self.receiving or (not self.used and self.expires > time.time())
 
 
 class _Refused(Exception):
@@ -114,9 +122,12 @@ def _answer(status: int, **fields: Any) -> JSONResponse:
 class Uploads:
     """The open upload URLs of one server, by their path's key."""
 
-    def __init__(self, max_per_owner: int = 16, spool_dir: Path | None = None) -> None:
+    def __init__(self, max_per_owner: int = 16, spool_dir: Path | None = None,
+                 max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES) -> None:
         self._grants: dict[str, Grant] = {}
         self.max_per_owner = max_per_owner
+        self.max_spool_bytes = max_spool_bytes  # --max-upload-spool-mb: bodies held at once, all uploads together
+        self.spooling = 0  # bytes of the bodies being received now
         self.spool_dir = spool_dir  # the server's own (its state dir), never a kernel's; None: the system's
         self.principals: dict[bytes, str] = {}  # token → principal (build.py fills it over HTTP)
 
@@ -162,6 +173,13 @@ class Uploads:
         if grant.used:
             return _answer(410, error="this upload URL was used already")
         grant.used = True  # single use: this request claims it, whatever happens next (no await before: no race)
+        grant.receiving = True
+        try:
+            return await self._receive(request, grant)
+        finally:
+            grant.receiving = False
+
+    async def _receive(self, request: Request, grant: Grant) -> JSONResponse:
         if grant.expires <= time.time():
             return _answer(410, error="this upload URL expired")
         if grant.session.closed:
@@ -172,29 +190,51 @@ class Uploads:
             return _answer(400, error="bad Content-Length")
         if declared > grant.max_bytes:
             return _answer(413, error=f"over this URL's cap of {grant.max_bytes} bytes; nothing was kept")
+        if self.spooling + declared > self.max_spool_bytes:
+            return _answer(503, error=self._full())
         try:
             with tempfile.TemporaryFile(dir=self.spool_dir) as spool:  # unnamed: gone with the file object, or the process
-                size, digest = await _spool(request, grant, spool)
+                try:
+                    with anyio.fail_after(max(grant.expires - time.time(), 0.0)):  # the body's deadline: the URL's expiry
+                        size, digest = await self._spool(request, grant, spool)
+                except TimeoutError:
+                    raise _Refused(408, "the body did not arrive before this URL expired; nothing was kept") from None
                 await _place(grant, spool)
         except _Refused as refused:
             return _answer(refused.status, error=refused.error)
+        finally:  # the spool file is gone: its bytes no longer count
+            self.spooling -= grant.spooled
+            grant.spooled = 0
         return _answer(201, name=grant.filename, size=size, sha256=digest.hex(), session=grant.session.handle)
 
+    def _full(self) -> str:
+        return (f"the server is receiving {self.max_spool_bytes // (1024 * 1024)} MiB of uploads already "
+                "(--max-upload-spool-mb); nothing was kept: try again in a moment")
 
-async def _spool(request: Request, grant: Grant, spool: IO[bytes]) -> tuple[int, bytes]:
-    """The whole body into ``spool``, checked against the grant: (size, SHA-256), or _Refused (the kernel untouched)."""
-    size, digest = 0, hashlib.sha256()
-    async for piece in request.stream():
-        size += len(piece)
-        if size > grant.max_bytes:
-            raise _Refused(413, f"over this URL's cap of {grant.max_bytes} bytes; nothing was kept")
-        digest.update(piece)
-        await anyio.to_thread.run_sync(spool.write, piece)
+    async def _spool(self, request: Request, grant: Grant, spool: IO[bytes]) -> tuple[int, bytes]:
+        """The whole body into ``spool``, checked against the grant and counted against the server's spool budget:
+        (size, SHA-256), or _Refused (the kernel untouched)."""
+        size, digest = 0, hashlib.sha256()
+        async for piece in request.stream():
+            size += len(piece)
+            if size > grant.max_bytes:
+                raise _Refused(413, f"over this URL's cap of {grant.max_bytes} bytes; nothing was kept")
+            if self.spooling + len(piece) > self.max_spool_bytes:
+                raise _Refused(503, self._full())
+            self.spooling += len(piece)
+            grant.spooled += len(piece)
+            digest.update(piece)
+            await anyio.to_thread.run_sync(spool.write, piece)
+        return _checked(grant, spool, size, digest)
+
+
+def _checked(grant: Grant, spool: IO[bytes], size: int, digest: Any) -> tuple[int, bytes]:
+    """The body received whole: against what the grant declared; the spool rewound for ``_place``."""
     if grant.size is not None and size != grant.size:
         raise _Refused(422, f"the body is {size} bytes, not the {grant.size} declared; nothing was kept")
     if grant.sha256 is not None and not hmac.compare_digest(digest.digest(), grant.sha256):
         raise _Refused(422, "the body's SHA-256 is not the digest declared; nothing was kept")
-    await anyio.to_thread.run_sync(spool.seek, 0)
+    spool.seek(0)
     return size, digest.digest()
 
 
@@ -203,6 +243,7 @@ async def _place(grant: Grant, spool: IO[bytes]) -> None:
     tmp = f".kernelexec-upload-{secrets.token_hex(8)}.part"
     try:
         async with grant.session.turn(LOCK_WAIT_S) as kernel:
+            await _evaluate(kernel, SWEEP.format(age=STALE_PART_S))  # a killed server's leftovers; another upload's stays
             try:
                 if await _evaluate(kernel, CREATE.format(tmp=repr(tmp))) is not True:
                     raise _Refused(409, "the kernel could not create a file in the session's working directory "
@@ -244,4 +285,9 @@ CREATE = ("(lambda os: os.close(os.open({tmp}, os.O_WRONLY | os.O_CREAT | os.O_E
 APPEND = ("(lambda os, b: (lambda f: (f.write(b), f.close())[0])(open(os.open({tmp}, os.O_WRONLY | os.O_APPEND "
           "| os.O_NOFOLLOW | os.O_CLOEXEC), 'ab')))(__import__('os'), __import__('base64').b64decode({data}))")
 RENAME = "(lambda os: os.rename({tmp}, {name}) is None)(__import__('os'))"
+# temporary files of uploads a killed server left: untouched for STALE_PART_S (each chunk renews an upload's mtime)
+SWEEP = ("(lambda os, time: [os.unlink(e.name) for e in os.scandir('.') if e.name.startswith('.kernelexec-upload-') "
+         "and e.name.endswith('.part') and e.is_file(follow_symlinks=False) "
+         "and e.stat(follow_symlinks=False).st_mtime < time.time() - {age}] and None)"
+         "(__import__('os'), __import__('time'))")
 REMOVE = "(lambda os: os.unlink({tmp}) if os.path.lexists({tmp}) else None)(__import__('os'))"

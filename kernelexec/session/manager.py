@@ -34,7 +34,7 @@ from kernelexec.session.recording import JournalSink, mark_closed
 from kernelexec.session.runs import RunRegistry
 from kernelexec.session.session import Session
 from kernelexec.session.upkeep import Upkeep
-from kernelexec.store import Fence, SessionRecord, Store, StoreError, open_store
+from kernelexec.store import Fence, SessionRecord, StaleLease, Store, StoreError, open_store
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +177,12 @@ class SessionManager:
         fleet = self.fleet if self.fleet is not None and self.fleet.drives else None
 
         def fence() -> Fence | None:  # a fleet's cell carries its lease's token: refused once another replica took it
-            return fleet.fence(handle) if fleet is not None else None
+            if fleet is None:
+                return None
+            taken = fleet.fence(handle)
+            if taken is None:  # never unfenced: a write outside any lease of this replica's is no write
+                raise StaleLease(f"session {handle}: this replica never held its lease; nothing recorded")
+            return taken
 
         direct = getattr(store, "append_journal_sync", None)
         if direct is not None:

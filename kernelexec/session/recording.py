@@ -4,8 +4,10 @@ The Recorder is the one writer of a session's record. Each cell goes, in this or
 (off the event loop):
 - the session store's journal (``Recorder.sink``: one transaction, kept by a kill of the server when it returns;
   SQLite fsyncs it right after, off the call's path): the record the
-  server trusts. Without a store (``kernelexec replay``, a store write that failed) the file below is fsynced
-  instead and is the durable record until the next server start imports it (``reconcile``).
+  server trusts. A write the store refuses is tried again briefly (``STORE_TRIES``), then the call fails plainly
+  (``NotRecorded``) with nothing written anywhere: the file never holds a cell the store lacks, which a fleet's
+  next takeover (``write_journal`` from the store) would erase. Without a store (``kernelexec replay``) the file
+  below is fsynced instead and is the durable record.
 - ``journal.jsonl``, one JSON line per cell: the same record as a file beside the notebook (what
   ``kernelexec replay SESSION_DIR`` and a restore read). Written after the store, not fsynced when the store
   has the cell: a SIGKILL of the server keeps the page cache, and after a host crash ``reconcile`` writes it
@@ -43,13 +45,20 @@ from kernelexec.kernel.wire import clean
 from kernelexec.layout import SessionDirs
 from kernelexec.longtext import cut
 from kernelexec.session.record_meta import Event, read_session_meta
-from kernelexec.store import StaleLease
+from kernelexec.store import StaleLease, StoreError
 
 logger = logging.getLogger(__name__)
 
 
 def _iso(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+STORE_TRIES = (0.0, 0.2, 0.5, 1.0)  # seconds before each try of a store write: a blip passes, an outage fails the call
+
+
+class NotRecorded(StoreError):
+    """The session store did not take a cell, after the tries: the call fails, and nothing of it is recorded."""
 
 
 JOURNAL_STREAM_CHARS = 100_000  # per stream output; the whole text is in the answer's stdout_file/stderr_file
@@ -227,17 +236,8 @@ class Recorder:
         record, line = _cleaned(record)
         stored = False
         if self.sink is not None:
-            try:
-                self.sink(record)
-                stored = True
-            except StaleLease:  # a fleet's replica that lost the session's lease: it records nothing, anywhere
-                raise
-            except Exception as exc:  # noqa: BLE001 - the cell is kept all the same: in the file, fsynced
-                # From now on this session records in its files only (the store and the file would disagree on
-                # the order otherwise); the next server start imports what the store lacks (``reconcile``).
-                self.sink = None
-                logger.warning("the session store did not take a cell of %s (%s); recording it in %s, fsynced, until the "
-                               "next start imports it", self.journal.parent.name, exc, self.journal.name)
+            self._store(record)
+            stored = True
         with open(self.journal, "ab") as fh:
             fh.write(line + b"\n")
             fh.flush()
@@ -248,6 +248,25 @@ class Recorder:
         except (OSError, ValueError) as exc:  # the journal has it; the next start rebuilds the notebook
             logger.warning("appending to %s failed (%s); rewriting it from the journal", self.notebook, exc)
             self.write_notebook()
+
+    def _store(self, record: dict[str, Any]) -> None:
+        """The record into the store, tried ``len(STORE_TRIES)`` times (this is a worker thread: sleeping is fine);
+        never a silent fall back to the file alone."""
+        assert self.sink is not None
+        failure: BaseException | None = None
+        for pause in STORE_TRIES:
+            time.sleep(pause)
+            try:
+                self.sink(record)
+                return
+            except StaleLease:  # a fleet's replica that lost the session's lease: it records nothing, anywhere
+                raise
+            except Exception as exc:  # noqa: BLE001 - any failure of the store's: tried again, then the call fails
+                failure = exc
+                logger.warning("the session store did not take a cell of %s: %s", self.journal.parent.name, exc)
+        raise NotRecorded(f"session {self.journal.parent.name}: the session store did not take this call's record "
+                          f"({type(failure).__name__}: {str(failure)[:200]}); the code may have run, but nothing of it "
+                          "is recorded: call again once the store is back") from None
 
     def _append_cell(self, record: dict[str, Any]) -> None:
         if self._count is None:

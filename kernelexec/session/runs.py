@@ -482,8 +482,11 @@ class RunRegistry:
     async def keep(self, run: Run) -> None:
         """``run``'s id is about to leave the server (its call answers it still going or waiting for input, or it
         was started in the background): the observers are told and waited for, so the session store holds the run
-        before anyone can ask for it. A run its own call answers in full never is: the store keeps nothing of it."""
-        await self._notify(run, "kept")
+        before anyone can ask for it. A run its own call answers in full never is: the store keeps nothing of it.
+        An observer that fails here fails the call (unlike ``_notify``): no id goes out that the store lacks."""
+        for observer in self.observers:
+            with anyio.CancelScope(shield=True):
+                await observer(run, "kept")
 
     def spawn(self, work: Callable[[], Awaitable[None]]) -> None:
         """Start ``work`` in the runs' task group: work that outlives the call that started it (a task's job)."""

@@ -12,7 +12,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -354,22 +354,24 @@ class Session:
 
     @asynccontextmanager
     async def turn(self, wait_s: float) -> AsyncIterator[Kernel]:
-        """The session's kernel for several silent steps in one turn of its FIFO lock (an upload: nothing else runs
-        between its steps), waiting at most ``wait_s`` for the lock: a busy session raises SessionBusy, nothing done."""
-        acquired = False
-        with anyio.move_on_after(wait_s):
-            await self.lock.acquire()  # a cancelled acquire leaves the lock free (anyio releases what it got)
-            acquired = True
-        if not acquired:
-            raise SessionBusy(f"session {self.handle!r} is busy (a cell has run or waited over {wait_s:g} s); nothing was "
-                              "done: try again when it is idle, or interrupt it")
-        try:
-            if self.closed:
-                raise SessionError.unknown(self.handle)
-            yield await self.ensure_kernel()
-        finally:
-            self.last_used = time.monotonic()
-            self.lock.release()
+        """The session's kernel for several silent steps in one driving period (an upload: nothing else runs between
+        its steps, and in a fleet only under the session's lease), waiting at most ``wait_s`` for the lock and the
+        lease: a busy session (or one another replica drives) raises SessionBusy, nothing done. The kernel is not
+        refilled here (that writes the record): a replaced one is refilled at the session's next cell."""
+        async with AsyncExitStack() as stack:
+            entered = False
+            with anyio.move_on_after(wait_s):  # a cancelled wait leaves the lock free and the lease untaken
+                await stack.enter_async_context(self.driving())
+                entered = True
+            if not entered:
+                raise SessionBusy(f"session {self.handle!r} is busy (a cell has run or waited over {wait_s:g} s, or "
+                                  "another replica drives it); nothing was done: try again when it is idle, or interrupt it")
+            try:
+                if self.closed:
+                    raise SessionError.unknown(self.handle)
+                yield await self.ensure_kernel(refill=False)
+            finally:
+                self.last_used = time.monotonic()
 
     async def variables(self) -> Any:
         """The kernel's list of its user variables (``_kernelexec_variables``), as it answered: untrusted."""
