@@ -128,6 +128,25 @@ async def test_a_task_created_on_one_replica_is_polled_and_cancelled_on_another(
     assert after["result"] == 42, after
 
 
+async def test_a_yielded_run_is_collected_on_another_replica(fleet: Fleet) -> None:
+    """get_run on B of a run A answered ``running``: while it runs, B says so (not an error, no answer made up);
+    once it finished, B serves A's answer from the store, waiting for it within wait_s."""
+    a, b = fleet.replicas[0], fleet.replicas[1]
+    handle = (await call(a.url, "z = 20"))["session"]
+    async with Client(a.url) as on_a:
+        going = await on_a.call_tool("execute_code", {"code": "import time\ntime.sleep(3)\nz + 22", "session": handle})
+    running = going.structured_content
+    assert running is not None and running.get("ending") == "running", going.content
+    async with Client(b.url) as on_b:
+        now = await on_b.call_tool("get_run", {"run_id": running["run_id"], "wait_s": 0})
+        said = "".join(getattr(c, "text", "") for c in now.content)
+        assert not now.is_error and now.structured_content is not None, said
+        assert now.structured_content["ending"] == "running" and "another replica" in said, said
+        done = await on_b.call_tool("get_run", {"run_id": running["run_id"], "wait_s": 30})
+    assert not done.is_error and done.structured_content is not None, done.content
+    assert done.structured_content["result"] == 42 and done.structured_content["ending"] == "completed", done.structured_content
+
+
 async def test_exactly_one_replica_leads_the_once_per_fleet_work(fleet: Fleet) -> None:
     store = await open_store(fleet.store, fleet.base)
     try:

@@ -52,7 +52,11 @@ def client(lb: Balancer, seen: Seen, *, mode: Any = "auto", header: bool = True)
 
 
 async def run(c: Client, code: str, **arguments: Any) -> dict[str, Any]:
+    """execute_code through the balancer; a yielded answer followed with get_run, which names no session and so
+    lands on any replica (it is collected from the store there)."""
     result = await c.call_tool("execute_code", {"code": code, **arguments})
+    while result.structured_content is not None and result.structured_content.get("ending") == "running":
+        result = await c.call_tool("get_run", {"run_id": result.structured_content["run_id"], "wait_s": 30})
     assert not result.is_error and result.structured_content is not None, result.content
     return result.structured_content
 
