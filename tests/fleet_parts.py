@@ -49,7 +49,8 @@ class Fleet:
 
     def args(self, name: str, *extra: str, gateway: bool = True) -> list[str]:
         found = ["--state-dir", str(self.base / name), "--shared-dir", str(self.shared), "--state-key-file", str(self.key_file),
-                 "--yield-after", "1", "--pool-size", "0", "--restart-spares", "0", *extra]
+                 "--yield-after", "1", "--pool-size", "0", "--restart-spares", "0",
+                 "--max-sessions", "64", *extra]  # a replica counts every session it served (20 clients' in the LB tests)
         if gateway:
             found += ["--kernel-gateway", self.gateway.url, "--kernel-gateway-token", self.gateway.token]
         return found
