@@ -171,9 +171,9 @@ async def test_20_clients_x_50_calls_over_the_fleet_with_no_wrong_answer(lb: Bal
     print(f"20 x 50 calls in {took:.1f} s ({len(calls) / took:.1f} calls/s), per replica {spread}")
 
 
-@pytest.mark.xfail(reason="not yet: a replica stopped (SIGTERM) while a yielded cell of its runs does not drain it; "
-                   "the run is lost and a client following it with get_run fails or waits (docs/fleet.md: Limits)",
-                   strict=False)
+@pytest.mark.xfail(reason="intermittent (passed 1 of 2 runs): once, after all three restarts, a client's call stayed "
+                   "unanswered; likely a cell that yielded on the replica stopped, which does not drain on SIGTERM "
+                   "(docs/fleet.md: Limits)", strict=False)
 async def test_a_rolling_restart_of_every_replica_under_load_loses_no_answer(fleet: Fleet, lb: Balancer) -> None:
     seen, wrong, done = Seen(), [], anyio.Event()
     counts: list[int] = []
