@@ -14,19 +14,27 @@ Four real servers on 127.0.0.1, all ``kernelexec serve --transport http`` with o
 Jupyter Enterprise Gateway when tests/gateways.py finds one (.ci/egw), else the Jupyter Kernel Gateway. Samples
 alternate between the four, each first in turn, so drift on the machine hits them alike.
 
-Not measured yet (rows to come with the fleet's shared store and leases, issue 33): failover time (a replica
-SIGKILLed, the next call served by another) and calls/s with 1, 2 and 3 replicas. ``bench_failover`` and
-``bench_replicas`` hold their place and say so in the log.
+Then a real fleet (PostgreSQL, a Jupyter Server gateway, three replicas behind HAProxy): the failover time (the
+replica a session is hashed to SIGKILLed, time to that session's next answered call) and calls/s of 12 clients with
+1, 2 and 3 replicas (on a 2-core machine the replicas, the gateway, its kernels, PostgreSQL and the clients share
+two cores: more replicas cannot add throughput there; the rows show what the fleet's shape costs or keeps).
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import time
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, ExitStack, asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import anyio
+import httpx2
 from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 
 from benchmarks.common import call, http_server, log
 from benchmarks.stats import Measurement
@@ -76,11 +84,110 @@ async def bench_fleet(plan: Any, base: Path, out: list[Measurement]) -> None:
     await bench_replicas(plan, base, out)
 
 
+@asynccontextmanager
+async def fleet_of(base: Path, names: tuple[str, ...]) -> AsyncIterator[Any]:
+    """Replicas sharing one PostgreSQL, one Jupyter Server gateway, one key file and one shared directory
+    (tests/fleet_parts.py's Fleet, as tests/test_fleet_lb.py runs it)."""
+    from tests.fleet_parts import Fleet
+    from tests.gateways import running_gateway
+    from tests.pg import running_postgres
+
+    root = base / f"fleet-{'-'.join(names)}"
+    root.mkdir()
+    key_file = root / "state.key"
+    key_file.write_text(os.urandom(32).hex() + "\n")
+    key_file.chmod(0o600)
+    (root / "shared").mkdir()
+    with running_postgres() as pg, running_gateway("jupyter_server", root) as gateway:
+        fleet = Fleet(root, pg.url(pg.create_db()), gateway, key_file, root / "shared")
+        try:
+            for name in names:
+                await anyio.to_thread.run_sync(fleet.start, name)
+            yield fleet
+        finally:
+            await anyio.to_thread.run_sync(fleet.stop_all)
+
+
+def _lb_client(url: str, served: list[str]) -> Client:
+    async def seen(response: httpx2.Response) -> None:
+        served.append(response.headers.get("x-kernelexec-replica", ""))
+    http = httpx2.AsyncClient(timeout=120, event_hooks={"response": [seen]})
+    return Client(streamable_http_client(url, http_client=http))
+
+
 async def bench_failover(plan: Any, base: Path, out: list[Measurement]) -> None:
-    """Time from a replica's SIGKILL to the next call of its session served by another replica."""
-    log("[fleet] failover: not measured yet (needs the fleet's leases and shared store, issue 33)")
+    """Time from the SIGKILL of the replica a session's calls are hashed to, to the next call of that session answered
+    through HAProxy (by another replica: the balancer redispatches, the lease is free or runs out, the kernel is
+    attached)."""
+    from tests.balancer import running_haproxy
+
+    rounds = 3 if plan.quick else 6
+    log(f"[fleet] failover: SIGKILL the replica serving a session, time to its next answered call ({rounds} rounds)")
+    samples: list[float] = []
+    async with fleet_of(base, ("fa", "fb", "fc")) as fleet:
+        with running_haproxy(base, [r.url for r in fleet.replicas]) as lb:
+            served: list[str] = []
+            async with _lb_client(lb.url, served) as client:
+                await client.list_tools()
+                handle = (await call(client, "execute_code", code="k = 0"))["session"]
+                for i in range(rounds):
+                    for _ in range(3):
+                        await call(client, "execute_code", code="k += 1", session=handle)
+                    victim = next(r for r in fleet.replicas if r.url == lb.replicas[served[-1]] and r.proc.poll() is None)
+                    victim.proc.send_signal(signal.SIGKILL)
+                    victim.proc.wait(10)
+                    t0 = time.perf_counter()
+                    r = await call(client, "execute_code", code="k", session=handle)
+                    samples.append((time.perf_counter() - t0) * 1000)
+                    assert r["result"] == 3 * (i + 1), r
+                    fleet.replicas.remove(victim)
+                    port = int(victim.url.rsplit(":", 1)[1].split("/", 1)[0])
+                    await anyio.to_thread.run_sync(partial(fleet.start, victim.name, port=port))
+                    await anyio.sleep(3)  # back up in the balancer's health check
+    out.append(Measurement("fleet: failover, SIGKILL to next answered call", MS, samples,
+                           note="3 replicas behind HAProxy, killed between calls (no lease to wait out)"))
 
 
 async def bench_replicas(plan: Any, base: Path, out: list[Measurement]) -> None:
-    """calls/s of N clients through HAProxy with 1, 2 and 3 replicas (this machine's 2 cores bound it)."""
-    log("[fleet] calls/s with 1-3 replicas: not measured yet (needs the fleet's shared store, issue 33)")
+    """calls/s of 12 clients (each its own session, Mcp-Param-Session hashed) through HAProxy with 1, 2 and 3 replicas
+    of one fleet: one throughput sample per round, rounds alternating between the three."""
+    from tests.balancer import running_haproxy
+
+    clients, calls, rounds = 12, (10 if plan.quick else 25), (2 if plan.quick else 3)
+    log(f"[fleet] calls/s: {clients} clients x {calls} calls through HAProxy, 1 vs 2 vs 3 replicas ({rounds} rounds)")
+    samples: dict[int, list[float]] = {1: [], 2: [], 3: []}
+    async with fleet_of(base, ("ra", "rb", "rc")) as fleet:
+        with ExitStack() as stack:
+            lbs = {n: stack.enter_context(running_haproxy(base, [r.url for r in fleet.replicas[:n]])) for n in samples}
+            await anyio.sleep(3)  # the balancers' first health checks
+            for _ in range(rounds):
+                for n, lb in lbs.items():
+                    served: list[str] = []
+
+                    async def one_client(url: str = lb.url, served: list[str] = served) -> None:
+                        async with _lb_client(url, served) as client:
+                            await client.list_tools()
+                            handle = (await call(client, "execute_code", code="c = 0"))["session"]
+                            for i in range(calls):
+                                r = await call(client, "execute_code", code="c += 1\nc", session=handle)
+                                while r.get("ending") == "running":  # yielded (--yield-after 1) under load: collected
+                                    r = await call(client, "get_run", run_id=r["run_id"], wait_s=30)
+                                assert r["result"] == i + 1, r
+
+                    t0 = time.perf_counter()
+                    try:
+                        async with anyio.create_task_group() as tg:
+                            for _ in range(clients):
+                                tg.start_soon(one_client)
+                                await anyio.sleep(0.1)  # connections opened in turn, as clients arrive
+                    except Exception as exc:  # noqa: BLE001 - reported, not hidden: the row stays empty
+                        log(f"[fleet] calls/s with {n} replica(s): a client failed ({exc!r}); no sample this round")
+                        continue
+                    samples[n].append(clients * (calls + 1) / (time.perf_counter() - t0))
+    base_row = "fleet: calls/s through HAProxy, 1 replica"
+    for n, values in samples.items():
+        if not values:
+            continue
+        name = base_row if n == 1 else f"fleet: calls/s through HAProxy, {n} replicas"
+        out.append(Measurement(name, "calls/s", values, baseline=None if n == 1 else base_row,
+                               note=f"{clients} clients, own sessions, kernels on one Jupyter Server" if n == 1 else ""))

@@ -17,11 +17,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
@@ -29,122 +25,14 @@ from mcp import Client
 
 from kernelexec.store import open_store
 
-from .gateways import Gateway, start_gateway, stop_gateway
+from .fleet_parts import LEASE_TTL, Fleet, call, fleet, gateway, journal_sources
 from .pg import Postgres, postgres
 from .support import clean_env, free_port, kernelexec_cmd, wait_for_port
 from .test_tasks import Raw, assert_task
 
-__all__ = ["postgres"]  # the session's PostgreSQL, a fixture
+__all__ = ["fleet", "gateway", "postgres"]  # fixtures
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
-
-LEASE_TTL = 5.0  # session/fleet.py's
-
-
-@dataclass
-class Replica:
-    name: str
-    url: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-
-@dataclass
-class Fleet:
-    """The parts every replica shares: the store, the gateway, the key file and the shared directory."""
-
-    base: Path
-    store: str
-    gateway: Gateway
-    key_file: Path
-    shared: Path
-    replicas: list[Replica] = field(default_factory=list)
-
-    def args(self, name: str, *extra: str, gateway: bool = True) -> list[str]:
-        found = ["--state-dir", str(self.base / name), "--shared-dir", str(self.shared), "--state-key-file", str(self.key_file),
-                 "--yield-after", "1", "--pool-size", "0", "--restart-spares", "0", *extra]
-        if gateway:
-            found += ["--kernel-gateway", self.gateway.url, "--kernel-gateway-token", self.gateway.token]
-        return found
-
-    def start(self, name: str, *extra: str, gateway: bool = True) -> Replica:
-        port = free_port()
-        log = self.base / f"{name}.log"
-        with log.open("ab") as out:
-            proc = subprocess.Popen(kernelexec_cmd("serve", "--transport", "http", "--port", str(port), *self.args(name, *extra, gateway=gateway)),
-                                    env=clean_env(KERNELEXEC_STORE=self.store), stdout=out, stderr=out)
-        replica = Replica(name, f"http://127.0.0.1:{port}/mcp", proc, log)
-        self.replicas.append(replica)
-        try:
-            wait_for_port(port, proc, timeout=60)
-        except Exception:
-            raise AssertionError(f"replica {name} did not start:\n{replica.output()[-3000:]}") from None
-        return replica
-
-    def stop_all(self) -> None:
-        for replica in self.replicas:
-            if replica.proc.poll() is None:
-                with _resumed(replica):
-                    replica.proc.terminate()
-                try:
-                    replica.proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    replica.proc.kill()
-                    replica.proc.wait(20)
-
-
-@contextmanager
-def _resumed(replica: Replica) -> Iterator[None]:
-    os.kill(replica.proc.pid, signal.SIGCONT)  # a stopped process would not act on its SIGTERM
-    yield
-
-
-@pytest.fixture(scope="module")
-def gateway(short_tmp: Path) -> Iterator[Gateway]:
-    found = start_gateway("jupyter_server", short_tmp)
-    yield found
-    stop_gateway(found)
-
-
-@pytest.fixture(scope="module")
-def fleet(short_tmp: Path, postgres: Postgres, gateway: Gateway) -> Iterator[Fleet]:
-    base = short_tmp / "fleet"
-    base.mkdir()
-    key_file = base / "state.key"
-    key_file.write_text(os.urandom(32).hex() + "\n")
-    key_file.chmod(0o600)
-    shared = base / "shared"
-    shared.mkdir()
-    found = Fleet(base, postgres.url(postgres.create_db()), gateway, key_file, shared)
-    try:
-        for name in ("a", "b", "c"):
-            found.start(name)
-        yield found
-    finally:
-        found.stop_all()
-
-
-async def call(url: str, code: str, **arguments: Any) -> dict[str, Any]:
-    """execute_code on the replica at ``url``, its answer followed (get_run, same replica) when it yielded."""
-    async with Client(url) as client:
-        result = await client.call_tool("execute_code", {"code": code, **arguments})
-        while result.structured_content is not None and result.structured_content.get("ending") == "running":
-            result = await client.call_tool("get_run", {"run_id": result.structured_content["run_id"], "wait_s": 30})
-    assert not result.is_error, result.content
-    assert result.structured_content is not None
-    return result.structured_content
-
-
-async def journal_sources(fleet: Fleet, handle: str) -> list[str]:
-    store = await open_store(fleet.store, fleet.base)
-    try:
-        return [str(e.record.get("source", "")) for e in await store.journal(handle) if e.record.get("cell_type") == "code"]
-    finally:
-        await store.close()
-
 
 async def test_one_sessions_calls_alternate_across_replicas_with_its_variables_and_one_record(fleet: Fleet) -> None:
     a, b, c = fleet.replicas[:3]
@@ -238,6 +126,25 @@ async def test_a_task_created_on_one_replica_is_polled_and_cancelled_on_another(
     assert cancelled["status"] == "cancelled" and time.monotonic() - started < 10
     after = await call(b.url, "t * 42", session=handle)  # the session goes on, on any replica, its variables kept
     assert after["result"] == 42, after
+
+
+async def test_a_yielded_run_is_collected_on_another_replica(fleet: Fleet) -> None:
+    """get_run on B of a run A answered ``running``: while it runs, B says so (not an error, no answer made up);
+    once it finished, B serves A's answer from the store, waiting for it within wait_s."""
+    a, b = fleet.replicas[0], fleet.replicas[1]
+    handle = (await call(a.url, "z = 20"))["session"]
+    async with Client(a.url) as on_a:
+        going = await on_a.call_tool("execute_code", {"code": "import time\ntime.sleep(3)\nz + 22", "session": handle})
+    running = going.structured_content
+    assert running is not None and running.get("ending") == "running", going.content
+    async with Client(b.url) as on_b:
+        now = await on_b.call_tool("get_run", {"run_id": running["run_id"], "wait_s": 0})
+        said = "".join(getattr(c, "text", "") for c in now.content)
+        assert not now.is_error and now.structured_content is not None, said
+        assert now.structured_content["ending"] == "running" and "another replica" in said, said
+        done = await on_b.call_tool("get_run", {"run_id": running["run_id"], "wait_s": 30})
+    assert not done.is_error and done.structured_content is not None, done.content
+    assert done.structured_content["result"] == 42 and done.structured_content["ending"] == "completed", done.structured_content
 
 
 async def test_exactly_one_replica_leads_the_once_per_fleet_work(fleet: Fleet) -> None:

@@ -20,6 +20,7 @@ import anyio
 from mcp_types import CallToolResult, TextContent
 
 from kernelexec.errors import InvalidRequest, KernelexecError
+from kernelexec.server.results import ExecuteResult
 from kernelexec.session.runs import KEEP_FINISHED, Run
 from kernelexec.store import RunRecord, RunState, Store, TaskRecord
 from kernelexec.store.interface import UNFINISHED
@@ -150,12 +151,41 @@ async def stored_run(store: Store | None, run_id: str, owner: str | None) -> Run
         return None
 
 
-async def get_run(app: App, run_id: str, unknown: InvalidRequest) -> CallToolResult:
-    """get_run for a run this process does not hold: from the store (the caller's only), else ``unknown``."""
-    record = await stored_run(app.sessions.store, run_id, app.owner())
+FOLLOW_EVERY = 0.25  # seconds between reads of another replica's unfinished run (one indexed row)
+
+
+async def get_run(app: App, run_id: str, unknown: InvalidRequest, wait_s: float = 0) -> CallToolResult:
+    """get_run for a run this process does not hold: from the store (the caller's only), else ``unknown``. In a
+    fleet, a run another replica drives is followed in the store for up to ``wait_s`` (its holder writes the answer
+    there when it ends): its answer once finished, else an honest ``running`` naming where it runs."""
+    owner = app.owner()
+    record = await stored_run(app.sessions.store, run_id, owner)
     if record is None:
         raise unknown
+    fleet = app.sessions.fleet
+    if fleet is None or not fleet.drives:
+        return stored_answer(record)
+    with anyio.move_on_after(wait_s):
+        while record.state in UNFINISHED:
+            await anyio.sleep(FOLLOW_EVERY)
+            record = await stored_run(app.sessions.store, run_id, owner) or record
+    if record.state in UNFINISHED:
+        session = await app.sessions.store.get_session(record.session, owner=owner) if app.sessions.store else None
+        return elsewhere(record, session.profile if session is not None else app.settings.profile)
     return stored_answer(record)
+
+
+
+def elsewhere(record: RunRecord, profile: str) -> CallToolResult:
+    """A run another replica of the fleet drives, still going: said as the holder would say ``running``, without the
+    output so far (that streams to the holder only)."""
+    what = "waits for input" if record.state == "awaiting_input" else "is still running"
+    text = (f"[running] run_id={record.id} session={record.session}: {what} on another replica of this fleet "
+            f"({time.time() - record.created:.1f} s since it started; its output so far is with that replica). "
+            f"Next: get_run(run_id={record.id!r}) waits for the answer, from any replica.")
+    structured = ExecuteResult(success=True, session=record.session, ending="running", run_id=record.id,
+                               duration_ms=max(0.0, time.time() - record.created) * 1000, profile=profile)
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=structured.model_dump(mode="json"))
 
 
 async def send_input(app: App, run_id: str, unknown: InvalidRequest) -> None:

@@ -70,7 +70,7 @@ def _running_tools(app: App) -> dict[str, Any]:
         try:
             found = app.sessions.runs.get(run_id, owner=app.owner())
         except InvalidRequest as unknown:  # not in this process: a run from before a restart, from the store
-            return await durable.get_run(app, run_id, unknown)
+            return await durable.get_run(app, run_id, unknown, wait_s)
         return finished(await app.follow(ctx, found, wait_s), ctx)  # type: ignore[return-value]
 
     def finished(done: Rendered | Run, ctx: Context, what: str = "still running") -> CallToolResult | InputRequiredResult:
