@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -104,8 +105,7 @@ def gateway(short_tmp: Path) -> Iterator[Gateway]:
 
 @pytest.fixture(scope="module")
 def fleet(short_tmp: Path, postgres: Postgres, gateway: Gateway) -> Iterator[Fleet]:
-    base = short_tmp / "fleet"
-    base.mkdir()
+    base = Path(tempfile.mkdtemp(prefix="fleet", dir=short_tmp))  # its own: another module's fleet may share short_tmp
     key_file = base / "state.key"
     key_file.write_text(os.urandom(32).hex() + "\n")
     key_file.chmod(0o600)

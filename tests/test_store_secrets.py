@@ -74,7 +74,10 @@ async def test_a_broken_store_connection_logs_no_password_and_loses_no_cell(post
         assert later.get("isError") is not True, later
         time.sleep(0.5)
     shown = log.read_text(errors="replace")
-    assert "the session store did not take a cell" in shown, shown[-3000:]  # the failure was met, and logged
+    # the failure was met, and logged, by whichever user of the store's connection met it first: a cell's record
+    # (retried), or the server's lease renewal (a server on PostgreSQL registers under a lease)
+    met = ("the session store did not take a cell", "cannot renew the lease")
+    assert any(line in shown for line in met), shown[-3000:]
     assert not _secret_in(shown, postgres.password), "the store's password is in the server's log"
     session_dir = state / "sessions" / handle
     assert sources(file_journal(session_dir)) == ["a = 1", "import time\ntime.sleep(3)\nb = 2", "c = 3"]
