@@ -55,12 +55,23 @@ try {
   const input = page.locator(".jp-CodeConsole-input .cm-content").first();
   await input.waitFor();
   const outputs = page.locator(".jp-CodeConsole-content .jp-OutputArea-output");
+  // Lab's console ignores Shift+Enter until its kernel connection is ready (the code stays in the prompt), which a
+  // loaded machine can take long to reach: while the code is still in the prompt, Shift+Enter again.
   async function run(code, expectCount) {
     await input.click();
     await page.keyboard.type(code);
     await page.keyboard.press("Shift+Enter");
-    await page.waitForFunction((n) => document.querySelectorAll(".jp-CodeConsole-content .jp-OutputArea-output").length >= n,
-      expectCount, { timeout: WAIT });
+    const enough = (n) => document.querySelectorAll(".jp-CodeConsole-content .jp-OutputArea-output").length >= n;
+    const deadline = Date.now() + WAIT;
+    for (;;) {
+      const shown = await page.waitForFunction(enough, expectCount, { timeout: 5_000 }).then(() => true, () => false);
+      if (shown) break;
+      if (Date.now() > deadline) throw new Error(`no output for ${JSON.stringify(code)} within ${WAIT} ms`);
+      if ((await input.innerText()).trim() === code) {
+        await input.click();
+        await page.keyboard.press("Shift+Enter");
+      }
+    }
     await page.waitForFunction(() => !document.querySelector(".jp-CodeConsole-content .jp-InputPrompt")?.innerText.includes("*"),
       null, { timeout: WAIT }).catch(() => {});
   }
