@@ -30,6 +30,7 @@ import pytest
 
 from kernelexec.store import (
     AlreadyAnswered,
+    AskRecord,
     Fence,
     Lease,
     QuestionRecord,
@@ -305,6 +306,30 @@ async def test_a_question_is_answered_once(store: Store) -> None:
         await store.put_question(QuestionRecord("q-1", "run-2", "again? "))
 
 
+async def test_asks_are_taken_once_by_one_of_two_connections_racing(where: Where) -> None:
+    """A fleet's relay: each ask for a run is taken by exactly one reader, in order, and only for the runs asked for."""
+    first, second = await where.open(), await where.open()
+    try:
+        for n in range(5):
+            await first.ask(AskRecord("run-1", "answer", "alice", f"q-{n}", f"sealed-{n}", "send_input"))
+        await second.ask(AskRecord("run-2", "cancel", "bob", channel="tasks/cancel"))
+        taken: list[AskRecord] = []
+
+        async def take(s: Store) -> None:
+            taken.extend(await s.take_asks(["run-1"]))
+
+        async with anyio.create_task_group() as tg:
+            for s in (first, second, first, second):
+                tg.start_soon(take, s)
+        assert sorted(a.question_id or "" for a in taken) == [f"q-{n}" for n in range(5)]  # each once
+        assert await first.take_asks(["run-1"]) == [] and await first.take_asks([]) == []
+        (cancel,) = await second.take_asks(["run-2", "run-3"])
+        assert (cancel.run_id, cancel.kind, cancel.owner, cancel.text) == ("run-2", "cancel", "bob", None)
+    finally:
+        await first.close()
+        await second.close()
+
+
 async def test_racing_answers_on_two_connections_one_wins(where: Where) -> None:
     first, second = await where.open(), await where.open()
     try:
@@ -442,7 +467,7 @@ async def test_the_sqlite_store_is_private_and_in_wal_mode(tmp_path: Path) -> No
             assert (tmp_path / name).stat().st_mode & 0o077 == 0, name
         with sqlite3.connect(tmp_path / DB_NAME) as db:
             assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-            assert db.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [(1,), (2,)]
+            assert db.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [(1,), (2,), (3,)]
     finally:
         await s.close()
     assert isinstance(await open_store(f"sqlite:///{tmp_path}/other.db", tmp_path), SQLiteStore)

@@ -46,6 +46,7 @@ from kernelexec.server.questions import (
     resumed,
     url_elicits,
 )
+from kernelexec.server.relay import Relay
 from kernelexec.server.render import Rendered, Renderer, escape_tags
 from kernelexec.server.results import ExecuteResult, SessionInfo, Variable, VariablesResult
 from kernelexec.server.secret_page import SecretPages
@@ -170,8 +171,10 @@ class App:
     _answers: "dict[str | None, OrderedDict[str, Rendered]]" = field(default_factory=dict)
     pages: SecretPages = field(default_factory=SecretPages)  # getpass() pages (HTTP: routes of build.py's app)
     uploads: Uploads = field(init=False)  # upload URLs (HTTP only: routes of build.py's app)
+    relay: Relay = field(init=False)  # a fleet's: what calls here ask of runs other replicas hold, and the reverse
 
     def __post_init__(self) -> None:
+        self.relay = Relay(self)
         self.uploads = Uploads(self.settings.max_upload_urls_per_token, spool_dir=self.settings.state_dir,
                               max_spool_bytes=self.settings.max_upload_spool_mb * 1024 * 1024)
 
@@ -357,18 +360,24 @@ class App:
             raise KernelexecError(started.failure)
         return self.answer_of(started)
 
-    async def resume(self, ctx: Context) -> Rendered | Run:
+    async def resume(self, ctx: Context) -> Rendered | Run | CallToolResult | InputRequiredResult:
         """A 2026-07-28 client's retried call: its input_responses answer the one question its request_state names
         (the run id and the question id, sealed by the SDK), and the call waits for the run again as a new call
         would. A retry for a question already answered or no longer asked (a replayed retry, a second viewer's
-        late answer) is refused: it never answers the question the run waits on now."""
+        late answer) is refused: it never answers the question the run waits on now. A run another replica of the
+        fleet holds is answered through the relay (relay.py), by the same rules."""
         run_id, question_id = resumed(ctx.request_state)
-        found = self.sessions.runs.get(run_id, owner=self.owner())
-        question = found.find(question_id)
         response = (ctx.input_responses or {}).get(INPUT_KEY)
+        try:
+            found = self.sessions.runs.get(run_id, owner=self.owner())
+        except InvalidRequest as unknown:
+            return await self._resume_elsewhere(run_id, question_id, response, unknown)
+        question = found.find(question_id)
         if (question is not None and question.url is not None and isinstance(response, ElicitResult)
                 and response.action == "accept"):  # (the page may have been sent before the client said yes)
             return await self.follow(ctx, found, self.settings.yield_after or math.inf)  # the page answers it, not this
+        if question is not None and question.password and isinstance(response, ElicitResult) and response.action == "accept":
+            return await self.relay.follow(run_id, question_id, self.settings.yield_after or math.inf, retry=True)  # its page answers it
         text = None
         if isinstance(response, ElicitResult) and response.action == "accept" and isinstance(response.content, dict):
             approval = question is not None and question.approval
@@ -380,9 +389,35 @@ class App:
             raise InvalidRequest(f"{exc}. This retry's answer was not used; get_run(run_id={found.id!r}) follows the run") from None
         return await self.follow(ctx, found, self.settings.yield_after or math.inf)
 
-    def reply(self, ctx: Context, done: Rendered | Run, what: str) -> CallToolResult | InputRequiredResult:
+    async def _resume_elsewhere(self, run_id: str, question_id: str, response: Any,
+                                unknown: InvalidRequest) -> CallToolResult | InputRequiredResult:
+        """A retry whose run another replica holds: its answer relayed there, then the run followed in the store."""
+        store = self.relay.store
+        if store is None:
+            raise unknown
+        question = await store.get_question(question_id, owner=self.owner()) if question_id else None
+        if question is not None and question.password and isinstance(response, ElicitResult) and response.action == "accept":
+            return await self.relay.follow(run_id, question_id, self.settings.yield_after or math.inf, retry=True)  # its page answers it
+        text = None
+        if isinstance(response, ElicitResult) and response.action == "accept" and isinstance(response.content, dict):
+            approval = question is not None and question.approval
+            value = response.content.get("approve" if approval else "answer")
+            text = (APPROVED if value is True else None) if approval else value if isinstance(value, str) else None
+        try:
+            await self.relay.answer(run_id, question_id, text, "retry", unknown)
+        except InvalidRequest as exc:
+            if exc is unknown:
+                raise
+            raise InvalidRequest(f"{exc}. This retry's answer was not used; get_run(run_id={run_id!r}) follows the run") from None
+        return await self.relay.follow(run_id, question_id, self.settings.yield_after or math.inf, retry=True)
+
+    def reply(self, ctx: Context, done: Rendered | Run | CallToolResult | InputRequiredResult,
+              what: str) -> CallToolResult | InputRequiredResult:
         """The tool answer for what ``follow`` gave: the answer, the run still going, or its question (an
-        InputRequiredResult for a 2026-07-28 client that elicits, else ``awaiting_input`` for send_input)."""
+        InputRequiredResult for a 2026-07-28 client that elicits, else ``awaiting_input`` for send_input); or
+        the answer a run on another replica gave (relayed)."""
+        if isinstance(done, CallToolResult | InputRequiredResult):
+            return done
         if not isinstance(done, Run):
             return answer(done)
         if done.done.is_set():

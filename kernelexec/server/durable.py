@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +21,7 @@ from mcp_types import CallToolResult, TextContent
 from kernelexec.errors import InvalidRequest, KernelexecError
 from kernelexec.server.results import ExecuteResult
 from kernelexec.session.runs import KEEP_FINISHED, Run
-from kernelexec.store import RunRecord, RunState, Store, TaskRecord
+from kernelexec.store import QuestionRecord, RunRecord, RunState, Store, TaskRecord
 from kernelexec.store.interface import UNFINISHED
 
 if TYPE_CHECKING:
@@ -69,6 +68,27 @@ def observer(app: App) -> Any:
     full is never written: nobody holds its id to ask for it, and its cell is in the journal, so the per-call
     path pays no store write for it."""
 
+    written_questions: dict[str, str] = {}  # run id -> the id of the last question of it in the store
+
+    async def asked(run: Run) -> dict[str, Any] | None:
+        """The question a told run waits on, in the store (another replica answers it through the relay), and the
+        answer its call would give now (awaiting_input, for get_run on another replica); None if it waits on none."""
+        question = run.awaiting
+        if question is None:
+            return None
+        if written_questions.get(run.id) != question.id and app.sessions.store is not None:
+            written_questions[run.id] = question.id
+            try:
+                await app.sessions.store.put_question(QuestionRecord(
+                    question.id, run.id, question.prompt, question.password, question.approval, run.session.owner))
+            except KernelexecError as exc:  # answered here only, then
+                logger.warning("run %s: recording its question: %s", run.id, exc)
+        if question.url is not None or question.approval:  # typed on its page / given by the human: no send_input
+            return None
+        from kernelexec.server.app import awaiting_input
+
+        return wire(awaiting_input(run, question))
+
     recorded: dict[str, anyio.Event] = {}  # runs whose id was told, until their end is recorded: set once the first record is
     forgotten: set[str] = set()  # runs whose own call took their answer before their final record was written
 
@@ -82,12 +102,13 @@ def observer(app: App) -> Any:
             written = recorded[run.id] = anyio.Event()
             try:
                 first: RunState = "awaiting_input" if run.awaiting is not None else "running"
-                await put_first(store, RunRecord(run.id, run.session.handle, run.session.owner, first))
+                await put_first(store, RunRecord(run.id, run.session.handle, run.session.owner, first, await asked(run)))
             except BaseException:  # never told: its later records have nothing to follow
                 recorded.pop(run.id, None)
                 raise
             finally:
                 written.set()
+            app.relay.watch()  # its id goes out: another replica may be asked about it
             return
         first_written = recorded.get(run.id)
         if first_written is None:  # never told (answered in full by its own call), or its end recorded already
@@ -102,6 +123,7 @@ def observer(app: App) -> Any:
             state = "awaiting_input" if event == "awaiting_input" else "running"
             if run.done.is_set():  # a question's end told after the run's: the run's end stands
                 return
+            answer = await asked(run) if state == "awaiting_input" else None
         elif run.finished is None and run.failure is None:  # stopped with the server (cancelled by its shutdown)
             state = "lost"
         else:
@@ -115,6 +137,7 @@ def observer(app: App) -> Any:
         finally:
             if event == "finished":
                 recorded.pop(run.id, None)
+                written_questions.pop(run.id, None)
                 if run.id in forgotten:
                     forgotten.discard(run.id)
                     await store.delete_run(run.id)
@@ -157,7 +180,8 @@ FOLLOW_EVERY = 0.25  # seconds between reads of another replica's unfinished run
 async def get_run(app: App, run_id: str, unknown: InvalidRequest, wait_s: float = 0) -> CallToolResult:
     """get_run for a run this process does not hold: from the store (the caller's only), else ``unknown``. In a
     fleet, a run another replica drives is followed in the store for up to ``wait_s`` (its holder writes the answer
-    there when it ends): its answer once finished, else an honest ``running`` naming where it runs."""
+    there when it ends): its answer once finished, its question once it waits for send_input, else an honest
+    ``running`` naming where it runs."""
     owner = app.owner()
     record = await stored_run(app.sessions.store, run_id, owner)
     if record is None:
@@ -166,14 +190,29 @@ async def get_run(app: App, run_id: str, unknown: InvalidRequest, wait_s: float 
     if fleet is None or not fleet.drives:
         return stored_answer(record)
     with anyio.move_on_after(wait_s):
-        while record.state in UNFINISHED:
+        while record.state in UNFINISHED and waits_on(record) is None:
             await anyio.sleep(FOLLOW_EVERY)
             record = await stored_run(app.sessions.store, run_id, owner) or record
-    if record.state in UNFINISHED:
-        session = await app.sessions.store.get_session(record.session, owner=owner) if app.sessions.store else None
-        return elsewhere(record, session.profile if session is not None else app.settings.profile)
-    return stored_answer(record)
+    return await answer_of(app, record)
 
+
+def waits_on(record: RunRecord) -> str | None:
+    """The question a run another replica holds waits on for send_input (its stored awaiting_input answer's)."""
+    structured = (record.answer or {}).get("structuredContent") if record.state == "awaiting_input" else None
+    found = structured.get("question_id") if isinstance(structured, dict) else None
+    return found if isinstance(found, str) else None
+
+
+async def answer_of(app: App, record: RunRecord) -> CallToolResult:
+    """What get_run answers for a stored run: its end, its question (awaiting_input, as its holder would say it),
+    or that it runs on another replica."""
+    if record.state not in UNFINISHED:
+        return stored_answer(record)
+    if waits_on(record) is not None:
+        return CallToolResult.model_validate(record.answer)
+    store = app.sessions.store
+    session = await store.get_session(record.session, owner=app.owner()) if store is not None else None
+    return elsewhere(record, session.profile if session is not None else app.settings.profile)
 
 
 def elsewhere(record: RunRecord, profile: str) -> CallToolResult:
@@ -189,15 +228,16 @@ def elsewhere(record: RunRecord, profile: str) -> CallToolResult:
 
 
 async def send_input(app: App, run_id: str, unknown: InvalidRequest) -> None:
-    """send_input for a run this process does not hold: a clear refusal (from the store), else ``unknown``."""
+    """Why a run this process does not hold cannot be answered (from the store), else ``unknown``. (One that waits
+    on another replica of a fleet is answered through the relay, relay.py.)"""
     record = await stored_run(app.sessions.store, run_id, app.owner())
     if record is None:
         raise unknown
     if record.state == "lost":
         raise InvalidRequest(_lost(record) + " Its question cannot be answered any more.")
-    if record.state == "awaiting_input":  # a fleet's: the run is another replica's
-        raise InvalidRequest(f"run {record.id} waits for input in another server process (another replica of this fleet); "
-                             "its question is answered through the replica that runs it (docs/fleet.md: Limits)")
+    if record.state == "awaiting_input":
+        raise InvalidRequest(f"run {record.id} waits for input in another server process that this one cannot reach "
+                             "(not a replica of its fleet); it is answered through that server")
     raise InvalidRequest(f"run {record.id} is not waiting for input (it is {record.state.replace('_', ' ')}); "
                          f"get_run(run_id={record.id!r}) gives its answer")
 
@@ -241,35 +281,18 @@ async def stored_task(app: App, task_id: str, owner: str | None) -> tuple[TaskRe
     return task, run
 
 
-CANCEL_ASKED = "cancel_asked"  # a task's status in the store: another replica was asked to cancel it (a fleet's bus)
-CANCELLED = "cancelled"
+CANCEL_ASKED = "cancel_asked"  # a task's status in the store: cancelled through another replica (tasks/get reads it)
 
 
 async def ask_cancel(app: App, task: TaskRecord, run: RunRecord | None) -> None:
-    """tasks/cancel of a task another replica holds: the request written on its row, which that replica polls
-    (``cancels_asked``) and acts on as on its own tasks/cancel. A task whose run ended is left as it is."""
+    """tasks/cancel of a task another replica holds: the task's row says so (tasks/get on any replica), and the
+    holder is asked through the relay (relay.py), which cancels it as its own tasks/cancel would. A task whose run
+    ended is left as it is."""
     store = app.sessions.store
-    if store is None or run is None or run.state not in UNFINISHED or task.status in (CANCEL_ASKED, CANCELLED):
+    if store is None or run is None or run.state not in UNFINISHED or task.status == CANCEL_ASKED:
         return
     try:
         await store.put_task(TaskRecord(task.id, task.owner, task.run_id, task.ttl_s, CANCEL_ASKED, task.created, time.time()))
+        await app.relay.ask_cancel(run.id, task.owner)
     except KernelexecError:
         logger.exception("asking for the cancellation of task %s", task.id)
-
-
-async def cancels_asked(app: App, tasks: Mapping[str, tuple[str | None, float, float, str | None]]) -> list[str]:
-    """Of this process's unfinished tasks (id → owner, ttl, created, run id), those another replica was asked to
-    cancel; each marked cancelled in the store as it is taken."""
-    store = app.sessions.store
-    if store is None:
-        return []
-    asked = []
-    for task_id, (owner, ttl_s, created, run_id) in tasks.items():
-        try:
-            found = await store.get_task(task_id, owner=owner)
-            if found is not None and found.status == CANCEL_ASKED:
-                await store.put_task(TaskRecord(task_id, owner, run_id, ttl_s, CANCELLED, created, time.time()))
-                asked.append(task_id)
-        except KernelexecError:
-            logger.exception("reading task %s from the store", task_id)
-    return asked

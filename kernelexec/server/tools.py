@@ -73,7 +73,8 @@ def _running_tools(app: App) -> dict[str, Any]:
             return await durable.get_run(app, run_id, unknown, wait_s)
         return finished(await app.follow(ctx, found, wait_s), ctx)  # type: ignore[return-value]
 
-    def finished(done: Rendered | Run, ctx: Context, what: str = "still running") -> CallToolResult | InputRequiredResult:
+    def finished(done: Rendered | Run | CallToolResult | InputRequiredResult, ctx: Context,
+                 what: str = "still running") -> CallToolResult | InputRequiredResult:
         return app.reply(ctx, done, what)
 
     @translated
@@ -88,9 +89,16 @@ def _running_tools(app: App) -> dict[str, Any]:
         """Answer the input() a run waits on (ending: awaiting_input) with the user's answer; getpass() is never answered here."""
         try:
             found = app.sessions.runs.get(run_id, owner=app.owner())
-        except InvalidRequest as unknown:  # not in this process: the store says why it cannot be answered
-            await durable.send_input(app, run_id, unknown)
-            raise
+        except InvalidRequest as unknown:  # not in this process: another replica's (relayed), or the store says why not
+            if app.relay.store is None:
+                await durable.send_input(app, run_id, unknown)
+                raise
+            await app.relay.answer(run_id, question_id, None if cancel else text, "send_input", unknown)
+            said = f"input {'declined' if cancel or text is None else 'sent'} to run {run_id} (it runs on another replica)"
+            relayed = await app.relay.follow(run_id, question_id, wait_s, retry=False)
+            if isinstance(relayed, CallToolResult):
+                relayed.content = [TextContent(type="text", text=f"[{said}]"), *relayed.content]
+            return relayed  # type: ignore[return-value]
         question = found.answer(question_id, None if cancel else text)
         said = (f"input sent to run {found.id}" if question.answer is not None
                 else f"input declined for run {found.id}: the code gets EOFError")

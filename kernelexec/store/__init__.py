@@ -7,6 +7,7 @@ from pathlib import Path
 
 from kernelexec.store.interface import (
     AlreadyAnswered,
+    AskRecord,
     Fence,
     JournalEntry,
     Lease,
@@ -21,7 +22,7 @@ from kernelexec.store.interface import (
     redacted,
 )
 
-__all__ = ["AlreadyAnswered", "Fence", "JournalEntry", "Lease", "QuestionRecord", "RunRecord", "RunState", "SessionRecord",
+__all__ = ["AlreadyAnswered", "AskRecord", "Fence", "JournalEntry", "Lease", "QuestionRecord", "RunRecord", "RunState", "SessionRecord",
            "StaleLease", "Store", "StoreError", "TaskRecord", "open_store", "redacted"]
 
 

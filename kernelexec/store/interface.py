@@ -18,13 +18,14 @@ key is not a session handle (``replica:<id>``, ``fleet:upkeep``) are a fleet's o
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 from urllib.parse import urlsplit, urlunsplit
 
 from kernelexec.errors import KernelexecError
 
-SCHEMA_VERSION = 2  # 2: sessions.closed
+SCHEMA_VERSION = 3  # 2: sessions.closed; 3: asks
 
 RunState = Literal["running", "awaiting_input", "finished", "failed", "lost"]
 RUN_STATES: tuple[RunState, ...] = ("running", "awaiting_input", "finished", "failed", "lost")
@@ -95,6 +96,24 @@ class QuestionRecord:
     approval: bool = False  # only the human answers it (an elicitation)
     answerer: str | None = None  # who may answer: the run's owner (None: anyone)
     answered: bool = False
+    created: float = 0.0
+
+
+AskKind = Literal["cancel", "answer"]
+
+
+@dataclass(frozen=True)
+class AskRecord:
+    """A request for the replica that runs ``run_id``, made on another replica of a fleet (``server/relay.py``):
+    cancel the run (tasks/cancel), or answer its question ``question_id`` (send_input, a retried call, a secret
+    page's POST). The holder polls for its runs' asks and takes each once (``take_asks`` deletes what it reads)."""
+
+    run_id: str
+    kind: AskKind
+    owner: str | None = None  # who asked: checked again by the holder against the run's owner
+    question_id: str | None = None
+    text: str | None = None  # an answer, sealed with the fleet's key (relay.py) when it has one; None declines
+    channel: str = ""  # the door it came through: "send_input", "retry", "page"
     created: float = 0.0
 
 
@@ -179,6 +198,13 @@ class Store(Protocol):
     async def answer_question(self, question_id: str, *, by: str | None) -> QuestionRecord:
         """Mark the question answered (compare-and-set): ``AlreadyAnswered`` if it was; ``StoreError`` if
         ``by`` may not answer it or it is unknown."""
+        ...
+
+    # asks: requests for the replica that runs a run (a fleet's relay)
+    async def ask(self, record: AskRecord) -> None: ...
+    async def take_asks(self, run_ids: Collection[str]) -> list[AskRecord]:
+        """Every ask for these runs, oldest first, deleted as it is read (one transaction: each ask is taken once,
+        by one replica)."""
         ...
 
     # leases

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Collection
 from typing import Any
 
 import anyio
@@ -25,6 +26,7 @@ from kernelexec.store.interface import (
     SCHEMA_VERSION,
     UNFINISHED,
     AlreadyAnswered,
+    AskRecord,
     Fence,
     JournalEntry,
     Lease,
@@ -38,7 +40,7 @@ from kernelexec.store.interface import (
     scrubbed,
     visible,
 )
-from kernelexec.store.sqlite import QUESTION_COLUMNS, SESSION_COLUMNS, TASK_COLUMNS, dumps, question_row, run_row, session_row, task_row
+from kernelexec.store.sqlite import ASK_COLUMNS, QUESTION_COLUMNS, SESSION_COLUMNS, TASK_COLUMNS, dumps, question_row, run_row, session_row, task_row
 
 RUN_COLUMNS = "id, session, owner, state, answer::text, created, updated"
 MIGRATION_LOCK = 0x6B65_7865  # pg_advisory_xact_lock key: "kexe"
@@ -62,6 +64,9 @@ MIGRATIONS: dict[int, list[str]] = {
         "CREATE TABLE journal (session TEXT NOT NULL, seq BIGINT NOT NULL, record JSON NOT NULL, PRIMARY KEY (session, seq))",
     ],
     2: ["ALTER TABLE sessions ADD COLUMN closed DOUBLE PRECISION"],
+    3: ["""CREATE TABLE asks (seq BIGSERIAL PRIMARY KEY, run_id TEXT NOT NULL, kind TEXT NOT NULL, owner TEXT,
+           question_id TEXT, text TEXT, channel TEXT NOT NULL, created DOUBLE PRECISION NOT NULL)""",
+        "CREATE INDEX asks_by_run ON asks (run_id)"],
 }
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
@@ -317,6 +322,24 @@ class PostgresStore:
 
         result: QuestionRecord = await self._run(answer, "cannot answer the question")
         return result
+
+    # asks
+
+    async def ask(self, record: AskRecord) -> None:
+        async def put(cur: Any) -> None:
+            await cur.execute(f"INSERT INTO asks ({ASK_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                              (record.run_id, record.kind, record.owner, record.question_id, record.text, record.channel,
+                               record.created or time.time()))
+
+        await self._run(put, "cannot write the ask", single=True)
+
+    async def take_asks(self, run_ids: Collection[str]) -> list[AskRecord]:
+        ids = list(run_ids)
+        if not ids:
+            return []
+        rows = await self._all(f"DELETE FROM asks WHERE run_id = ANY(%s) RETURNING seq, {ASK_COLUMNS}", (ids,),
+                               "cannot take the asks")
+        return [AskRecord(*row[1:]) for row in sorted(rows)]
 
     # leases
 

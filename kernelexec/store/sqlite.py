@@ -19,7 +19,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,6 +31,7 @@ from kernelexec.store.interface import (
     SCHEMA_VERSION,
     UNFINISHED,
     AlreadyAnswered,
+    AskRecord,
     Fence,
     JournalEntry,
     Lease,
@@ -52,6 +53,7 @@ SESSION_COLUMNS = "handle, owner, working_dir, environment, profile, local_slot,
 RUN_COLUMNS = "id, session, owner, state, answer, created, updated"
 TASK_COLUMNS = "id, owner, run_id, ttl_s, status, created, updated"
 QUESTION_COLUMNS = "id, run_id, prompt, password, approval, answerer, answered, created"
+ASK_COLUMNS = "run_id, kind, owner, question_id, text, channel, created"
 
 _STATES = ", ".join(f"'{s}'" for s in RUN_STATES)
 MIGRATIONS: dict[int, list[str]] = {
@@ -72,6 +74,9 @@ MIGRATIONS: dict[int, list[str]] = {
         "CREATE TABLE journal (session TEXT NOT NULL, seq INTEGER NOT NULL, record TEXT NOT NULL, PRIMARY KEY (session, seq))",
     ],
     2: ["ALTER TABLE sessions ADD COLUMN closed REAL"],
+    3: ["""CREATE TABLE asks (seq INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, kind TEXT NOT NULL, owner TEXT,
+           question_id TEXT, text TEXT, channel TEXT NOT NULL, created REAL NOT NULL)""",
+        "CREATE INDEX asks_by_run ON asks (run_id)"],
 }
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
@@ -370,6 +375,26 @@ class SQLiteStore:
             return QuestionRecord(**{**found.__dict__, "answered": True})
 
         return await self._write(answer)
+
+    # asks
+
+    async def ask(self, record: AskRecord) -> None:
+        await self._write(lambda db: db.execute(
+            f"INSERT INTO asks ({ASK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (record.run_id, record.kind, record.owner, record.question_id, record.text, record.channel, record.created or time.time())))
+
+    async def take_asks(self, run_ids: Collection[str]) -> list[AskRecord]:
+        ids = list(run_ids)
+        if not ids:
+            return []
+
+        def take(db: sqlite3.Connection) -> list[AskRecord]:
+            marks = ", ".join("?" * len(ids))
+            rows = db.execute(f"SELECT seq, {ASK_COLUMNS} FROM asks WHERE run_id IN ({marks}) ORDER BY seq", ids).fetchall()
+            db.executemany("DELETE FROM asks WHERE seq = ?", [(row[0],) for row in rows])
+            return [AskRecord(*row[1:]) for row in rows]
+
+        return await self._write(take)
 
     # leases
 
