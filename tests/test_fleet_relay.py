@@ -10,12 +10,14 @@ second send_input on another replica is refused; the cell got one answer).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx2
 import pytest
 from mcp import Client
@@ -127,3 +129,69 @@ async def test_a_retry_on_another_replica_answers_with_the_state_the_first_seale
             allow_input_required=True)
     assert isinstance(done, CallToolResult) and not done.is_error, done
     assert done.structured_content is not None and done.structured_content["result"] == ["one", "two"], done
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def form_token(page: httpx2.Response) -> str:
+    assert page.status_code == 200, page.status_code
+    return page.text.split('name=token value="', 1)[1].split('"', 1)[0]
+
+
+async def test_a_secret_page_opened_on_one_replica_is_served_and_used_once_on_any(fleet: Fleet) -> None:
+    """A getpass() page minted by A (the run's holder): served by B from the store's grant, its POST on B relayed
+    sealed to A; a forged form token, a guessed key, a replay and a concurrent second POST on the other replica
+    answer nothing; a page whose question ended is gone on every replica."""
+    a, b = fleet.replicas[0].url, fleet.replicas[1].url
+    origin_a, origin_b = a.removesuffix("/mcp"), b.removesuffix("/mcp")
+    code = ("import getpass, hashlib\nsha = lambda s: hashlib.sha256(s.encode()).hexdigest()\n"
+            "[sha(getpass.getpass('Key 1: ')), sha(getpass.getpass('Key 2: '))]")
+    async with client(a, ALICE, elicitation_callback=never_asked) as on_a, httpx2.AsyncClient(timeout=30) as browser:
+        handle = (await on_a.call_tool("execute_code", {"code": "1"})).structured_content["session"]  # type: ignore[index]
+        arguments = {"code": code, "session": handle, "timeout": 120}
+        first = await on_a.session.call_tool("execute_code", arguments, allow_input_required=True)
+        assert isinstance(first, InputRequiredResult), first
+        page_a = first.input_requests["input"].params.url  # type: ignore[union-attr]
+        assert page_a.startswith(origin_a + "/secret/"), page_a
+        page_b = origin_b + page_a.removeprefix(origin_a)  # what a balancer does: the same path, another replica
+
+        assert (await browser.get(origin_b + "/secret/" + "x" * 43)).status_code == 404  # a guessed key
+        token_b = form_token(await browser.get(page_b))  # B serves A's page from the store
+        forged = await browser.post(page_b, data={"token": token_b.split(".")[0] + ".AAAA", "secret": "evil"})
+        assert forged.status_code == 403
+        sent = await browser.post(page_b, data={"token": token_b, "secret": "one"})
+        assert sent.status_code == 200, sent.text
+        assert (await browser.post(page_b, data={"token": token_b, "secret": "again"})).status_code == 404  # replay
+        assert (await browser.post(page_a, data={"token": token_b, "secret": "again"})).status_code == 404  # on A too
+
+        second = await on_a.session.call_tool("execute_code", arguments, input_responses={"input": ElicitResult(action="accept")},
+                                              request_state=first.request_state, allow_input_required=True)
+        assert isinstance(second, InputRequiredResult), second  # the first secret reached A's cell: it asks the second
+        page2_a = second.input_requests["input"].params.url  # type: ignore[union-attr]
+        page2_b = origin_b + page2_a.removeprefix(origin_a)
+        tokens = [form_token(await browser.get(page2_a)), form_token(await browser.get(page2_b))]
+        statuses: list[int] = []
+
+        async def post(page: str, token: str, secret: str) -> None:
+            statuses.append((await browser.post(page, data={"token": token, "secret": secret})).status_code)
+
+        async with anyio.create_task_group() as tg:  # the same page used at once on both replicas
+            tg.start_soon(post, page2_a, tokens[0], "two")
+            tg.start_soon(post, page2_b, tokens[1], "two")
+        assert sorted(statuses) == [200, 404], statuses
+        done = await on_a.session.call_tool("execute_code", arguments, input_responses={"input": ElicitResult(action="accept")},
+                                            request_state=second.request_state, allow_input_required=True)
+        assert isinstance(done, CallToolResult) and not done.is_error, done
+        assert done.structured_content is not None and done.structured_content["result"] == [sha("one"), sha("two")], done
+
+        short = {"code": "import getpass\ngetpass.getpass('Key: ')", "session": handle, "timeout": 3}
+        asked = await on_a.session.call_tool("execute_code", short, allow_input_required=True)
+        assert isinstance(asked, InputRequiredResult), asked
+        late_b = origin_b + asked.input_requests["input"].params.url.removeprefix(origin_a)  # type: ignore[union-attr]
+        late_token = form_token(await browser.get(late_b))
+        await anyio.sleep(4)  # the cell's timeout: its question ends, its page with it (on every replica)
+        assert (await browser.post(late_b, data={"token": late_token, "secret": "late"})).status_code == 404
+    for replica in fleet.replicas:
+        assert "one" not in [w for line in replica.output().splitlines() for w in line.split()], replica.name

@@ -175,6 +175,7 @@ class App:
 
     def __post_init__(self) -> None:
         self.relay = Relay(self)
+        self.pages.relay = self.relay
         self.uploads = Uploads(self.settings.max_upload_urls_per_token, spool_dir=self.settings.state_dir,
                               max_spool_bytes=self.settings.max_upload_spool_mb * 1024 * 1024)
 

@@ -36,7 +36,7 @@ from kernelexec.errors import InvalidRequest, KernelexecError
 from kernelexec.server import durable
 from kernelexec.server.questions import INPUT_KEY, STATE_SEPARATOR, stored_request
 from kernelexec.session.runs import Run
-from kernelexec.store import AlreadyAnswered, AskRecord, QuestionRecord, RunRecord, Store
+from kernelexec.store import AlreadyAnswered, AskRecord, GrantRecord, QuestionRecord, RunRecord, Store
 from kernelexec.store.interface import UNFINISHED, visible
 
 if TYPE_CHECKING:
@@ -93,9 +93,9 @@ class Relay:
                 logger.warning("reading the asks for this replica's runs: %s", exc)
                 continue
             for ask in asks:
-                self.deliver(runs[ask.run_id], ask)
+                await self.deliver(runs[ask.run_id], ask)
 
-    def deliver(self, run: Run, ask: AskRecord) -> None:
+    async def deliver(self, run: Run, ask: AskRecord) -> None:
         """Apply an ask as this replica's own call would; what is refused is logged (never the text) and dropped."""
         if not visible(run.session.owner, ask.owner):
             logger.warning("run %s: an ask from another token was refused", run.id)
@@ -107,9 +107,15 @@ class Relay:
             return
         try:
             text = self.open(ask)
-            run.answer(ask.question_id or "", text, by_human=ask.channel in ("retry", "page"), by_page=ask.channel == "page")
+            question = run.answer(ask.question_id or "", text, by_human=ask.channel in ("retry", "page"),
+                                  by_page=ask.channel == "page")
         except KernelexecError as exc:
             logger.info("run %s: an answer given on another replica (%s) was not taken: %s", run.id, ask.channel, exc)
+            return
+        if ask.channel == "page":
+            from kernelexec.server.secret_page import typed
+
+            await typed(question)  # the client waiting on this replica is told the page was submitted
 
     # sealing
 
@@ -142,7 +148,26 @@ class Relay:
                 continue
         raise KernelexecError("a sealed answer in the store opens with none of this replica's keys")
 
+    def sign(self, text: str) -> str | None:
+        """A MAC of ``text`` any replica with the fleet's key file checks (a secret page's form token); None without one."""
+        if not self._keys:
+            return None
+        return base64.urlsafe_b64encode(hmac.new(self._keys[0], text.encode(), hashlib.sha256).digest()).decode()
+
+    def signed(self, text: str, signature: str) -> bool:
+        return any(hmac.compare_digest(signature.encode(), base64.urlsafe_b64encode(
+            hmac.new(key, text.encode(), hashlib.sha256).digest())) for key in self._keys)
+
     # the asking replica
+
+    async def answer_page(self, grant: GrantRecord, text: str) -> None:
+        """A secret typed on a page another replica opened: relayed sealed, never in clear (refused without a key
+        file). The grant, used by this POST (``use_grant``), is what makes it once across the fleet."""
+        store = self.store
+        run_id, question_id = str(grant.caps.get("run_id", "")), str(grant.caps.get("question_id", ""))
+        if store is None or not self._keys:
+            raise KernelexecError("no sealed way to the replica that runs the code")
+        await store.ask(AskRecord(run_id, "answer", grant.owner, question_id, self.seal(text, run_id, question_id), "page"))
 
     async def ask_cancel(self, run_id: str, owner: str | None) -> None:
         store = self.store

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from kernelexec.errors import KernelexecError
 
-SCHEMA_VERSION = 3  # 2: sessions.closed; 3: asks
+SCHEMA_VERSION = 3  # 2: sessions.closed; 3: asks, grants
 
 RunState = Literal["running", "awaiting_input", "finished", "failed", "lost"]
 RUN_STATES: tuple[RunState, ...] = ("running", "awaiting_input", "finished", "failed", "lost")
@@ -118,6 +118,20 @@ class AskRecord:
 
 
 @dataclass(frozen=True)
+class GrantRecord:
+    """A capability URL a fleet's replica minted (an upload URL, a getpass() page), so any replica serves it: only
+    the SHA-256 of its secret key (``digest``), never the key; single use through ``use_grant``."""
+
+    digest: str  # hex SHA-256 of the URL's key
+    kind: Literal["upload", "secret"]
+    owner: str | None
+    session: str  # the session's handle
+    expires: float
+    caps: dict[str, Any] = field(default_factory=dict)  # what it allows: a file's name and cap; the question it answers
+    used: bool = False
+
+
+@dataclass(frozen=True)
 class Lease:
     """Which process drives a session now."""
 
@@ -205,6 +219,14 @@ class Store(Protocol):
     async def take_asks(self, run_ids: Collection[str]) -> list[AskRecord]:
         """Every ask for these runs, oldest first, deleted as it is read (one transaction: each ask is taken once,
         by one replica)."""
+        ...
+
+    # grants: capability URLs any replica serves
+    async def put_grant(self, record: GrantRecord) -> None: ...
+    async def get_grant(self, digest: str) -> GrantRecord | None: ...
+    async def use_grant(self, digest: str) -> GrantRecord | None:
+        """Mark the grant used (compare-and-set, one statement): the grant as it was when this call used it; None when
+        it is unknown or was used already (by any replica)."""
         ...
 
     # leases

@@ -28,6 +28,7 @@ from kernelexec.store.interface import (
     AlreadyAnswered,
     AskRecord,
     Fence,
+    GrantRecord,
     JournalEntry,
     Lease,
     QuestionRecord,
@@ -40,7 +41,19 @@ from kernelexec.store.interface import (
     scrubbed,
     visible,
 )
-from kernelexec.store.sqlite import ASK_COLUMNS, QUESTION_COLUMNS, SESSION_COLUMNS, TASK_COLUMNS, dumps, question_row, run_row, session_row, task_row
+from kernelexec.store.sqlite import (
+    ASK_COLUMNS,
+    GRANT_COLUMNS,
+    QUESTION_COLUMNS,
+    SESSION_COLUMNS,
+    TASK_COLUMNS,
+    dumps,
+    grant_row,
+    question_row,
+    run_row,
+    session_row,
+    task_row,
+)
 
 RUN_COLUMNS = "id, session, owner, state, answer::text, created, updated"
 MIGRATION_LOCK = 0x6B65_7865  # pg_advisory_xact_lock key: "kexe"
@@ -66,7 +79,9 @@ MIGRATIONS: dict[int, list[str]] = {
     2: ["ALTER TABLE sessions ADD COLUMN closed DOUBLE PRECISION"],
     3: ["""CREATE TABLE asks (seq BIGSERIAL PRIMARY KEY, run_id TEXT NOT NULL, kind TEXT NOT NULL, owner TEXT,
            question_id TEXT, text TEXT, channel TEXT NOT NULL, created DOUBLE PRECISION NOT NULL)""",
-        "CREATE INDEX asks_by_run ON asks (run_id)"],
+        "CREATE INDEX asks_by_run ON asks (run_id)",
+        """CREATE TABLE grants (digest TEXT PRIMARY KEY, kind TEXT NOT NULL, owner TEXT, session TEXT NOT NULL,
+           expires DOUBLE PRECISION NOT NULL, caps TEXT NOT NULL, used BOOLEAN NOT NULL DEFAULT false)"""],
 }
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
@@ -340,6 +355,25 @@ class PostgresStore:
         rows = await self._all(f"DELETE FROM asks WHERE run_id = ANY(%s) RETURNING seq, {ASK_COLUMNS}", (ids,),
                                "cannot take the asks")
         return [AskRecord(*row[1:]) for row in sorted(rows)]
+
+    # grants
+
+    async def put_grant(self, record: GrantRecord) -> None:
+        async def put(cur: Any) -> None:
+            await cur.execute(f"INSERT INTO grants ({GRANT_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                              (record.digest, record.kind, record.owner, record.session, record.expires, dumps(record.caps),
+                               record.used))
+
+        await self._run(put, "cannot write the grant", single=True)
+
+    async def get_grant(self, digest: str) -> GrantRecord | None:
+        row = await self._one(f"SELECT {GRANT_COLUMNS} FROM grants WHERE digest = %s", (digest,), "cannot read the grant")
+        return grant_row(row) if row is not None else None
+
+    async def use_grant(self, digest: str) -> GrantRecord | None:
+        row = await self._one(f"UPDATE grants SET used = true WHERE digest = %s AND NOT used RETURNING {GRANT_COLUMNS}",
+                              (digest,), "cannot use the grant")
+        return grant_row(row) if row is not None else None
 
     # leases
 

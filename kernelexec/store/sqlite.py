@@ -33,6 +33,7 @@ from kernelexec.store.interface import (
     AlreadyAnswered,
     AskRecord,
     Fence,
+    GrantRecord,
     JournalEntry,
     Lease,
     QuestionRecord,
@@ -54,6 +55,7 @@ RUN_COLUMNS = "id, session, owner, state, answer, created, updated"
 TASK_COLUMNS = "id, owner, run_id, ttl_s, status, created, updated"
 QUESTION_COLUMNS = "id, run_id, prompt, password, approval, answerer, answered, created"
 ASK_COLUMNS = "run_id, kind, owner, question_id, text, channel, created"
+GRANT_COLUMNS = "digest, kind, owner, session, expires, caps, used"
 
 _STATES = ", ".join(f"'{s}'" for s in RUN_STATES)
 MIGRATIONS: dict[int, list[str]] = {
@@ -76,7 +78,9 @@ MIGRATIONS: dict[int, list[str]] = {
     2: ["ALTER TABLE sessions ADD COLUMN closed REAL"],
     3: ["""CREATE TABLE asks (seq INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, kind TEXT NOT NULL, owner TEXT,
            question_id TEXT, text TEXT, channel TEXT NOT NULL, created REAL NOT NULL)""",
-        "CREATE INDEX asks_by_run ON asks (run_id)"],
+        "CREATE INDEX asks_by_run ON asks (run_id)",
+        """CREATE TABLE grants (digest TEXT PRIMARY KEY, kind TEXT NOT NULL, owner TEXT, session TEXT NOT NULL,
+           expires REAL NOT NULL, caps TEXT NOT NULL, used INTEGER NOT NULL DEFAULT 0)"""],
 }
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
@@ -396,6 +400,26 @@ class SQLiteStore:
 
         return await self._write(take)
 
+    # grants
+
+    async def put_grant(self, record: GrantRecord) -> None:
+        await self._write(lambda db: db.execute(
+            f"INSERT INTO grants ({GRANT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (record.digest, record.kind, record.owner, record.session, record.expires, dumps(record.caps), record.used)))
+
+    async def get_grant(self, digest: str) -> GrantRecord | None:
+        row = await self._query(lambda db: db.execute(f"SELECT {GRANT_COLUMNS} FROM grants WHERE digest = ?", (digest,)).fetchone())
+        return grant_row(row) if row is not None else None
+
+    async def use_grant(self, digest: str) -> GrantRecord | None:
+        def use(db: sqlite3.Connection) -> GrantRecord | None:
+            row = db.execute(f"SELECT {GRANT_COLUMNS} FROM grants WHERE digest = ? AND used = 0", (digest,)).fetchone()
+            if row is not None:
+                db.execute("UPDATE grants SET used = 1 WHERE digest = ?", (digest,))
+            return grant_row(row) if row is not None else None
+
+        return await self._write(use)
+
     # leases
 
     async def acquire_lease(self, session: str, holder: str, ttl_s: float) -> Lease | None:
@@ -494,6 +518,11 @@ def run_row(row: tuple[Any, ...]) -> RunRecord:
 
 def task_row(row: tuple[Any, ...]) -> TaskRecord:
     return TaskRecord(*row)
+
+
+def grant_row(row: tuple[Any, ...]) -> GrantRecord:
+    digest, kind, owner, session, expires, caps, used = row
+    return GrantRecord(digest, kind, owner, session, expires, json.loads(caps), bool(used))
 
 
 def question_row(row: tuple[Any, ...]) -> QuestionRecord:
