@@ -11,7 +11,8 @@ expired or already the caller's (one atomic statement or transaction), and every
 holder takes a new fencing token, strictly greater than every token the session had before (a released lease
 keeps its token row; the holder's own acquire while it holds keeps its token and extends it). A write that
 carries a ``Fence`` is refused (``StaleLease``) unless it is still the session's current token — so a holder
-whose lease expired and was taken by another can no longer write, even if it does not know yet. Leases whose
+whose lease expired and was taken by another can no longer write, even if it does not know yet. A released
+lease keeps the time it was let go (``expires``): when the fleet last drove the session. Leases whose
 key is not a session handle (``replica:<id>``, ``fleet:upkeep``) are a fleet's own (``session/fleet.py``).
 """
 
@@ -237,6 +238,10 @@ class Store(Protocol):
     async def renew_lease(self, lease: Lease, ttl_s: float) -> Lease | None: ...
     async def release_lease(self, lease: Lease) -> bool: ...
     async def current_lease(self, session: str) -> Lease | None: ...
+    async def idle_sessions(self, idle_s: float) -> list[SessionRecord]:
+        """Open sessions with a gateway kernel whose lease was let go (a released lease keeps the time, ``expires``)
+        or ran out more than ``idle_s`` seconds ago: idle across the whole fleet (a fleet's reaping, upkeep.py)."""
+        ...
     async def live_leases(self, prefix: str) -> list[Lease]:
         """Every held, unexpired lease whose key starts with ``prefix`` (a fleet's replicas: ``replica:``)."""
         ...

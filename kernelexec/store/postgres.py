@@ -407,12 +407,19 @@ class PostgresStore:
 
     async def release_lease(self, lease: Lease) -> bool:
         async def release(cur: Any) -> bool:
-            await cur.execute("UPDATE leases SET holder = NULL, expires = 0 WHERE session = %s AND holder = %s AND token = %s",
+            await cur.execute(f"UPDATE leases SET holder = NULL, expires = {NOW} WHERE session = %s AND holder = %s AND token = %s",
                               (lease.session, lease.holder, lease.token))
             return bool(cur.rowcount)
 
         result: bool = await self._run(release, "cannot release the lease")
         return result
+
+    async def idle_sessions(self, idle_s: float) -> list[SessionRecord]:
+        columns = ", ".join("s." + c.strip() for c in SESSION_COLUMNS.split(","))
+        rows = await self._all(f"""SELECT {columns} FROM sessions s JOIN leases l ON l.session = s.handle
+                                   WHERE s.closed IS NULL AND s.gateway_kernel_id IS NOT NULL AND l.expires < {NOW} - %s
+                                   ORDER BY l.expires""", (idle_s,), "cannot read the idle sessions")
+        return [session_row(row) for row in rows]
 
     async def current_lease(self, session: str) -> Lease | None:
         row = await self._one(f"SELECT session, holder, token, expires FROM leases WHERE session = %s AND holder IS NOT NULL AND expires > {NOW}",

@@ -450,8 +450,15 @@ class SQLiteStore:
 
     async def release_lease(self, lease: Lease) -> bool:
         return bool(await self._write(lambda db: db.execute(
-            "UPDATE leases SET holder = NULL, expires = 0 WHERE session = ? AND holder = ? AND token = ?",
-            (lease.session, lease.holder, lease.token)).rowcount))
+            "UPDATE leases SET holder = NULL, expires = ? WHERE session = ? AND holder = ? AND token = ?",
+            (time.time(), lease.session, lease.holder, lease.token)).rowcount))
+
+    async def idle_sessions(self, idle_s: float) -> list[SessionRecord]:
+        rows = await self._query(lambda db: db.execute(
+            f"""SELECT {', '.join('s.' + c.strip() for c in SESSION_COLUMNS.split(','))} FROM sessions s JOIN leases l
+                ON l.session = s.handle WHERE s.closed IS NULL AND s.gateway_kernel_id IS NOT NULL AND l.expires < ?
+                ORDER BY l.expires""", (time.time() - idle_s,)).fetchall())
+        return [session_row(row) for row in rows]
 
     async def current_lease(self, session: str) -> Lease | None:
         row = await self._query(lambda db: db.execute("SELECT session, holder, token, expires FROM leases WHERE session = ?",
