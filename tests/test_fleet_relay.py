@@ -195,3 +195,46 @@ async def test_a_secret_page_opened_on_one_replica_is_served_and_used_once_on_an
         assert (await browser.post(late_b, data={"token": late_token, "secret": "late"})).status_code == 404
     for replica in fleet.replicas:
         assert "one" not in [w for line in replica.output().splitlines() for w in line.split()], replica.name
+
+
+async def test_an_upload_url_minted_on_one_replica_is_used_once_on_any(fleet: Fleet) -> None:
+    """An upload URL minted by A: a PUT on B lands in the session's kernel (under its lease); another token's PUT is
+    404, a replay 410, the same URL PUT at once on A and B lands once, an expired URL is 410 on B."""
+    a, b = fleet.replicas[0].url, fleet.replicas[1].url
+    origin_a, origin_b = a.removesuffix("/mcp"), b.removesuffix("/mcp")
+    put_headers = {"Content-Type": "application/octet-stream"}
+    async with client(a, ALICE) as on_a, httpx2.AsyncClient(timeout=60) as http:
+        handle = (await on_a.call_tool("execute_code", {"code": "1"})).structured_content["session"]  # type: ignore[index]
+
+        async def mint(name: str, expires_s: int = 600) -> tuple[str, str]:
+            granted = await on_a.call_tool("upload_url", {"filename": name, "session": handle, "expires_s": expires_s})
+            assert not granted.is_error and granted.structured_content is not None, text(granted)
+            url = granted.structured_content["uploadUrl"]
+            assert url.startswith(origin_a + "/upload/"), url
+            return url, origin_b + url.removeprefix(origin_a)
+
+        _, on_b = await mint("one.txt")
+        bob = await http.put(on_b, content=b"bob's", headers={**put_headers, "Authorization": f"Bearer {BOB}"})
+        assert bob.status_code == 404, bob.text  # another token: as unknown (and nothing used up)
+        landed = await http.put(on_b, content=b"first file", headers={**put_headers, "Authorization": f"Bearer {ALICE}"})
+        assert landed.status_code == 201, landed.text
+        assert landed.json()["sha256"] == hashlib.sha256(b"first file").hexdigest()
+        assert (await http.put(on_b, content=b"again", headers=put_headers)).status_code == 410  # replay on B
+
+        both_a, both_b = await mint("two.txt")
+        statuses: list[int] = []
+
+        async def put(url: str, body: bytes) -> None:
+            statuses.append((await http.put(url, content=body, headers=put_headers)).status_code)
+
+        async with anyio.create_task_group() as tg:  # the same URL at once on both replicas
+            tg.start_soon(put, both_a, b"from A")
+            tg.start_soon(put, both_b, b"from B")
+        assert sorted(statuses) == [201, 410], statuses
+
+        _, late = await mint("late.txt", expires_s=1)
+        await anyio.sleep(2)
+        assert (await http.put(late, content=b"late", headers=put_headers)).status_code == 410  # expired, on B
+        files = await on_a.call_tool("execute_code", {"code": "import os\n[open('one.txt').read(), open('two.txt').read() "
+                                                      "in ('from A', 'from B'), os.path.exists('late.txt')]", "session": handle})
+    assert files.structured_content is not None and files.structured_content["result"] == ["first file", True, False], text(files)

@@ -174,10 +174,10 @@ class App:
     relay: Relay = field(init=False)  # a fleet's: what calls here ask of runs other replicas hold, and the reverse
 
     def __post_init__(self) -> None:
-        self.relay = Relay(self)
-        self.pages.relay = self.relay
         self.uploads = Uploads(self.settings.max_upload_urls_per_token, spool_dir=self.settings.state_dir,
                               max_spool_bytes=self.settings.max_upload_spool_mb * 1024 * 1024)
+        self.relay = Relay(self)
+        self.pages.relay = self.uploads.relay = self.relay
 
     def page_opener(self, ctx: Context | None) -> OpenPage | None:
         """How a run started by this call asks a getpass(): on a one-time page, where the client declared URL-mode

@@ -233,7 +233,7 @@ def _session_tools(app: App) -> dict[str, Any]:
             raise InvalidRequest("upload_url works over the HTTP transport only; under stdio the working directory "
                                  "already is yours: put the file there")
         target = await app.resolve(ctx, session)
-        g = app.uploads.grant(target, app.owner(), filename, max_bytes, expires_s, origin)
+        g = await app.uploads.grant(target, app.owner(), filename, max_bytes, expires_s, origin)
         return UploadGrant(uploadUrl=g.url, headers=dict(uploads.PUT_HEADERS), expiresAt=g.expires_at, maxBytes=g.max_bytes,
                            session=target.handle, filename=g.filename)
 

@@ -57,7 +57,8 @@ class SessionManager:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[SessionManager]:
-        self.settings.sessions_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # its own caches and upload spool, also
+        self.settings.sessions_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # when sessions are on --shared-dir
         # nbformat is imported here, once, on the event loop thread before any worker thread uses it:
         # imported lazily from a worker thread and the loop at once, it fails with a circular import
         import nbformat.v4  # noqa: F401
