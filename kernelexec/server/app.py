@@ -176,7 +176,7 @@ class App:
     def __post_init__(self) -> None:
         self.uploads = Uploads(self.settings.max_upload_urls_per_token, spool_dir=self.settings.state_dir,
                               max_spool_bytes=self.settings.max_upload_spool_mb * 1024 * 1024)
-        self.relay = Relay(self)
+        self.relay = Relay(self.settings, self.sessions)
         self.pages.relay = self.uploads.relay = self.relay
 
     def page_opener(self, ctx: Context | None) -> OpenPage | None:
@@ -361,24 +361,19 @@ class App:
             raise KernelexecError(started.failure)
         return self.answer_of(started)
 
-    async def resume(self, ctx: Context) -> Rendered | Run | CallToolResult | InputRequiredResult:
+    async def resume(self, ctx: Context) -> Rendered | Run:
         """A 2026-07-28 client's retried call: its input_responses answer the one question its request_state names
         (the run id and the question id, sealed by the SDK), and the call waits for the run again as a new call
         would. A retry for a question already answered or no longer asked (a replayed retry, a second viewer's
-        late answer) is refused: it never answers the question the run waits on now. A run another replica of the
-        fleet holds is answered through the relay (relay.py), by the same rules."""
+        late answer) is refused: it never answers the question the run waits on now. (A run another replica of a
+        fleet holds: durable.resume_elsewhere.)"""
         run_id, question_id = resumed(ctx.request_state)
-        response = (ctx.input_responses or {}).get(INPUT_KEY)
-        try:
-            found = self.sessions.runs.get(run_id, owner=self.owner())
-        except InvalidRequest as unknown:
-            return await self._resume_elsewhere(run_id, question_id, response, unknown)
+        found = self.sessions.runs.get(run_id, owner=self.owner())
         question = found.find(question_id)
+        response = (ctx.input_responses or {}).get(INPUT_KEY)
         if (question is not None and question.url is not None and isinstance(response, ElicitResult)
                 and response.action == "accept"):  # (the page may have been sent before the client said yes)
             return await self.follow(ctx, found, self.settings.yield_after or math.inf)  # the page answers it, not this
-        if question is not None and question.password and isinstance(response, ElicitResult) and response.action == "accept":
-            return await self.relay.follow(run_id, question_id, self.settings.yield_after or math.inf, retry=True)  # its page answers it
         text = None
         if isinstance(response, ElicitResult) and response.action == "accept" and isinstance(response.content, dict):
             approval = question is not None and question.approval
@@ -389,28 +384,6 @@ class App:
         except InvalidRequest as exc:
             raise InvalidRequest(f"{exc}. This retry's answer was not used; get_run(run_id={found.id!r}) follows the run") from None
         return await self.follow(ctx, found, self.settings.yield_after or math.inf)
-
-    async def _resume_elsewhere(self, run_id: str, question_id: str, response: Any,
-                                unknown: InvalidRequest) -> CallToolResult | InputRequiredResult:
-        """A retry whose run another replica holds: its answer relayed there, then the run followed in the store."""
-        store = self.relay.store
-        if store is None:
-            raise unknown
-        question = await store.get_question(question_id, owner=self.owner()) if question_id else None
-        if question is not None and question.password and isinstance(response, ElicitResult) and response.action == "accept":
-            return await self.relay.follow(run_id, question_id, self.settings.yield_after or math.inf, retry=True)  # its page answers it
-        text = None
-        if isinstance(response, ElicitResult) and response.action == "accept" and isinstance(response.content, dict):
-            approval = question is not None and question.approval
-            value = response.content.get("approve" if approval else "answer")
-            text = (APPROVED if value is True else None) if approval else value if isinstance(value, str) else None
-        try:
-            await self.relay.answer(run_id, question_id, text, "retry", unknown)
-        except InvalidRequest as exc:
-            if exc is unknown:
-                raise
-            raise InvalidRequest(f"{exc}. This retry's answer was not used; get_run(run_id={run_id!r}) follows the run") from None
-        return await self.relay.follow(run_id, question_id, self.settings.yield_after or math.inf, retry=True)
 
     def reply(self, ctx: Context, done: Rendered | Run | CallToolResult | InputRequiredResult,
               what: str) -> CallToolResult | InputRequiredResult:

@@ -11,16 +11,18 @@ a stored answer is JSON validated as a ``CallToolResult``.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from mcp_types import CallToolResult, TextContent
+from mcp_types import CallToolResult, ElicitResult, InputRequiredResult, TextContent
 
 from kernelexec.errors import InvalidRequest, KernelexecError
+from kernelexec.server.questions import INPUT_KEY, STATE_SEPARATOR, resumed, stored_request
 from kernelexec.server.results import ExecuteResult
-from kernelexec.session.runs import KEEP_FINISHED, Run
+from kernelexec.session.runs import APPROVED, KEEP_FINISHED, Run
 from kernelexec.store import QuestionRecord, RunRecord, RunState, Store, TaskRecord
 from kernelexec.store.interface import UNFINISHED
 
@@ -240,6 +242,57 @@ async def send_input(app: App, run_id: str, unknown: InvalidRequest) -> None:
                              "(not a replica of its fleet); it is answered through that server")
     raise InvalidRequest(f"run {record.id} is not waiting for input (it is {record.state.replace('_', ' ')}); "
                          f"get_run(run_id={record.id!r}) gives its answer")
+
+
+async def resume_elsewhere(app: App, ctx: Any, unknown: InvalidRequest) -> CallToolResult | InputRequiredResult:
+    """A 2026-07-28 retry whose run another replica of the fleet holds (app.resume's, by the same rules): its answer
+    relayed to the holder (relay.py), then the run followed in the store."""
+    run_id, question_id = resumed(ctx.request_state)
+    store, owner = app.relay.store, app.owner()
+    if store is None:
+        raise unknown
+    question = await store.get_question(question_id, owner=owner) if question_id else None
+    response = (ctx.input_responses or {}).get(INPUT_KEY)
+    accepted = isinstance(response, ElicitResult) and response.action == "accept"
+    wait_s = app.settings.yield_after or math.inf
+    if question is not None and question.password and accepted:  # its page answers it, not this
+        return await follow_relayed(app, run_id, question_id, wait_s, retry=True)
+    text = None
+    if accepted and isinstance(response.content, dict):  # type: ignore[union-attr]
+        approval = question is not None and question.approval
+        value = response.content.get("approve" if approval else "answer")  # type: ignore[union-attr]
+        text = (APPROVED if value is True else None) if approval else value if isinstance(value, str) else None
+    try:
+        await app.relay.answer(run_id, question_id, text, "retry", owner, unknown)
+    except InvalidRequest as exc:
+        if exc is unknown:
+            raise
+        raise InvalidRequest(f"{exc}. This retry's answer was not used; get_run(run_id={run_id!r}) follows the run") from None
+    return await follow_relayed(app, run_id, question_id, wait_s, retry=True)
+
+
+async def follow_relayed(app: App, run_id: str, answered: str, wait_s: float, *,
+                         retry: bool) -> CallToolResult | InputRequiredResult:
+    """After an answer relayed to the run's holder: the run's record followed in the store for up to ``wait_s``
+    until it ends or waits on another question; its answer, that question (an InputRequiredResult for a retried
+    call), or that it runs on."""
+    store, owner = app.sessions.store, app.owner()
+    record: RunRecord | None = None
+    with anyio.move_on_after(wait_s):
+        while True:
+            record = await stored_run(store, run_id, owner) or record
+            if record is None or record.state not in UNFINISHED or (
+                    record.state == "awaiting_input" and waits_on(record) not in (None, answered)):
+                break
+            await anyio.sleep(FOLLOW_EVERY)
+    if record is None:
+        raise InvalidRequest(f"unknown run {run_id[:80]!r}")
+    asked = waits_on(record) if record.state == "awaiting_input" else None
+    question = await store.get_question(asked, owner=owner) if retry and asked and store is not None else None
+    if question is not None and not question.password:  # the next question, as the holder would ask it
+        return InputRequiredResult(input_requests={INPUT_KEY: stored_request(record.session, question)},
+                                   request_state=run_id + STATE_SEPARATOR + question.id)
+    return await answer_of(app, record)
 
 
 async def record_task(app: App, task_id: str, owner: str | None, run_id: str, ttl_s: float, created: float) -> None:

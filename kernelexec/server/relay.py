@@ -29,18 +29,16 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from mcp_types import CallToolResult, InputRequiredResult
 
-from kernelexec.config import state_keys
+from kernelexec.config import Settings, state_keys
 from kernelexec.errors import InvalidRequest, KernelexecError
-from kernelexec.server import durable
-from kernelexec.server.questions import INPUT_KEY, STATE_SEPARATOR, stored_request
+from kernelexec.server.questions import STATE_SEPARATOR
 from kernelexec.session.runs import Run
-from kernelexec.store import AlreadyAnswered, AskRecord, GrantRecord, QuestionRecord, RunRecord, Store
-from kernelexec.store.interface import UNFINISHED, visible
+from kernelexec.store import AlreadyAnswered, AskRecord, GrantRecord, QuestionRecord, Store
+from kernelexec.store.interface import visible
 
 if TYPE_CHECKING:
-    from kernelexec.server.app import App
+    from kernelexec.session.manager import SessionManager
 
 logger = logging.getLogger(__name__)
 
@@ -60,17 +58,17 @@ def _bound(run_id: str, question_id: str | None) -> bytes:
 class Relay:
     """This replica's side of the relay: it polls for its runs' asks, and seals and opens answers' text."""
 
-    def __init__(self, app: App) -> None:
-        self.app = app
-        keys = state_keys(app.settings) or []
+    def __init__(self, settings: Settings, sessions: SessionManager) -> None:
+        self.sessions = sessions
+        keys = state_keys(settings) or []
         self._keys = [_key(key) for key in keys]
         self._polling = False
         self.on_cancel: list[Callable[[Run], None]] = []  # told before a run is cancelled from elsewhere (tasks.py)
 
     @property
     def store(self) -> Store | None:
-        fleet = self.app.sessions.fleet
-        return self.app.sessions.store if fleet is not None and fleet.drives else None
+        fleet = self.sessions.fleet
+        return self.sessions.store if fleet is not None and fleet.drives else None
 
     # the holder
 
@@ -78,12 +76,12 @@ class Relay:
         """A run's id went out (it may be asked about elsewhere): poll from now on, if this replica is in a fleet."""
         if not self._polling and self.store is not None:
             self._polling = True
-            self.app.sessions.runs.spawn(self._poll)
+            self.sessions.runs.spawn(self._poll)
 
     async def _poll(self) -> None:
         while True:
             await anyio.sleep(POLL_EVERY)
-            runs = self.app.sessions.runs.unfinished()
+            runs = self.sessions.runs.unfinished()
             store = self.store
             if not runs or store is None:
                 continue
@@ -112,10 +110,12 @@ class Relay:
         except KernelexecError as exc:
             logger.info("run %s: an answer given on another replica (%s) was not taken: %s", run.id, ask.channel, exc)
             return
-        if ask.channel == "page":
-            from kernelexec.server.secret_page import typed
-
-            await typed(question)  # the client waiting on this replica is told the page was submitted
+        if ask.channel == "page" and question.typed is not None:  # elicitation/complete to the client waiting here
+            with anyio.CancelScope(shield=True):
+                try:
+                    await question.typed()
+                except Exception:  # noqa: BLE001 - the client may be gone: the secret is in already
+                    logger.debug("elicitation/complete not sent", exc_info=True)
 
     # sealing
 
@@ -174,17 +174,17 @@ class Relay:
         if store is not None:
             await store.ask(AskRecord(run_id, "cancel", owner, channel="tasks/cancel"))
 
-    async def answer(self, run_id: str, question_id: Any, text: str | None, channel: str,
+    async def answer(self, run_id: str, question_id: Any, text: str | None, channel: str, owner: str | None,
                      unknown: InvalidRequest) -> QuestionRecord:
         """Answer a question of a run another replica holds: checked, marked answered in the store, asked of the
-        holder. ``unknown`` when the run is not the caller's (or not in the store)."""
-        store, owner = self.store, self.app.owner()
-        record = await durable.stored_run(self.app.sessions.store, run_id, owner)
-        if record is None:
+        holder. ``unknown`` when the run is not ``owner``'s (or not in the store)."""
+        store = self.store
+        record = await store.get_run(run_id, owner=owner) if store is not None and isinstance(run_id, str) else None
+        if store is None or record is None:
             raise unknown
-        if store is None or record.state != "awaiting_input":
-            await durable.send_input(self.app, run_id, unknown)  # the reason it cannot be answered
-            raise unknown
+        if record.state != "awaiting_input":
+            raise InvalidRequest(f"run {run_id} is not waiting for input (it is {record.state.replace('_', ' ')}); "
+                                 f"get_run(run_id={run_id!r}) gives its answer")
         question = await store.get_question(question_id, owner=owner) if isinstance(question_id, str) else None
         if question is None or question.run_id != run_id:
             raise InvalidRequest(f"run {run_id} asked no question with question_id {str(question_id)[:80]!r}; an answer "
@@ -206,25 +206,3 @@ class Relay:
                                  "answer, and no answer is applied to another question") from None
         await store.ask(AskRecord(run_id, "answer", owner, question.id, self.seal(text, run_id, question.id), channel))
         return question
-
-    async def follow(self, run_id: str, answered: str, wait_s: float, *, retry: bool) -> CallToolResult | InputRequiredResult:
-        """After an answer relayed to the run's holder: the run's record followed in the store for up to ``wait_s``
-        until it ends or waits on another question; its answer, that question (an InputRequiredResult for a retried
-        call), or that it runs on."""
-        store, owner = self.app.sessions.store, self.app.owner()
-        record: RunRecord | None = None
-        with anyio.move_on_after(wait_s):
-            while True:
-                record = await durable.stored_run(store, run_id, owner) or record
-                if record is None or record.state not in UNFINISHED or (
-                        record.state == "awaiting_input" and durable.waits_on(record) not in (None, answered)):
-                    break
-                await anyio.sleep(durable.FOLLOW_EVERY)
-        if record is None:
-            raise InvalidRequest(f"unknown run {run_id[:80]!r}")
-        asked = durable.waits_on(record) if record.state == "awaiting_input" else None
-        question = await store.get_question(asked, owner=owner) if retry and asked and store is not None else None
-        if question is not None and not question.password:  # the next question, as the holder would ask it
-            return InputRequiredResult(input_requests={INPUT_KEY: stored_request(record.session, question)},
-                                       request_state=run_id + STATE_SEPARATOR + question.id)
-        return await durable.answer_of(self.app, record)

@@ -179,7 +179,7 @@ class Uploads:
             return _answer(410, error="this upload URL was used already")
         caps = record.caps
         try:
-            session = await self.relay.app.sessions.lookup(record.session, owner=record.owner)
+            session = await self.relay.sessions.lookup(record.session, owner=record.owner)
         except KernelexecError:
             return _answer(410, error="this upload URL's session is closed")
         declared = caps.get("sha256")
