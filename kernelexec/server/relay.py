@@ -6,16 +6,16 @@ it has unfinished runs), and each ask is taken once.
 
 Checks on both sides. The asking replica reads the run from the store as the caller's (another token's run is
 unknown to it) and the question as one that run asked, then marks the question answered in the store
-(``answer_question``, atomic: one answer wins across the fleet; a replayed retry or a second page POST is refused
-there). The holder checks the ask's owner against the run's own and hands the text to ``Run.answer`` with the
-door's rights (a retry or a page is the human's; only a page answers a getpass()), which refuses what it refuses
-for a local call.
+(``answer_question``, atomic: one answer wins across the fleet; a replayed retry or a second send_input is refused
+there; a secret page's POST is made single-use by its grant instead, secret_page.py). The holder checks the ask's
+owner against the run's own and hands the text to ``Run.answer`` with the door's rights (a retry or a page is the
+human's; only a page answers a getpass()), which refuses what it refuses for a local call.
 
-An answer is never in the store in clear: with a key file (``--state-key-file``, which a fleet shares for its
-retries) the text is sealed with AES-GCM under a key derived from it, bound to the run and the question, and the
-holder deletes the row as it reads it. Without a key file only a decline or an ``input()`` answer is relayed (in
-clear, until taken); a secret is refused with a line that says to configure the key file. The text is never
-logged, on either side.
+With a key file (``--state-key-file``, which a fleet shares for its retries) no answer is in the store in clear:
+the text is sealed with AES-GCM under a key derived from it, bound to the run and the question, and the holder
+deletes the row as it reads it. Without one only a decline or an ``input()`` answer is relayed (in clear, until
+taken); a secret is never relayed (the page says nothing was sent). The text is never logged, on either side.
+A page's form tokens are MACs under another key derived from the same file (``sign``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import anyio
 from kernelexec.config import Settings, state_keys
 from kernelexec.errors import InvalidRequest, KernelexecError
 from kernelexec.server.questions import STATE_SEPARATOR
-from kernelexec.session.runs import Run
+from kernelexec.session.runs import MAX_INPUT_CHARS, Run
 from kernelexec.store import AlreadyAnswered, AskRecord, GrantRecord, QuestionRecord, Store
 from kernelexec.store.interface import visible
 
@@ -44,11 +44,12 @@ logger = logging.getLogger(__name__)
 
 POLL_EVERY = 0.25  # seconds between the holder's looks for its runs' asks (an answer's extra latency, at most)
 SEALED = "v1."  # a sealed text's prefix (the format is bound under the tag as associated data)
-KEY_INFO = b"kernelexec relay: an answer in the store"  # the relay's keys are not the request-state keys
+SEAL_INFO = b"kernelexec relay: an answer in the store"  # the relay's keys are not the request-state keys
+SIGN_INFO = b"kernelexec relay: a secret page's form token"  # nor each other
 
 
-def _key(secret: bytes) -> bytes:
-    return hmac.new(secret, KEY_INFO, hashlib.sha256).digest()
+def _key(secret: bytes, info: bytes) -> bytes:
+    return hmac.new(secret, info, hashlib.sha256).digest()
 
 
 def _bound(run_id: str, question_id: str | None) -> bytes:
@@ -61,7 +62,8 @@ class Relay:
     def __init__(self, settings: Settings, sessions: SessionManager) -> None:
         self.sessions = sessions
         keys = state_keys(settings) or []
-        self._keys = [_key(key) for key in keys]
+        self._keys = [_key(key, SEAL_INFO) for key in keys]
+        self._signing = [_key(key, SIGN_INFO) for key in keys]
         self._polling = False
         self.on_cancel: list[Callable[[Run], None]] = []  # told before a run is cancelled from elsewhere (tasks.py)
 
@@ -150,13 +152,13 @@ class Relay:
 
     def sign(self, text: str) -> str | None:
         """A MAC of ``text`` any replica with the fleet's key file checks (a secret page's form token); None without one."""
-        if not self._keys:
+        if not self._signing:
             return None
-        return base64.urlsafe_b64encode(hmac.new(self._keys[0], text.encode(), hashlib.sha256).digest()).decode()
+        return base64.urlsafe_b64encode(hmac.new(self._signing[0], text.encode(), hashlib.sha256).digest()).decode()
 
     def signed(self, text: str, signature: str) -> bool:
         return any(hmac.compare_digest(signature.encode(), base64.urlsafe_b64encode(
-            hmac.new(key, text.encode(), hashlib.sha256).digest())) for key in self._keys)
+            hmac.new(key, text.encode(), hashlib.sha256).digest())) for key in self._signing)
 
     # the asking replica
 
@@ -190,6 +192,8 @@ class Relay:
             raise InvalidRequest(f"run {run_id} asked no question with question_id {str(question_id)[:80]!r}; an answer "
                                  f"must name the question it answers (get_run(run_id={run_id!r}) shows the one it waits on)")
         if text is not None:
+            if not isinstance(text, str) or len(text) > MAX_INPUT_CHARS:  # as Run.answer: nothing bigger reaches the store
+                raise InvalidRequest(f"text must be a string of at most {MAX_INPUT_CHARS:,} characters")
             if question.approval and channel == "send_input":
                 raise InvalidRequest(f"run {run_id} waits for the user's approval of a tool call, which only the user "
                                      "gives (through the client's elicitation); send_input can only decline it (cancel=true)")
