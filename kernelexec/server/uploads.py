@@ -24,6 +24,9 @@ with ``O_CREAT|O_EXCL|O_NOFOLLOW`` and opens each time with ``O_NOFOLLOW``; at t
 (``rename`` replaces a link planted there, never follows it). Any failure after the temporary file may exist removes
 it, in the same turn; one a killed server left (untouched ``STALE_PART_S``) goes at the session's next upload.
 The answer says only what the server knows (name, size, SHA-256, session): nothing the kernel wrote.
+
+In a fleet (docs/fleet.md) each URL is also a grant in the store (the SHA-256 of its key, never the key), so any
+replica serves its PUT; the first use is claimed in the store in one statement (one PUT wins across the fleet).
 """
 
 from __future__ import annotations
