@@ -78,10 +78,11 @@ def observer(app: App) -> Any:
         question = run.awaiting
         if question is None:
             return None
-        if written_questions.get(run.id) != question.id and app.sessions.store is not None:
+        shared = app.relay.store  # a fleet's: another replica may answer it (one server's own runs need no row)
+        if written_questions.get(run.id) != question.id and shared is not None:
             written_questions[run.id] = question.id
             try:
-                await app.sessions.store.put_question(QuestionRecord(
+                await shared.put_question(QuestionRecord(
                     question.id, run.id, question.prompt, question.password, question.approval, run.session.owner))
             except KernelexecError as exc:  # answered here only, then
                 logger.warning("run %s: recording its question: %s", run.id, exc)
