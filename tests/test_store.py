@@ -32,6 +32,7 @@ from kernelexec.store import (
     AlreadyAnswered,
     AskRecord,
     Fence,
+    GrantRecord,
     Lease,
     QuestionRecord,
     RunRecord,
@@ -328,6 +329,44 @@ async def test_asks_are_taken_once_by_one_of_two_connections_racing(where: Where
     finally:
         await first.close()
         await second.close()
+
+
+async def test_a_grant_is_used_once_by_one_of_two_connections_racing(where: Where) -> None:
+    """A fleet's capability URL: only its key's digest is kept, and one use wins across connections (replicas)."""
+    first, second = await where.open(), await where.open()
+    try:
+        for n in range(4):
+            await first.put_grant(GrantRecord(f"digest-{n}", "upload", "alice", "s-1", 9e9, {"filename": "a.csv", "max_bytes": 9}))
+            used: list[GrantRecord | None] = []
+
+            async def use(s: Store, digest: str = f"digest-{n}", used: list[GrantRecord | None] = used) -> None:
+                used.append(await s.use_grant(digest))
+
+            async with anyio.create_task_group() as tg:
+                for s in (first, second, first, second):
+                    tg.start_soon(use, s)
+            won = [g for g in used if g is not None]
+            assert len(won) == 1 and won[0].caps == {"filename": "a.csv", "max_bytes": 9} and won[0].owner == "alice"
+            assert (await second.get_grant(f"digest-{n}")).used  # type: ignore[union-attr]
+        assert await first.use_grant("digest-unknown") is None and await first.get_grant("digest-unknown") is None
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_idle_sessions_are_those_whose_lease_was_let_go_long_enough_ago(store: Store) -> None:
+    """A fleet's reaping reads when the fleet last drove each session from its lease: a released lease keeps that time."""
+    for handle in ("s-idle", "s-held", "s-local", "s-closed"):
+        kernel = None if handle == "s-local" else f"k-{handle}"
+        await store.put_session(SessionRecord(handle, "alice", "/w", "py", "default", gateway_kernel_id=kernel,
+                                              closed=1.0 if handle == "s-closed" else None))
+        lease = await store.acquire_lease(handle, "replica-a", 30)
+        assert lease is not None
+        if handle != "s-held":
+            assert await store.release_lease(lease)
+    await anyio.sleep(0.3)
+    assert [r.handle for r in await store.idle_sessions(0.1)] == ["s-idle"]  # held, local-kernel and closed ones: never
+    assert await store.idle_sessions(60) == []  # let go a moment ago: not idle for a minute
 
 
 async def test_racing_answers_on_two_connections_one_wins(where: Where) -> None:
