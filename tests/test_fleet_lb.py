@@ -201,3 +201,24 @@ async def rolling_restart(fleet: Fleet, lb: Balancer, client_loop: Any, done: an
             await anyio.sleep(3)  # the balancer's health check sees it up again (inter 2 s, rise 1)
         await anyio.sleep(2)
         done.set()
+
+
+async def test_inputs_asked_and_answered_through_the_balancer_land_on_any_replica(fleet: Fleet, lb: Balancer) -> None:
+    """input() asked through the balancer, answered by send_input through it: round robin sends the answer to
+    whichever replica, and the relay takes it to the one running the cell (tests/test_fleet_relay.py for the rest)."""
+    seen = Seen()
+    pairs = []
+    async with client(lb, seen, header=False) as c:  # no elicitation: the question comes back as awaiting_input
+        for n in range(4):
+            asked = await c.call_tool("execute_code", {"code": f"answer = input('n{n}? ')\nanswer * 2"})
+            while asked.structured_content is not None and asked.structured_content["ending"] == "running":
+                asked = await c.call_tool("get_run", {"run_id": asked.structured_content["run_id"], "wait_s": 30})
+            waiting = asked.structured_content
+            assert waiting is not None and waiting["ending"] == "awaiting_input", asked.content
+            ran_on = seen.calls[-1][1]
+            done = await c.call_tool("send_input", {"run_id": waiting["run_id"], "question_id": waiting["question_id"],
+                                                    "text": str(n), "wait_s": 30})
+            assert not done.is_error and done.structured_content is not None, done.content
+            assert done.structured_content["result"] == str(n) * 2, done.structured_content
+            pairs.append((ran_on, seen.calls[-1][1]))
+    assert any(asked_on != answered_on for asked_on, answered_on in pairs), pairs  # answered on another replica

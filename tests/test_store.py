@@ -30,7 +30,9 @@ import pytest
 
 from kernelexec.store import (
     AlreadyAnswered,
+    AskRecord,
     Fence,
+    GrantRecord,
     Lease,
     QuestionRecord,
     RunRecord,
@@ -305,6 +307,68 @@ async def test_a_question_is_answered_once(store: Store) -> None:
         await store.put_question(QuestionRecord("q-1", "run-2", "again? "))
 
 
+async def test_asks_are_taken_once_by_one_of_two_connections_racing(where: Where) -> None:
+    """A fleet's relay: each ask for a run is taken by exactly one reader, in order, and only for the runs asked for."""
+    first, second = await where.open(), await where.open()
+    try:
+        for n in range(5):
+            await first.ask(AskRecord("run-1", "answer", "alice", f"q-{n}", f"sealed-{n}", "send_input"))
+        await second.ask(AskRecord("run-2", "cancel", "bob", channel="tasks/cancel"))
+        taken: list[AskRecord] = []
+
+        async def take(s: Store) -> None:
+            taken.extend(await s.take_asks(["run-1"]))
+
+        async with anyio.create_task_group() as tg:
+            for s in (first, second, first, second):
+                tg.start_soon(take, s)
+        assert sorted(a.question_id or "" for a in taken) == [f"q-{n}" for n in range(5)]  # each once
+        assert await first.take_asks(["run-1"]) == [] and await first.take_asks([]) == []
+        (cancel,) = await second.take_asks(["run-2", "run-3"])
+        assert (cancel.run_id, cancel.kind, cancel.owner, cancel.text) == ("run-2", "cancel", "bob", None)
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_a_grant_is_used_once_by_one_of_two_connections_racing(where: Where) -> None:
+    """A fleet's capability URL: only its key's digest is kept, and one use wins across connections (replicas)."""
+    first, second = await where.open(), await where.open()
+    try:
+        for n in range(4):
+            await first.put_grant(GrantRecord(f"digest-{n}", "upload", "alice", "s-1", 9e9, {"filename": "a.csv", "max_bytes": 9}))
+            used: list[GrantRecord | None] = []
+
+            async def use(s: Store, digest: str = f"digest-{n}", used: list[GrantRecord | None] = used) -> None:
+                used.append(await s.use_grant(digest))
+
+            async with anyio.create_task_group() as tg:
+                for s in (first, second, first, second):
+                    tg.start_soon(use, s)
+            won = [g for g in used if g is not None]
+            assert len(won) == 1 and won[0].caps == {"filename": "a.csv", "max_bytes": 9} and won[0].owner == "alice"
+            assert (await second.get_grant(f"digest-{n}")).used  # type: ignore[union-attr]
+        assert await first.use_grant("digest-unknown") is None and await first.get_grant("digest-unknown") is None
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_idle_sessions_are_those_whose_lease_was_let_go_long_enough_ago(store: Store) -> None:
+    """A fleet's reaping reads when the fleet last drove each session from its lease: a released lease keeps that time."""
+    for handle in ("s-idle", "s-held", "s-local", "s-closed"):
+        kernel = None if handle == "s-local" else f"k-{handle}"
+        await store.put_session(SessionRecord(handle, "alice", "/w", "py", "default", gateway_kernel_id=kernel,
+                                              closed=1.0 if handle == "s-closed" else None))
+        lease = await store.acquire_lease(handle, "replica-a", 30)
+        assert lease is not None
+        if handle != "s-held":
+            assert await store.release_lease(lease)
+    await anyio.sleep(0.3)
+    assert [r.handle for r in await store.idle_sessions(0.1)] == ["s-idle"]  # held, local-kernel and closed ones: never
+    assert await store.idle_sessions(60) == []  # let go a moment ago: not idle for a minute
+
+
 async def test_racing_answers_on_two_connections_one_wins(where: Where) -> None:
     first, second = await where.open(), await where.open()
     try:
@@ -442,7 +506,7 @@ async def test_the_sqlite_store_is_private_and_in_wal_mode(tmp_path: Path) -> No
             assert (tmp_path / name).stat().st_mode & 0o077 == 0, name
         with sqlite3.connect(tmp_path / DB_NAME) as db:
             assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-            assert db.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [(1,), (2,)]
+            assert db.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [(1,), (2,), (3,)]
     finally:
         await s.close()
     assert isinstance(await open_store(f"sqlite:///{tmp_path}/other.db", tmp_path), SQLiteStore)

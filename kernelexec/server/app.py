@@ -46,6 +46,7 @@ from kernelexec.server.questions import (
     resumed,
     url_elicits,
 )
+from kernelexec.server.relay import Relay
 from kernelexec.server.render import Rendered, Renderer, escape_tags
 from kernelexec.server.results import ExecuteResult, SessionInfo, Variable, VariablesResult
 from kernelexec.server.secret_page import SecretPages
@@ -170,10 +171,13 @@ class App:
     _answers: "dict[str | None, OrderedDict[str, Rendered]]" = field(default_factory=dict)
     pages: SecretPages = field(default_factory=SecretPages)  # getpass() pages (HTTP: routes of build.py's app)
     uploads: Uploads = field(init=False)  # upload URLs (HTTP only: routes of build.py's app)
+    relay: Relay = field(init=False)  # a fleet's: what calls here ask of runs other replicas hold, and the reverse
 
     def __post_init__(self) -> None:
         self.uploads = Uploads(self.settings.max_upload_urls_per_token, spool_dir=self.settings.state_dir,
                               max_spool_bytes=self.settings.max_upload_spool_mb * 1024 * 1024)
+        self.relay = Relay(self.settings, self.sessions)
+        self.pages.relay = self.uploads.relay = self.relay
 
     def page_opener(self, ctx: Context | None) -> OpenPage | None:
         """How a run started by this call asks a getpass(): on a one-time page, where the client declared URL-mode
@@ -361,7 +365,8 @@ class App:
         """A 2026-07-28 client's retried call: its input_responses answer the one question its request_state names
         (the run id and the question id, sealed by the SDK), and the call waits for the run again as a new call
         would. A retry for a question already answered or no longer asked (a replayed retry, a second viewer's
-        late answer) is refused: it never answers the question the run waits on now."""
+        late answer) is refused: it never answers the question the run waits on now. (A run another replica of a
+        fleet holds: durable.resume_elsewhere.)"""
         run_id, question_id = resumed(ctx.request_state)
         found = self.sessions.runs.get(run_id, owner=self.owner())
         question = found.find(question_id)
@@ -380,9 +385,13 @@ class App:
             raise InvalidRequest(f"{exc}. This retry's answer was not used; get_run(run_id={found.id!r}) follows the run") from None
         return await self.follow(ctx, found, self.settings.yield_after or math.inf)
 
-    def reply(self, ctx: Context, done: Rendered | Run, what: str) -> CallToolResult | InputRequiredResult:
+    def reply(self, ctx: Context, done: Rendered | Run | CallToolResult | InputRequiredResult,
+              what: str) -> CallToolResult | InputRequiredResult:
         """The tool answer for what ``follow`` gave: the answer, the run still going, or its question (an
-        InputRequiredResult for a 2026-07-28 client that elicits, else ``awaiting_input`` for send_input)."""
+        InputRequiredResult for a 2026-07-28 client that elicits, else ``awaiting_input`` for send_input); or
+        the answer a run on another replica gave (relayed)."""
+        if isinstance(done, CallToolResult | InputRequiredResult):
+            return done
         if not isinstance(done, Run):
             return answer(done)
         if done.done.is_set():

@@ -11,18 +11,19 @@ a stored answer is JSON validated as a ``CallToolResult``.
 from __future__ import annotations
 
 import logging
+import math
 import time
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from mcp_types import CallToolResult, TextContent
+from mcp_types import CallToolResult, ElicitResult, InputRequiredResult, TextContent
 
 from kernelexec.errors import InvalidRequest, KernelexecError
+from kernelexec.server.questions import INPUT_KEY, STATE_SEPARATOR, resumed, stored_request
 from kernelexec.server.results import ExecuteResult
-from kernelexec.session.runs import KEEP_FINISHED, Run
-from kernelexec.store import RunRecord, RunState, Store, TaskRecord
+from kernelexec.session.runs import APPROVED, KEEP_FINISHED, Run
+from kernelexec.store import QuestionRecord, RunRecord, RunState, Store, TaskRecord
 from kernelexec.store.interface import UNFINISHED
 
 if TYPE_CHECKING:
@@ -69,6 +70,28 @@ def observer(app: App) -> Any:
     full is never written: nobody holds its id to ask for it, and its cell is in the journal, so the per-call
     path pays no store write for it."""
 
+    written_questions: dict[str, str] = {}  # run id -> the id of the last question of it in the store
+
+    async def asked(run: Run) -> dict[str, Any] | None:
+        """The question a told run waits on, in the store (another replica answers it through the relay), and the
+        answer its call would give now (awaiting_input, for get_run on another replica); None if it waits on none."""
+        question = run.awaiting
+        if question is None:
+            return None
+        shared = app.relay.store  # a fleet's: another replica may answer it (one server's own runs need no row)
+        if written_questions.get(run.id) != question.id and shared is not None:
+            written_questions[run.id] = question.id
+            try:
+                await shared.put_question(QuestionRecord(
+                    question.id, run.id, question.prompt, question.password, question.approval, run.session.owner))
+            except KernelexecError as exc:  # answered here only, then
+                logger.warning("run %s: recording its question: %s", run.id, exc)
+        if question.url is not None or question.approval:  # typed on its page / given by the human: no send_input
+            return None
+        from kernelexec.server.app import awaiting_input
+
+        return wire(awaiting_input(run, question))
+
     recorded: dict[str, anyio.Event] = {}  # runs whose id was told, until their end is recorded: set once the first record is
     forgotten: set[str] = set()  # runs whose own call took their answer before their final record was written
 
@@ -82,12 +105,13 @@ def observer(app: App) -> Any:
             written = recorded[run.id] = anyio.Event()
             try:
                 first: RunState = "awaiting_input" if run.awaiting is not None else "running"
-                await put_first(store, RunRecord(run.id, run.session.handle, run.session.owner, first))
+                await put_first(store, RunRecord(run.id, run.session.handle, run.session.owner, first, await asked(run)))
             except BaseException:  # never told: its later records have nothing to follow
                 recorded.pop(run.id, None)
                 raise
             finally:
                 written.set()
+            app.relay.watch()  # its id goes out: another replica may be asked about it
             return
         first_written = recorded.get(run.id)
         if first_written is None:  # never told (answered in full by its own call), or its end recorded already
@@ -102,6 +126,7 @@ def observer(app: App) -> Any:
             state = "awaiting_input" if event == "awaiting_input" else "running"
             if run.done.is_set():  # a question's end told after the run's: the run's end stands
                 return
+            answer = await asked(run) if state == "awaiting_input" else None
         elif run.finished is None and run.failure is None:  # stopped with the server (cancelled by its shutdown)
             state = "lost"
         else:
@@ -115,6 +140,7 @@ def observer(app: App) -> Any:
         finally:
             if event == "finished":
                 recorded.pop(run.id, None)
+                written_questions.pop(run.id, None)
                 if run.id in forgotten:
                     forgotten.discard(run.id)
                     await store.delete_run(run.id)
@@ -157,7 +183,8 @@ FOLLOW_EVERY = 0.25  # seconds between reads of another replica's unfinished run
 async def get_run(app: App, run_id: str, unknown: InvalidRequest, wait_s: float = 0) -> CallToolResult:
     """get_run for a run this process does not hold: from the store (the caller's only), else ``unknown``. In a
     fleet, a run another replica drives is followed in the store for up to ``wait_s`` (its holder writes the answer
-    there when it ends): its answer once finished, else an honest ``running`` naming where it runs."""
+    there when it ends): its answer once finished, its question once it waits for send_input, else an honest
+    ``running`` naming where it runs."""
     owner = app.owner()
     record = await stored_run(app.sessions.store, run_id, owner)
     if record is None:
@@ -166,14 +193,29 @@ async def get_run(app: App, run_id: str, unknown: InvalidRequest, wait_s: float 
     if fleet is None or not fleet.drives:
         return stored_answer(record)
     with anyio.move_on_after(wait_s):
-        while record.state in UNFINISHED:
+        while record.state in UNFINISHED and waits_on(record) is None:
             await anyio.sleep(FOLLOW_EVERY)
             record = await stored_run(app.sessions.store, run_id, owner) or record
-    if record.state in UNFINISHED:
-        session = await app.sessions.store.get_session(record.session, owner=owner) if app.sessions.store else None
-        return elsewhere(record, session.profile if session is not None else app.settings.profile)
-    return stored_answer(record)
+    return await answer_of(app, record)
 
+
+def waits_on(record: RunRecord) -> str | None:
+    """The question a run another replica holds waits on for send_input (its stored awaiting_input answer's)."""
+    structured = (record.answer or {}).get("structuredContent") if record.state == "awaiting_input" else None
+    found = structured.get("question_id") if isinstance(structured, dict) else None
+    return found if isinstance(found, str) else None
+
+
+async def answer_of(app: App, record: RunRecord) -> CallToolResult:
+    """What get_run answers for a stored run: its end, its question (awaiting_input, as its holder would say it),
+    or that it runs on another replica."""
+    if record.state not in UNFINISHED:
+        return stored_answer(record)
+    if waits_on(record) is not None:
+        return CallToolResult.model_validate(record.answer)
+    store = app.sessions.store
+    session = await store.get_session(record.session, owner=app.owner()) if store is not None else None
+    return elsewhere(record, session.profile if session is not None else app.settings.profile)
 
 
 def elsewhere(record: RunRecord, profile: str) -> CallToolResult:
@@ -189,17 +231,69 @@ def elsewhere(record: RunRecord, profile: str) -> CallToolResult:
 
 
 async def send_input(app: App, run_id: str, unknown: InvalidRequest) -> None:
-    """send_input for a run this process does not hold: a clear refusal (from the store), else ``unknown``."""
+    """Why a run this process does not hold cannot be answered (from the store), else ``unknown``. (One that waits
+    on another replica of a fleet is answered through the relay, relay.py.)"""
     record = await stored_run(app.sessions.store, run_id, app.owner())
     if record is None:
         raise unknown
     if record.state == "lost":
         raise InvalidRequest(_lost(record) + " Its question cannot be answered any more.")
-    if record.state == "awaiting_input":  # a fleet's: the run is another replica's
-        raise InvalidRequest(f"run {record.id} waits for input in another server process (another replica of this fleet); "
-                             "its question is answered through the replica that runs it (docs/fleet.md: Limits)")
+    if record.state == "awaiting_input":
+        raise InvalidRequest(f"run {record.id} waits for input in another server process that this one cannot reach "
+                             "(not a replica of its fleet); it is answered through that server")
     raise InvalidRequest(f"run {record.id} is not waiting for input (it is {record.state.replace('_', ' ')}); "
                          f"get_run(run_id={record.id!r}) gives its answer")
+
+
+async def resume_elsewhere(app: App, ctx: Any, unknown: InvalidRequest) -> CallToolResult | InputRequiredResult:
+    """A 2026-07-28 retry whose run another replica of the fleet holds (app.resume's, by the same rules): its answer
+    relayed to the holder (relay.py), then the run followed in the store."""
+    run_id, question_id = resumed(ctx.request_state)
+    store, owner = app.relay.store, app.owner()
+    if store is None:
+        raise unknown
+    question = await store.get_question(question_id, owner=owner) if question_id else None
+    response = (ctx.input_responses or {}).get(INPUT_KEY)
+    accepted = isinstance(response, ElicitResult) and response.action == "accept"
+    wait_s = app.settings.yield_after or math.inf
+    if question is not None and question.password and accepted:  # its page answers it, not this
+        return await follow_relayed(app, run_id, question_id, wait_s, retry=True)
+    text = None
+    if accepted and isinstance(response.content, dict):  # type: ignore[union-attr]
+        approval = question is not None and question.approval
+        value = response.content.get("approve" if approval else "answer")  # type: ignore[union-attr]
+        text = (APPROVED if value is True else None) if approval else value if isinstance(value, str) else None
+    try:
+        await app.relay.answer(run_id, question_id, text, "retry", owner, unknown)
+    except InvalidRequest as exc:
+        if exc is unknown:
+            raise
+        raise InvalidRequest(f"{exc}. This retry's answer was not used; get_run(run_id={run_id!r}) follows the run") from None
+    return await follow_relayed(app, run_id, question_id, wait_s, retry=True)
+
+
+async def follow_relayed(app: App, run_id: str, answered: str, wait_s: float, *,
+                         retry: bool) -> CallToolResult | InputRequiredResult:
+    """After an answer relayed to the run's holder: the run's record followed in the store for up to ``wait_s``
+    until it ends or waits on another question; its answer, that question (an InputRequiredResult for a retried
+    call), or that it runs on."""
+    store, owner = app.sessions.store, app.owner()
+    record: RunRecord | None = None
+    with anyio.move_on_after(wait_s):
+        while True:
+            record = await stored_run(store, run_id, owner) or record
+            if record is None or record.state not in UNFINISHED or (
+                    record.state == "awaiting_input" and waits_on(record) not in (None, answered)):
+                break
+            await anyio.sleep(FOLLOW_EVERY)
+    if record is None:
+        raise InvalidRequest(f"unknown run {run_id[:80]!r}")
+    asked = waits_on(record) if record.state == "awaiting_input" else None
+    question = await store.get_question(asked, owner=owner) if retry and asked and store is not None else None
+    if question is not None and not question.password:  # the next question, as the holder would ask it
+        return InputRequiredResult(input_requests={INPUT_KEY: stored_request(record.session, question)},
+                                   request_state=run_id + STATE_SEPARATOR + question.id)
+    return await answer_of(app, record)
 
 
 async def record_task(app: App, task_id: str, owner: str | None, run_id: str, ttl_s: float, created: float) -> None:
@@ -241,35 +335,18 @@ async def stored_task(app: App, task_id: str, owner: str | None) -> tuple[TaskRe
     return task, run
 
 
-CANCEL_ASKED = "cancel_asked"  # a task's status in the store: another replica was asked to cancel it (a fleet's bus)
-CANCELLED = "cancelled"
+CANCEL_ASKED = "cancel_asked"  # a task's status in the store: cancelled through another replica (tasks/get reads it)
 
 
 async def ask_cancel(app: App, task: TaskRecord, run: RunRecord | None) -> None:
-    """tasks/cancel of a task another replica holds: the request written on its row, which that replica polls
-    (``cancels_asked``) and acts on as on its own tasks/cancel. A task whose run ended is left as it is."""
+    """tasks/cancel of a task another replica holds: the task's row says so (tasks/get on any replica), and the
+    holder is asked through the relay (relay.py), which cancels it as its own tasks/cancel would. A task whose run
+    ended is left as it is."""
     store = app.sessions.store
-    if store is None or run is None or run.state not in UNFINISHED or task.status in (CANCEL_ASKED, CANCELLED):
+    if store is None or run is None or run.state not in UNFINISHED or task.status == CANCEL_ASKED:
         return
     try:
         await store.put_task(TaskRecord(task.id, task.owner, task.run_id, task.ttl_s, CANCEL_ASKED, task.created, time.time()))
+        await app.relay.ask_cancel(run.id, task.owner)
     except KernelexecError:
         logger.exception("asking for the cancellation of task %s", task.id)
-
-
-async def cancels_asked(app: App, tasks: Mapping[str, tuple[str | None, float, float, str | None]]) -> list[str]:
-    """Of this process's unfinished tasks (id → owner, ttl, created, run id), those another replica was asked to
-    cancel; each marked cancelled in the store as it is taken."""
-    store = app.sessions.store
-    if store is None:
-        return []
-    asked = []
-    for task_id, (owner, ttl_s, created, run_id) in tasks.items():
-        try:
-            found = await store.get_task(task_id, owner=owner)
-            if found is not None and found.status == CANCEL_ASKED:
-                await store.put_task(TaskRecord(task_id, owner, run_id, ttl_s, CANCELLED, created, time.time()))
-                asked.append(task_id)
-        except KernelexecError:
-            logger.exception("reading task %s from the store", task_id)
-    return asked

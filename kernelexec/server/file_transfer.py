@@ -121,7 +121,7 @@ class FileTransfer(Extension):
         except (InvalidRequest, SessionError) as exc:
             raise _invalid(f"{exc} (name it in _meta[{EXTENSION_ID!r}].session)", "invalidSession") from None
         try:
-            grant = self.app.uploads.grant(target, self.app.owner(), params.name,
+            grant = await self.app.uploads.grant(target, self.app.owner(), params.name,
                                            DEFAULT_MAX_BYTES if params.size is None else params.size, ttl,
                                            origin, size=params.size, sha256=sha256)
         except InvalidRequest as exc:

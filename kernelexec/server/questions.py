@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 
 from kernelexec.display import display
 from kernelexec.session.runs import Question, Run
+from kernelexec.store import QuestionRecord
 
 
 class _Answer(BaseModel):
@@ -166,6 +167,16 @@ def resumed(request_state: Any) -> tuple[str, str]:
     """The run id and the question id a retried call's (unsealed) request_state names."""
     run_id, _, question_id = str(request_state).partition(STATE_SEPARATOR)
     return run_id, question_id
+
+
+def stored_request(handle: str, question: QuestionRecord) -> ElicitRequest:
+    """A question another replica's run asks (its store record), as ``question_request`` would put it; never a
+    getpass() (its page is the holder's)."""
+    if question.approval:
+        return ElicitRequest(params=ElicitRequestFormParams(message=display(question.prompt, None),
+                                                            requested_schema=_Approval.model_json_schema()))
+    return ElicitRequest(params=ElicitRequestFormParams(message=question_message(handle, question.prompt, question.password),
+                                                        requested_schema=_Answer.model_json_schema()))
 
 
 def question_request(run: Run, question: Question) -> ElicitRequest:

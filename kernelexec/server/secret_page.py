@@ -16,14 +16,16 @@ It names, escaped, the session whose code asks and the code's prompt.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import hmac
 import html
 import logging
 import secrets
 import socket
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 import anyio
@@ -34,6 +36,10 @@ from starlette.routing import Route
 
 from kernelexec.errors import KernelexecError
 from kernelexec.session.runs import MAX_INPUT_CHARS, Question, Run
+from kernelexec.store import GrantRecord, Store
+
+if TYPE_CHECKING:
+    from kernelexec.server.relay import Relay
 
 PATH = "/secret/{key}"
 MAX_BODY = 4 * MAX_INPUT_CHARS  # form-encoded: a character may take up to 9 bytes; more is refused unread
@@ -69,11 +75,23 @@ def _page(title: str, body: str, status: int) -> HTMLResponse:
 GONE = "<p>This page was used already, or its question is no longer asked. Nothing was sent.</p>"
 
 
+def digest(key: str) -> str:
+    """What the store keeps of a page's key (a fleet's grant): its SHA-256, never the key."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
 class SecretPages:
-    """The open pages of one server, by their path's key."""
+    """The open pages of one server, by their path's key. In a fleet (``relay`` set, its store shared) each page is
+    also a grant in the store, so any replica serves it: the form from the grant, a POST used once by the store
+    (``use_grant``) and its secret relayed to the replica whose run asks (relay.py, sealed)."""
 
     def __init__(self) -> None:
         self._pages: dict[str, Page] = {}
+        self.relay: Relay | None = None  # App sets it
+
+    @property
+    def _store(self) -> Store | None:
+        return self.relay.store if self.relay is not None else None
 
     @contextlib.asynccontextmanager
     async def open(self, run: Run, question: Question, origin: str | None) -> AsyncIterator[str]:
@@ -81,7 +99,14 @@ class SecretPages:
         of its app); None: a listener on 127.0.0.1 for this page alone."""
         key = secrets.token_urlsafe(32)
         self._pages[key] = Page(run, question)
+        store = self._store if origin is not None else None
         try:
+            if store is not None and self.relay is not None:
+                self.relay.watch()  # its POST may land on another replica: this one polls for the relayed secret
+                await store.put_grant(GrantRecord(
+                    digest(key), "secret", run.session.owner, run.session.handle,
+                    time.time() + max(0.0, run.deadline - time.monotonic()),
+                    {"run_id": run.id, "question_id": question.id, "prompt": question.prompt.strip()[:500]}))
             if origin is not None:
                 yield f"{origin.rstrip('/')}/secret/{key}"
             else:
@@ -89,6 +114,12 @@ class SecretPages:
                     yield f"{here}/secret/{key}"
         finally:
             self._pages.pop(key, None)
+            if store is not None:  # no replica serves it any more
+                with anyio.CancelScope(shield=True):
+                    try:
+                        await store.use_grant(digest(key))
+                    except KernelexecError as exc:
+                        logger.warning("closing a secret page's grant: %s", exc)
 
     @property
     def route(self) -> Route:
@@ -100,6 +131,8 @@ class SecretPages:
         if listener is not None and request.headers.get("host") != listener:  # DNS rebinding onto the loopback port
             return _page("Not found", GONE, 404)
         page = self._pages.get(key)
+        if page is None and self._store is not None and listener is None:
+            return await self._elsewhere(request, key)
         if page is None or page.question.closed is not None:
             self._pages.pop(key, None)
             return _page("Not found", GONE, 404)
@@ -107,37 +140,62 @@ class SecretPages:
             if len(page.tokens) >= MAX_FORMS:
                 return _page("Opened too often", "<p>This page was opened too many times. If that was not you, decline "
                              "the question in your client.</p>", 429)
-            page.tokens.append(secrets.token_urlsafe(32))
-            return self._form(page, key, page.tokens[-1])
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > MAX_BODY:
-                return _page("Too long", "<p>The secret is too long. Nothing was sent.</p>", 413)
-        try:
-            fields = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True, max_num_fields=4)
-        except ValueError:  # more fields than the form has
-            fields = {}
+            page.tokens.append(self._form_token(key))
+            return self._form(page.run.session.handle, page.question.prompt, key, page.tokens[-1])
+        fields = await _posted(request)
+        if isinstance(fields, HTMLResponse):
+            return fields
         token = (fields.get("token") or [""])[0]
-        if not any(hmac.compare_digest(token.encode(), given.encode()) for given in page.tokens):
+        if not (any(hmac.compare_digest(token.encode(), given.encode()) for given in page.tokens) or self._signed(key, token)):
             return _page("Refused", "<p>This form was not the one this page gave. Nothing was sent.</p>", 403)
         del self._pages[key]  # single use, whatever happens next
+        store = self._store
+        if store is not None and await store.use_grant(digest(key)) is None:  # used on another replica meanwhile
+            return _page("Not found", GONE, 404)
         try:
             page.run.answer(page.question.id, (fields.get("secret") or [""])[0], by_human=True, by_page=True)
         except KernelexecError:
             return _page("Not sent", GONE, 410)
-        if page.question.typed is not None:  # notifications/elicitation/complete (2025-11-25)
-            with anyio.CancelScope(shield=True):
-                try:
-                    await page.question.typed()
-                except Exception:  # noqa: BLE001 - the client may be gone: the secret is in already
-                    logger.debug("elicitation/complete not sent", exc_info=True)
+        await typed(page.question)
         return _page("Sent", "<p>The secret went to the code. You can close this page.</p>", 200)
 
+    async def _elsewhere(self, request: Request, key: str) -> HTMLResponse:
+        """A page another replica of the fleet opened (its run is that replica's): served from its grant."""
+        store, relay = self._store, self.relay
+        assert store is not None and relay is not None
+        grant = await store.get_grant(digest(key))
+        if grant is None or grant.kind != "secret" or grant.used or grant.expires <= time.time():
+            return _page("Not found", GONE, 404)
+        if request.method == "GET":
+            return self._form(grant.session, str(grant.caps.get("prompt", "")), key, self._form_token(key))
+        fields = await _posted(request)
+        if isinstance(fields, HTMLResponse):
+            return fields
+        if not self._signed(key, (fields.get("token") or [""])[0]):
+            return _page("Refused", "<p>This form was not the one this page gave. Nothing was sent.</p>", 403)
+        used = await store.use_grant(grant.digest)  # single use across the fleet: one POST wins
+        if used is None:
+            return _page("Not found", GONE, 404)
+        try:
+            await relay.answer_page(used, (fields.get("secret") or [""])[0])
+        except KernelexecError:
+            return _page("Not sent", GONE, 410)
+        return _page("Sent", "<p>The secret went to the code. You can close this page.</p>", 200)
+
+    def _form_token(self, key: str) -> str:
+        """A form's token: random, or in a fleet one any replica can check (signed with the fleet's key)."""
+        nonce = secrets.token_urlsafe(16)
+        signature = self.relay.sign(f"secret form {key} {nonce}") if self.relay is not None else None
+        return f"{nonce}.{signature}" if signature is not None else secrets.token_urlsafe(32)
+
+    def _signed(self, key: str, token: str) -> bool:
+        nonce, _, signature = token.partition(".")
+        return self.relay is not None and bool(signature) and self.relay.signed(f"secret form {key} {nonce}", signature)
+
     @staticmethod
-    def _form(page: Page, key: str, token: str) -> HTMLResponse:
-        handle = html.escape(page.run.session.handle)
-        prompt = html.escape(page.question.prompt.strip()[:500]) or "(no prompt)"
+    def _form(session: str, asked: str, key: str, token: str) -> HTMLResponse:
+        handle = html.escape(session)
+        prompt = html.escape(asked.strip()[:500]) or "(no prompt)"
         body = (f"<p>Code running in kernelexec session <b>{handle}</b> asks for a password or secret through "
                 f"getpass(). The question comes from the code, not from the assistant or kernelexec. Its prompt:</p>"
                 f"<pre>{prompt}</pre><p>What you type here goes to that code only: not to the assistant, and the "
@@ -146,7 +204,7 @@ class SecretPages:
                 f"<input type=hidden name=token value=\"{html.escape(token)}\">"
                 f"<label>Secret <input type=password name=secret autofocus autocomplete=off></label> "
                 f"<button type=submit>Send to the code</button></form>")
-        return _page(f"kernelexec session {page.run.session.handle}: a secret", body, 200)
+        return _page(f"kernelexec session {session}: a secret", body, 200)
 
     @contextlib.asynccontextmanager
     async def _listener(self) -> AsyncIterator[str]:
@@ -178,6 +236,29 @@ class SecretPages:
                     server.should_exit = True
         finally:
             sock.close()
+
+
+async def _posted(request: Request) -> dict[str, list[str]] | HTMLResponse:
+    """A POST's form fields, or the page refusing a body too long."""
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY:
+            return _page("Too long", "<p>The secret is too long. Nothing was sent.</p>", 413)
+    try:
+        return parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True, max_num_fields=4)
+    except ValueError:  # more fields than the form has
+        return {}
+
+
+async def typed(question: Question) -> None:
+    """Tell the client the page was submitted (notifications/elicitation/complete, 2025-11-25), if it can be told."""
+    if question.typed is not None:
+        with anyio.CancelScope(shield=True):
+            try:
+                await question.typed()
+            except Exception:  # noqa: BLE001 - the client may be gone: the secret is in already
+                logger.debug("elicitation/complete not sent", exc_info=True)
 
 
 class _QuietServer:

@@ -176,21 +176,14 @@ class Tasks(Extension):
     def __init__(self, app: App) -> None:
         self.app = app
         self.store = TaskStore()
-        self._watching = False  # a fleet's: the store polled for cancellations asked of this replica's tasks
+        app.relay.on_cancel.append(self._cancelled_elsewhere)
 
-    async def _watch_cancels(self) -> None:
-        """A fleet's tasks/cancel that landed on another replica: asked on the task's store row (durable.ask_cancel),
-        polled here once a second while this replica holds unfinished tasks, and done as a local tasks/cancel."""
-        while True:
-            await anyio.sleep(1.0)
-            held = {t.id: (t.owner, t.ttl_s, t.created, t.run.id) for t in list(self.store._tasks.values())
-                    if t.run is not None and not t.finished and not t.cancelled}
-            if held:
-                for task_id in await durable.cancels_asked(self.app, held):
-                    task = self.store._tasks.get(task_id)
-                    if task is not None and task.run is not None and not task.finished:
-                        task.cancelled = True
-                        task.run.cancel()
+    def _cancelled_elsewhere(self, run: Run) -> None:
+        """A tasks/cancel that landed on another replica, relayed here (relay.py): its task marked as a local
+        tasks/cancel marks it (the relay then cancels the run)."""
+        for task in list(self.store._tasks.values()):
+            if task.run is run and not task.finished:
+                task.cancelled = True
 
     def methods(self) -> Sequence[MethodBinding]:
         versions = frozenset(MODERN_PROTOCOL_VERSIONS)
@@ -212,10 +205,6 @@ class Tasks(Extension):
             id=secrets.token_urlsafe(18), owner=current_principal(), run=run, job=None, elicits=_elicits(ctx),
             ttl_s=(run.deadline - run.started) + KEEP_AFTER))
         await durable.record_task(self.app, task.id, task.owner, run.id, task.ttl_s, task.created)  # a restart keeps it
-        fleet = self.app.sessions.fleet
-        if fleet is not None and fleet.drives and not self._watching:
-            self._watching = True
-            self.app.sessions.runs.spawn(self._watch_cancels)
         return self._created(task)
 
     def _unfinished_run(self, params: CallToolRequestParams, result: HandlerResult) -> Run | None:
@@ -284,7 +273,7 @@ class Tasks(Extension):
         elif run.state in ("running", "awaiting_input"):
             said = durable.stored_answer(run).content[0]
             status, extra = "working", {"statusMessage": said.text if isinstance(said, TextContent) else run.state}
-        elif task.status in (durable.CANCEL_ASKED, durable.CANCELLED):  # cancelled through another replica
+        elif task.status == durable.CANCEL_ASKED:  # cancelled through another replica
             status, extra = "cancelled", {"statusMessage": "cancelled by the client: the cell was interrupted; the session's variables stay"}
         else:
             status, extra = "completed", {"result": durable.wire(durable.stored_answer(run))}

@@ -17,6 +17,7 @@ from pydantic import Field
 from kernelexec.errors import InvalidRequest
 from kernelexec.server import durable, uploads, view
 from kernelexec.server.app import RUN_PYTHON_TIMEOUT, App, SessionArg, SessionName, exposed_tools, info, translated, variables_answer
+from kernelexec.server.questions import resumed
 from kernelexec.server.render import Rendered
 from kernelexec.server.results import ExecuteResult, InstalledPackage, InstallResult, Restored, RunPythonResult, SessionInfo, UploadGrant, VariablesResult
 from kernelexec.server.view import VIEW_META
@@ -53,7 +54,7 @@ def _running_tools(app: App) -> dict[str, Any]:
         still = (f"still running after {settings.yield_after:g} s (--yield-after); it goes on in the background, "
                  "nothing was cut")
         if ctx.request_state:  # a 2026-07-28 client's retry, answering its cell's input(): the cell is not run again
-            return app.reply(ctx, await app.resume(ctx), still)  # type: ignore[return-value]
+            return app.reply(ctx, await resume(ctx), still)  # type: ignore[return-value]
         if background:
             return await app.start_background(ctx, code, session, timeout, working_dir)
         return app.reply(ctx, await app.run_or_yield(ctx, code, session, timeout, working_dir), still)  # type: ignore[return-value]
@@ -66,14 +67,23 @@ def _running_tools(app: App) -> dict[str, Any]:
     ) -> Annotated[CallToolResult, ExecuteResult]:
         """Get a background run's answer, waiting up to wait_s; while it runs, its output so far."""
         if ctx.request_state:
-            return finished(await app.resume(ctx), ctx)  # type: ignore[return-value]
+            return finished(await resume(ctx), ctx)  # type: ignore[return-value]
         try:
             found = app.sessions.runs.get(run_id, owner=app.owner())
         except InvalidRequest as unknown:  # not in this process: a run from before a restart, from the store
             return await durable.get_run(app, run_id, unknown, wait_s)
         return finished(await app.follow(ctx, found, wait_s), ctx)  # type: ignore[return-value]
 
-    def finished(done: Rendered | Run, ctx: Context, what: str = "still running") -> CallToolResult | InputRequiredResult:
+    async def resume(ctx: Context) -> Rendered | Run | CallToolResult | InputRequiredResult:
+        """A retry: of a run this process holds (app.resume), else of one another replica holds (relayed)."""
+        try:
+            app.sessions.runs.get(resumed(ctx.request_state)[0], owner=app.owner())
+        except InvalidRequest as unknown:
+            return await durable.resume_elsewhere(app, ctx, unknown)
+        return await app.resume(ctx)
+
+    def finished(done: Rendered | Run | CallToolResult | InputRequiredResult, ctx: Context,
+                 what: str = "still running") -> CallToolResult | InputRequiredResult:
         return app.reply(ctx, done, what)
 
     @translated
@@ -88,9 +98,16 @@ def _running_tools(app: App) -> dict[str, Any]:
         """Answer the input() a run waits on (ending: awaiting_input) with the user's answer; getpass() is never answered here."""
         try:
             found = app.sessions.runs.get(run_id, owner=app.owner())
-        except InvalidRequest as unknown:  # not in this process: the store says why it cannot be answered
-            await durable.send_input(app, run_id, unknown)
-            raise
+        except InvalidRequest as unknown:  # not in this process: another replica's (relayed), or the store says why not
+            if app.relay.store is None:
+                await durable.send_input(app, run_id, unknown)
+                raise
+            await app.relay.answer(run_id, question_id, None if cancel else text, "send_input", app.owner(), unknown)
+            said = f"input {'declined' if cancel or text is None else 'sent'} to run {run_id} (it runs on another replica)"
+            relayed = await durable.follow_relayed(app, run_id, question_id, wait_s, retry=False)
+            if isinstance(relayed, CallToolResult):
+                relayed.content = [TextContent(type="text", text=f"[{said}]"), *relayed.content]
+            return relayed  # type: ignore[return-value]
         question = found.answer(question_id, None if cancel else text)
         said = (f"input sent to run {found.id}" if question.answer is not None
                 else f"input declined for run {found.id}: the code gets EOFError")
@@ -225,7 +242,7 @@ def _session_tools(app: App) -> dict[str, Any]:
             raise InvalidRequest("upload_url works over the HTTP transport only; under stdio the working directory "
                                  "already is yours: put the file there")
         target = await app.resolve(ctx, session)
-        g = app.uploads.grant(target, app.owner(), filename, max_bytes, expires_s, origin)
+        g = await app.uploads.grant(target, app.owner(), filename, max_bytes, expires_s, origin)
         return UploadGrant(uploadUrl=g.url, headers=dict(uploads.PUT_HEADERS), expiresAt=g.expires_at, maxBytes=g.max_bytes,
                            session=target.handle, filename=g.filename)
 

@@ -24,6 +24,9 @@ with ``O_CREAT|O_EXCL|O_NOFOLLOW`` and opens each time with ``O_NOFOLLOW``; at t
 (``rename`` replaces a link planted there, never follows it). Any failure after the temporary file may exist removes
 it, in the same turn; one a killed server left (untouched ``STALE_PART_S``) goes at the session's next upload.
 The answer says only what the server knows (name, size, SHA-256, session): nothing the kernel wrote.
+
+In a fleet (docs/fleet.md) each URL is also a grant in the store (the SHA-256 of its key, never the key), so any
+replica serves its PUT; the first use is claimed in the store in one statement (one PUT wins across the fleet).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import unicodedata
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import anyio
 from starlette.requests import Request
@@ -48,7 +51,12 @@ from starlette.responses import JSONResponse
 
 from kernelexec.errors import InvalidRequest, KernelexecError, SessionBusy, SessionError
 from kernelexec.kernel.driver import Kernel
+from kernelexec.server.secret_page import digest
 from kernelexec.session.session import Session
+from kernelexec.store import GrantRecord, Store
+
+if TYPE_CHECKING:
+    from kernelexec.server.relay import Relay
 
 PATH = "/upload/{key}"
 CHUNK = 256 * 1024
@@ -130,11 +138,13 @@ class Uploads:
         self.spooling = 0  # bytes of the bodies being received now
         self.spool_dir = spool_dir  # the server's own (its state dir), never a kernel's; None: the system's
         self.principals: dict[bytes, str] = {}  # token → principal (build.py fills it over HTTP)
+        self.relay: Relay | None = None  # a fleet's (App sets it): grants in the store, served by any replica
 
-    def grant(self, session: Session, owner: str | None, filename: str, max_bytes: int, ttl_s: float, origin: str,
-              *, size: int | None = None, sha256: bytes | None = None) -> Grant:
+    async def grant(self, session: Session, owner: str | None, filename: str, max_bytes: int, ttl_s: float, origin: str,
+                    *, size: int | None = None, sha256: bytes | None = None) -> Grant:
         """A new upload URL for ``session``, bound to ``owner`` (the one mechanism of upload_url and
-        files/authorizeUpload); InvalidRequest for a bad name or cap, TooManyUploads over the owner's budget."""
+        files/authorizeUpload); InvalidRequest for a bad name or cap, TooManyUploads over the owner's budget (this
+        replica's: in a fleet each replica counts the URLs it minted). In a fleet also a grant in the store."""
         if not 0 <= max_bytes <= MAX_BYTES:
             raise InvalidRequest(f"the size cap must be 0 to {MAX_BYTES} bytes; got {max_bytes}")
         if not 0 < ttl_s <= MAX_TTL_S:
@@ -148,9 +158,36 @@ class Uploads:
             raise TooManyUploads(f"this token holds {held} unused upload URLs, its budget (--max-upload-urls-per-token "
                                  f"{self.max_per_owner}): use one, or wait until one expires")
         key = secrets.token_urlsafe(32)
-        grant = self._grants[key] = Grant(key, f"{origin.rstrip('/')}/upload/{key}", session, owner, name, max_bytes,
-                                          now + ttl_s, size=size, sha256=sha256)
+        grant = Grant(key, f"{origin.rstrip('/')}/upload/{key}", session, owner, name, max_bytes, now + ttl_s,
+                      size=size, sha256=sha256)
+        store = self.store
+        if store is not None:  # any replica serves it (only the key's digest is stored)
+            await store.put_grant(GrantRecord(digest(key), "upload", owner, session.handle, grant.expires, {
+                "filename": name, "max_bytes": max_bytes, "size": size, "sha256": sha256.hex() if sha256 else None}))
+        self._grants[key] = grant
         return grant
+
+    @property
+    def store(self) -> Store | None:
+        return self.relay.store if self.relay is not None else None
+
+    async def _shared(self, key: str, principal: str | None, offered: bool) -> Grant | JSONResponse:
+        """A URL another replica of the fleet minted, from its grant in the store, used here (once, by the store)."""
+        store = self.store
+        assert store is not None and self.relay is not None
+        record = await store.get_grant(digest(key))
+        if record is None or record.kind != "upload" or (offered and principal != record.owner):
+            return _answer(404, error="unknown upload URL")
+        if await store.use_grant(record.digest) is None:
+            return _answer(410, error="this upload URL was used already")
+        caps = record.caps
+        try:
+            session = await self.relay.sessions.lookup(record.session, owner=record.owner)
+        except KernelexecError:
+            return _answer(410, error="this upload URL's session is closed")
+        declared = caps.get("sha256")
+        return Grant(key, "", session, record.owner, str(caps.get("filename")), int(caps.get("max_bytes") or 0),
+                     record.expires, size=caps.get("size"), sha256=bytes.fromhex(declared) if declared else None, used=True)
 
     def _caller(self, request: Request) -> tuple[bool, str | None]:
         """(whether a token was offered, its principal or None when it is no known token)."""
@@ -168,11 +205,19 @@ class Uploads:
         key = str(request.path_params.get("key", ""))
         grant = self._grants.get(key)
         offered, principal = self._caller(request)
-        if grant is None or (offered and principal != grant.owner):
+        if grant is None and self.store is not None:
+            shared = await self._shared(key, principal, offered)
+            if isinstance(shared, JSONResponse):
+                return shared
+            grant = shared
+        elif grant is None or (offered and principal != grant.owner):
             return _answer(404, error="unknown upload URL")
-        if grant.used:
+        elif grant.used:
             return _answer(410, error="this upload URL was used already")
-        grant.used = True  # single use: this request claims it, whatever happens next (no await before: no race)
+        else:
+            grant.used = True  # single use: this request claims it, whatever happens next (no await before: no race)
+            if self.store is not None and await self.store.use_grant(digest(key)) is None:  # used on another replica
+                return _answer(410, error="this upload URL was used already")
         grant.receiving = True
         try:
             return await self._receive(request, grant)

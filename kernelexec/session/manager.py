@@ -23,7 +23,7 @@ from kernelexec.config import Settings
 from kernelexec.environment import fontcache
 from kernelexec.environment.interpreter import Environment
 from kernelexec.environment.overlay import prepare
-from kernelexec.errors import InvalidRequest, SessionError
+from kernelexec.errors import InvalidRequest, KernelexecError, SessionError
 from kernelexec.host import KernelReach
 from kernelexec.layout import valid_handle
 from kernelexec.sandbox.probe import kernel_reach
@@ -57,7 +57,8 @@ class SessionManager:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[SessionManager]:
-        self.settings.sessions_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # its own caches and upload spool, also
+        self.settings.sessions_dir.mkdir(parents=True, exist_ok=True, mode=0o700)  # when sessions are on --shared-dir
         # nbformat is imported here, once, on the event loop thread before any worker thread uses it:
         # imported lazily from a worker thread and the loop at once, it fails with a circular import
         import nbformat.v4  # noqa: F401
@@ -112,6 +113,8 @@ class SessionManager:
                 fleet = Fleet(store, remote=remote)
                 await fleet.join()
                 self.fleet = fleet
+                if fleet.drives:  # reaping once per fleet: by its leader, from the store
+                    self.upkeep.fleet_idle = self._idle_in_fleet
             if not remote:
                 # a previous release's sessions imported, files and store made to agree (a killed server's last cells)
                 await reconcile(store, self.settings.sessions_dir)
@@ -292,6 +295,18 @@ class SessionManager:
         await self._remember(session, closed=True)
         if not recorded:
             self.remove_dir(session)
+
+    async def _idle_in_fleet(self, idle_s: float) -> list[Session]:
+        """On the fleet's leader: the sessions nobody drove for ``idle_s`` (the store's leases), as sessions here."""
+        if self.fleet is None or not self.fleet.leads or self.store is None:
+            return []
+        found = []
+        for record in await self.store.idle_sessions(idle_s):
+            try:
+                found.append(await self.lookup(record.handle, owner=record.owner))
+            except KernelexecError as exc:
+                logger.warning("idle session %s: %s", record.handle, exc)
+        return found
 
     def get(self, handle: str, *, owner: str | None = None) -> Session:
         """Look a handle up; a session from another owner is reported exactly like an unknown one."""

@@ -501,6 +501,10 @@ class RunRegistry:
                                  "runs of each token)")
         return run
 
+    def unfinished(self) -> dict[str, Run]:
+        """This process's runs still going, by id (a fleet's relay polls for what other replicas ask of them)."""
+        return {run_id: run for run_id, run in self._runs.items() if not run.done.is_set()}
+
     def decline_waiting(self, session: RunHost) -> None:
         """Decline the question a run of ``session`` waits on (the cell was interrupted: nobody will answer)."""
         for run in list(self._runs.values()):

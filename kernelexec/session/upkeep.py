@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -28,9 +29,15 @@ class Upkeep:
         self.sessions = sessions
         self._tg: Any = None
         self._spare_task_running = False
+        # a fleet's (set by the manager): the sessions idle across the whole fleet, on its leader only (else [])
+        self.fleet_idle: Callable[[float], Awaitable[list[Session]]] | None = None
 
     async def reap(self) -> None:
-        """Stop kernels idle for longer than the idle timeout; their directories and notebooks stay."""
+        """Stop kernels idle for longer than the idle timeout; their directories and notebooks stay. In a fleet,
+        once per fleet: only its leader reaps, by the store's last use of each session (``reap_fleet``)."""
+        if self.fleet_idle is not None:
+            await self.reap_fleet(self.fleet_idle)
+            return
         idle = sorted(
             (s for s in self.sessions.values() if s.kernel is not None and not s.busy and not s.lock.locked()),
             key=lambda s: s.last_used,
@@ -47,6 +54,24 @@ class Upkeep:
                     await session.stop_kernel()
                     session.notice = (f"before this call: the session was idle for more than {timeout:g} s, so its kernel "
                                       "was shut down (--idle-timeout); this call runs in a fresh kernel and earlier variables are lost")
+
+    async def reap_fleet(self, fleet_idle: Callable[[float], Awaitable[list[Session]]]) -> None:
+        """The leader's reaping: each session nobody in the fleet drove for ``--idle-timeout`` (its lease let go that
+        long ago, whichever replica drove it last, alive or not) has its gateway kernel shut down, under its lease."""
+        timeout = self.settings.idle_timeout
+        if not timeout:
+            return
+        for session in await fleet_idle(timeout):
+            async with session.driving(wait=False) as driven:  # not while a replica drives it (a call came meanwhile)
+                if not driven or session.attach_to is None:
+                    continue
+                logger.warning("stopping idle session %s: nobody in the fleet drove it for %g s (--idle-timeout); "
+                               "its variables go with its kernel", session.handle, timeout)
+                try:
+                    await session.ensure_kernel(refill=False)  # attached to its gateway kernel, to shut it down
+                except Exception:  # noqa: BLE001 - gone already: nothing to stop
+                    logger.warning("attaching to the idle kernel of %s failed", session.handle, exc_info=True)
+                await session.stop_kernel()
 
     async def run(self, tg: Any) -> None:
         """Every half second: Lab's restart requests, dead kernels, idle kernels, warm spares."""

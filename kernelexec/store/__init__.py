@@ -7,7 +7,9 @@ from pathlib import Path
 
 from kernelexec.store.interface import (
     AlreadyAnswered,
+    AskRecord,
     Fence,
+    GrantRecord,
     JournalEntry,
     Lease,
     QuestionRecord,
@@ -21,7 +23,7 @@ from kernelexec.store.interface import (
     redacted,
 )
 
-__all__ = ["AlreadyAnswered", "Fence", "JournalEntry", "Lease", "QuestionRecord", "RunRecord", "RunState", "SessionRecord",
+__all__ = ["AlreadyAnswered", "AskRecord", "Fence", "GrantRecord", "JournalEntry", "Lease", "QuestionRecord", "RunRecord", "RunState", "SessionRecord",
            "StaleLease", "Store", "StoreError", "TaskRecord", "open_store", "redacted"]
 
 

@@ -11,20 +11,22 @@ expired or already the caller's (one atomic statement or transaction), and every
 holder takes a new fencing token, strictly greater than every token the session had before (a released lease
 keeps its token row; the holder's own acquire while it holds keeps its token and extends it). A write that
 carries a ``Fence`` is refused (``StaleLease``) unless it is still the session's current token — so a holder
-whose lease expired and was taken by another can no longer write, even if it does not know yet. Leases whose
+whose lease expired and was taken by another can no longer write, even if it does not know yet. A released
+lease keeps the time it was let go (``expires``): when the fleet last drove the session. Leases whose
 key is not a session handle (``replica:<id>``, ``fleet:upkeep``) are a fleet's own (``session/fleet.py``).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 from urllib.parse import urlsplit, urlunsplit
 
 from kernelexec.errors import KernelexecError
 
-SCHEMA_VERSION = 2  # 2: sessions.closed
+SCHEMA_VERSION = 3  # 2: sessions.closed; 3: asks, grants
 
 RunState = Literal["running", "awaiting_input", "finished", "failed", "lost"]
 RUN_STATES: tuple[RunState, ...] = ("running", "awaiting_input", "finished", "failed", "lost")
@@ -96,6 +98,38 @@ class QuestionRecord:
     answerer: str | None = None  # who may answer: the run's owner (None: anyone)
     answered: bool = False
     created: float = 0.0
+
+
+AskKind = Literal["cancel", "answer"]
+
+
+@dataclass(frozen=True)
+class AskRecord:
+    """A request for the replica that runs ``run_id``, made on another replica of a fleet (``server/relay.py``):
+    cancel the run (tasks/cancel), or answer its question ``question_id`` (send_input, a retried call, a secret
+    page's POST). The holder polls for its runs' asks and takes each once (``take_asks`` deletes what it reads)."""
+
+    run_id: str
+    kind: AskKind
+    owner: str | None = None  # who asked: checked again by the holder against the run's owner
+    question_id: str | None = None
+    text: str | None = None  # an answer, sealed with the fleet's key (relay.py) when it has one; None declines
+    channel: str = ""  # the door it came through: "send_input", "retry", "page"
+    created: float = 0.0
+
+
+@dataclass(frozen=True)
+class GrantRecord:
+    """A capability URL a fleet's replica minted (an upload URL, a getpass() page), so any replica serves it: only
+    the SHA-256 of its secret key (``digest``), never the key; single use through ``use_grant``."""
+
+    digest: str  # hex SHA-256 of the URL's key
+    kind: Literal["upload", "secret"]
+    owner: str | None
+    session: str  # the session's handle
+    expires: float
+    caps: dict[str, Any] = field(default_factory=dict)  # what it allows: a file's name and cap; the question it answers
+    used: bool = False
 
 
 @dataclass(frozen=True)
@@ -181,6 +215,21 @@ class Store(Protocol):
         ``by`` may not answer it or it is unknown."""
         ...
 
+    # asks: requests for the replica that runs a run (a fleet's relay)
+    async def ask(self, record: AskRecord) -> None: ...
+    async def take_asks(self, run_ids: Collection[str]) -> list[AskRecord]:
+        """Every ask for these runs, oldest first, deleted as it is read (one transaction: each ask is taken once,
+        by one replica)."""
+        ...
+
+    # grants: capability URLs any replica serves
+    async def put_grant(self, record: GrantRecord) -> None: ...
+    async def get_grant(self, digest: str) -> GrantRecord | None: ...
+    async def use_grant(self, digest: str) -> GrantRecord | None:
+        """Mark the grant used (compare-and-set, one statement): the grant as it was when this call used it; None when
+        it is unknown or was used already (by any replica)."""
+        ...
+
     # leases
     async def acquire_lease(self, session: str, holder: str, ttl_s: float) -> Lease | None:
         """The lease when it was free, expired or ``holder``'s (then its token kept), else None: atomic."""
@@ -189,6 +238,10 @@ class Store(Protocol):
     async def renew_lease(self, lease: Lease, ttl_s: float) -> Lease | None: ...
     async def release_lease(self, lease: Lease) -> bool: ...
     async def current_lease(self, session: str) -> Lease | None: ...
+    async def idle_sessions(self, idle_s: float) -> list[SessionRecord]:
+        """Open sessions with a gateway kernel whose lease was let go (a released lease keeps the time, ``expires``)
+        or ran out more than ``idle_s`` seconds ago: idle across the whole fleet (a fleet's reaping, upkeep.py)."""
+        ...
     async def live_leases(self, prefix: str) -> list[Lease]:
         """Every held, unexpired lease whose key starts with ``prefix`` (a fleet's replicas: ``replica:``)."""
         ...

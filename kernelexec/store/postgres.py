@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Collection
 from typing import Any
 
 import anyio
@@ -25,7 +26,9 @@ from kernelexec.store.interface import (
     SCHEMA_VERSION,
     UNFINISHED,
     AlreadyAnswered,
+    AskRecord,
     Fence,
+    GrantRecord,
     JournalEntry,
     Lease,
     QuestionRecord,
@@ -38,7 +41,19 @@ from kernelexec.store.interface import (
     scrubbed,
     visible,
 )
-from kernelexec.store.sqlite import QUESTION_COLUMNS, SESSION_COLUMNS, TASK_COLUMNS, dumps, question_row, run_row, session_row, task_row
+from kernelexec.store.sqlite import (
+    ASK_COLUMNS,
+    GRANT_COLUMNS,
+    QUESTION_COLUMNS,
+    SESSION_COLUMNS,
+    TASK_COLUMNS,
+    dumps,
+    grant_row,
+    question_row,
+    run_row,
+    session_row,
+    task_row,
+)
 
 RUN_COLUMNS = "id, session, owner, state, answer::text, created, updated"
 MIGRATION_LOCK = 0x6B65_7865  # pg_advisory_xact_lock key: "kexe"
@@ -62,6 +77,11 @@ MIGRATIONS: dict[int, list[str]] = {
         "CREATE TABLE journal (session TEXT NOT NULL, seq BIGINT NOT NULL, record JSON NOT NULL, PRIMARY KEY (session, seq))",
     ],
     2: ["ALTER TABLE sessions ADD COLUMN closed DOUBLE PRECISION"],
+    3: ["""CREATE TABLE asks (seq BIGSERIAL PRIMARY KEY, run_id TEXT NOT NULL, kind TEXT NOT NULL, owner TEXT,
+           question_id TEXT, text TEXT, channel TEXT NOT NULL, created DOUBLE PRECISION NOT NULL)""",
+        "CREATE INDEX asks_by_run ON asks (run_id)",
+        """CREATE TABLE grants (digest TEXT PRIMARY KEY, kind TEXT NOT NULL, owner TEXT, session TEXT NOT NULL,
+           expires DOUBLE PRECISION NOT NULL, caps TEXT NOT NULL, used BOOLEAN NOT NULL DEFAULT false)"""],
 }
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
@@ -318,6 +338,43 @@ class PostgresStore:
         result: QuestionRecord = await self._run(answer, "cannot answer the question")
         return result
 
+    # asks
+
+    async def ask(self, record: AskRecord) -> None:
+        async def put(cur: Any) -> None:
+            await cur.execute(f"INSERT INTO asks ({ASK_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                              (record.run_id, record.kind, record.owner, record.question_id, record.text, record.channel,
+                               record.created or time.time()))
+
+        await self._run(put, "cannot write the ask", single=True)
+
+    async def take_asks(self, run_ids: Collection[str]) -> list[AskRecord]:
+        ids = list(run_ids)
+        if not ids:
+            return []
+        rows = await self._all(f"DELETE FROM asks WHERE run_id = ANY(%s) RETURNING seq, {ASK_COLUMNS}", (ids,),
+                               "cannot take the asks")
+        return [AskRecord(*row[1:]) for row in sorted(rows)]
+
+    # grants
+
+    async def put_grant(self, record: GrantRecord) -> None:
+        async def put(cur: Any) -> None:
+            await cur.execute(f"INSERT INTO grants ({GRANT_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                              (record.digest, record.kind, record.owner, record.session, record.expires, dumps(record.caps),
+                               record.used))
+
+        await self._run(put, "cannot write the grant", single=True)
+
+    async def get_grant(self, digest: str) -> GrantRecord | None:
+        row = await self._one(f"SELECT {GRANT_COLUMNS} FROM grants WHERE digest = %s", (digest,), "cannot read the grant")
+        return grant_row(row) if row is not None else None
+
+    async def use_grant(self, digest: str) -> GrantRecord | None:
+        row = await self._one(f"UPDATE grants SET used = true WHERE digest = %s AND NOT used RETURNING {GRANT_COLUMNS}",
+                              (digest,), "cannot use the grant")
+        return grant_row(row) if row is not None else None
+
     # leases
 
     async def acquire_lease(self, session: str, holder: str, ttl_s: float) -> Lease | None:
@@ -350,12 +407,19 @@ class PostgresStore:
 
     async def release_lease(self, lease: Lease) -> bool:
         async def release(cur: Any) -> bool:
-            await cur.execute("UPDATE leases SET holder = NULL, expires = 0 WHERE session = %s AND holder = %s AND token = %s",
+            await cur.execute(f"UPDATE leases SET holder = NULL, expires = {NOW} WHERE session = %s AND holder = %s AND token = %s",
                               (lease.session, lease.holder, lease.token))
             return bool(cur.rowcount)
 
         result: bool = await self._run(release, "cannot release the lease")
         return result
+
+    async def idle_sessions(self, idle_s: float) -> list[SessionRecord]:
+        columns = ", ".join("s." + c.strip() for c in SESSION_COLUMNS.split(","))
+        rows = await self._all(f"""SELECT {columns} FROM sessions s JOIN leases l ON l.session = s.handle
+                                   WHERE s.closed IS NULL AND s.gateway_kernel_id IS NOT NULL AND l.expires < {NOW} - %s
+                                   ORDER BY l.expires""", (idle_s,), "cannot read the idle sessions")
+        return [session_row(row) for row in rows]
 
     async def current_lease(self, session: str) -> Lease | None:
         row = await self._one(f"SELECT session, holder, token, expires FROM leases WHERE session = %s AND holder IS NOT NULL AND expires > {NOW}",

@@ -19,7 +19,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,7 +31,9 @@ from kernelexec.store.interface import (
     SCHEMA_VERSION,
     UNFINISHED,
     AlreadyAnswered,
+    AskRecord,
     Fence,
+    GrantRecord,
     JournalEntry,
     Lease,
     QuestionRecord,
@@ -52,6 +54,8 @@ SESSION_COLUMNS = "handle, owner, working_dir, environment, profile, local_slot,
 RUN_COLUMNS = "id, session, owner, state, answer, created, updated"
 TASK_COLUMNS = "id, owner, run_id, ttl_s, status, created, updated"
 QUESTION_COLUMNS = "id, run_id, prompt, password, approval, answerer, answered, created"
+ASK_COLUMNS = "run_id, kind, owner, question_id, text, channel, created"
+GRANT_COLUMNS = "digest, kind, owner, session, expires, caps, used"
 
 _STATES = ", ".join(f"'{s}'" for s in RUN_STATES)
 MIGRATIONS: dict[int, list[str]] = {
@@ -72,6 +76,11 @@ MIGRATIONS: dict[int, list[str]] = {
         "CREATE TABLE journal (session TEXT NOT NULL, seq INTEGER NOT NULL, record TEXT NOT NULL, PRIMARY KEY (session, seq))",
     ],
     2: ["ALTER TABLE sessions ADD COLUMN closed REAL"],
+    3: ["""CREATE TABLE asks (seq INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, kind TEXT NOT NULL, owner TEXT,
+           question_id TEXT, text TEXT, channel TEXT NOT NULL, created REAL NOT NULL)""",
+        "CREATE INDEX asks_by_run ON asks (run_id)",
+        """CREATE TABLE grants (digest TEXT PRIMARY KEY, kind TEXT NOT NULL, owner TEXT, session TEXT NOT NULL,
+           expires REAL NOT NULL, caps TEXT NOT NULL, used INTEGER NOT NULL DEFAULT 0)"""],
 }
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
@@ -371,6 +380,46 @@ class SQLiteStore:
 
         return await self._write(answer)
 
+    # asks
+
+    async def ask(self, record: AskRecord) -> None:
+        await self._write(lambda db: db.execute(
+            f"INSERT INTO asks ({ASK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (record.run_id, record.kind, record.owner, record.question_id, record.text, record.channel, record.created or time.time())))
+
+    async def take_asks(self, run_ids: Collection[str]) -> list[AskRecord]:
+        ids = list(run_ids)
+        if not ids:
+            return []
+
+        def take(db: sqlite3.Connection) -> list[AskRecord]:
+            marks = ", ".join("?" * len(ids))
+            rows = db.execute(f"SELECT seq, {ASK_COLUMNS} FROM asks WHERE run_id IN ({marks}) ORDER BY seq", ids).fetchall()
+            db.executemany("DELETE FROM asks WHERE seq = ?", [(row[0],) for row in rows])
+            return [AskRecord(*row[1:]) for row in rows]
+
+        return await self._write(take)
+
+    # grants
+
+    async def put_grant(self, record: GrantRecord) -> None:
+        await self._write(lambda db: db.execute(
+            f"INSERT INTO grants ({GRANT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (record.digest, record.kind, record.owner, record.session, record.expires, dumps(record.caps), record.used)))
+
+    async def get_grant(self, digest: str) -> GrantRecord | None:
+        row = await self._query(lambda db: db.execute(f"SELECT {GRANT_COLUMNS} FROM grants WHERE digest = ?", (digest,)).fetchone())
+        return grant_row(row) if row is not None else None
+
+    async def use_grant(self, digest: str) -> GrantRecord | None:
+        def use(db: sqlite3.Connection) -> GrantRecord | None:
+            row = db.execute(f"SELECT {GRANT_COLUMNS} FROM grants WHERE digest = ? AND used = 0", (digest,)).fetchone()
+            if row is not None:
+                db.execute("UPDATE grants SET used = 1 WHERE digest = ?", (digest,))
+            return grant_row(row) if row is not None else None
+
+        return await self._write(use)
+
     # leases
 
     async def acquire_lease(self, session: str, holder: str, ttl_s: float) -> Lease | None:
@@ -401,8 +450,15 @@ class SQLiteStore:
 
     async def release_lease(self, lease: Lease) -> bool:
         return bool(await self._write(lambda db: db.execute(
-            "UPDATE leases SET holder = NULL, expires = 0 WHERE session = ? AND holder = ? AND token = ?",
-            (lease.session, lease.holder, lease.token)).rowcount))
+            "UPDATE leases SET holder = NULL, expires = ? WHERE session = ? AND holder = ? AND token = ?",
+            (time.time(), lease.session, lease.holder, lease.token)).rowcount))
+
+    async def idle_sessions(self, idle_s: float) -> list[SessionRecord]:
+        rows = await self._query(lambda db: db.execute(
+            f"""SELECT {', '.join('s.' + c.strip() for c in SESSION_COLUMNS.split(','))} FROM sessions s JOIN leases l
+                ON l.session = s.handle WHERE s.closed IS NULL AND s.gateway_kernel_id IS NOT NULL AND l.expires < ?
+                ORDER BY l.expires""", (time.time() - idle_s,)).fetchall())
+        return [session_row(row) for row in rows]
 
     async def current_lease(self, session: str) -> Lease | None:
         row = await self._query(lambda db: db.execute("SELECT session, holder, token, expires FROM leases WHERE session = ?",
@@ -469,6 +525,11 @@ def run_row(row: tuple[Any, ...]) -> RunRecord:
 
 def task_row(row: tuple[Any, ...]) -> TaskRecord:
     return TaskRecord(*row)
+
+
+def grant_row(row: tuple[Any, ...]) -> GrantRecord:
+    digest, kind, owner, session, expires, caps, used = row
+    return GrantRecord(digest, kind, owner, session, expires, json.loads(caps), bool(used))
 
 
 def question_row(row: tuple[Any, ...]) -> QuestionRecord:

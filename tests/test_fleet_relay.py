@@ -1,0 +1,240 @@
+"""A fleet's relay (issue 33): what a call on one replica asks of a run another replica holds reaches that replica
+through a row of the store it polls (kernelexec/server/relay.py). Real ``kernelexec serve`` replicas with bearer
+tokens on one real PostgreSQL, one real Jupyter Server as their gateway, real MCP SDK clients over HTTP.
+
+What it shows: an ``input()`` asked through replica A is answered by ``send_input`` on B, and by a 2026-07-28 retry
+on B carrying the request state A sealed; another token cannot answer it (an unknown run, whatever the replica), a
+question id the run did not ask is refused, and an answer is taken once across the fleet (a replayed retry or a
+second send_input on another replica is refused; the cell got one answer).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types import CallToolResult, ElicitResult, InputRequiredResult
+
+from .fleet_parts import Fleet, gateway
+from .pg import Postgres, postgres
+
+__all__ = ["gateway", "postgres"]  # fixtures
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+ALICE = "alice-token-" + "a" * 32
+BOB = "bob-token-" + "b" * 32
+
+
+@pytest.fixture(scope="module")
+def fleet(short_tmp: Path, postgres: Postgres, gateway: Any) -> Iterator[Fleet]:
+    """Two replicas, each with the same two tokens (alice's and bob's)."""
+    base = Path(tempfile.mkdtemp(prefix="relay", dir=short_tmp))
+    key_file = base / "state.key"
+    key_file.write_text(os.urandom(32).hex() + "\n")
+    key_file.chmod(0o600)
+    tokens = base / "tokens"
+    tokens.write_text(f"{ALICE}\n{BOB}\n")
+    shared = base / "shared"
+    shared.mkdir()
+    found = Fleet(base, postgres.url(postgres.create_db()), gateway, key_file, shared)
+    try:
+        for name in ("a", "b"):
+            found.start(name, "--auth-token-file", str(tokens), "--yield-after", "5")  # questions within it, on a busy machine
+        yield found
+    finally:
+        found.stop_all()
+
+
+def client(url: str, token: str, **options: Any) -> Client:
+    return Client(streamable_http_client(url, http_client=httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
+                                                                             timeout=60)), **options)
+
+
+def text(result: Any) -> str:
+    return "".join(getattr(c, "text", "") for c in result.content)
+
+
+async def never_asked(context: object, params: object) -> ElicitResult:  # a 2026-07-28 client: the test retries by hand
+    raise AssertionError("answered by the test itself")
+
+
+async def test_send_input_on_another_replica_answers_the_input_asked_through_the_first(fleet: Fleet) -> None:
+    a, b = fleet.replicas[0].url, fleet.replicas[1].url
+    code = "name = input('Your name? ')\nf'hello {name}'"
+    async with client(a, ALICE) as on_a:  # no elicitation: the question comes back as awaiting_input
+        asked = await on_a.call_tool("execute_code", {"code": code})
+        while asked.structured_content is not None and asked.structured_content["ending"] == "running":  # a kernel starting
+            asked = await on_a.call_tool("get_run", {"run_id": asked.structured_content["run_id"], "wait_s": 30})
+    waiting = asked.structured_content
+    assert waiting is not None and waiting["ending"] == "awaiting_input", text(asked)
+    run_id, question_id = waiting["run_id"], waiting["question_id"]
+
+    async with client(b, BOB) as bob_on_b:  # another token: no such run, on any replica
+        refused = await bob_on_b.call_tool("send_input", {"run_id": run_id, "question_id": question_id, "text": "Mallory"})
+        assert refused.is_error and "unknown run" in text(refused), text(refused)
+        peek = await bob_on_b.call_tool("get_run", {"run_id": run_id, "wait_s": 0})
+        assert peek.is_error and "unknown run" in text(peek), text(peek)
+    async with client(b, ALICE) as on_b:
+        seen = await on_b.call_tool("get_run", {"run_id": run_id, "wait_s": 0})  # B shows the question A's run waits on
+        assert seen.structured_content is not None and seen.structured_content["question_id"] == question_id, text(seen)
+        wrong = await on_b.call_tool("send_input", {"run_id": run_id, "question_id": "q-not-asked", "text": "Eve"})
+        assert wrong.is_error and "asked no question" in text(wrong), text(wrong)
+        done = await on_b.call_tool("send_input", {"run_id": run_id, "question_id": question_id, "text": "Ada", "wait_s": 30})
+        assert not done.is_error and done.structured_content is not None, text(done)
+        assert done.structured_content["result"] == "hello Ada", text(done)
+    async with client(a, ALICE) as on_a:  # once across the fleet: the same answer again, on A, is refused
+        again = await on_a.call_tool("send_input", {"run_id": run_id, "question_id": question_id, "text": "Ada"})
+        assert again.is_error and ("already answered" in text(again) or "not waiting" in text(again)), text(again)
+        got = await on_a.call_tool("get_run", {"run_id": run_id, "wait_s": 5})
+        assert got.structured_content is not None and got.structured_content["result"] == "hello Ada", text(got)
+
+
+async def test_a_retry_on_another_replica_answers_with_the_state_the_first_sealed_once(fleet: Fleet) -> None:
+    a, b = fleet.replicas[0].url, fleet.replicas[1].url
+    arguments = {"code": "first = input('First? ')\nsecond = input('Second? ')\n[first, second]"}
+    async with client(a, ALICE, elicitation_callback=never_asked) as on_a:
+        handle = (await on_a.call_tool("execute_code", {"code": "1"})).structured_content["session"]  # type: ignore[index]
+        arguments["session"] = handle  # its kernel started: the question comes within --yield-after
+        first = await on_a.session.call_tool("execute_code", arguments, allow_input_required=True)
+    assert isinstance(first, InputRequiredResult), first
+    assert "First?" in first.input_requests["input"].params.message  # type: ignore[union-attr]
+    answer = {"input": ElicitResult(action="accept", content={"answer": "one"})}
+    async with client(b, ALICE, elicitation_callback=never_asked) as on_b:  # the retry lands on B
+        second = await on_b.session.call_tool("execute_code", arguments, input_responses=answer,
+                                              request_state=first.request_state, allow_input_required=True)
+        assert isinstance(second, InputRequiredResult), second  # the run's next question, relayed back from A
+        assert "Second?" in second.input_requests["input"].params.message  # type: ignore[union-attr]
+        replayed = await on_b.session.call_tool("execute_code", arguments, input_responses=answer,
+                                                request_state=first.request_state, allow_input_required=True)
+        assert isinstance(replayed, CallToolResult) and replayed.is_error, replayed  # taken once: never for "Second?"
+        assert "already answered" in text(replayed), text(replayed)
+    async with client(b, BOB, elicitation_callback=never_asked) as bob_on_b:  # the sealed state is alice's (the SDK's binding)
+        with pytest.raises(MCPError, match="requestState"):
+            await bob_on_b.session.call_tool("execute_code", arguments, input_responses=answer,
+                                             request_state=second.request_state, allow_input_required=True)
+    async with client(a, ALICE, elicitation_callback=never_asked) as on_a:  # back on A, the second answer
+        done = await on_a.session.call_tool("execute_code", arguments, input_responses={
+            "input": ElicitResult(action="accept", content={"answer": "two"})}, request_state=second.request_state,
+            allow_input_required=True)
+    assert isinstance(done, CallToolResult) and not done.is_error, done
+    assert done.structured_content is not None and done.structured_content["result"] == ["one", "two"], done
+
+
+def sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def form_token(page: httpx2.Response) -> str:
+    assert page.status_code == 200, page.status_code
+    return page.text.split('name=token value="', 1)[1].split('"', 1)[0]
+
+
+async def test_a_secret_page_opened_on_one_replica_is_served_and_used_once_on_any(fleet: Fleet) -> None:
+    """A getpass() page minted by A (the run's holder): served by B from the store's grant, its POST on B relayed
+    sealed to A; a forged form token, a guessed key, a replay and a concurrent second POST on the other replica
+    answer nothing; a page whose question ended is gone on every replica."""
+    a, b = fleet.replicas[0].url, fleet.replicas[1].url
+    origin_a, origin_b = a.removesuffix("/mcp"), b.removesuffix("/mcp")
+    code = ("import getpass, hashlib\nsha = lambda s: hashlib.sha256(s.encode()).hexdigest()\n"
+            "[sha(getpass.getpass('Key 1: ')), sha(getpass.getpass('Key 2: '))]")
+    async with client(a, ALICE, elicitation_callback=never_asked) as on_a, httpx2.AsyncClient(timeout=30) as browser:
+        handle = (await on_a.call_tool("execute_code", {"code": "1"})).structured_content["session"]  # type: ignore[index]
+        arguments = {"code": code, "session": handle, "timeout": 120}
+        first = await on_a.session.call_tool("execute_code", arguments, allow_input_required=True)
+        assert isinstance(first, InputRequiredResult), first
+        page_a = first.input_requests["input"].params.url  # type: ignore[union-attr]
+        assert page_a.startswith(origin_a + "/secret/"), page_a
+        page_b = origin_b + page_a.removeprefix(origin_a)  # what a balancer does: the same path, another replica
+
+        assert (await browser.get(origin_b + "/secret/" + "x" * 43)).status_code == 404  # a guessed key
+        token_b = form_token(await browser.get(page_b))  # B serves A's page from the store
+        forged = await browser.post(page_b, data={"token": token_b.split(".")[0] + ".AAAA", "secret": "evil"})
+        assert forged.status_code == 403
+        sent = await browser.post(page_b, data={"token": token_b, "secret": "one"})
+        assert sent.status_code == 200, sent.text
+        assert (await browser.post(page_b, data={"token": token_b, "secret": "again"})).status_code == 404  # replay
+        assert (await browser.post(page_a, data={"token": token_b, "secret": "again"})).status_code == 404  # on A too
+
+        second = await on_a.session.call_tool("execute_code", arguments, input_responses={"input": ElicitResult(action="accept")},
+                                              request_state=first.request_state, allow_input_required=True)
+        assert isinstance(second, InputRequiredResult), second  # the first secret reached A's cell: it asks the second
+        page2_a = second.input_requests["input"].params.url  # type: ignore[union-attr]
+        page2_b = origin_b + page2_a.removeprefix(origin_a)
+        tokens = [form_token(await browser.get(page2_a)), form_token(await browser.get(page2_b))]
+        statuses: list[int] = []
+
+        async def post(page: str, token: str, secret: str) -> None:
+            statuses.append((await browser.post(page, data={"token": token, "secret": secret})).status_code)
+
+        async with anyio.create_task_group() as tg:  # the same page used at once on both replicas
+            tg.start_soon(post, page2_a, tokens[0], "two")
+            tg.start_soon(post, page2_b, tokens[1], "two")
+        assert sorted(statuses) == [200, 404], statuses
+        done = await on_a.session.call_tool("execute_code", arguments, input_responses={"input": ElicitResult(action="accept")},
+                                            request_state=second.request_state, allow_input_required=True)
+        assert isinstance(done, CallToolResult) and not done.is_error, done
+        assert done.structured_content is not None and done.structured_content["result"] == [sha("one"), sha("two")], done
+
+        short = {"code": "import getpass\ngetpass.getpass('Key: ')", "session": handle, "timeout": 3}
+        asked = await on_a.session.call_tool("execute_code", short, allow_input_required=True)
+        assert isinstance(asked, InputRequiredResult), asked
+        late_b = origin_b + asked.input_requests["input"].params.url.removeprefix(origin_a)  # type: ignore[union-attr]
+        late_token = form_token(await browser.get(late_b))
+        await anyio.sleep(4)  # the cell's timeout: its question ends, its page with it (on every replica)
+        assert (await browser.post(late_b, data={"token": late_token, "secret": "late"})).status_code == 404
+    for replica in fleet.replicas:
+        assert "one" not in [w for line in replica.output().splitlines() for w in line.split()], replica.name
+
+
+async def test_an_upload_url_minted_on_one_replica_is_used_once_on_any(fleet: Fleet) -> None:
+    """An upload URL minted by A: a PUT on B lands in the session's kernel (under its lease); another token's PUT is
+    404, a replay 410, the same URL PUT at once on A and B lands once, an expired URL is 410 on B."""
+    a, b = fleet.replicas[0].url, fleet.replicas[1].url
+    origin_a, origin_b = a.removesuffix("/mcp"), b.removesuffix("/mcp")
+    put_headers = {"Content-Type": "application/octet-stream"}
+    async with client(a, ALICE) as on_a, httpx2.AsyncClient(timeout=60) as http:
+        handle = (await on_a.call_tool("execute_code", {"code": "1"})).structured_content["session"]  # type: ignore[index]
+
+        async def mint(name: str, expires_s: int = 600) -> tuple[str, str]:
+            granted = await on_a.call_tool("upload_url", {"filename": name, "session": handle, "expires_s": expires_s})
+            assert not granted.is_error and granted.structured_content is not None, text(granted)
+            url = granted.structured_content["uploadUrl"]
+            assert url.startswith(origin_a + "/upload/"), url
+            return url, origin_b + url.removeprefix(origin_a)
+
+        _, on_b = await mint("one.txt")
+        bob = await http.put(on_b, content=b"bob's", headers={**put_headers, "Authorization": f"Bearer {BOB}"})
+        assert bob.status_code == 404, bob.text  # another token: as unknown (and nothing used up)
+        landed = await http.put(on_b, content=b"first file", headers={**put_headers, "Authorization": f"Bearer {ALICE}"})
+        assert landed.status_code == 201, landed.text
+        assert landed.json()["sha256"] == hashlib.sha256(b"first file").hexdigest()
+        assert (await http.put(on_b, content=b"again", headers=put_headers)).status_code == 410  # replay on B
+
+        both_a, both_b = await mint("two.txt")
+        statuses: list[int] = []
+
+        async def put(url: str, body: bytes) -> None:
+            statuses.append((await http.put(url, content=body, headers=put_headers)).status_code)
+
+        async with anyio.create_task_group() as tg:  # the same URL at once on both replicas
+            tg.start_soon(put, both_a, b"from A")
+            tg.start_soon(put, both_b, b"from B")
+        assert sorted(statuses) == [201, 410], statuses
+
+        _, late = await mint("late.txt", expires_s=1)
+        await anyio.sleep(2)
+        assert (await http.put(late, content=b"late", headers=put_headers)).status_code == 410  # expired, on B
+        files = await on_a.call_tool("execute_code", {"code": "import os\n[open('one.txt').read(), open('two.txt').read() "
+                                                      "in ('from A', 'from B'), os.path.exists('late.txt')]", "session": handle})
+    assert files.structured_content is not None and files.structured_content["result"] == ["first file", True, False], text(files)
