@@ -158,7 +158,7 @@ async def drive(lb: Balancer, seen: Seen, calls: int, header: bool, wrong: list[
 
 
 async def test_20_clients_x_50_calls_over_the_fleet_with_no_wrong_answer(lb: Balancer) -> None:
-    seen, wrong = Seen(), []
+    seen, wrong = Seen(), list[str]()
     started = time.monotonic()
     async with anyio.create_task_group() as tg:
         for i in range(20):
@@ -177,7 +177,7 @@ async def test_a_rolling_restart_of_every_replica_under_load_loses_no_answer(fle
     while six clients call without a pause, every answer checked. Before the drain, a replica's SIGTERM ended the
     process before its cleanup: a yielded cell's run stayed ``running`` in the store and its client's get_run
     followed it until the deadline."""
-    seen, wrong, done = Seen(), [], anyio.Event()
+    seen, wrong, done = Seen(), list[str](), anyio.Event()
     counts: list[int] = []
 
     async def client_loop(header: bool) -> None:
