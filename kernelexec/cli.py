@@ -221,12 +221,14 @@ async def _serve_with(settings: Settings, sessions: Any) -> None:
     import anyio
 
     from kernelexec.server.build import build_server
+    from kernelexec.server.drain import Drain
 
     async with sessions.running(), anyio.create_task_group() as tg:
         from kernelexec.server.metrics import Metrics
 
         metrics = Metrics()
-        server = build_server(settings, sessions, metrics=metrics)
+        drain = Drain(notice=settings.drain_notice, timeout=settings.drain_timeout)
+        server = build_server(settings, sessions, metrics=metrics, drain=drain)
         metrics_server = _metrics_server(metrics, settings.metrics_port) if settings.metrics_port is not None else None
         if metrics_server is not None:
             tg.start_soon(metrics_server.serve)
@@ -241,22 +243,23 @@ async def _serve_with(settings: Settings, sessions: Any) -> None:
 
                 security = TransportSecuritySettings(allowed_hosts=[f"{settings.host}:*"],
                                                      allowed_origins=[f"http://{settings.host}:*", f"https://{settings.host}:*"])
-            await _serve_streamable_http(server, settings, security)
+            await _serve_streamable_http(server, settings, security, drain, sessions.runs.unfinished)
         if metrics_server is not None:
             metrics_server.should_exit = True  # the MCP transport ended: so does the metrics port
 
 
-async def _serve_streamable_http(server: Any, settings: Settings, security: Any) -> None:
+async def _serve_streamable_http(server: Any, settings: Settings, security: Any, drain: Any, unfinished: Any) -> None:
     """The SDK's ``run_streamable_http_async``, with its app wrapped so the Session header's check knows whether a
-    request sent the header (server/session_header.py)."""
+    request sent the header (server/session_header.py), and a SIGTERM draining the server (server/drain.py)."""
     import uvicorn
 
+    from kernelexec.server.drain import draining_server
     from kernelexec.server.session_header import SessionHeaderSeen
 
     app = server.streamable_http_app(transport_security=security, host=settings.host)
     config = uvicorn.Config(SessionHeaderSeen(app), host=settings.host, port=settings.port,
                             log_level=server.settings.log_level.lower())
-    await uvicorn.Server(config).serve()
+    await draining_server(config, drain, unfinished).serve()
 
 
 def _metrics_server(metrics: Any, port: int) -> Any:

@@ -104,6 +104,13 @@ class Settings(BaseSettings):
     yield_after: float = Field(
         40.0, ge=0, description="Seconds a foreground execute_code waits before answering with the output so far and a "
         "run_id (get_run gets the rest; the cell is never cut for it); below the ~60 s that Claude Desktop waits. 0 = wait to the end.")
+    drain_timeout: float = Field(
+        30.0, ge=0, description="On SIGTERM (a deploy), seconds the server keeps going while cells of its own still run "
+        "(yielded calls, background runs, tasks); calls are served meanwhile. What still runs then is recorded as lost.")
+    drain_notice: float = Field(
+        3.0, ge=0, description="On SIGTERM, seconds /healthz fails before the listener closes, while calls are still "
+        "served: the balancer's health checks must see it by then (deploy/haproxy.cfg: 2.5 s). Only when something "
+        "has checked /healthz.")
     max_timeout: float = Field(3600.0, gt=0, description="Largest timeout a call may ask for, in seconds.")
     interrupt_grace: float = Field(3.0, gt=0, description="Seconds to wait after an interrupt before restarting.")
     startup_timeout: float = Field(60.0, gt=0, description="Seconds a kernel may take to start.")

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -73,8 +74,10 @@ class Fleet:
 
     def restart(self, replica: Replica) -> Replica:
         """``replica`` stopped as a deploy stops it (SIGTERM, its leases released) and started again on its port."""
+        began = time.monotonic()
         replica.proc.terminate()
-        replica.proc.wait(30)
+        replica.proc.wait(60)
+        print(f"{replica.name}: exited {time.monotonic() - began:.1f} s after SIGTERM")
         self.replicas.remove(replica)
         return self.start(replica.name, port=int(replica.url.rsplit(":", 1)[1].split("/", 1)[0]))
 

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import anyio
+import httpx2
 import pytest
 from mcp import Client
 
@@ -106,6 +107,46 @@ async def test_a_replica_paused_past_its_lease_cannot_write_and_lets_go(fleet: F
     assert again["result"] == 101
 
 
+# deaf to interrupts for 16 s, printing all along: woken, the paused replica meets its overdue grace before the
+# cell's end (the output waiting in its connection comes first, and the deadline is checked before each message)
+STUBBORN = ("import time\nend = time.time() + 16\nwhile time.time() < end:\n    try:\n"
+            "        print('.', end='', flush=True)\n        time.sleep(0.05)\n    except KeyboardInterrupt:\n        pass")
+
+
+async def test_a_replica_paused_past_its_lease_sends_no_restart_to_the_kernel_once_woken(fleet: Fleet) -> None:
+    """The attack: A runs a cell deaf to interrupts with a 3 s timeout; A interrupts it (in vain) and is SIGSTOPped
+    in the interrupt's 8 s grace, before the restart that follows. B takes the session over once A's lease ran out,
+    sets a variable and runs a long cell; A, woken (SIGCONT) past its grace, restarts the kernel, which would kill
+    B's cell and variables. The restart is fenced (one store round trip with A's lease token): it is not sent, B's
+    cell answers, its variable stays, and A's log says what it did not send."""
+    paused = fleet.start("fenced", "--interrupt-grace", "8")
+    other = fleet.replicas[1]
+    handle = (await call(paused.url, "kept = 7"))["session"]
+    async with Client(paused.url) as client:
+        going = await client.call_tool("execute_code", {"code": STUBBORN, "session": handle, "timeout": 3})
+    assert going.structured_content is not None and going.structured_content.get("ending") == "running", going.content
+    log = next(fleet.shared.rglob(f"{handle}/kernel.log"))
+    with anyio.fail_after(20):
+        while "interrupted remote kernel" not in log.read_text():  # its timeout's interrupt, under its lease
+            await anyio.sleep(0.05)
+    paused.proc.send_signal(signal.SIGSTOP)  # in the interrupt's grace: the restart is next
+    try:
+        await call(other.url, "kept = 8", session=handle)  # B: A's lease runs out, the deaf cell ends, B runs
+        async with Client(other.url) as on_b:
+            long = await on_b.call_tool("execute_code", {"code": "import time\ntime.sleep(8)\nkept + 34", "session": handle})
+            assert long.structured_content is not None and long.structured_content.get("ending") == "running", long.content
+            paused.proc.send_signal(signal.SIGCONT)  # A wakes past its grace while B's cell runs: it restarts
+            done = await on_b.call_tool("get_run", {"run_id": long.structured_content["run_id"], "wait_s": 30})
+    finally:
+        paused.proc.send_signal(signal.SIGCONT)
+    assert not done.is_error and done.structured_content is not None, done.content
+    assert done.structured_content["result"] == 42 and done.structured_content["ending"] == "completed", done.structured_content
+    with anyio.fail_after(10):
+        while "not sent: restart" not in paused.output():  # it tried, and the fence held
+            await anyio.sleep(0.1)
+    assert (await call(other.url, "kept", session=handle))["result"] == 8  # no restart by A: the variable stays
+
+
 async def test_a_task_created_on_one_replica_is_polled_and_cancelled_on_another(fleet: Fleet) -> None:
     a, b = fleet.replicas[0], fleet.replicas[1]
     on_a, on_b = Raw(a.url, "none"), Raw(b.url, "none")
@@ -145,6 +186,52 @@ async def test_a_yielded_run_is_collected_on_another_replica(fleet: Fleet) -> No
         done = await on_b.call_tool("get_run", {"run_id": running["run_id"], "wait_s": 30})
     assert not done.is_error and done.structured_content is not None, done.content
     assert done.structured_content["result"] == 42 and done.structured_content["ending"] == "completed", done.structured_content
+
+
+async def start_then_stop(fleet: Fleet, code: str, *extra: str) -> tuple[str, float, str]:
+    """A replica of its own (``extra``: its flags) starts ``code``, which yields; the replica is sent SIGTERM as a
+    deploy sends it, and its healthz and exit watched: the run's id, how long it took to exit, healthz meanwhile."""
+    replica = fleet.start("drained", *extra)
+    handle = (await call(replica.url, "w = 40"))["session"]
+    async with Client(replica.url) as client:
+        going = await client.call_tool("execute_code", {"code": code, "session": handle})
+    running = going.structured_content
+    assert running is not None and running.get("ending") == "running", going.content  # yielded after 1 s
+    healthz = replica.url.replace("/mcp", "/healthz")
+    assert httpx2.get(healthz, timeout=10).status_code == 200
+    signalled = time.monotonic()
+    replica.proc.send_signal(signal.SIGTERM)
+    with anyio.fail_after(10):
+        while (status := httpx2.get(healthz, timeout=10).status_code) == 200:
+            await anyio.sleep(0.05)
+    await anyio.to_thread.run_sync(replica.proc.wait, 60)
+    fleet.replicas.remove(replica)
+    return running["run_id"], time.monotonic() - signalled, f"{status}"
+
+
+async def test_a_replica_stopped_by_sigterm_drains_and_its_yielded_cell_is_answered_on_another(fleet: Fleet) -> None:
+    """SIGTERM while a yielded cell runs: /healthz fails at once (503), the cell finishes, its answer is recorded
+    and get_run on another replica gets it; the process exits cleanly once drained. Before the drain the process
+    died on its SIGTERM before recording anything: the run stayed ``running`` in the store for ever."""
+    run_id, took, status = await start_then_stop(fleet, "import time\ntime.sleep(4)\nw + 2")
+    assert status == "503"
+    assert 3 <= took < 15, f"exited {took:.1f} s after SIGTERM"  # the cell's 4 s (less the 1 s it had run), not more
+    async with Client(fleet.replicas[0].url) as other:
+        done = await other.call_tool("get_run", {"run_id": run_id, "wait_s": 10})
+    assert not done.is_error and done.structured_content is not None, done.content
+    assert done.structured_content["result"] == 42 and done.structured_content["ending"] == "completed", done.structured_content
+
+
+async def test_a_cell_past_the_drain_timeout_is_recorded_lost_and_said_so_from_another_replica(fleet: Fleet) -> None:
+    """--drain-timeout bounds the drain: a cell still running then is recorded lost (never left ``running``), the
+    lease released, and get_run on another replica answers that honestly at once."""
+    run_id, took, _ = await start_then_stop(fleet, "import time\ntime.sleep(60)\nw", "--drain-timeout", "2")
+    assert took < 15, f"exited {took:.1f} s after SIGTERM with --drain-timeout 2"
+    async with Client(fleet.replicas[0].url) as other:
+        with anyio.fail_after(10):
+            answer = await other.call_tool("get_run", {"run_id": run_id, "wait_s": 5})
+    said = "".join(getattr(c, "text", "") for c in answer.content)
+    assert answer.is_error and "was lost" in said, said
 
 
 async def test_exactly_one_replica_leads_the_once_per_fleet_work(fleet: Fleet) -> None:

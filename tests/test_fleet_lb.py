@@ -73,7 +73,7 @@ async def test_one_sessions_calls_spread_across_replicas_through_the_balancer(fl
     seen = Seen()
     async with client(lb, seen, mode=mode, header=header) as c:
         handle = (await run(c, "count = 0"))["session"]
-    first = len(seen.calls)  # its first call may yield on a loaded machine (a kernel started): get_run names no session
+    made = len(seen.calls)  # the call that made the session
     for _ in range(3):  # a 2025-11-25 client sticks to one replica per connection: three connections, one session
         async with client(lb, seen, mode=mode, header=header) as c:
             await c.list_tools()  # the SDK learns which argument is x-mcp-header from the tool list
@@ -84,10 +84,10 @@ async def test_one_sessions_calls_spread_across_replicas_through_the_balancer(fl
     assert answer["result"] == 12, answer  # every increment kept, whichever replica ran it
     served_by = [replica for _, replica in seen.calls]
     assert None not in served_by, seen.calls
-    sent = [header_sent for header_sent, _ in seen.calls[first:]]
+    sent = [header_sent for header_sent, _ in seen.calls[made:]]
     if header:
         assert all(value == handle for value in sent), seen.calls
-        assert len(set(served_by[first:])) == 1, seen.calls  # hashed: locality while its replica is up
+        assert len(set(served_by[made:])) == 1, seen.calls  # hashed: locality while its replica is up
     else:
         assert not any(sent), seen.calls
         assert set(served_by) == {"r1", "r2", "r3"}, seen.calls  # spread over the whole fleet
@@ -158,7 +158,7 @@ async def drive(lb: Balancer, seen: Seen, calls: int, header: bool, wrong: list[
 
 
 async def test_20_clients_x_50_calls_over_the_fleet_with_no_wrong_answer(lb: Balancer) -> None:
-    seen, wrong = Seen(), []
+    seen, wrong = Seen(), list[str]()
     started = time.monotonic()
     async with anyio.create_task_group() as tg:
         for i in range(20):
@@ -172,21 +172,25 @@ async def test_20_clients_x_50_calls_over_the_fleet_with_no_wrong_answer(lb: Bal
     print(f"20 x 50 calls in {took:.1f} s ({len(calls) / took:.1f} calls/s), per replica {spread}")
 
 
-@pytest.mark.xfail(reason="intermittent (passed 1 of 2 runs): once, after all three restarts, a client's call stayed "
-                   "unanswered; likely a cell that yielded on the replica stopped, which does not drain on SIGTERM "
-                   "(docs/fleet.md: Limits)", strict=False)
 async def test_a_rolling_restart_of_every_replica_under_load_loses_no_answer(fleet: Fleet, lb: Balancer) -> None:
-    seen, wrong, done = Seen(), [], anyio.Event()
+    """Each replica in turn stopped as a deploy stops it (SIGTERM: it drains, server/drain.py) and started again,
+    while six clients call without a pause, every answer checked. Before the drain, a replica's SIGTERM ended the
+    process before its cleanup: a yielded cell's run stayed ``running`` in the store and its client's get_run
+    followed it until the deadline."""
+    seen, wrong, done = Seen(), list[str](), anyio.Event()
     counts: list[int] = []
 
     async def client_loop(header: bool) -> None:
         counts.append(await drive(lb, seen, 5, header, wrong, until=done))
 
-    with anyio.fail_after(240):
+    started = time.monotonic()
+    with anyio.fail_after(180):  # 30 s on a quiet machine; each replica's start (imports) is most of it under load
         await rolling_restart(fleet, lb, client_loop, done)
+    took = time.monotonic() - started
     assert not wrong, wrong[:5]
     assert len(counts) == 6 and sum(counts) > 30, counts
     assert None not in [replica for _, replica in seen.calls]
+    print(f"rolling restart of 3 replicas under 6 clients: {took:.1f} s, {sum(counts)} calls answered, none lost")
 
 
 async def rolling_restart(fleet: Fleet, lb: Balancer, client_loop: Any, done: anyio.Event) -> None:
@@ -195,11 +199,13 @@ async def rolling_restart(fleet: Fleet, lb: Balancer, client_loop: Any, done: an
         for i in range(6):
             tg.start_soon(client_loop, i % 2 == 0)
         for name in ("r1", "r2", "r3"):
-            await anyio.sleep(2)
+            await anyio.sleep(1)
             replica = replica_named(fleet, lb, name)
+            began = time.monotonic()
             await anyio.to_thread.run_sync(fleet.restart, replica)
-            await anyio.sleep(3)  # the balancer's health check sees it up again (inter 2 s, rise 1)
-        await anyio.sleep(2)
+            print(f"{name}: stopped (drained) and started again in {time.monotonic() - began:.1f} s")
+            await anyio.sleep(2.5)  # the balancer's next health check sees it up (inter 2 s, rise 1)
+        await anyio.sleep(1)
         done.set()
 
 

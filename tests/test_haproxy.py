@@ -61,14 +61,15 @@ def one(replicas: list[str], short_tmp: Path) -> Iterator[Balancer]:
 
 
 class Seen:
-    """Which replica answered each tools/call, and what the request carried."""
+    """Which replica answered each tools/call, and what the request carried. A ``get_run`` is not counted: it follows
+    a call that yielded (a slow kernel start on a loaded machine), names no session and lands anywhere."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str | None, str | None]] = []  # (Mcp-Param-Session sent, X-Kernelexec-Replica)
 
     async def response(self, response: httpx2.Response) -> None:
         request = response.request
-        if request.method == "POST" and b'"tools/call"' in request.content:
+        if request.method == "POST" and b'"tools/call"' in request.content and b'"get_run"' not in request.content:
             self.calls.append((request.headers.get("mcp-param-session"), response.headers.get("x-kernelexec-replica")))
 
 

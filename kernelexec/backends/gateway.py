@@ -37,6 +37,7 @@ import logging
 import os
 import time
 import weakref
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 from urllib.parse import quote
 
@@ -85,6 +86,19 @@ class GatewayManager(GatewayKernelManager):
         self.attached = False  # started by attaching to a kernel the gateway already ran (a fleet's)
         self._checked = 0.0
         self._clients: weakref.WeakSet[GatewayChannelsClient] = weakref.WeakSet()
+        # a fleet's session: a store round trip with the lease's token before each destructive request, raising
+        # when another replica took the session meanwhile (this one was paused past its lease): session/fleet.py
+        self.fence: Callable[[], Awaitable[None]] | None = None
+
+    async def _fenced(self, what: str) -> None:
+        if self.fence is not None:
+            try:
+                await self.fence()
+            except Exception as exc:
+                said = f"not sent: {what} of remote kernel {self.kernel_id} ({exc})"
+                logger.warning("%s", said)
+                self.note(said)
+                raise
 
     # The overrides below are async, as in jupyter_server's GatewayKernelManager and jupyter_client's own
     # AsyncKernelManager, where KernelManager declares them sync (and client() as returning a BlockingKernelClient).
@@ -161,6 +175,7 @@ class GatewayManager(GatewayKernelManager):
     async def shutdown_kernel(self, now: bool = False, restart: bool = False) -> None:
         if self.kernel is None:
             return
+        await self._fenced("shutdown")
         try:
             await self._request_patiently(self.kernel_url, "DELETE")
         except GatewayError as exc:
@@ -172,6 +187,7 @@ class GatewayManager(GatewayKernelManager):
     async def restart_kernel(self, now: bool = False, **kwargs: Any) -> None:
         if self.kernel is None:
             raise GatewayError(f"the gateway no longer has kernel {self.kernel_id} to restart", 404)
+        await self._fenced("restart")
         self.gone = None
         self.kernel = await self._request_patiently(self.kernel_url + "/restart", "POST", {})
         self.note(f"restarted remote kernel {self.kernel_id}")  # Kernel.restart then waits (wait_for_ready reconnects)
@@ -181,6 +197,7 @@ class GatewayManager(GatewayKernelManager):
         raised: the cell then does not stop within the grace, and ``Kernel`` restarts the kernel."""
         if self.kernel is None:
             return
+        await self._fenced("interrupt")
         try:
             await self._request(self.kernel_url + "/interrupt", "POST", {})
         except GatewayError as exc:
@@ -241,6 +258,7 @@ class GatewayKernel(Kernel):
                  token: str | None = None, kernel_name: str | None = None) -> None:
         super().__init__(spec, startup_timeout=startup_timeout)
         self.attach_to: str | None = None  # a fleet's session: the gateway kernel to attach to (session/fleet.py)
+        self.fence: Callable[[], Awaitable[None]] | None = None  # a fleet's session: GatewayManager.fence
         self.url = url or self.url
         self.token = token if token is not None else self.token
         self.kernel_name = kernel_name or self.kernel_name
@@ -256,7 +274,9 @@ class GatewayKernel(Kernel):
 
     # --- the seams --------------------------------------------------------------------------------
     def create_manager(self) -> GatewayManager:
-        return GatewayManager(gateway=self.gateway, note=self.note)
+        manager = GatewayManager(gateway=self.gateway, note=self.note)
+        manager.fence = self.fence
+        return manager
 
     def start_kwargs(self) -> dict[str, Any]:
         """What ``POST /api/kernels`` takes: the kernel name, and ``KERNEL_*`` variables of the server's

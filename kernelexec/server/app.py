@@ -35,6 +35,7 @@ from kernelexec.kernel.execution import ResultRule
 from kernelexec.kernel.wire import clean_text
 from kernelexec.longtext import live_tail
 from kernelexec.server.auth import current_principal
+from kernelexec.server.drain import Drain
 from kernelexec.server.questions import (
     INPUT_KEY,
     approver,
@@ -172,6 +173,7 @@ class App:
     pages: SecretPages = field(default_factory=SecretPages)  # getpass() pages (HTTP: routes of build.py's app)
     uploads: Uploads = field(init=False)  # upload URLs (HTTP only: routes of build.py's app)
     relay: Relay = field(init=False)  # a fleet's: what calls here ask of runs other replicas hold, and the reverse
+    drain: Drain = field(default_factory=Drain)  # begun by a SIGTERM over HTTP (drain.py); never, otherwise
 
     def __post_init__(self) -> None:
         self.uploads = Uploads(self.settings.max_upload_urls_per_token, spool_dir=self.settings.state_dir,
@@ -341,7 +343,7 @@ class App:
         if cancel:  # only the call that started the run may ask its client directly (Run.asker)
             started.listener = progress
         try:
-            with anyio.move_on_after(patience):
+            with anyio.move_on_after(patience), self.drain.waiting():  # a drain's end: answered as it stands
                 # a secret typed on its page is waited for like output: there is nothing for the call to answer
                 while not started.done.is_set() and (started.awaiting is None or started.on_page is not None):
                     await started.settled(HEARTBEAT / 2)

@@ -5,6 +5,7 @@ Built by ``build_server(settings, sessions)``; nothing happens at import.
 """
 
 import logging
+from collections.abc import Awaitable, Callable
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.request_state import RequestStateSecurity
@@ -17,6 +18,7 @@ from kernelexec.sandbox.policy import describe
 from kernelexec.server import durable, file_transfer, resources, session_header, tasks, tools, view
 from kernelexec.server.app import App, code_mode_listing
 from kernelexec.server.auth import StaticTokenVerifier, auth_settings, load_tokens, principal_id
+from kernelexec.server.drain import Drain
 from kernelexec.server.metrics import Metrics, endpoint
 from kernelexec.session.manager import SessionManager
 
@@ -53,20 +55,32 @@ def mask_capability_paths() -> None:
         access.addFilter(_MaskCapabilityPaths())
 
 
-async def healthz(request: Request) -> Response:
+def healthz(drain: Drain) -> Callable[[Request], Awaitable[Response]]:
     """A load balancer's health check (deploy/haproxy.cfg): no token needed, so it says nothing but that this
-    process answers HTTP; cheap, it touches no session, kernel or store."""
-    return PlainTextResponse("ok\n", headers={"Cache-Control": "no-store"})
+    process answers HTTP, or (503) that it is draining (server/drain.py: stopped, finishing what it has); cheap, it
+    touches no session, kernel or store."""
+
+    async def check(request: Request) -> Response:
+        drain.checked = True
+        if drain.draining:
+            return PlainTextResponse("draining\n", status_code=503, headers={"Cache-Control": "no-store"})
+        return PlainTextResponse("ok\n", headers={"Cache-Control": "no-store"})
+
+    return check
 
 
-def build_server(settings: Settings, sessions: SessionManager, app: App | None = None, metrics: Metrics | None = None) -> MCPServer:
+def build_server(settings: Settings, sessions: SessionManager, app: App | None = None, metrics: Metrics | None = None,
+                 drain: Drain | None = None) -> MCPServer:
     """Create the MCP server. ``sessions`` must be running (``SessionManager.running()``) while it serves.
     ``app``: the one its tools work over, when the caller keeps it (the red team reads its renderers).
     ``metrics``: the Prometheus metrics it counts into, when the caller serves them elsewhere too (--metrics-port);
-    over HTTP they are served at /metrics (metrics.py: behind the bearer token when there are tokens)."""
+    over HTTP they are served at /metrics (metrics.py: behind the bearer token when there are tokens).
+    ``drain``: the one the HTTP server's signal handling begins (server/drain.py), when the caller serves over HTTP."""
     profile = settings.effective_profile
     tokens = load_tokens(settings) if settings.transport == "http" else []
     app = app or App(settings, sessions)
+    if drain is not None:
+        app.drain = drain
     sessions.runs.observers.append(durable.observer(app))  # runs recorded in the session store (a restart keeps them)
     apps = tools.run_view(app)  # the MCP Apps extension of the run view (view.py), where execute_code is exposed
     long_calls = tasks.extension(app)  # MCP Tasks (tasks.py) for long execute_code / install_packages calls
@@ -86,7 +100,7 @@ def build_server(settings: Settings, sessions: SessionManager, app: App | None =
     mcp.middleware.append(metrics.middleware)  # each tool call timed (the outermost of ours: the whole call)
     if settings.transport == "http":
         mcp.custom_route("/metrics", methods=["GET"], include_in_schema=False)(endpoint(metrics, tokens))
-        mcp.custom_route("/healthz", methods=["GET", "HEAD"], include_in_schema=False)(healthz)
+        mcp.custom_route("/healthz", methods=["GET", "HEAD"], include_in_schema=False)(healthz(app.drain))
     tools.register(mcp, app)
     session_header.install(mcp)  # Mcp-Param-Session checked when sent, never required
     if settings.transport == "http":  # getpass() pages at the server's own origin (secret_page.py); the path is the key

@@ -192,7 +192,7 @@ async def get_run(app: App, run_id: str, unknown: InvalidRequest, wait_s: float 
     fleet = app.sessions.fleet
     if fleet is None or not fleet.drives:
         return stored_answer(record)
-    with anyio.move_on_after(wait_s):
+    with anyio.move_on_after(wait_s), app.drain.waiting():  # a draining replica answers at its drain's end
         while record.state in UNFINISHED and waits_on(record) is None:
             await anyio.sleep(FOLLOW_EVERY)
             record = await stored_run(app.sessions.store, run_id, owner) or record

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from kernelexec.errors import KernelexecError, SessionError
-from kernelexec.store import Fence, Lease, Store, StoreError
+from kernelexec.store import Fence, Lease, StaleLease, Store, StoreError
 
 if TYPE_CHECKING:
     from kernelexec.session.session import Session
@@ -151,6 +151,21 @@ class Fleet:
         """What a write about ``handle`` carries: the token of the lease this replica last took for it."""
         lease = self.taken.get(handle)
         return Fence.of(lease) if lease is not None else None
+
+    async def check(self, handle: str) -> None:
+        """Right before a destructive kernel request (restart, shutdown, interrupt): one store round trip with the
+        lease's token; StaleLease unless this replica still holds the session. A replica paused past its lease
+        (SIGSTOP, a long GC) that wakes never sends one to a kernel another replica drives now."""
+        lease = self.held.get(handle)
+        renewed = await self.store.renew_lease(lease, LEASE_TTL) if lease is not None else None
+        if renewed is None:
+            if lease is not None and self.held.get(handle) is lease:
+                del self.held[handle]
+                self.lost.add(handle)
+            raise StaleLease(f"session {handle}: this replica no longer holds the session's lease, so its kernel "
+                             "request was not sent")
+        if self.held.get(handle) is lease:
+            self.held[handle] = renewed
 
     async def hold(self, handle: str, *, wait: bool = True) -> tuple[Lease, bool] | None:
         """The session's lease, waiting while another live replica drives it (at most ``LEASE_TTL`` after that one

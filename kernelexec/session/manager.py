@@ -64,16 +64,19 @@ class SessionManager:
         import nbformat.v4  # noqa: F401
 
         code_mode = self.broker.running() if self.broker is not None else contextlib.nullcontext()  # code mode's connections
-        async with self._store(), code_mode, anyio.create_task_group() as tg:
-            self.runs.attach(tg)
-            if self.fleet is not None:
-                tg.start_soon(self.fleet.keep)
-            tg.start_soon(self.upkeep.run, tg)
-            tg.start_soon(self._start_up)
+        async with self._store(), code_mode:
             try:
-                yield self
-            finally:
-                tg.cancel_scope.cancel()
+                async with anyio.create_task_group() as tg:
+                    self.runs.attach(tg)
+                    if self.fleet is not None:
+                        tg.start_soon(self.fleet.keep)
+                    tg.start_soon(self.upkeep.run, tg)
+                    tg.start_soon(self._start_up)
+                    try:
+                        yield self
+                    finally:
+                        tg.cancel_scope.cancel()
+            finally:  # after the runs' ends (a cell cancelled here is recorded lost while its kernel is still attached)
                 with anyio.CancelScope(shield=True):
                     await self.aclose()
 

@@ -525,6 +525,10 @@ class RunRegistry:
             await run.done.wait()
         return run.done.is_set()
 
+    def unfinished(self) -> int:
+        """Runs queued or running (a draining server waits for them: server/drain.py)."""
+        return sum(1 for r in self._runs.values() if not r.done.is_set())
+
     def _prune(self, owner: str | None) -> None:
         """Keep the last KEEP_FINISHED finished runs of ``owner``; other owners' are not touched."""
         finished = [k for k, r in self._runs.items() if r.done.is_set() and r.session.owner == owner]

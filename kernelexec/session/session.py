@@ -7,6 +7,7 @@ parallel (manager.py holds them all).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -49,6 +50,7 @@ class Driver(Protocol):
 
     async def attach(self, session: Session, *, wait: bool = True) -> bool: ...
     async def detach(self, session: Session) -> bool: ...
+    async def check(self, handle: str) -> None: ...
 
 
 Remember = Callable[["Session", "str | None", "Fence | None"], Awaitable[None]]  # its record, with its gateway kernel
@@ -201,6 +203,8 @@ class Session:
             kernel = new_kernel(self.settings, self.launch_spec())
             if self.attach_to is not None and hasattr(kernel, "attach_to"):
                 kernel.attach_to = self.attach_to  # a fleet's session: its kernel on the gateway, if it still lives
+            if self.driver is not None and hasattr(kernel, "fence"):  # a fleet's: no restart, shutdown or interrupt
+                kernel.fence = functools.partial(self.driver.check, self.handle)  # unless its lease is still held
             try:
                 await kernel.start()
             except BaseException:
