@@ -82,13 +82,20 @@ class _Channel(ChannelQueue):
         return not self.empty()
 
     def send(self, msg: dict[str, Any]) -> None:
-        """Name the channel in the message (the server otherwise assumes shell), then send it. On a
+        """Name the channel in the message (the server otherwise assumes shell), then send it: as text, or with
+        its ``buffers`` as a binary frame (Jupyter's binary WebSocket layout, ``wire.binary_message``). On a
         closed WebSocket the message is dropped and the connection marked lost: the caller's wait
         then ends through is_alive(), like a kernel that died, instead of an exception mid-request."""
         import websocket
 
         try:
-            super().send({**msg, "channel": self.channel_name})
+            buffers = msg.get("buffers")
+            if buffers:  # binary buffers (a fork's relay): one binary frame, the buffers never encoded
+                body = {k: v for k, v in msg.items() if k != "buffers"}
+                self.channel_socket.send_binary(wire.binary_message({**body, "channel": self.channel_name}, buffers,
+                                                                    default=ChannelQueue.serialize_datetime))
+            else:
+                super().send({**msg, "channel": self.channel_name})
         except (websocket.WebSocketException, OSError) as exc:
             self.log.warning("gateway WebSocket send failed on %s: %r", self.channel_name, exc)
             self._on_lost()
@@ -172,11 +179,14 @@ class GatewayChannelsClient(GatewayKernelClient):
         try:
             while True:
                 opcode, raw = sock.recv_data()  # bytes, never decoded here: wire.loads does it, replacing bad UTF-8
-                if opcode == websocket.ABNF.OPCODE_BINARY:  # a message with binary buffers (widgets): not ours
-                    continue
-                if opcode != websocket.ABNF.OPCODE_TEXT or not raw:  # closed
+                if opcode == websocket.ABNF.OPCODE_BINARY and raw:  # a message with binary buffers
+                    msg = wire.loads_binary(raw)
+                    if msg.get("msg_type") != "comm_msg":  # widgets' and others': not ours; a fork's relay is a comm
+                        continue
+                elif opcode != websocket.ABNF.OPCODE_TEXT or not raw:  # closed
                     break
-                msg = wire.loads(raw)  # untrusted: cleaned at the door, like local kernels' messages
+                else:
+                    msg = wire.loads(raw)  # untrusted: cleaned at the door, like local kernels' messages
                 channel = queues.get(msg.get("channel", ""))
                 if channel is None:
                     continue

@@ -10,7 +10,7 @@ our provisioner inside the sandbox; ``kernelspecs.ProvisionedKernel``, a kernels
   ``spill_path_ok``; ``restart`` and ``shutdown`` when the backend owns more than the manager (call
   ``super()``); the class attributes ``supports_packages``, ``liveness_every`` and ``checkpoint_on_this_host``; and ``spares`` (set in
   ``__init__`` when the backend keeps a warm spare: a ``SpareKeeper``).
-- **never** override: the request protocol (``execute``, ``evaluate``, ``reply_to``, ``interrupt``,
+- **never** override: the request protocol (``execute``, ``evaluate``, ``comm``, ``reply_to``, ``interrupt``,
   ``is_alive``, ``adopt``, ``warm``): every backend's messages go through the same checks.
 
 ``Kernel.execute`` sends one request through a ``cell.CellRun``, which reads IOPub (filtered by
@@ -28,6 +28,7 @@ import queue
 import signal
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any, ClassVar, Protocol
 
@@ -380,6 +381,40 @@ class Kernel(ABC):
             return {"error": f"{value.get('ename')}: {value.get('evalue')}"}
         data = value.get("data")
         return data.get("application/json", data.get("text/plain")) if isinstance(data, dict) else None
+
+
+    async def comm(self, msg_type: str, content: dict[str, Any], buffers: Sequence[bytes | memoryview] = (), *,
+                   timeout: float = 10.0) -> tuple[Any, list[memoryview]]:
+        """Send ``msg_type`` (``comm_open``, ``comm_msg``) with binary ``buffers`` and return the kernel's answer on
+        that comm: the ``data`` and buffers of the first IOPub ``comm_msg`` whose parent is this request. Binary
+        buffers travel as they are (zmq frames; a gateway's binary WebSocket frames): a fork's relay, which base64 in
+        JSON made slow. A kernel that goes idle without answering gives ``{"error": ...}``, like ``evaluate``.
+        Nothing else may run on the kernel meanwhile (the caller holds the session): other IOPub messages are dropped."""
+        msg: dict[str, Any] = self.kc.session.msg(msg_type, content)
+        msg["buffers"] = list(buffers)
+        self.kc.shell_channel.send(msg)
+        msg_id = msg["header"]["msg_id"]
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"no answer to {msg_type} on its comm")
+            try:
+                got = await self.kc.get_iopub_msg(timeout=min(remaining, POLL))
+            except queue.Empty:
+                if not await self._manager().is_alive():
+                    raise KernelStartError("kernel died", self.log_tail()) from None
+                continue
+            except Exception:  # noqa: BLE001 - a message that would not decode (wire.loads): not the answer
+                continue
+            if not isinstance(got, dict) or _parent_id(got) != msg_id:
+                continue
+            body = got.get("content")
+            if got.get("msg_type") == "comm_msg" and isinstance(body, dict):
+                found = got.get("buffers") or []
+                return body.get("data"), [memoryview(b) for b in found]
+            if got.get("msg_type") == "status" and isinstance(body, dict) and body.get("execution_state") == "idle":
+                return {"error": f"the kernel did not answer {msg_type} on its comm"}, []
 
 
 def _parent_id(msg: Any) -> Any:
