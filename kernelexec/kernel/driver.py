@@ -10,7 +10,7 @@ our provisioner inside the sandbox; ``kernelspecs.ProvisionedKernel``, a kernels
   ``spill_path_ok``; ``restart`` and ``shutdown`` when the backend owns more than the manager (call
   ``super()``); the class attributes ``supports_packages``, ``liveness_every`` and ``checkpoint_on_this_host``; and ``spares`` (set in
   ``__init__`` when the backend keeps a warm spare: a ``SpareKeeper``).
-- **never** override: the request protocol (``execute``, ``evaluate``, ``comm``, ``reply_to``, ``interrupt``,
+- **never** override: the request protocol (``execute``, ``evaluate``, ``comm``, ``send_comm``, ``comm_answer``, ``reply_to``, ``interrupt``,
   ``is_alive``, ``adopt``, ``warm``): every backend's messages go through the same checks.
 
 ``Kernel.execute`` sends one request through a ``cell.CellRun``, which reads IOPub (filtered by
@@ -386,19 +386,28 @@ class Kernel(ABC):
     async def comm(self, msg_type: str, content: dict[str, Any], buffers: Sequence[bytes | memoryview] = (), *,
                    timeout: float = 10.0) -> tuple[Any, list[memoryview]]:
         """Send ``msg_type`` (``comm_open``, ``comm_msg``) with binary ``buffers`` and return the kernel's answer on
-        that comm: the ``data`` and buffers of the first IOPub ``comm_msg`` whose parent is this request. Binary
-        buffers travel as they are (zmq frames; a gateway's binary WebSocket frames): a fork's relay, which base64 in
-        JSON made slow. A kernel that goes idle without answering gives ``{"error": ...}``, like ``evaluate``.
-        Nothing else may run on the kernel meanwhile (the caller holds the session): other IOPub messages are dropped."""
+        that comm (``send_comm``, then ``comm_answer``)."""
+        return await self.comm_answer(self.send_comm(msg_type, content, buffers), timeout=timeout)
+
+    def send_comm(self, msg_type: str, content: dict[str, Any], buffers: Sequence[bytes | memoryview] = ()) -> str:
+        """Send a comm message with binary ``buffers``, which travel as they are (zmq frames; a gateway's binary
+        WebSocket frames): a fork's relay, which base64 in JSON made slow. Returns its id for ``comm_answer``;
+        several may be sent before their answers are read, in the order sent (the kernel answers in that order)."""
         msg: dict[str, Any] = self.kc.session.msg(msg_type, content)
         msg["buffers"] = list(buffers)
         self.kc.shell_channel.send(msg)
-        msg_id = msg["header"]["msg_id"]
+        return str(msg["header"]["msg_id"])
+
+    async def comm_answer(self, msg_id: str, *, timeout: float = 10.0) -> tuple[Any, list[memoryview]]:
+        """The ``data`` and buffers of the first IOPub ``comm_msg`` whose parent is ``msg_id``. A kernel that goes
+        idle without answering gives ``{"error": ...}``, like ``evaluate``. Nothing else may run on the kernel
+        meanwhile (the caller holds the session): other IOPub messages are dropped, those of comm messages sent
+        earlier too (read their answers first)."""
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise TimeoutError(f"no answer to {msg_type} on its comm")
+                raise TimeoutError("no answer on a comm")
             try:
                 got = await self.kc.get_iopub_msg(timeout=min(remaining, POLL))
             except queue.Empty:
@@ -414,7 +423,7 @@ class Kernel(ABC):
                 found = got.get("buffers") or []
                 return body.get("data"), [memoryview(b) for b in found]
             if got.get("msg_type") == "status" and isinstance(body, dict) and body.get("execution_state") == "idle":
-                return {"error": f"the kernel did not answer {msg_type} on its comm"}, []
+                return {"error": "the kernel went idle without answering on its comm"}, []
 
 
 def _parent_id(msg: Any) -> Any:

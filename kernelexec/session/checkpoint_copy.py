@@ -26,6 +26,7 @@ import os
 import re
 import stat
 import uuid
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from kernelexec.kernel.driver import Kernel
 # bytes per piece: its binary WebSocket frame (a small JSON header before it) stays under the 10 MiB a gateway's
 # tornado accepts per message (websocket_max_message_size)
 CHUNK = 8 * 1024 * 1024
+WINDOW = 3  # relay requests in flight per kernel: 3 pieces of CHUNK held by the server at most, each way
 RELAY_TARGET = "kernelexec.checkpoint"  # startup/checkpoint.py's COMM_TARGET
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.]{0,199}")
 SPARSE_SLACK = 1 << 20  # bytes a file's size may exceed its allocated blocks before it counts as sparse
@@ -147,18 +149,28 @@ async def _open_relay(kernel: Kernel, *, timeout: float) -> str:
 
 async def _relay(files: list[tuple[str, int]], source: Kernel, target: Kernel, *, timeout: float) -> int:
     """The announced files read out by ``source`` piece by piece and passed on, checked but unread, to ``target``.
-    The next piece is read from the source while the target writes the last (two kernels, two processes); one
-    piece waits at most."""
+    Pieces are read from the source while the target writes earlier ones (two kernels, two processes), up to
+    ``WINDOW`` requests in flight on each kernel: a busy machine's scheduling gaps do not add up per piece."""
     pieces = [(name, offset, min(CHUNK, size - offset)) for name, size in files for offset in range(0, max(size, 1), CHUNK)]
-    send, receive = anyio.create_memory_object_stream[tuple[str, int, int, memoryview]](1)
+    send, receive = anyio.create_memory_object_stream[tuple[str, int, int, memoryview]](WINDOW)
     opened: list[tuple[Kernel, str]] = []
 
     async def read_out(comm_id: str) -> None:
+        asked: deque[tuple[str, int, int, str]] = deque()
         async with send:
-            for name, offset, n in pieces:
+            for i, (name, offset, n) in enumerate(pieces):
                 request = {"op": "read", "name": name, "offset": offset, "size": n}
-                answer, buffers = await source.comm("comm_msg", {"comm_id": comm_id, "data": request}, timeout=timeout)
-                await send.send((name, offset, n, _piece(answer, buffers, n)))
+                asked.append((name, offset, n, source.send_comm("comm_msg", {"comm_id": comm_id, "data": request})))
+                while asked and (len(asked) >= WINDOW or i == len(pieces) - 1):
+                    name_, offset_, n_, msg_id = asked.popleft()
+                    answer, buffers = await source.comm_answer(msg_id, timeout=timeout)
+                    await send.send((name_, offset_, n_, _piece(answer, buffers, n_)))
+
+    async def check_written(msg_id: str, n: int) -> int:
+        done, _ = await target.comm_answer(msg_id, timeout=timeout)
+        if not (isinstance(done, dict) and done.get("bytes") == n):
+            raise InvalidRequest(f"the fork's kernel did not take its checkpoint: {str(done)[:200]}")
+        return n
 
     copied = 0
     try:
@@ -166,14 +178,15 @@ async def _relay(files: list[tuple[str, int]], source: Kernel, target: Kernel, *
             opened.append((kernel, await _open_relay(kernel, timeout=timeout)))
         async with anyio.create_task_group() as tg:
             tg.start_soon(read_out, opened[0][1])
+            written: deque[tuple[str, int]] = deque()
             async with receive:
                 async for name, offset, n, data in receive:
-                    request = {"op": "write", "name": name, "offset": offset}
-                    done, _ = await target.comm("comm_msg", {"comm_id": opened[1][1], "data": request}, [data],
-                                                timeout=timeout)
-                    if not (isinstance(done, dict) and done.get("bytes") == n):
-                        raise InvalidRequest(f"the fork's kernel did not take its checkpoint: {str(done)[:200]}")
-                    copied += n
+                    request = {"comm_id": opened[1][1], "data": {"op": "write", "name": name, "offset": offset}}
+                    written.append((target.send_comm("comm_msg", request, [data]), n))
+                    if len(written) >= WINDOW:
+                        copied += await check_written(*written.popleft())
+            while written:
+                copied += await check_written(*written.popleft())
     except BaseExceptionGroup as group:  # the first failure, as the caller would see it without the pipeline
         first: BaseException = group
         while isinstance(first, BaseExceptionGroup):
