@@ -176,17 +176,25 @@ class _Capped:
         self.fh, self.room, self.size, self.secrets, self.stop = fh, room, 0, secrets or [], stop
 
     def write(self, data: Any) -> int:
-        if self.stop is not None and self.stop():
-            raise _Superseded()
-        self.size += memoryview(data).nbytes
-        if self.size > self.room:
+        view = memoryview(data).cast("B")
+        if self.size + len(view) > self.room:
             raise _OverCap(max(self.room, 0))
-        if self.secrets and _contains(data, self.secrets):
+        if self.secrets and _contains(view, self.secrets):
             raise _HoldsSecret()
-        return int(self.fh.write(data))
+        # a large buffer (an array's, in pickle protocol 5) is written in pieces, the GIL released during each:
+        # a cell that starts meanwhile stops the save within one piece, not after the whole buffer
+        for start in range(0, max(len(view), 1), WRITE_PIECE):
+            if self.stop is not None and self.stop():
+                raise _Superseded()
+            self.size += self.fh.write(view[start:start + WRITE_PIECE])
+        return len(view)
 
 
 STALE = "changed by a cell after its last save, not saved again yet"
+WRITE_PIECE = 4 << 20  # bytes per write of a save: a starting cell waits for one piece at most (a few ms)
+# seconds the kernel stays quiet (no cell) after an answer before a save starts: a cell that follows at once (a
+# loop of calls) would only stop it and throw its work away, while it competed with that cell for memory and disk
+QUIET_S = 0.2
 
 
 class Checkpointer:
@@ -224,6 +232,7 @@ class Checkpointer:
         self.in_cell = False
         self.cells_started = 0  # a save whose start saw another count may have read objects a cell was changing
         self.answered = True
+        self.hurry = False  # the server waits for the saves (``wait``): no quiet period
         self.saving = False
         self.watching = False  # watch_answers installed: a save waits for the cell's idle status
         self.thread: threading.Thread | None = None
@@ -277,13 +286,13 @@ class Checkpointer:
         with self.cond:
             # the server asks between cells (nothing of a cell's left to send), or a cell asks and is blocked here:
             # either way nothing changes the namespace until the saves are done
-            in_cell, self.in_cell, self.answered = self.in_cell, False, True
+            in_cell, self.in_cell, self.answered, self.hurry = self.in_cell, False, True, True
             self.cond.notify_all()
             try:
                 while self.pending or self.pending_gone or self.saving:
                     self.cond.wait()
             finally:
-                self.in_cell = in_cell
+                self.in_cell, self.hurry = in_cell, False
 
     def post_run_cell(self, outcome: Any) -> None:
         with self.cond:
@@ -330,7 +339,7 @@ class Checkpointer:
         """The one saver thread: waits for changes, a quiet kernel (no cell running, the answer out), saves."""
         while True:
             with self.cond:
-                while not ((self.pending or self.pending_gone) and self.answered and not self.in_cell):
+                while not self._quiet():
                     self.cond.wait()
                 values, gone = self.pending, self.pending_gone
                 self.pending, self.pending_gone = {}, set()
@@ -345,6 +354,18 @@ class Checkpointer:
                 for k, v in left.items():
                     self.pending.setdefault(k, v)  # a newer object of the name, noted meanwhile, wins
                 self.cond.notify_all()
+
+    def _quiet(self) -> bool:
+        """Something to save, the answer out, no cell running, and none started for ``QUIET_S`` (unless the server
+        waits for the save: ``hurry``). Called with ``cond`` held; waits on it."""
+        while (self.pending or self.pending_gone) and self.answered and not self.in_cell:
+            if self.hurry:
+                return True
+            started = self.cells_started
+            self.cond.wait(QUIET_S)  # pre_run_cell does not notify (it never waits): the count says
+            if self.cells_started == started and not self.in_cell:
+                return True
+        return False
 
     def _save_now(self, values: dict[str, Any], gone: set[str]) -> dict[str, Any]:
         """Save ``values`` and forget ``gone``; returns the values a cell's start left unsaved."""
