@@ -16,8 +16,9 @@ Rows (in memory, the default settings, warm spares off), each "on" row against i
 - ``durable: fork_session``: the checkpoint named by the source kernel, its files copied by the server (local
   kernels; a gateway's are relayed through the kernels instead), loaded by the fork's.
 - ``durable: fork_session through a gateway, 8 MB`` and ``200 MB``: the same, with the kernels on a gateway
-  (Enterprise Gateway when tests/gateways.py finds one, else the Kernel Gateway): the server cannot reach their
-  files, so the checkpoint is relayed from kernel to kernel through the server as binary comm buffers.
+  (Enterprise Gateway when tests/gateways.py finds one, else the Kernel Gateway; the default pool of one kernel,
+  so the fork's kernel is usually started already): the server cannot reach their files, so the checkpoint is
+  relayed from kernel to kernel through the server as binary comm buffers.
 - ``durable: restart_session(restore=true)`` vs ``restart_session(replay=true)``: the checkpoint loaded vs every
   recorded cell (the BUILD_S s one too) run again.
 """
