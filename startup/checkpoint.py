@@ -192,8 +192,9 @@ class _Capped:
 
 STALE = "changed by a cell after its last save, not saved again yet"
 WRITE_PIECE = 4 << 20  # bytes per write of a save: a starting cell waits for one piece at most (a few ms)
-# seconds the kernel stays quiet (no cell) after an answer before a save starts: a cell that follows at once (a
-# loop of calls) would only stop it and throw its work away, while it competed with that cell for memory and disk
+# seconds the kernel stays quiet (no cell) after an answer before a save starts, once a cell has stopped a save:
+# in a loop of calls each next cell would stop it again, its work thrown away after it competed with that cell for
+# memory and disk. A save no cell stopped starts at once (small values are written before the next call arrives).
 QUIET_S = 0.2
 
 
@@ -233,6 +234,7 @@ class Checkpointer:
         self.cells_started = 0  # a save whose start saw another count may have read objects a cell was changing
         self.answered = True
         self.hurry = False  # the server waits for the saves (``wait``): no quiet period
+        self.backoff = False  # the last save was stopped by a cell: wait for QUIET_S without one first
         self.saving = False
         self.watching = False  # watch_answers installed: a save waits for the cell's idle status
         self.thread: threading.Thread | None = None
@@ -351,15 +353,16 @@ class Checkpointer:
                 self.error = repr(exc)[:300]
             with self.cond:
                 self.saving = False
+                self.backoff = bool(left)  # a cell stopped this save: the next one waits for a quiet kernel
                 for k, v in left.items():
                     self.pending.setdefault(k, v)  # a newer object of the name, noted meanwhile, wins
                 self.cond.notify_all()
 
     def _quiet(self) -> bool:
-        """Something to save, the answer out, no cell running, and none started for ``QUIET_S`` (unless the server
-        waits for the save: ``hurry``). Called with ``cond`` held; waits on it."""
+        """Something to save, the answer out, no cell running; after a save a cell stopped (``backoff``), also none
+        started for ``QUIET_S`` (unless the server waits for the save: ``hurry``). Called with ``cond`` held."""
         while (self.pending or self.pending_gone) and self.answered and not self.in_cell:
-            if self.hurry:
+            if self.hurry or not self.backoff:
                 return True
             started = self.cells_started
             self.cond.wait(QUIET_S)  # pre_run_cell does not notify (it never waits): the count says
