@@ -41,7 +41,7 @@ from kernelexec.kernel.cell import POLL, CellRun, OnOutput
 from kernelexec.kernel.collector import Caps, Collector
 from kernelexec.kernel.execution import Execution, ResultRule
 from kernelexec.kernel.launch import LaunchSpec
-from kernelexec.kernel.stdin import Ask, Stdin, ToolCalls
+from kernelexec.kernel.stdin import Ask, Stdin, ToolCalls, send_to_kernel
 from kernelexec.kernel.wire import harden
 from kernelexec.layout import SLOTS
 
@@ -387,15 +387,17 @@ class Kernel(ABC):
                    timeout: float = 10.0) -> tuple[Any, list[memoryview]]:
         """Send ``msg_type`` (``comm_open``, ``comm_msg``) with binary ``buffers`` and return the kernel's answer on
         that comm (``send_comm``, then ``comm_answer``)."""
-        return await self.comm_answer(self.send_comm(msg_type, content, buffers), timeout=timeout)
+        return await self.comm_answer(await self.send_comm(msg_type, content, buffers, within=timeout), timeout=timeout)
 
-    def send_comm(self, msg_type: str, content: dict[str, Any], buffers: Sequence[bytes | memoryview] = ()) -> str:
+    async def send_comm(self, msg_type: str, content: dict[str, Any], buffers: Sequence[bytes | memoryview] = (), *,
+                        within: float = 10.0) -> str:
         """Send a comm message with binary ``buffers``, which travel as they are (zmq frames; a gateway's binary
-        WebSocket frames): a fork's relay, which base64 in JSON made slow. Returns its id for ``comm_answer``;
+        WebSocket frames): a fork's relay, which base64 in JSON made slow. Sent by ``stdin.send_to_kernel`` (never
+        blocking the event loop; ``KernelStalled`` after ``within`` seconds). Returns its id for ``comm_answer``;
         several may be sent before their answers are read, in the order sent (the kernel answers in that order)."""
         msg: dict[str, Any] = self.kc.session.msg(msg_type, content)
         msg["buffers"] = list(buffers)
-        self.kc.shell_channel.send(msg)
+        await send_to_kernel(self.kc.shell_channel, msg, within=within)
         return str(msg["header"]["msg_id"])
 
     async def comm_answer(self, msg_id: str, *, timeout: float = 10.0) -> tuple[Any, list[memoryview]]:

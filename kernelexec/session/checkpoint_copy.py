@@ -160,10 +160,11 @@ async def _relay(files: list[tuple[str, int]], source: Kernel, target: Kernel, *
         async with send:
             for i, (name, offset, n) in enumerate(pieces):
                 request = {"op": "read", "name": name, "offset": offset, "size": n}
-                asked.append((name, offset, n, source.send_comm("comm_msg", {"comm_id": comm_id, "data": request})))
+                msg_id = await source.send_comm("comm_msg", {"comm_id": comm_id, "data": request}, within=timeout)
+                asked.append((name, offset, n, msg_id))
                 while asked and (len(asked) >= WINDOW or i == len(pieces) - 1):
-                    name_, offset_, n_, msg_id = asked.popleft()
-                    answer, buffers = await source.comm_answer(msg_id, timeout=timeout)
+                    name_, offset_, n_, asked_id = asked.popleft()
+                    answer, buffers = await source.comm_answer(asked_id, timeout=timeout)
                     await send.send((name_, offset_, n_, _piece(answer, buffers, n_)))
 
     async def check_written(msg_id: str, n: int) -> int:
@@ -182,7 +183,7 @@ async def _relay(files: list[tuple[str, int]], source: Kernel, target: Kernel, *
             async with receive:
                 async for name, offset, n, data in receive:
                     request = {"comm_id": opened[1][1], "data": {"op": "write", "name": name, "offset": offset}}
-                    written.append((target.send_comm("comm_msg", request, [data]), n))
+                    written.append((await target.send_comm("comm_msg", request, [data], within=timeout), n))
                     if len(written) >= WINDOW:
                         copied += await check_written(*written.popleft())
             while written:
