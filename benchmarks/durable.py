@@ -15,6 +15,10 @@ Rows (in memory, the default settings, warm spares off), each "on" row against i
   the timed call reads ``df`` (the new kernel loads it from the checkpoint first) and checks it equal. Goal: <= 3 s.
 - ``durable: fork_session``: the checkpoint named by the source kernel, its files copied by the server (local
   kernels; a gateway's are relayed through the kernels instead), loaded by the fork's.
+- ``durable: fork_session through a gateway, 8 MB`` and ``200 MB``: the same, with the kernels on a gateway
+  (Enterprise Gateway when tests/gateways.py finds one, else the Kernel Gateway; the default pool of one kernel,
+  so the fork's kernel is usually started already): the server cannot reach their files, so the checkpoint is
+  relayed from kernel to kernel through the server as binary comm buffers.
 - ``durable: restart_session(restore=true)`` vs ``restart_session(replay=true)``: the checkpoint loaded vs every
   recorded cell (the BUILD_S s one too) run again.
 """
@@ -61,6 +65,35 @@ def _pair(name: str, on: list[float], off: list[float], note: str) -> list[Measu
     return [Measurement(f"durable: {name}, checkpoints off", "ms", off, note="--checkpoint-mb 0"),
             Measurement(f"durable: {name}, checkpoints on", "ms", on, baseline=f"durable: {name}, checkpoints off",
                         note=f"overhead {ratio - 1:+.1%} (medians); {note}")]
+
+
+async def _gateway_forks(base: Path, rounds: int, out: list[Measurement]) -> None:
+    """Forks of a session on a gateway holding 8 MB, then 200 MB: the relay through the kernels."""
+    from tests.gateways import enterprise_gateway_command, running_gateway
+
+    kind = "enterprise_gateway" if enterprise_gateway_command() else "kernel_gateway"
+    with running_gateway(kind, base) as gateway:
+        settings = make_settings(base, kernel_gateway=gateway.url,
+                                 kernel_gateway_token=gateway.token)
+        async with in_memory(settings) as (client, _):
+            s = (await call(client, "new_session"))["session"]
+            for mb in (8, DF_MB):
+                await call(client, "execute_code", session=s, timeout=300,
+                           code=f"import numpy as np\nblob = np.arange({mb * 1_000_000 // 8}, dtype=np.float64)")
+                forks = []
+                for _ in range(rounds):
+                    t0 = time.perf_counter()
+                    f = await call(client, "fork_session", session=s, timeout=300)
+                    forks.append(_ms(t0))
+                    assert "blob" in f["restored"]["restored"], f
+                    check = await call(client, "execute_code", session=f["session"],
+                                       code=f"result = bool(blob[-1] == {mb * 1_000_000 // 8 - 1})")
+                    assert check["result"] is True, check
+                    await call(client, "close_session", session=f["session"])
+                out.append(Measurement(f"durable: fork_session through a gateway, {mb} MB", "ms", forks,
+                                       note=f"kernels on {kind}: the checkpoint relayed kernel to kernel through "
+                                            f"the server as binary comm buffers, loaded by the fork's (goal <= 3 s)"))
+            await call(client, "close_session", session=s)
 
 
 async def bench_durable(plan: Any, base: Path, out: list[Measurement]) -> None:
@@ -147,3 +180,4 @@ async def bench_durable(plan: Any, base: Path, out: list[Measurement]) -> None:
                     baseline=f"durable: restart_session(replay=true), {label}",
                     note="loaded from the checkpoint; no cell run again"),
     ]
+    await _gateway_forks(base, rounds, out)

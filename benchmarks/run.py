@@ -43,8 +43,9 @@ Sections (each starts and stops its own kernels, so they do not compete for the 
 12. codemode      a brokered ``mcp_tools`` call's round trip (timed in the cell) vs a direct SDK client call to the
                   same upstream server, HTTP and stdio; characters the model reads for a 50-call task done as 50
                   direct tool calls vs one cell; execute_code's description with code mode on (benchmarks/codemode.py).
-13. durable       checkpoint overhead per cell (x=1, a 1 MB change) on vs off; a 50 MB DataFrame back after os._exit;
-                  fork_session; restart_session(restore=true) vs (replay=true) (benchmarks/durable.py).
+13. durable       checkpoint overhead per cell (x=1, x=i, 1 MB, 200 MB changes) on vs off; a 200 MB DataFrame back
+                  after os._exit; fork_session (local, and 8/200 MB through a gateway); restart_session(restore=true)
+                  vs (replay=true) (benchmarks/durable.py).
 14. fleet         x=1 through HAProxy (deploy/haproxy.cfg) to a replica whose kernel is on a gateway (Enterprise
                   Gateway, else Kernel Gateway) vs one server with local kernels, alternating; failover and calls/s
                   with 1-3 replicas to come with the fleet's shared store (benchmarks/fleet.py).

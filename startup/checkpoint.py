@@ -5,8 +5,8 @@ mutated in place) are pickled by a background thread into the session's ``checkp
 each into its own file (temp + rename), then ``manifest.json`` (temp + rename): a kill mid-write leaves
 the last good manifest and every file it names. Neither the answer nor the next cell ever waits for a
 save: a cell's start drops the save in progress, which is done again after it (``Checkpointer``).
-A fork gets the checkpoint through this kernel too (``export``, ``read_chunk``; the fork's kernel
-``receive``s it): the server relays the pieces, unread.
+A fork gets the checkpoint through this kernel too (``export``, then ``serve_relay``'s comm reads pieces out;
+the fork's kernel's comm ``receive``s them): the server relays the pieces, unread, as binary buffers.
 
 A checkpoint is data this kernel wrote: it is loaded only here, in a kernel of the same session (or
 its fork), by ``restore``, outside the guard's bypass, so loading it can do no more than a cell could.
@@ -25,7 +25,6 @@ the old class shape under the new class.
 from __future__ import annotations
 
 import ast
-import base64
 import json
 import os
 import pickle
@@ -36,6 +35,7 @@ import types
 from typing import Any
 
 MANIFEST = "manifest.json"
+COMM_TARGET = "kernelexec.checkpoint"  # a fork's relay: the server's comm messages, the bytes as binary buffers
 _SKIP_TYPES = (types.ModuleType,)
 
 
@@ -141,20 +141,6 @@ def _plain_name(name: str) -> bool:
     return 0 < len(name) <= 200 and os.sep not in name and not name.startswith(".") and "\0" not in name
 
 
-class _Piece:
-    """A piece of a checkpoint file as ``user_expressions`` returns it: the JSON bundle carries the base64 once
-    (the text/plain one IPython also makes is a short name, not a second copy)."""
-
-    def __init__(self, data: str) -> None:
-        self.data = data
-
-    def _repr_json_(self) -> dict[str, str]:
-        return {"data": self.data}
-
-    def __repr__(self) -> str:
-        return f"<checkpoint piece of {len(self.data):,} base64 characters>"
-
-
 class _OverCap(Exception):
     """A value's pickle went past the room left under the checkpoint cap (args[0]: that room)."""
 
@@ -190,17 +176,26 @@ class _Capped:
         self.fh, self.room, self.size, self.secrets, self.stop = fh, room, 0, secrets or [], stop
 
     def write(self, data: Any) -> int:
-        if self.stop is not None and self.stop():
-            raise _Superseded()
-        self.size += memoryview(data).nbytes
-        if self.size > self.room:
+        view = memoryview(data).cast("B")
+        if self.size + len(view) > self.room:
             raise _OverCap(max(self.room, 0))
-        if self.secrets and _contains(data, self.secrets):
+        if self.secrets and _contains(view, self.secrets):
             raise _HoldsSecret()
-        return int(self.fh.write(data))
+        # a large buffer (an array's, in pickle protocol 5) is written in pieces, the GIL released during each:
+        # a cell that starts meanwhile stops the save within one piece, not after the whole buffer
+        for start in range(0, max(len(view), 1), WRITE_PIECE):
+            if self.stop is not None and self.stop():
+                raise _Superseded()
+            self.size += self.fh.write(view[start:start + WRITE_PIECE])
+        return len(view)
 
 
 STALE = "changed by a cell after its last save, not saved again yet"
+WRITE_PIECE = 4 << 20  # bytes per write of a save: a starting cell waits for one piece at most (a few ms)
+# seconds the kernel stays quiet (no cell) after an answer before a save starts, once a cell has stopped a save:
+# in a loop of calls each next cell would stop it again, its work thrown away after it competed with that cell for
+# memory and disk. A save no cell stopped starts at once (small values are written before the next call arrives).
+QUIET_S = 0.2
 
 
 class Checkpointer:
@@ -238,6 +233,8 @@ class Checkpointer:
         self.in_cell = False
         self.cells_started = 0  # a save whose start saw another count may have read objects a cell was changing
         self.answered = True
+        self.hurry = False  # the server waits for the saves (``wait``): no quiet period
+        self.backoff = False  # the last save was stopped by a cell: wait for QUIET_S without one first
         self.saving = False
         self.watching = False  # watch_answers installed: a save waits for the cell's idle status
         self.thread: threading.Thread | None = None
@@ -291,13 +288,13 @@ class Checkpointer:
         with self.cond:
             # the server asks between cells (nothing of a cell's left to send), or a cell asks and is blocked here:
             # either way nothing changes the namespace until the saves are done
-            in_cell, self.in_cell, self.answered = self.in_cell, False, True
+            in_cell, self.in_cell, self.answered, self.hurry = self.in_cell, False, True, True
             self.cond.notify_all()
             try:
                 while self.pending or self.pending_gone or self.saving:
                     self.cond.wait()
             finally:
-                self.in_cell = in_cell
+                self.in_cell, self.hurry = in_cell, False
 
     def post_run_cell(self, outcome: Any) -> None:
         with self.cond:
@@ -344,7 +341,7 @@ class Checkpointer:
         """The one saver thread: waits for changes, a quiet kernel (no cell running, the answer out), saves."""
         while True:
             with self.cond:
-                while not ((self.pending or self.pending_gone) and self.answered and not self.in_cell):
+                while not self._quiet():
                     self.cond.wait()
                 values, gone = self.pending, self.pending_gone
                 self.pending, self.pending_gone = {}, set()
@@ -356,9 +353,22 @@ class Checkpointer:
                 self.error = repr(exc)[:300]
             with self.cond:
                 self.saving = False
+                self.backoff = bool(left)  # a cell stopped this save: the next one waits for a quiet kernel
                 for k, v in left.items():
                     self.pending.setdefault(k, v)  # a newer object of the name, noted meanwhile, wins
                 self.cond.notify_all()
+
+    def _quiet(self) -> bool:
+        """Something to save, the answer out, no cell running; after a save a cell stopped (``backoff``), also none
+        started for ``QUIET_S`` (unless the server waits for the save: ``hurry``). Called with ``cond`` held."""
+        while (self.pending or self.pending_gone) and self.answered and not self.in_cell:
+            if self.hurry or not self.backoff:
+                return True
+            started = self.cells_started
+            self.cond.wait(QUIET_S)  # pre_run_cell does not notify (it never waits): the count says
+            if self.cells_started == started and not self.in_cell:
+                return True
+        return False
 
     def _save_now(self, values: dict[str, Any], gone: set[str]) -> dict[str, Any]:
         """Save ``values`` and forget ``gone``; returns the values a cell's start left unsaved."""
@@ -595,32 +605,65 @@ class Checkpointer:
             files.append([name, st.st_size])
         return {"files": files}
 
-    def read_chunk(self, name: str, offset: int, size: int) -> _Piece:
-        """``size`` bytes of an exported file from ``offset``, base64: JSON carries them over any kernel protocol."""
+    def serve_relay(self, comm: Any, opened: Any) -> None:
+        """The comm target ``COMM_TARGET`` (registered by kernel_init): a fork's relay, the server's requests on one
+        comm, each answered on it. ``{"op": "read", "name", "offset", "size"}``: that piece of an exported file, as
+        one binary buffer; ``{"op": "write", "name", "offset"}`` with one buffer: written by ``receive``. Any
+        refusal is the answer's ``error``. The bytes are never encoded nor parsed here or on the host."""
+        def answer(msg: Any) -> None:
+            content = msg.get("content") if isinstance(msg, dict) else None
+            request = content.get("data") if isinstance(content, dict) else None
+            try:
+                if not isinstance(request, dict):
+                    raise ValueError("not a relay request")
+                op, name, offset = request.get("op"), request.get("name"), request.get("offset")
+                if not (isinstance(name, str) and isinstance(offset, int) and offset >= 0):
+                    raise ValueError("a relay request names a file and an offset")
+                if op == "read" and isinstance(request.get("size"), int):
+                    piece = self.read_chunk(name, offset, request["size"])
+                    comm.send({"bytes": len(piece)}, buffers=[piece])
+                    return
+                buffers = msg.get("buffers") or []
+                if op == "write" and len(buffers) == 1:
+                    comm.send(self.receive(name, offset, buffers[0]))
+                    return
+                raise ValueError(f"not a relay request: {str(op)[:40]!r}")
+            except Exception as exc:  # noqa: BLE001 - refused: said on the comm, the server reports it
+                comm.send({"error": f"{type(exc).__name__}: {str(exc)[:200]}"})
+
+        comm.on_msg(answer)
+        comm.send({"ready": True})
+
+    def read_chunk(self, name: str, offset: int, size: int) -> bytes:
+        """``size`` bytes of an exported file from ``offset`` (fewer at its end), as they are on disk."""
         if name not in self.exported:
             raise ValueError(f"{name!r} was not exported")
+        if not 0 <= size <= 64 << 20:
+            raise ValueError("a piece of at most 64 MiB")
         assert self.dir is not None
         with self.bypass():
             fd = os.open(os.path.join(self.dir, name), os.O_RDONLY | os.O_NOFOLLOW)
         try:
-            return _Piece(base64.b64encode(os.pread(fd, size, offset)).decode("ascii"))
+            return os.pread(fd, size, offset)
         finally:
             os.close(fd)
 
-    def receive(self, name: str, offset: int, data: str) -> dict[str, Any]:
-        """A piece of another kernel's checkpoint (its fork's source), written at ``offset`` of ``name``.part;
-        ``received`` puts the whole in place. Refused once this kernel has a checkpoint of its own."""
+    def receive(self, name: str, offset: int, data: Any) -> dict[str, Any]:
+        """A piece of another kernel's checkpoint (its fork's source, bytes-like), written at ``offset`` of
+        ``name``.part; ``received`` puts the whole in place. Refused once this kernel has a checkpoint of its own."""
         if not self.dir or not _plain_name(name) or self.entries:
             raise ValueError("a checkpoint is received only by a new fork's kernel, under a plain file name")
-        raw = base64.b64decode(data, validate=True)
         with self.bypass():
             os.makedirs(self.dir, exist_ok=True)
             fd = os.open(os.path.join(self.dir, name + ".part"), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
-            os.pwrite(fd, raw, offset)
+            view = memoryview(data).cast("B")
+            done = 0
+            while done < len(view):
+                done += os.pwrite(fd, view[done:], offset + done)
         finally:
             os.close(fd)
-        return {"bytes": len(raw)}
+        return {"bytes": done}
 
     def received(self, names: list[str]) -> dict[str, Any]:
         """Every piece is here: the pickles renamed into place, then the manifest (so a kill in between leaves no

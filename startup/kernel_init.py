@@ -49,7 +49,8 @@ def _kernelexec_boot() -> None:
         import tempfile
 
         tempfile.gettempdir()  # probes by writing a file: cache it before writes may be refused
-        checkpoints = load("checkpoint").Checkpointer(shell, policy, bypass=None)
+        checkpoint_mod = load("checkpoint")
+        checkpoints = checkpoint_mod.Checkpointer(shell, policy, bypass=None)
         checkpoints.secrets = runtime.secrets  # getpass() answers: a value holding one is never saved
         protected = load("protected")  # the old safe executor's tools, which run_python's cells keep
         runtime.keep_tools(protected)
@@ -67,8 +68,9 @@ def _kernelexec_boot() -> None:
         names["_kernelexec_checkpoint_pause"] = lambda: runtime_mod._Report(checkpoints.pause())
         names["_kernelexec_checkpoint_resume"] = lambda: runtime_mod._Report(checkpoints.resume())
         names["_kernelexec_checkpoint_export"] = lambda: runtime_mod._Report(checkpoints.export())
-        names["_kernelexec_checkpoint_read"] = checkpoints.read_chunk
-        names["_kernelexec_checkpoint_receive"] = lambda n, o, d: runtime_mod._Report(checkpoints.receive(n, o, d))
+        relay_comms = getattr(getattr(shell, "kernel", None), "comm_manager", None)
+        if relay_comms is not None:  # a fork's relay: the bytes as binary buffers over comm messages
+            relay_comms.register_target(checkpoint_mod.COMM_TARGET, checkpoints.serve_relay)
         names["_kernelexec_checkpoint_received"] = lambda n: runtime_mod._Report(checkpoints.received(n))
         _kernelexec_after_guard(shell, policy, guard, json, os, sys)  # noqa: F821 - a step below, deleted after boot
         link_fonts = _kernelexec_link_font_cache  # noqa: F821 - a step below, deleted after boot

@@ -296,23 +296,29 @@ class J:
     def _repr_json_(self):
         return self.payload
 builtins._kernelexec_checkpoint_export = lambda: J({"files": FILES})
-builtins._kernelexec_checkpoint_read = lambda n, o, k: J({"data": DATA})
+def liar(comm, opened):
+    comm.on_msg(lambda msg: comm.send({"bytes": msg["content"]["data"].get("size")}, buffers=BUFFERS))
+    comm.send({"ready": True})
+get_ipython().kernel.comm_manager.register_target("kernelexec.checkpoint", liar)
 """
 
 
-@pytest.mark.parametrize(("files", "data", "why"), [
-    ([["../../escape.pkl", 4]], "AAAAAA==", "not one kernelexec writes"),  # a path out of the fork's directory
-    ([["manifest.json", 4]], "!!!!!!!!", "not 4 bytes of base64"),  # not base64: never decoded on the host
-    ([["manifest.json", 4]], "A" * 400_000, "not 4 bytes of base64"),  # more than it announced
-    ([["manifest.json", 2_000_000_000]], "", "larger than"),  # past the cap: refused before a byte moves
+@pytest.mark.parametrize(("files", "buffers", "why"), [
+    ([["../../escape.pkl", 4]], "[b'AAAA']", "not one kernelexec writes"),  # a path out of the fork's directory
+    ([["manifest.json", 4]], "[b'AAA']", "not 4 bytes"),  # less than it says
+    ([["manifest.json", 4]], "[b'A' * 400_000]", "not 4 bytes"),  # more than it announced
+    ([["manifest.json", 4]], "[]", "not 4 bytes"),  # no bytes at all
+    ([["manifest.json", 4]], "[b'AA', b'AA']", "not 4 bytes"),  # the right size, in two buffers
+    ([["manifest.json", 2_000_000_000]], "[]", "larger than"),  # past the cap: refused before a byte moves
 ])
 async def test_a_source_kernel_that_lies_to_its_fork_is_refused_by_the_relay(
-        harness: Harness, relayed: None, files: list[Any], data: str, why: str) -> None:
-    """The fork's relay is a new door: the source kernel's cell replaces the functions that read its checkpoint
-    out. The server checks names, sizes and pieces before passing anything on, writes nothing of it itself."""
+        harness: Harness, relayed: None, files: list[Any], buffers: str, why: str) -> None:
+    """The fork's relay is a new door: the source kernel's cell replaces the function that names its checkpoint and
+    the comm target that reads it out. The server checks names, sizes and pieces before passing anything on, writes
+    nothing of it itself."""
     s = await harness.new_session()
     await harness.run("mine = 1", session=s)
-    await harness.run(LIAR.replace("FILES", json.dumps(files)).replace("DATA", repr(data)), session=s)
+    await harness.run(LIAR.replace("FILES", json.dumps(files)).replace("BUFFERS", buffers), session=s)
     before = {p.name for p in harness.settings.sessions_dir.iterdir()}
     refused = await harness.call("fork_session", session=s)
     assert refused.is_error and why in refused.content[0].text, refused.content
@@ -323,13 +329,31 @@ async def test_a_source_kernel_that_lies_to_its_fork_is_refused_by_the_relay(
     await harness.call("close_session", session=s)
 
 
-async def test_a_cell_cannot_write_outside_its_checkpoint_through_receive(harness: Harness) -> None:
-    """``_kernelexec_checkpoint_receive`` is callable by a cell of a new session: only plain names, its own directory."""
+RECEIVE = """
+import types
+target = get_ipython().kernel.comm_manager.targets["kernelexec.checkpoint"]
+class Comm:
+    sent = []
+    def on_msg(self, f):
+        self.answer = f
+    def send(self, data=None, buffers=None):
+        self.sent.append(data)
+comm = Comm()
+target(comm, {})
+comm.answer({"content": {"data": {"op": "write", "name": NAME, "offset": 0}}, "buffers": [b"AAAA"]})
+result = comm.sent[-1]
+"""
+
+
+@pytest.mark.parametrize("name", ["../work/x", "/tmp/x", ".hidden"])
+async def test_a_cell_cannot_write_outside_its_checkpoint_through_the_relay(harness: Harness, name: str) -> None:
+    """The relay's comm target is reachable by a cell of a new session (it holds its kernel): a write is taken only
+    under a plain name, in its own checkpoint directory."""
     s = await harness.new_session()
-    r = await harness.client.call_tool("execute_code", {
-        "code": "_kernelexec_checkpoint_receive('../work/x', 0, 'AAAA')", "session": s})
-    assert r.structured_content["error_type"] == "ValueError", r.structured_content
+    r = await harness.run(RECEIVE.replace("NAME", repr(name)), session=s)
+    assert "ValueError" in r["result"]["error"], r
     assert not (harness.settings.sessions_dir / s / "work" / "x.part").exists()
+    assert not list(harness.settings.sessions_dir.glob(f"{s}/**/*.part"))
     await harness.call("close_session", session=s)
 
 
@@ -543,3 +567,30 @@ async def test_a_name_the_cell_deleted_does_not_make_restore_run_the_cell_again(
     assert r["result"] == [0, 1, 2] and r["restored"]["reran"] == [], r["restored"]
     assert "frame" in r["restored"]["restored"], r["restored"]
     await harness.call("close_session", session=s)
+
+
+def _startup_checkpoint() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_checkpoint_probe", Path(__file__).resolve().parents[1] / "startup" / "checkpoint.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_cell_stops_a_big_write_within_one_piece(tmp_path: Path) -> None:
+    """A save writes a large buffer (an array's, in one pickle write) in pieces, checking between them whether a
+    cell has started: the cell waits for one piece at most, not for the whole buffer (200 MB took 0.1-0.5 s)."""
+    checkpoint = _startup_checkpoint()
+    checks = []
+
+    def stop() -> bool:
+        checks.append(1)
+        return len(checks) > 2  # a cell starts while the second piece is written
+
+    with open(tmp_path / "f.pkl", "wb") as fh:
+        out = checkpoint._Capped(fh, 1 << 30, stop=stop)
+        with pytest.raises(checkpoint._Superseded):
+            out.write(memoryview(bytearray(40 << 20)))
+    assert (tmp_path / "f.pkl").stat().st_size == 2 * checkpoint.WRITE_PIECE < 40 << 20

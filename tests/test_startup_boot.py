@@ -58,7 +58,7 @@ def test_the_boot_leaves_only_its_builtins_and_imports_nothing_after_the_guard(t
     left, builtins = json.loads(done.stdout.splitlines()[-1])
     assert left == []
     assert builtins == ["_kernelexec_chdir", "_kernelexec_checkpoint_export", "_kernelexec_checkpoint_pause",
-                        "_kernelexec_checkpoint_read", "_kernelexec_checkpoint_receive", "_kernelexec_checkpoint_received",
+                        "_kernelexec_checkpoint_received",
                         "_kernelexec_checkpoint_reset", "_kernelexec_checkpoint_restore", "_kernelexec_checkpoint_resume",
                         "_kernelexec_checkpoint_status",
                         "_kernelexec_if", "_kernelexec_note", "_kernelexec_packages_added", "_kernelexec_policy",

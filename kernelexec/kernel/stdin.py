@@ -62,7 +62,7 @@ async def send_to_kernel(channel: Any, msg: dict[str, Any], *, within: float = S
 
     socket = getattr(channel, "socket", None)
     if isinstance(socket, zmq.asyncio.Socket):
-        parts = channel.session.serialize(msg)
+        parts = [*channel.session.serialize(msg), *(msg.get("buffers") or [])]  # buffers after the signed parts
         deadline = time.monotonic() + within
         while True:
             try:

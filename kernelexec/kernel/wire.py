@@ -7,7 +7,8 @@ UTF-8 writer accepts (the stdio transport, the notebook file), and ``NaN`` is no
 joined into its character), ``NaN``/``Infinity`` become ``null``, and nesting deeper than any real
 message is cut, and a part over ``MAX_PART_BYTES`` is refused before it is decoded. Local and
 provisioned kernels get it as their wire session's ``unpack``
-(``harden``); the gateway client decodes its WebSocket frames with it.
+(``harden``); the gateway client decodes its WebSocket frames with it (``loads_binary`` for a binary frame:
+a message with binary buffers, in Jupyter's WebSocket layout, its parts checked before any is read).
 """
 
 from __future__ import annotations
@@ -15,12 +16,16 @@ from __future__ import annotations
 import json
 import math
 import re
+import struct
+from collections.abc import Sequence
+from itertools import pairwise
 from typing import Any
 
 MAX_DEPTH = 64  # deeper structures than any Jupyter message has are replaced by a note
 # One message part decodes to several times its size in objects: a kernel's honest messages (its stream
 # cap forwards 1,000,000 characters; a large figure is a few MB) stay far below this.
 MAX_PART_BYTES = 48 * 1024 * 1024
+MAX_BUFFERS = 16  # binary buffers one message may carry: a fork's relay uses one, widgets a few
 _ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -60,7 +65,7 @@ def _finite(text: str) -> float | None:
 _DECODER = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
 
 
-def loads(data: bytes | str) -> Any:
+def loads(data: bytes | memoryview | str) -> Any:
     """Decode one JSON message part from a kernel (see the module docstring). Raises ValueError
     for what is not JSON or is nested beyond the decoder's recursion limit."""
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
@@ -90,6 +95,38 @@ def _depth_exceeds(value: Any, limit: int = MAX_DEPTH) -> bool:
         elif isinstance(item, list):
             stack.extend((v, depth + 1) for v in item if isinstance(v, (dict, list)))
     return False
+
+
+def binary_message(msg: dict[str, Any], buffers: Sequence[bytes | memoryview], default: Any = None) -> bytes:
+    """``msg`` and its binary ``buffers`` as one WebSocket frame in Jupyter's (pre-subprotocol) binary layout, which
+    jupyter_server 1.x and 2.x (so the Kernel Gateway and Enterprise Gateway) read back with
+    ``deserialize_binary_message``: the part count, each part's offset (32-bit, big-endian), the JSON, the buffers.
+    The one copy is the join; the buffers are never encoded."""
+    parts: list[bytes | memoryview] = [json.dumps(msg, default=default).encode(), *buffers]
+    offsets = [4 * (len(parts) + 1)]
+    for part in parts[:-1]:
+        offsets.append(offsets[-1] + memoryview(part).nbytes)
+    return b"".join([struct.pack(f"!{len(parts) + 1}I", len(parts), *offsets), *parts])
+
+
+def loads_binary(frame: bytes) -> Any:
+    """A binary WebSocket frame from a kernel's server (``binary_message``'s layout), decoded: the JSON part through
+    ``loads``, the buffers as read-only views of ``frame`` (not copied, never decoded) in ``msg["buffers"]``.
+    Raises ValueError for a layout that does not hold together (offsets out of order or out of the frame)."""
+    view = memoryview(frame)
+    if len(view) < 8:
+        raise ValueError("a binary kernel message shorter than its header")
+    (count,) = struct.unpack_from("!I", view)
+    if not 1 <= count <= MAX_BUFFERS + 1 or len(view) < 4 * (count + 1):
+        raise ValueError(f"a binary kernel message of {count} parts")
+    offsets = [*struct.unpack_from(f"!{count}I", view, 4), len(view)]
+    if offsets[0] != 4 * (count + 1) or any(a > b for a, b in pairwise(offsets)):
+        raise ValueError("a binary kernel message whose parts are out of order or out of the frame")
+    msg = loads(view[offsets[0]:offsets[1]])
+    if not isinstance(msg, dict):
+        raise ValueError("a binary kernel message whose JSON part is not an object")
+    msg["buffers"] = [view[a:b].toreadonly() for a, b in pairwise(offsets[1:])]
+    return msg
 
 
 def harden(session: Any) -> Any:
