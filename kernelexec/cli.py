@@ -243,7 +243,7 @@ async def _serve_with(settings: Settings, sessions: Any) -> None:
 
                 security = TransportSecuritySettings(allowed_hosts=[f"{settings.host}:*"],
                                                      allowed_origins=[f"http://{settings.host}:*", f"https://{settings.host}:*"])
-            await _serve_streamable_http(server, settings, security, drain, sessions.runs.unfinished)
+            await _serve_streamable_http(server, settings, security, drain, lambda: len(sessions.runs.unfinished()))
         if metrics_server is not None:
             metrics_server.should_exit = True  # the MCP transport ended: so does the metrics port
 

@@ -502,7 +502,8 @@ class RunRegistry:
         return run
 
     def unfinished(self) -> dict[str, Run]:
-        """This process's runs still going, by id (a fleet's relay polls for what other replicas ask of them)."""
+        """This process's runs still going, by id (a fleet's relay polls for what other replicas ask of them; a
+        draining server waits for them: server/drain.py)."""
         return {run_id: run for run_id, run in self._runs.items() if not run.done.is_set()}
 
     def decline_waiting(self, session: RunHost) -> None:
@@ -525,9 +526,6 @@ class RunRegistry:
             await run.done.wait()
         return run.done.is_set()
 
-    def unfinished(self) -> int:
-        """Runs queued or running (a draining server waits for them: server/drain.py)."""
-        return sum(1 for r in self._runs.values() if not r.done.is_set())
 
     def _prune(self, owner: str | None) -> None:
         """Keep the last KEEP_FINISHED finished runs of ``owner``; other owners' are not touched."""
