@@ -482,8 +482,8 @@ class RunRegistry:
 
     async def _notify(self, run: Run, event: str) -> None:
         """Tell the observers; shielded (a cancelled run's end is still told), and never failing the run."""
-        for observer in self.observers:
-            with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True):  # one scope for all of them: this is every run's start and end
+            for observer in self.observers:
                 try:
                     await observer(run, event)
                 except Exception:
