@@ -30,12 +30,14 @@ async def test_lines_come_whole_across_chunks_and_split_characters() -> None:
     r, w = os.pipe()
     os.set_blocking(r, False)
     long_line = "é" * (CHUNK // 2 + 7) + "€ end"  # its two- and three-byte characters straddle the reads' chunks
-    payload = (long_line + "\n" + "short\n" + "no newline at the end").encode()
+    huge_line = "x" * (40 * CHUNK)  # a request of megabytes: many reads before its line break
+    payload = (long_line + "\n" + "short\n" + huge_line + "\n" + "no newline at the end").encode()
 
     def feed() -> None:
         for i in range(0, len(payload), 4093):  # odd pieces, with pauses: reads find partial lines
             os.write(w, payload[i:i + 4093])
-            time.sleep(0.001)
+            if i % 64 == 0:
+                time.sleep(0.001)
         os.close(w)
 
     writer = threading.Thread(target=feed)
@@ -45,7 +47,7 @@ async def test_lines_come_whole_across_chunks_and_split_characters() -> None:
     finally:
         writer.join()
         os.close(r)
-    assert lines == [long_line + "\n", "short\n", "no newline at the end"]
+    assert lines == [long_line + "\n", "short\n", huge_line + "\n", "no newline at the end"]
 
 
 async def test_an_answer_larger_than_the_pipe_is_written_whole_and_in_order() -> None:

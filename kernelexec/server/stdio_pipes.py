@@ -31,6 +31,7 @@ class PipeLines:
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self._buffer = bytearray()
+        self._scanned = 0  # the buffer holds no line break before this (a long line is scanned once, not per read)
         self._eof = False
 
     def __aiter__(self) -> PipeLines:
@@ -38,11 +39,13 @@ class PipeLines:
 
     async def __anext__(self) -> str:
         while True:
-            end = self._buffer.find(b"\n")
+            end = self._buffer.find(b"\n", self._scanned)
             if end >= 0:
                 line = bytes(self._buffer[: end + 1])
                 del self._buffer[: end + 1]
+                self._scanned = 0
                 return line.decode("utf-8", errors="replace")  # a line break never splits a UTF-8 character
+            self._scanned = len(self._buffer)
             if self._eof:
                 if self._buffer:
                     rest = bytes(self._buffer)
