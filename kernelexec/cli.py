@@ -233,7 +233,9 @@ async def _serve_with(settings: Settings, sessions: Any) -> None:
         if metrics_server is not None:
             tg.start_soon(metrics_server.serve)
         if settings.transport == "stdio":
-            await server.run_stdio_async()
+            from kernelexec.server.stdio_pipes import run_stdio
+
+            await run_stdio(server)
         else:
             print(safe(f"kernelexec: MCP over streamable HTTP at http://{settings.host}:{settings.port}/mcp"), file=sys.stderr)
             security = None

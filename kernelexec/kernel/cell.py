@@ -24,6 +24,7 @@ from kernelexec.kernel.collector import Collector
 from kernelexec.kernel.execution import Execution
 from kernelexec.kernel.report import take_reply
 from kernelexec.kernel.stdin import KernelStalled, Stdin, send_to_kernel, stdin_first
+from kernelexec.kernel.wire import receive
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ class CellRun:
             if code_mode and await stdin_first(kernel.kc, wait):
                 continue  # code mode: a tool call waits; served at the top, not after the next IOPub poll
             try:
-                msg = await kernel.kc.get_iopub_msg(timeout=0 if code_mode else wait)
+                msg = await receive(kernel.kc, "iopub", 0 if code_mode else wait)
             except queue.Empty:
                 continue
             except Exception as exc:  # a message that would not decode (see wire.loads): dropped, counted

@@ -42,7 +42,7 @@ from kernelexec.kernel.collector import Caps, Collector
 from kernelexec.kernel.execution import Execution, ResultRule
 from kernelexec.kernel.launch import LaunchSpec
 from kernelexec.kernel.stdin import Ask, Stdin, ToolCalls, send_to_kernel
-from kernelexec.kernel.wire import harden
+from kernelexec.kernel.wire import harden, receive
 from kernelexec.layout import SLOTS
 
 logger = logging.getLogger(__name__)
@@ -354,7 +354,7 @@ class Kernel(ABC):
             if remaining <= 0:
                 raise TimeoutError(f"no shell reply to {msg_id}")
             try:
-                reply = await self.kc.get_shell_msg(timeout=min(remaining, POLL))
+                reply = await receive(self.kc, "shell", min(remaining, POLL))
             except queue.Empty:
                 if not await self._manager().is_alive():
                     raise KernelDied(self.exit_status()) from None

@@ -19,6 +19,7 @@ import anyio.to_thread
 import zmq
 
 from kernelexec.kernel.execution import Execution
+from kernelexec.kernel.wire import sync_socket
 
 # The reply that makes the cell's getpass() raise EOFError with the text after it (startup/kernel_init.py
 # wraps the kernel's getpass for it): a secret this client cannot be asked for, said plainly in the cell
@@ -66,7 +67,7 @@ async def send_to_kernel(channel: Any, msg: dict[str, Any], *, within: float = S
         deadline = time.monotonic() + within
         while True:
             try:
-                zmq.Socket.shadow(socket.underlying).send_multipart(parts, flags=zmq.DONTWAIT)
+                sync_socket(socket).send_multipart(parts, flags=zmq.DONTWAIT)
                 return
             except zmq.Again:
                 remaining = deadline - time.monotonic()

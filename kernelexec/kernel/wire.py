@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import json
 import math
+import queue
 import re
 import struct
+import time
+import weakref
 from collections.abc import Sequence
 from itertools import pairwise
 from typing import Any
@@ -133,3 +136,44 @@ def harden(session: Any) -> Any:
     """Make a ``jupyter_client.session.Session`` decode with ``loads``; returns it."""
     session.unpack = loads
     return session
+
+
+_SYNC_SOCKETS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def sync_socket(socket: Any) -> Any:
+    """A blocking-API shadow of a ``zmq.asyncio`` socket (the same socket underneath), made once per socket:
+    non-blocking sends and receives without a future, a poller or a loop callback each."""
+    import zmq
+
+    found = _SYNC_SOCKETS.get(socket)
+    if found is None:
+        found = _SYNC_SOCKETS[socket] = zmq.Socket.shadow(socket.underlying)
+    return found
+
+
+async def receive(kc: Any, channel: str, timeout: float) -> Any:
+    """The next message on ``kc``'s ``channel`` (``iopub``, ``shell``, ``stdin``) within ``timeout`` seconds, like
+    ``kc.get_<channel>_msg(timeout=...)`` (raises ``queue.Empty``), decoded by the session as before (signature
+    checked, parts through ``loads``). On a zmq channel a message that already waits is taken at once, without
+    jupyter_client's poll (a future and a loop callback per message: a cell's messages mostly come together), and
+    one that has to be waited for is taken without a second future for the receive."""
+    import zmq
+    import zmq.asyncio
+
+    chan = getattr(kc, f"{channel}_channel")
+    socket = getattr(chan, "socket", None)
+    if not isinstance(socket, zmq.asyncio.Socket):  # a gateway's channels: their own client
+        return await getattr(kc, f"get_{channel}_msg")(timeout=timeout)
+    sync = sync_socket(socket)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            frames = sync.recv_multipart(zmq.NOBLOCK)
+            break
+        except zmq.Again:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not await socket.poll(int(remaining * 1000)):
+                raise queue.Empty from None
+    _, parts = chan.session.feed_identities(frames)
+    return chan.session.deserialize(parts)

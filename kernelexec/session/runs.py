@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import anyio
+import anyio.lowlevel
 
 from kernelexec import tracing
 from kernelexec.codemode.broker import ApprovalCall, Approve, Verdict
@@ -144,6 +145,7 @@ class Run:
     deadline: float = math.inf  # the cell's timeout: a question unanswered by then is declined
     question: Question | None = None  # the cell's input() waiting for an answer
     posted: anyio.Event = field(default_factory=anyio.Event)  # set while a question waits
+    stirred: anyio.Event = field(default_factory=anyio.Event)  # set, then replaced, when done, posted or answered is
     wait_for_input: bool = True  # False (run_python): a question nobody can answer at once is declined
     elicit_retry: bool = False  # the starting call's client elicits through InputRequiredResult (2026-07-28)
     asked: list[float] = field(default_factory=list)
@@ -271,6 +273,7 @@ class Run:
         if pending is not None and not pending.answered.is_set() and self.question is None:
             self.question = pending
             self.posted.set()
+            self.stir()
 
     def approver(self, direct: DirectApprove | None) -> Approve:
         """How a brokered tool call that needs approval (--tools-approve) is asked: ``direct`` (an elicitation over
@@ -308,6 +311,7 @@ class Run:
     async def _wait_for_answer(self, question: Question) -> str | None:
         self.question = self.opened(question)
         self.posted.set()
+        self.stir()
         try:
             if self.notify is not None:
                 await self.notify("awaiting_input")
@@ -351,22 +355,27 @@ class Run:
         question.answer = text
         question.closed = "was already answered" if text is not None else "was already declined"
         question.answered.set()
+        self.stir()
         return question
 
-    async def settled(self, wait_s: float) -> None:
-        """Wait up to ``wait_s`` until the run finishes or asks a question."""
-        with anyio.move_on_after(wait_s):
-            async with anyio.create_task_group() as tg:
-                async def until(event: anyio.Event) -> None:
-                    await event.wait()
-                    tg.cancel_scope.cancel()
+    def stir(self) -> None:
+        """Wake whoever waits in ``settled`` (done, posted or a question's answer changed)."""
+        self.stirred.set()
+        self.stirred = anyio.Event()
 
-                tg.start_soon(until, self.done)
-                question = self.question
-                if question is not None and question.url is not None and question.sent and not question.answered.is_set():
-                    tg.start_soon(until, question.answered)  # a secret typed on its page: nothing for a call to answer
-                else:
-                    tg.start_soon(until, self.posted)
+    async def settled(self, wait_s: float) -> None:
+        """Wait up to ``wait_s`` until the run finishes or asks a question. (One event waited on, not a task group
+        of one waiter per event: this is every call's wait for its cell.)"""
+        question = self.question
+        on_page = question is not None and question.url is not None and question.sent and not question.answered.is_set()
+        # a secret typed on its page: nothing for a call to answer, so its answer is waited for, not a question
+        until = question.answered if on_page and question is not None else self.posted
+        if self.done.is_set() or until.is_set():
+            await anyio.lowlevel.checkpoint()  # settled already: the run's own task still gets its turn (a caller loops)
+            return
+        with anyio.move_on_after(wait_s):
+            while not self.done.is_set() and not until.is_set():
+                await self.stirred.wait()
 
     @property
     def on_page(self) -> Question | None:
@@ -461,6 +470,7 @@ class RunRegistry:
                 run.failure = f"{type(exc).__name__}: {exc}"
             finally:
                 run.done.set()
+                run.stir()
                 await self._notify(run, "finished")
                 if unused is not None and run.finished is None and not run.scope.cancelled_caught and not any(
                         r.session is session and not r.done.is_set() for r in self._runs.values()):
@@ -472,8 +482,8 @@ class RunRegistry:
 
     async def _notify(self, run: Run, event: str) -> None:
         """Tell the observers; shielded (a cancelled run's end is still told), and never failing the run."""
-        for observer in self.observers:
-            with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True):  # one scope for all of them: this is every run's start and end
+            for observer in self.observers:
                 try:
                     await observer(run, event)
                 except Exception:
