@@ -64,6 +64,7 @@ class Page:
     run: Run
     question: Question
     tokens: list[str] = field(default_factory=list)  # the tokens of the forms given out: a POST needs one of them
+    granted: bool = False  # also a grant in the store (a fleet's page on its HTTP route): a POST uses it up there
 
 
 def _page(title: str, body: str, status: int) -> HTMLResponse:
@@ -98,8 +99,8 @@ class SecretPages:
         """The question's page while the block runs; its URL. ``origin``: the HTTP server's own (the page is a route
         of its app); None: a listener on 127.0.0.1 for this page alone."""
         key = secrets.token_urlsafe(32)
-        self._pages[key] = Page(run, question)
         store = self._store if origin is not None else None
+        self._pages[key] = Page(run, question, granted=store is not None)
         try:
             if store is not None and self.relay is not None:
                 self.relay.watch()  # its POST may land on another replica: this one polls for the relayed secret
@@ -149,7 +150,7 @@ class SecretPages:
         if not (any(hmac.compare_digest(token.encode(), given.encode()) for given in page.tokens) or self._signed(key, token)):
             return _page("Refused", "<p>This form was not the one this page gave. Nothing was sent.</p>", 403)
         del self._pages[key]  # single use, whatever happens next
-        store = self._store
+        store = self._store if page.granted else None
         if store is not None and await store.use_grant(digest(key)) is None:  # used on another replica meanwhile
             return _page("Not found", GONE, 404)
         try:
