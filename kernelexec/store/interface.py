@@ -101,13 +101,13 @@ class QuestionRecord:
     created: float = 0.0
 
 
-AskKind = Literal["cancel", "answer"]
+AskKind = Literal["cancel", "answer", "interrupt"]
 
 
 @dataclass(frozen=True)
 class AskRecord:
     """A request for the replica that runs ``run_id``, made on another replica of a fleet (``server/relay.py``):
-    cancel the run (tasks/cancel), or answer its question ``question_id`` (send_input, a retried call, a secret
+    cancel the run (tasks/cancel), interrupt its session's cell (interrupt), or answer its question ``question_id`` (send_input, a retried call, a secret
     page's POST). The holder polls for its runs' asks and takes each once (``take_asks`` deletes what it reads)."""
 
     run_id: str
@@ -115,7 +115,7 @@ class AskRecord:
     owner: str | None = None  # who asked: checked again by the holder against the run's owner
     question_id: str | None = None
     text: str | None = None  # an answer, sealed with the fleet's key (relay.py) when it has one; None declines
-    channel: str = ""  # the door it came through: "send_input", "retry", "page"
+    channel: str = ""  # the door it came through: "send_input", "retry", "page", "tasks/cancel", "interrupt"
     created: float = 0.0
 
 
