@@ -77,6 +77,59 @@ async def test_a_replica_sigkilled_while_it_runs_a_cell_is_replaced_within_the_l
     assert sources == ["y = 41", "y"], sources  # the record: every answered cell, nothing of the lost one claimed
 
 
+async def test_get_run_of_a_sigkilled_replicas_run_answers_lost_within_the_lease_expiry(fleet: Fleet) -> None:
+    """Nobody calls the session after its replica was SIGKILLed: get_run on another replica still sees the run's
+    holder is dead (its replica lease ran out) and records the run lost, saying honestly what went where; it never
+    follows it as ``running`` for ever. The session's next call works, with what the cell set in the kernel."""
+    victim = fleet.start("killed-holder")
+    survivor = fleet.replicas[1]
+    handle = (await call(victim.url, "v = 1"))["session"]
+    async with Client(victim.url) as client:
+        going = await client.call_tool("execute_code", {"code": "import time\ntime.sleep(2)\nv = 7", "session": handle})
+    running = going.structured_content
+    assert running is not None and running.get("ending") == "running", going.content
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait(10)
+    fleet.replicas.remove(victim)
+    killed = time.monotonic()
+    async with Client(survivor.url) as client:
+        with anyio.fail_after(LEASE_TTL + 4):  # before: followed as running until wait_s ran out
+            lost = await client.call_tool("get_run", {"run_id": running["run_id"], "wait_s": 60})
+        took = time.monotonic() - killed
+        again = await client.call_tool("get_run", {"run_id": running["run_id"], "wait_s": 0})
+    said = "".join(getattr(c, "text", "") for c in lost.content)
+    assert lost.is_error and "was lost" in said, said
+    assert "may have finished in the session's kernel" in said and "variables it set are in the kernel" in said, said
+    assert took < LEASE_TTL + 3, f"get_run said lost {took:.1f} s after the SIGKILL"
+    assert again.is_error and "".join(getattr(c, "text", "") for c in again.content) == said  # recorded once, kept
+    after = await call(survivor.url, "v", session=handle)
+    assert after["result"] == 7, after  # the cell finished in the gateway's kernel: its variable is there
+
+
+async def test_an_interrupt_on_another_replica_reaches_the_replica_running_the_cell(fleet: Fleet) -> None:
+    """interrupt(session) on B while A runs the session's yielded cell: relayed to A (the relay's ask, as tasks/cancel
+    is), which interrupts it; get_run answers it interrupted at once, not when the cell would have ended."""
+    a, b = fleet.replicas[0], fleet.replicas[1]
+    handle = (await call(a.url, "n = 0"))["session"]
+    async with Client(a.url) as on_a:
+        going = await on_a.call_tool("execute_code", {"code": "import time\nfor n in range(120):\n    time.sleep(0.25)",
+                                                      "session": handle})
+    running = going.structured_content
+    assert running is not None and running.get("ending") == "running", going.content
+    async with Client(b.url) as on_b:
+        sent = await on_b.call_tool("interrupt", {"session": handle})
+        told = "".join(getattr(c, "text", "") for c in sent.content)
+        assert not sent.is_error and "nothing was running" not in told, told  # before: B looked at its own kernel only
+        asked = time.monotonic()
+        with anyio.fail_after(15):  # the cell itself runs 30 s
+            done = await on_b.call_tool("get_run", {"run_id": running["run_id"], "wait_s": 40})
+    answer = done.structured_content
+    assert answer is not None and not answer["success"] and "KeyboardInterrupt" in str(answer.get("error")), answer
+    assert time.monotonic() - asked < 10
+    after = await call(b.url, "n", session=handle)
+    assert 0 < after["result"] < 100, after  # the session goes on, with what the interrupted cell left
+
+
 async def test_a_replica_paused_past_its_lease_cannot_write_and_lets_go(fleet: Fleet) -> None:
     paused = fleet.start("paused")
     other = fleet.replicas[2]

@@ -229,7 +229,18 @@ async def test_lease_compare_and_set_and_fencing(store: Store) -> None:
     assert await store.get_run("run-a", owner="alice") is None and await store.get_question("q-a", owner=None) is None
     with pytest.raises(StaleLease):  # a fence is for its own session only
         await store.append_journal("s2", {"cell": 1}, fence=Fence.of(b))
-    await store.put_run(RunRecord("run-b", "s1", "alice", "running"), fence=Fence.of(b))
+    await store.put_run(RunRecord("run-b", "s1", "alice", "running", holder="replica:gateway:b"), fence=Fence.of(b))
+    await store.put_run(RunRecord("run-b", "s1", "alice", "running"), fence=Fence.of(b))  # later writes keep the holder
+    held = await store.get_run("run-b", owner="alice")
+    assert held is not None and held.holder == "replica:gateway:b"
+    with pytest.raises(StaleLease):  # a run is recorded lost only under its session's current lease
+        await store.lose_run("run-b", fence=Fence.of(a))
+    await store.put_run(RunRecord("run-b2", "s1", "alice", "awaiting_input"), fence=Fence.of(b))
+    assert await store.lose_run("run-b2", fence=Fence.of(b)) is True
+    assert await store.lose_run("run-b2", fence=Fence.of(b)) is False  # once
+    lost = await store.get_run("run-b2", owner="alice")
+    assert lost is not None and lost.state == "lost"
+    await store.delete_run("run-b2")
     assert await store.append_journal("s1", {"cell": 2}, fence=Fence.of(b)) == 2
     await store.put_session(_session("s1", working_dir="/from/b"), fence=Fence.of(b))
     assert [e.record for e in await store.journal("s1")] == [{"cell": 1}, {"cell": 2}]
@@ -506,7 +517,7 @@ async def test_the_sqlite_store_is_private_and_in_wal_mode(tmp_path: Path) -> No
             assert (tmp_path / name).stat().st_mode & 0o077 == 0, name
         with sqlite3.connect(tmp_path / DB_NAME) as db:
             assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-            assert db.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [(1,), (2,), (3,)]
+            assert db.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [(1,), (2,), (3,), (4,)]
     finally:
         await s.close()
     assert isinstance(await open_store(f"sqlite:///{tmp_path}/other.db", tmp_path), SQLiteStore)

@@ -4,7 +4,9 @@ answer as the client would get it (the ``CallToolResult``'s JSON); and read back
 does not hold — one from before a restart, or one no longer kept in memory.
 
 A run recorded as running or waiting for input when its server died is marked ``lost`` when the next server
-starts (``SessionManager``); its answer says so, honestly, and never "unknown". Nothing read back is executed:
+starts (``SessionManager``), or, in a fleet, once its holder replica's lease ran out (each run's record names
+its replica: the next call to its session or a get_run on any replica marks it); its answer says so, honestly,
+and never "unknown". Nothing read back is executed:
 a stored answer is JSON validated as a ``CallToolResult``.
 """
 
@@ -22,8 +24,9 @@ from mcp_types import CallToolResult, ElicitResult, InputRequiredResult, TextCon
 from kernelexec.errors import InvalidRequest, KernelexecError
 from kernelexec.server.questions import INPUT_KEY, STATE_SEPARATOR, resumed, stored_request
 from kernelexec.server.results import ExecuteResult
+from kernelexec.session.fleet import LEASE_TTL, REPLICAS
 from kernelexec.session.runs import APPROVED, KEEP_FINISHED, Run
-from kernelexec.store import QuestionRecord, RunRecord, RunState, Store, TaskRecord
+from kernelexec.store import Fence, QuestionRecord, RunRecord, RunState, Store, TaskRecord
 from kernelexec.store.interface import UNFINISHED
 
 if TYPE_CHECKING:
@@ -92,6 +95,11 @@ def observer(app: App) -> Any:
 
         return wire(awaiting_input(run, question))
 
+    def holder() -> str | None:
+        """This replica's lease key in a fleet: another replica's get_run sees from it whether the run's holder lives."""
+        fleet = app.sessions.fleet
+        return fleet.key if fleet is not None and fleet.drives else None
+
     recorded: dict[str, anyio.Event] = {}  # runs whose id was told, until their end is recorded: set once the first record is
     forgotten: set[str] = set()  # runs whose own call took their answer before their final record was written
 
@@ -105,7 +113,8 @@ def observer(app: App) -> Any:
             written = recorded[run.id] = anyio.Event()
             try:
                 first: RunState = "awaiting_input" if run.awaiting is not None else "running"
-                await put_first(store, RunRecord(run.id, run.session.handle, run.session.owner, first, await asked(run)))
+                await put_first(store, RunRecord(run.id, run.session.handle, run.session.owner, first, await asked(run),
+                                                 holder=holder()))
             except BaseException:  # never told: its later records have nothing to follow
                 recorded.pop(run.id, None)
                 raise
@@ -151,6 +160,13 @@ def observer(app: App) -> Any:
 
 
 def _lost(record: RunRecord) -> str:
+    if record.holder is not None and record.holder.startswith(f"{REPLICAS}gateway:"):
+        return (f"run {record.id} of session {record.session} was lost: the replica of this fleet that ran it "
+                f"({record.holder.split(':', 2)[-1]}) stopped (killed, cut off, or drained past its deadline) while its cell ran "
+                f"(started {_when(record.created)}, last recorded {_when(record.updated)}), so its answer is not known. "
+                "The cell may have finished in the session's kernel, which kept running on the gateway: its output went "
+                "to the replica that stopped and is not recorded, but whatever variables it set are in the kernel, and the "
+                "session's next call uses that kernel. Look at them (or at the files it writes) before running the code again.")
     return (f"run {record.id} of session {record.session} was lost: the server was stopped or died while its cell ran "
             f"(started {_when(record.created)}, last recorded {_when(record.updated)}), so it has no answer and cannot go on. "
             "The session's notebook keeps every cell that finished before it; the variables this cell was making "
@@ -192,11 +208,40 @@ async def get_run(app: App, run_id: str, unknown: InvalidRequest, wait_s: float 
     fleet = app.sessions.fleet
     if fleet is None or not fleet.drives:
         return stored_answer(record)
+    record = await lose_if_orphaned(app, record)
     with anyio.move_on_after(wait_s), app.drain.waiting():  # a draining replica answers at its drain's end
         while record.state in UNFINISHED and waits_on(record) is None:
             await anyio.sleep(FOLLOW_EVERY)
             record = await stored_run(app.sessions.store, run_id, owner) or record
+            record = await lose_if_orphaned(app, record)
     return await answer_of(app, record)
+
+
+async def lose_if_orphaned(app: App, record: RunRecord) -> RunRecord:
+    """An unfinished run whose holder replica's lease ran out (SIGKILLed, cut off) recorded ``lost``, so get_run never
+    follows a dead replica's run as ``running``. Written once, under the session's lease (taken without waiting and
+    let go at once): a live replica driving the session writes nothing here, and a holder that was only paused finds
+    its lease taken. The run as it is now."""
+    store, fleet = app.sessions.store, app.sessions.fleet
+    if (store is None or fleet is None or record.state not in UNFINISHED or record.holder is None
+            or record.holder == fleet.key or record.session in fleet.held):
+        return record
+    try:
+        if await store.current_lease(record.holder) is not None:  # its replica lives
+            return record
+        lease = await store.acquire_lease(record.session, fleet.id, LEASE_TTL)
+        if lease is None:  # driven by a live replica (which marked it lost when it took the session), or not expired yet
+            return record
+        try:
+            if await store.lose_run(record.id, fence=Fence.of(lease)):
+                logger.warning("run %s of session %s recorded as lost: its replica (%s) stopped renewing its lease",
+                               record.id, record.session, record.holder.split(":", 2)[-1])
+        finally:
+            await store.release_lease(lease)
+    except KernelexecError as exc:  # the store is unreachable a moment: looked at again on the next read
+        logger.warning("run %s: looking whether its replica lives: %s", record.id, exc)
+        return record
+    return await stored_run(store, record.id, record.owner) or record
 
 
 def waits_on(record: RunRecord) -> str | None:

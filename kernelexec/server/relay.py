@@ -1,5 +1,5 @@
-"""A fleet's relay: what a call on one replica asks of a run another replica holds — cancel it (tasks/cancel), or
-answer its question (send_input, a retried call's input_responses, a secret page's POST) — written as a row in the
+"""A fleet's relay: what a call on one replica asks of a run another replica holds — cancel it (tasks/cancel),
+interrupt its cell (interrupt), or answer its question (send_input, a retried call's input_responses, a secret page's POST) — written as a row in the
 store (``asks``) that the holder takes and applies exactly as its own call would. One mechanism for every door:
 the holder polls its unfinished runs' asks every ``POLL_EVERY`` (one indexed ``DELETE … RETURNING``, only while
 it has unfinished runs), and each ask is taken once.
@@ -35,7 +35,7 @@ from kernelexec.errors import InvalidRequest, KernelexecError
 from kernelexec.server.questions import STATE_SEPARATOR
 from kernelexec.session.runs import MAX_INPUT_CHARS, Run
 from kernelexec.store import AlreadyAnswered, AskRecord, GrantRecord, QuestionRecord, Store
-from kernelexec.store.interface import visible
+from kernelexec.store.interface import UNFINISHED, visible
 
 if TYPE_CHECKING:
     from kernelexec.session.manager import SessionManager
@@ -104,6 +104,13 @@ class Relay:
             for told in self.on_cancel:
                 told(run)
             run.cancel()
+            return
+        if ask.kind == "interrupt":  # as this replica's own interrupt tool: SIGINT, and a question waiting is declined
+            try:
+                await run.session.interrupt()
+            except KernelexecError as exc:
+                logger.warning("run %s: an interrupt asked on another replica was not sent: %s", run.id, exc)
+            self.sessions.runs.decline_waiting(run.session)
             return
         try:
             text = self.open(ask)
@@ -175,6 +182,18 @@ class Relay:
         store = self.store
         if store is not None:
             await store.ask(AskRecord(run_id, "cancel", owner, channel="tasks/cancel"))
+
+    async def ask_interrupt(self, session: str, owner: str | None) -> int:
+        """interrupt of a session whose cell runs on another replica: each of its unfinished runs in the store held
+        by another replica is asked of its holder. How many were asked (0: none runs elsewhere)."""
+        store, fleet = self.store, self.sessions.fleet
+        if store is None or fleet is None:
+            return 0
+        elsewhere = [run for run in await store.runs_of(session, owner=owner)
+                     if run.state in UNFINISHED and run.holder is not None and run.holder != fleet.key]
+        for run in elsewhere:
+            await store.ask(AskRecord(run.id, "interrupt", owner, channel="interrupt"))
+        return len(elsewhere)
 
     async def answer(self, run_id: str, question_id: Any, text: str | None, channel: str, owner: str | None,
                      unknown: InvalidRequest) -> QuestionRecord:

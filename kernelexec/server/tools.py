@@ -130,6 +130,8 @@ def _control_tools(app: App) -> dict[str, Any]:
         target = await app.resolve(ctx, session)
         sent = await target.interrupt()
         app.sessions.runs.decline_waiting(target)  # a cell waiting in input() stops waiting too
+        if not sent and await app.relay.ask_interrupt(target.handle, app.owner()):  # its cell runs on another replica
+            return info(target, "interrupt sent to the replica of this fleet running its cell")
         return info(target, "interrupt sent" if sent else "nothing was running")
 
     @translated

@@ -100,6 +100,9 @@ class RunHost(Protocol):
 
     async def run(self, code: str, *, timeout: float, working_dir: str | None = None, on_output: Any = None,
                   result_rule: ResultRule = "variable", ask: Ask | None = None, approve: Approve | None = None) -> Finished: ...
+    async def interrupt(self) -> bool:
+        """SIGINT to the running cell (an interrupt relayed from another replica of a fleet); False if none runs."""
+        ...
 
 
 def question_id() -> str:

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from kernelexec.errors import KernelexecError
 
-SCHEMA_VERSION = 3  # 2: sessions.closed; 3: asks, grants
+SCHEMA_VERSION = 4  # 2: sessions.closed; 3: asks, grants; 4: runs.holder
 
 RunState = Literal["running", "awaiting_input", "finished", "failed", "lost"]
 RUN_STATES: tuple[RunState, ...] = ("running", "awaiting_input", "finished", "failed", "lost")
@@ -68,6 +68,7 @@ class RunRecord:
     answer: dict[str, Any] | None = None  # the final answer (a CallToolResult's JSON dump), once there is one
     created: float = 0.0
     updated: float = 0.0
+    holder: str | None = None  # a fleet's: the replica lease (``replica:<kind>:<id>``) of the replica running it
 
 
 @dataclass(frozen=True)
@@ -100,13 +101,13 @@ class QuestionRecord:
     created: float = 0.0
 
 
-AskKind = Literal["cancel", "answer"]
+AskKind = Literal["cancel", "answer", "interrupt"]
 
 
 @dataclass(frozen=True)
 class AskRecord:
     """A request for the replica that runs ``run_id``, made on another replica of a fleet (``server/relay.py``):
-    cancel the run (tasks/cancel), or answer its question ``question_id`` (send_input, a retried call, a secret
+    cancel the run (tasks/cancel), interrupt its session's cell (interrupt), or answer its question ``question_id`` (send_input, a retried call, a secret
     page's POST). The holder polls for its runs' asks and takes each once (``take_asks`` deletes what it reads)."""
 
     run_id: str
@@ -114,7 +115,7 @@ class AskRecord:
     owner: str | None = None  # who asked: checked again by the holder against the run's owner
     question_id: str | None = None
     text: str | None = None  # an answer, sealed with the fleet's key (relay.py) when it has one; None declines
-    channel: str = ""  # the door it came through: "send_input", "retry", "page"
+    channel: str = ""  # the door it came through: "send_input", "retry", "page", "tasks/cancel", "interrupt"
     created: float = 0.0
 
 
@@ -192,6 +193,11 @@ class Store(Protocol):
     async def runs_of(self, session: str, *, owner: str | None) -> list[RunRecord]: ...
     async def lose_unfinished(self, *, session: str | None = None) -> int:
         """Mark every running/awaiting_input run (of ``session``, or all) as lost: its server died. How many."""
+        ...
+
+    async def lose_run(self, run_id: str, *, fence: Fence) -> bool:
+        """Mark one running/awaiting_input run lost (compare-and-set, fenced by its session's lease): its holder
+        replica died. Whether this call did (False: it had ended, or was marked already)."""
         ...
 
     async def delete_run(self, run_id: str) -> None:

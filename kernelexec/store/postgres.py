@@ -55,7 +55,7 @@ from kernelexec.store.sqlite import (
     task_row,
 )
 
-RUN_COLUMNS = "id, session, owner, state, answer::text, created, updated"
+RUN_COLUMNS = "id, session, owner, state, answer::text, created, updated, holder"
 MIGRATION_LOCK = 0x6B65_7865  # pg_advisory_xact_lock key: "kexe"
 
 _STATES = ", ".join(f"'{s}'" for s in RUN_STATES)
@@ -82,6 +82,7 @@ MIGRATIONS: dict[int, list[str]] = {
         "CREATE INDEX asks_by_run ON asks (run_id)",
         """CREATE TABLE grants (digest TEXT PRIMARY KEY, kind TEXT NOT NULL, owner TEXT, session TEXT NOT NULL,
            expires DOUBLE PRECISION NOT NULL, caps TEXT NOT NULL, used BOOLEAN NOT NULL DEFAULT false)"""],
+    4: ["ALTER TABLE runs ADD COLUMN holder TEXT"],
 }
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
@@ -243,9 +244,11 @@ class PostgresStore:
         async def put(cur: Any) -> None:
             await self._fenced(cur, fence)
             await cur.execute(
-                """INSERT INTO runs (id, session, owner, state, answer, created, updated) VALUES (%s, %s, %s, %s, %s::json, %s, %s)
-                   ON CONFLICT (id) DO UPDATE SET state = excluded.state, answer = excluded.answer, updated = excluded.updated""",
-                (record.id, record.session, record.owner, record.state, answer, record.created or now, now))
+                """INSERT INTO runs (id, session, owner, state, answer, created, updated, holder)
+                   VALUES (%s, %s, %s, %s, %s::json, %s, %s, %s)
+                   ON CONFLICT (id) DO UPDATE SET state = excluded.state, answer = excluded.answer, updated = excluded.updated,
+                   holder = coalesce(excluded.holder, runs.holder)""",
+                (record.id, record.session, record.owner, record.state, answer, record.created or now, now, record.holder))
 
         await self._run(put, "cannot write the run", single=fence is None)
 
@@ -267,6 +270,16 @@ class PostgresStore:
             return count
 
         result: int = await self._run(lose, "cannot mark the unfinished runs lost")
+        return result
+
+    async def lose_run(self, run_id: str, *, fence: Fence) -> bool:
+        async def lose(cur: Any) -> bool:
+            await self._fenced(cur, fence)
+            await cur.execute("UPDATE runs SET state = 'lost', updated = %s WHERE id = %s AND session = %s AND state = ANY(%s)",
+                              (time.time(), run_id, fence.session, list(UNFINISHED)))
+            return bool(cur.rowcount)
+
+        result: bool = await self._run(lose, "cannot mark the run lost")
         return result
 
     async def delete_run(self, run_id: str) -> None:

@@ -51,7 +51,7 @@ DB_NAME = "kernelexec.db"
 
 # the columns each record is read from, in its fields' order (never SELECT *: a migration may add columns)
 SESSION_COLUMNS = "handle, owner, working_dir, environment, profile, local_slot, gateway_kernel_id, created, updated, closed"
-RUN_COLUMNS = "id, session, owner, state, answer, created, updated"
+RUN_COLUMNS = "id, session, owner, state, answer, created, updated, holder"
 TASK_COLUMNS = "id, owner, run_id, ttl_s, status, created, updated"
 QUESTION_COLUMNS = "id, run_id, prompt, password, approval, answerer, answered, created"
 ASK_COLUMNS = "run_id, kind, owner, question_id, text, channel, created"
@@ -81,6 +81,7 @@ MIGRATIONS: dict[int, list[str]] = {
         "CREATE INDEX asks_by_run ON asks (run_id)",
         """CREATE TABLE grants (digest TEXT PRIMARY KEY, kind TEXT NOT NULL, owner TEXT, session TEXT NOT NULL,
            expires REAL NOT NULL, caps TEXT NOT NULL, used INTEGER NOT NULL DEFAULT 0)"""],
+    4: ["ALTER TABLE runs ADD COLUMN holder TEXT"],
 }
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
@@ -298,9 +299,10 @@ class SQLiteStore:
         def put(db: sqlite3.Connection) -> None:
             self._fenced(db, fence)
             db.execute(
-                """INSERT INTO runs (id, session, owner, state, answer, created, updated) VALUES (?, ?, ?, ?, ?, ?, ?)
-                   ON CONFLICT (id) DO UPDATE SET state = excluded.state, answer = excluded.answer, updated = excluded.updated""",
-                (record.id, record.session, record.owner, record.state, answer, record.created or now, now))
+                """INSERT INTO runs (id, session, owner, state, answer, created, updated, holder) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                   ON CONFLICT (id) DO UPDATE SET state = excluded.state, answer = excluded.answer, updated = excluded.updated,
+                   holder = coalesce(excluded.holder, runs.holder)""",
+                (record.id, record.session, record.owner, record.state, answer, record.created or now, now, record.holder))
 
         await self._write(put)
 
@@ -319,6 +321,16 @@ class SQLiteStore:
         where = f"state IN ({marks})" + (" AND session = ?" if session is not None else "")
         params: tuple[Any, ...] = (now, *UNFINISHED, *((session,) if session is not None else ()))
         return await self._write(lambda db: db.execute(f"UPDATE runs SET state = 'lost', updated = ? WHERE {where}", params).rowcount)
+
+    async def lose_run(self, run_id: str, *, fence: Fence) -> bool:
+        marks = ", ".join("?" for _ in UNFINISHED)
+
+        def lose(db: sqlite3.Connection) -> bool:
+            self._fenced(db, fence)
+            return bool(db.execute(f"UPDATE runs SET state = 'lost', updated = ? WHERE id = ? AND session = ? AND state IN ({marks})",
+                                   (time.time(), run_id, fence.session, *UNFINISHED)).rowcount)
+
+        return bool(await self._write(lose))
 
     async def delete_run(self, run_id: str) -> None:
         await self._write(lambda db: db.execute("DELETE FROM runs WHERE id = ?", (run_id,)))
@@ -519,8 +531,8 @@ def session_row(row: tuple[Any, ...]) -> SessionRecord:
 
 
 def run_row(row: tuple[Any, ...]) -> RunRecord:
-    run_id, session, owner, state, answer, created, updated = row
-    return RunRecord(run_id, session, owner, state, json.loads(answer) if answer is not None else None, created, updated)
+    run_id, session, owner, state, answer, created, updated, holder = row
+    return RunRecord(run_id, session, owner, state, json.loads(answer) if answer is not None else None, created, updated, holder)
 
 
 def task_row(row: tuple[Any, ...]) -> TaskRecord:
