@@ -162,10 +162,11 @@ async def test_server_reconnects_through_planted_ipc_symlinks(world: World, targ
     assert kernel is not None
     old_pids = kernel_pids(t.dirs[mode], kernel.connection_file)
     assert old_pids, "the attacker's kernel not found in /proc"
-    conn = json.loads(kernel.connection_file.read_text())
-    sockets = [Path(f"{conn['ip']}-{conn[name]}") for name in conn if name.endswith("_port")]
-
-    def window_closed() -> bool:  # a new kernel listens on real sockets at every path again
+    def window_closed() -> bool:  # a new kernel listens on real sockets at every path of the kernel's slot again
+        # read each time: a restart that swaps the session's warm spare in moves the kernel to its other slot (other
+        # paths); the old slot's planted links are then cleared before its next kernel starts (provisioner.py)
+        conn = json.loads(kernel.connection_file.read_text())
+        sockets = [Path(f"{conn['ip']}-{conn[name]}") for name in conn if name.endswith("_port")]
         fresh = [p for p in kernel_pids(t.dirs[mode], kernel.connection_file) if p not in old_pids]
         return bool(fresh) and all(p.is_socket() and not p.is_symlink() for p in sockets)
 
