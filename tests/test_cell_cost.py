@@ -25,7 +25,9 @@ async def test_a_cells_cpu_seconds_are_its_own_and_its_peak_memory_grows_with_wh
     base = light["peak_memory_mb"]
     assert base > 10, base  # an IPython kernel's own resident memory
     held = await harness.run(f"block = b'k' * {300 * MB}", session=burnt["session"])  # written, so resident
-    assert held["peak_memory_mb"] >= base + 300, (base, held["peak_memory_mb"])
+    # base is a high-water mark (the burn cell's), not what the kernel held just before: a little of it may have
+    # been given back since, so the 300 MB block lifts the peak by a little less than 300 over it
+    assert held["peak_memory_mb"] >= base + 290, (base, held["peak_memory_mb"])
     answer = await harness.call("execute_code", code="x = 2", session=burnt["session"])
     header = answer.content[0].text.splitlines()[0]  # a quick cell: no cpu=, the kernel's peak past 256 MB said
     assert " cpu=" not in header and f" peak={held['peak_memory_mb']:.0f}MB" in header, header

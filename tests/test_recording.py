@@ -197,6 +197,15 @@ async def test_a_killed_server_loses_only_the_cell_in_flight_and_its_session_com
         session_dir = Path(first.structured_content["notebook"]).parent
         started = session_dir / "work" / "started"
 
+        def y_saved() -> bool:  # the background save of y done (a cell starting at once would put it off)
+            try:
+                manifest = json.loads((session_dir / "checkpoint" / "manifest.json").read_text())
+            except (OSError, ValueError):
+                return False
+            return "y" in manifest.get("vars", {})
+
+        await wait_until(y_saved)
+
         async def in_flight() -> None:
             code = "open('started', 'w').close()\nimport time\ntime.sleep(60)\nlost = True"
             with pytest.raises(MCPError, match="Connection closed"):
