@@ -106,15 +106,21 @@ def gateway(short_tmp: Path) -> Iterator[Gateway]:
     stop_gateway(found)
 
 
-@pytest.fixture(scope="module")
-def fleet(short_tmp: Path, postgres: Postgres, gateway: Gateway) -> Iterator[Fleet]:
-    base = Path(tempfile.mkdtemp(prefix="fleet", dir=short_tmp))  # its own: another module's fleet may share short_tmp
+def new_fleet(short_tmp: Path, postgres: Postgres, gateway: Any, prefix: str) -> Fleet:
+    """A fleet (no replica yet) in a directory of its own (another module's fleet may share short_tmp): a key
+    file (0600), a shared directory and a database of its own."""
+    base = Path(tempfile.mkdtemp(prefix=prefix, dir=short_tmp))
     key_file = base / "state.key"
     key_file.write_text(os.urandom(32).hex() + "\n")
     key_file.chmod(0o600)
     shared = base / "shared"
     shared.mkdir()
-    found = Fleet(base, postgres.url(postgres.create_db()), gateway, key_file, shared)
+    return Fleet(base, postgres.url(postgres.create_db()), gateway, key_file, shared)
+
+
+@pytest.fixture(scope="module")
+def fleet(short_tmp: Path, postgres: Postgres, gateway: Gateway) -> Iterator[Fleet]:
+    found = new_fleet(short_tmp, postgres, gateway, "fleet")
     try:
         for name in ("a", "b", "c"):
             found.start(name)

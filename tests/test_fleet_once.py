@@ -9,9 +9,7 @@ is served.
 
 from __future__ import annotations
 
-import os
 import signal
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +18,7 @@ from typing import Any
 import anyio
 import pytest
 
-from .fleet_parts import Fleet, call, gateway
+from .fleet_parts import Fleet, call, gateway, new_fleet
 from .pg import Postgres, postgres
 
 __all__ = ["gateway", "postgres"]  # fixtures
@@ -32,13 +30,7 @@ IDLE_S = 8.0
 
 @pytest.fixture(scope="module")
 def fleet(short_tmp: Path, postgres: Postgres, gateway: Any) -> Iterator[Fleet]:
-    base = Path(tempfile.mkdtemp(prefix="once", dir=short_tmp))
-    key_file = base / "state.key"
-    key_file.write_text(os.urandom(32).hex() + "\n")
-    key_file.chmod(0o600)
-    shared = base / "shared"
-    shared.mkdir()
-    found = Fleet(base, postgres.url(postgres.create_db()), gateway, key_file, shared)
+    found = new_fleet(short_tmp, postgres, gateway, "once")
     try:
         for name in ("a", "b", "c"):
             found.start(name, "--idle-timeout", str(IDLE_S), "--yield-after", "5")

@@ -11,8 +11,6 @@ second send_input on another replica is refused; the cell got one answer).
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, ElicitResult, InputRequiredResult
 
-from .fleet_parts import Fleet, gateway
+from .fleet_parts import Fleet, gateway, new_fleet
 from .pg import Postgres, postgres
 
 __all__ = ["gateway", "postgres"]  # fixtures
@@ -39,15 +37,9 @@ BOB = "bob-token-" + "b" * 32
 @pytest.fixture(scope="module")
 def fleet(short_tmp: Path, postgres: Postgres, gateway: Any) -> Iterator[Fleet]:
     """Two replicas, each with the same two tokens (alice's and bob's)."""
-    base = Path(tempfile.mkdtemp(prefix="relay", dir=short_tmp))
-    key_file = base / "state.key"
-    key_file.write_text(os.urandom(32).hex() + "\n")
-    key_file.chmod(0o600)
-    tokens = base / "tokens"
+    found = new_fleet(short_tmp, postgres, gateway, "relay")
+    tokens = found.base / "tokens"
     tokens.write_text(f"{ALICE}\n{BOB}\n")
-    shared = base / "shared"
-    shared.mkdir()
-    found = Fleet(base, postgres.url(postgres.create_db()), gateway, key_file, shared)
     try:
         for name in ("a", "b"):
             found.start(name, "--auth-token-file", str(tokens), "--yield-after", "5")  # questions within it, on a busy machine
