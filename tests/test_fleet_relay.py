@@ -92,6 +92,28 @@ async def test_send_input_on_another_replica_answers_the_input_asked_through_the
         assert got.structured_content is not None and got.structured_content["result"] == "hello Ada", text(got)
 
 
+async def test_send_input_on_another_replica_with_wait_s_0_says_what_it_did(fleet: Fleet) -> None:
+    """wait_s=0 ("just look") on a replica that does not hold the run: the answer is relayed and the call says so, not
+    "unknown run" (its one look at the run's record was cancelled before it was made), and it never hands back the
+    question it has just answered as the one the run waits on."""
+    a, b = fleet.replicas[0].url, fleet.replicas[1].url
+    async with client(a, ALICE) as on_a:
+        asked = await on_a.call_tool("execute_code", {"code": "name = input('Name? ')\nf'hi {name}'"})
+        while asked.structured_content is not None and asked.structured_content["ending"] == "running":  # a kernel starting
+            asked = await on_a.call_tool("get_run", {"run_id": asked.structured_content["run_id"], "wait_s": 30})
+    waiting = asked.structured_content
+    assert waiting is not None and waiting["ending"] == "awaiting_input", text(asked)
+    run_id, question_id = waiting["run_id"], waiting["question_id"]
+    async with client(b, ALICE) as on_b:
+        sent = await on_b.call_tool("send_input", {"run_id": run_id, "question_id": question_id, "text": "Ada", "wait_s": 0})
+        assert not sent.is_error and "input sent" in text(sent), text(sent)
+        said = sent.structured_content or {}
+        assert said.get("question_id") != question_id, text(sent)  # never the answered question again
+    async with client(a, ALICE) as on_a:
+        got = await on_a.call_tool("get_run", {"run_id": run_id, "wait_s": 30})
+        assert got.structured_content is not None and got.structured_content["result"] == "hi Ada", text(got)
+
+
 async def test_a_retry_on_another_replica_answers_with_the_state_the_first_sealed_once(fleet: Fleet) -> None:
     a, b = fleet.replicas[0].url, fleet.replicas[1].url
     arguments = {"code": "first = input('First? ')\nsecond = input('Second? ')\n[first, second]"}

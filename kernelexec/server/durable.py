@@ -12,6 +12,7 @@ a stored answer is JSON validated as a ``CallToolResult``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -323,16 +324,16 @@ async def follow_relayed(app: App, run_id: str, answered: str, wait_s: float, *,
     until it ends or waits on another question; its answer, that question (an InputRequiredResult for a retried
     call), or that it runs on."""
     store, owner = app.sessions.store, app.owner()
-    record: RunRecord | None = None
+    record = await stored_run(store, run_id, owner)  # looked at once whatever wait_s (0: just look), not in its scope
     with anyio.move_on_after(wait_s):
-        while True:
-            record = await stored_run(store, run_id, owner) or record
-            if record is None or record.state not in UNFINISHED or (
-                    record.state == "awaiting_input" and waits_on(record) not in (None, answered)):
-                break
+        while record is not None and record.state in UNFINISHED and not (
+                record.state == "awaiting_input" and waits_on(record) not in (None, answered)):
             await anyio.sleep(FOLLOW_EVERY)
+            record = await stored_run(store, run_id, owner) or record
     if record is None:
         raise InvalidRequest(f"unknown run {run_id[:80]!r}")
+    if waits_on(record) == answered:  # the holder has not taken the answer yet: never that question handed back again
+        record = dataclasses.replace(record, state="running", answer=None)
     asked = waits_on(record) if record.state == "awaiting_input" else None
     question = await store.get_question(asked, owner=owner) if retry and asked and store is not None else None
     if question is not None and not question.password:  # the next question, as the holder would ask it
