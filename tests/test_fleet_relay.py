@@ -211,6 +211,33 @@ async def test_a_secret_page_opened_on_one_replica_is_served_and_used_once_on_an
         assert "one" not in [w for line in replica.output().splitlines() for w in line.split()], replica.name
 
 
+async def test_a_secret_too_long_is_refused_on_any_replica_and_the_page_stays(fleet: Fleet) -> None:
+    """A secret longer than an answer may be (MAX_INPUT_CHARS), POSTed on the page of A's run through B: refused there
+    ("Too long", nothing sent) before the page's grant is used, as it is on A, so the page still takes a good one.
+    (B said "Sent" and used the grant up; A's run refused the relayed text, and its cell kept waiting.)"""
+    from kernelexec.session.runs import MAX_INPUT_CHARS
+
+    a, b = fleet.replicas[0].url, fleet.replicas[1].url
+    origin_a, origin_b = a.removesuffix("/mcp"), b.removesuffix("/mcp")
+    code = "import getpass, hashlib\nhashlib.sha256(getpass.getpass('Key: ').encode()).hexdigest()"
+    async with client(a, ALICE, elicitation_callback=never_asked) as on_a, httpx2.AsyncClient(timeout=30) as browser:
+        handle = (await on_a.call_tool("execute_code", {"code": "1"})).structured_content["session"]  # type: ignore[index]
+        arguments = {"code": code, "session": handle, "timeout": 120}
+        first = await on_a.session.call_tool("execute_code", arguments, allow_input_required=True)
+        assert isinstance(first, InputRequiredResult), first
+        page_a = first.input_requests["input"].params.url  # type: ignore[union-attr]
+        for page in (page_a, origin_b + page_a.removeprefix(origin_a)):  # on the holder, then through another replica
+            too_long = await browser.post(page, data={"token": form_token(await browser.get(page)),
+                                                       "secret": "x" * (MAX_INPUT_CHARS + 1)})
+            assert too_long.status_code == 413 and "Nothing was sent" in too_long.text, (page, too_long.status_code)
+        sent = await browser.post(page, data={"token": form_token(await browser.get(page)), "secret": "one"})
+        assert sent.status_code == 200, sent.text
+        done = await on_a.session.call_tool("execute_code", arguments, input_responses={"input": ElicitResult(action="accept")},
+                                            request_state=first.request_state, allow_input_required=True)
+    assert isinstance(done, CallToolResult) and not done.is_error, done
+    assert done.structured_content is not None and done.structured_content["result"] == sha("one"), done
+
+
 async def test_an_upload_url_minted_on_one_replica_is_used_once_on_any(fleet: Fleet) -> None:
     """An upload URL minted by A: a PUT on B lands in the session's kernel (under its lease); another token's PUT is
     404, a replay 410, the same URL PUT at once on A and B lands once, an expired URL is 410 on B."""
