@@ -23,7 +23,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, ElicitResult, InputRequiredResult
 
-from .fleet_parts import Fleet, gateway, new_fleet
+from .fleet_parts import LEASE_TTL, Fleet, gateway, new_fleet
 from .pg import Postgres, postgres
 
 __all__ = ["gateway", "postgres"]  # fixtures
@@ -112,6 +112,28 @@ async def test_send_input_on_another_replica_with_wait_s_0_says_what_it_did(flee
     async with client(a, ALICE) as on_a:
         got = await on_a.call_tool("get_run", {"run_id": run_id, "wait_s": 30})
         assert got.structured_content is not None and got.structured_content["result"] == "hi Ada", text(got)
+
+
+async def test_send_input_for_the_run_of_a_killed_replica_says_it_was_lost(fleet: Fleet) -> None:
+    """An input() asked through a replica that is then SIGKILLed: send_input on another replica, once the dead one's
+    leases ran out, says the run was lost (as get_run does), within its wait, not that the answer went to a run that
+    goes on (the relayed answer has no holder left to take it)."""
+    c = fleet.start("c", "--auth-token-file", str(fleet.base / "tokens"), "--yield-after", "5")
+    async with client(c.url, ALICE) as on_c:
+        asked = await on_c.call_tool("execute_code", {"code": "name = input('Name? ')\nf'hi {name}'"})
+        while asked.structured_content is not None and asked.structured_content["ending"] == "running":  # a kernel starting
+            asked = await on_c.call_tool("get_run", {"run_id": asked.structured_content["run_id"], "wait_s": 30})
+    waiting = asked.structured_content
+    assert waiting is not None and waiting["ending"] == "awaiting_input", text(asked)
+    c.proc.kill()
+    c.proc.wait(30)
+    await anyio.sleep(LEASE_TTL + 2)  # its replica's and its session's leases ran out
+    async with client(fleet.replicas[1].url, ALICE) as on_b:
+        began = anyio.current_time()
+        sent = await on_b.call_tool("send_input", {"run_id": waiting["run_id"], "question_id": waiting["question_id"],
+                                                   "text": "Ada", "wait_s": 20})
+        assert "was lost" in text(sent), text(sent)
+        assert anyio.current_time() - began < 15, text(sent)
 
 
 async def test_a_retry_on_another_replica_answers_with_the_state_the_first_sealed_once(fleet: Fleet) -> None:

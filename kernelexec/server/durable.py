@@ -291,6 +291,17 @@ async def send_input(app: App, run_id: str, unknown: InvalidRequest) -> None:
                          f"get_run(run_id={record.id!r}) gives its answer")
 
 
+async def refuse_if_lost(app: App, run_id: str) -> None:
+    """Before an answer is relayed to a run another replica holds: a run whose holder stopped (its lease ran out) is
+    recorded lost (``lose_if_orphaned``) and its question refused, as for a run lost any other way; else the answer
+    went to a row nobody takes and the caller was told it was sent to a run still going."""
+    record = await stored_run(app.relay.store, run_id, app.owner())
+    if record is not None and record.state in UNFINISHED:
+        record = await lose_if_orphaned(app, record)
+    if record is not None and record.state == "lost":
+        raise InvalidRequest(_lost(record) + " Its question cannot be answered any more.")
+
+
 async def resume_elsewhere(app: App, ctx: Any, unknown: InvalidRequest) -> CallToolResult | InputRequiredResult:
     """A 2026-07-28 retry whose run another replica of the fleet holds (app.resume's, by the same rules): its answer
     relayed to the holder (relay.py), then the run followed in the store."""
@@ -302,6 +313,7 @@ async def resume_elsewhere(app: App, ctx: Any, unknown: InvalidRequest) -> CallT
     response = (ctx.input_responses or {}).get(INPUT_KEY)
     accepted = isinstance(response, ElicitResult) and response.action == "accept"
     wait_s = app.settings.yield_after or math.inf
+    await refuse_if_lost(app, run_id)
     if question is not None and question.password and accepted:  # its page answers it, not this
         return await follow_relayed(app, run_id, question_id, wait_s, retry=True)
     text = None
