@@ -301,3 +301,19 @@ async def test_an_upload_url_minted_on_one_replica_is_used_once_on_any(fleet: Fl
         files = await on_a.call_tool("execute_code", {"code": "import os\n[open('one.txt').read(), open('two.txt').read() "
                                                       "in ('from A', 'from B'), os.path.exists('late.txt')]", "session": handle})
     assert files.structured_content is not None and files.structured_content["result"] == ["first file", True, False], text(files)
+
+
+async def test_upload_urls_used_on_another_replica_leave_the_minting_replicas_budget(fleet: Fleet) -> None:
+    """--max-upload-urls-per-token counts the URLs a replica minted that are still unused: one PUT on another replica
+    (a balancer's round robin) is used too, and its place is free again on the replica that minted it (it stayed
+    counted there until it expired: TooManyUploads for a token whose URLs were all used)."""
+    u = fleet.start("u", "--auth-token-file", str(fleet.base / "tokens"), "--max-upload-urls-per-token", "2")
+    origin_u, origin_b = u.url.removesuffix("/mcp"), fleet.replicas[1].url.removesuffix("/mcp")
+    async with client(u.url, ALICE) as on_u, httpx2.AsyncClient(timeout=60) as http:
+        handle = (await on_u.call_tool("execute_code", {"code": "1"})).structured_content["session"]  # type: ignore[index]
+        for n in range(3):  # a third within a budget of two: the first two were used (on B)
+            granted = await on_u.call_tool("upload_url", {"filename": f"f{n}.txt", "session": handle})
+            assert not granted.is_error and granted.structured_content is not None, text(granted)
+            url = origin_b + granted.structured_content["uploadUrl"].removeprefix(origin_u)
+            landed = await http.put(url, content=b"x", headers={"Content-Type": "application/octet-stream"})
+            assert landed.status_code == 201, landed.text
