@@ -317,3 +317,22 @@ async def test_upload_urls_used_on_another_replica_leave_the_minting_replicas_bu
             url = origin_b + granted.structured_content["uploadUrl"].removeprefix(origin_u)
             landed = await http.put(url, content=b"x", headers={"Content-Type": "application/octet-stream"})
             assert landed.status_code == 201, landed.text
+
+
+@pytest.mark.xfail(reason="known (review, Dec 6): the holder's own doors (send_input, a retry) answer through Run.answer "
+                   "without claiming the question in the store, so an answer relayed from another replica moments before "
+                   "is said 'sent' and dropped by the holder; reproduced 4 of 4 times", strict=False)
+async def test_an_answer_relayed_then_one_on_the_holder_one_of_them_is_refused(fleet: Fleet) -> None:
+    """The same question answered through B (relayed, not yet taken by A's poll) and then on A itself: one answer per
+    question across the fleet, so one of the two calls must say it was not used."""
+    a, b = fleet.replicas[0].url, fleet.replicas[1].url
+    async with client(a, ALICE) as on_a, client(b, ALICE) as on_b:
+        asked = await on_a.call_tool("execute_code", {"code": "name = input('Name? ')\nf'hi {name}'"})
+        while asked.structured_content is not None and asked.structured_content["ending"] == "running":  # a kernel starting
+            asked = await on_a.call_tool("get_run", {"run_id": asked.structured_content["run_id"], "wait_s": 30})
+        waiting = asked.structured_content
+        assert waiting is not None and waiting["ending"] == "awaiting_input", text(asked)
+        answer = {"run_id": waiting["run_id"], "question_id": waiting["question_id"]}
+        via_b = await on_b.call_tool("send_input", {**answer, "text": "Ada", "wait_s": 0})
+        via_a = await on_a.call_tool("send_input", {**answer, "text": "Eve", "wait_s": 10})
+    assert via_b.is_error or via_a.is_error, (text(via_b), text(via_a))
