@@ -129,6 +129,8 @@ async def test_send_input_for_the_run_of_a_killed_replica_says_it_was_lost(fleet
     c.proc.wait(30)
     await anyio.sleep(LEASE_TTL + 2)  # its replica's and its session's leases ran out
     async with client(fleet.replicas[1].url, ALICE) as on_b:
+        stopped = await on_b.call_tool("interrupt", {"session": waiting["session"]})  # nobody to send it to
+        assert "interrupt sent" not in text(stopped), text(stopped)
         began = anyio.current_time()
         sent = await on_b.call_tool("send_input", {"run_id": waiting["run_id"], "question_id": waiting["question_id"],
                                                    "text": "Ada", "wait_s": 20})
