@@ -328,13 +328,16 @@ async def test_an_answer_relayed_then_one_on_the_holder_one_of_them_is_refused(f
     """The same question answered through B (relayed, not yet taken by A's poll) and then on A itself: one answer per
     question across the fleet, so one of the two calls must say it was not used."""
     a, b = fleet.replicas[0].url, fleet.replicas[1].url
+    both: list[tuple[str, str]] = []
     async with client(a, ALICE) as on_a, client(b, ALICE) as on_b:
-        asked = await on_a.call_tool("execute_code", {"code": "name = input('Name? ')\nf'hi {name}'"})
-        while asked.structured_content is not None and asked.structured_content["ending"] == "running":  # a kernel starting
-            asked = await on_a.call_tool("get_run", {"run_id": asked.structured_content["run_id"], "wait_s": 30})
-        waiting = asked.structured_content
-        assert waiting is not None and waiting["ending"] == "awaiting_input", text(asked)
-        answer = {"run_id": waiting["run_id"], "question_id": waiting["question_id"]}
-        via_b = await on_b.call_tool("send_input", {**answer, "text": "Ada", "wait_s": 0})
-        via_a = await on_a.call_tool("send_input", {**answer, "text": "Eve", "wait_s": 10})
-    assert via_b.is_error or via_a.is_error, (text(via_b), text(via_a))
+        handle = (await on_a.call_tool("execute_code", {"code": "1"})).structured_content["session"]  # type: ignore[index]
+        for _ in range(3):  # a race with the holder's poll (every 0.25 s): tried a few times
+            asked = await on_a.call_tool("execute_code", {"code": "name = input('Name? ')\nf'hi {name}'", "session": handle})
+            waiting = asked.structured_content
+            assert waiting is not None and waiting["ending"] == "awaiting_input", text(asked)
+            answer = {"run_id": waiting["run_id"], "question_id": waiting["question_id"]}
+            via_b = await on_b.call_tool("send_input", {**answer, "text": "Ada", "wait_s": 0})
+            via_a = await on_a.call_tool("send_input", {**answer, "text": "Eve", "wait_s": 10})
+            if not via_b.is_error and not via_a.is_error:
+                both.append((text(via_b), text(via_a)))
+    assert not both, both
