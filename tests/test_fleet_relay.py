@@ -321,9 +321,6 @@ async def test_upload_urls_used_on_another_replica_leave_the_minting_replicas_bu
             assert landed.status_code == 201, landed.text
 
 
-@pytest.mark.xfail(reason="known (review, Dec 6): the holder's own doors (send_input, a retry) answer through Run.answer "
-                   "without claiming the question in the store, so an answer relayed from another replica moments before "
-                   "is said 'sent' and dropped by the holder; reproduced 4 of 4 times", strict=False)
 async def test_an_answer_relayed_then_one_on_the_holder_one_of_them_is_refused(fleet: Fleet) -> None:
     """The same question answered through B (relayed, not yet taken by A's poll) and then on A itself: one answer per
     question across the fleet, so one of the two calls must say it was not used."""

@@ -345,9 +345,13 @@ class App:
         try:
             with anyio.move_on_after(patience), self.drain.waiting():  # a drain's end: answered as it stands
                 # a secret typed on its page is waited for like output: there is nothing for the call to answer
-                while not started.done.is_set() and (started.awaiting is None or started.on_page is not None):
-                    await started.settled(HEARTBEAT / 2)
-                    await progress.beat()
+                while True:
+                    while not started.done.is_set() and (started.awaiting is None or started.on_page is not None):
+                        await started.settled(HEARTBEAT / 2)
+                        await progress.beat()
+                    # it waits on a question: in a fleet, an answer given on another replica may be on its way
+                    if started.done.is_set() or not await self.relay.deliver_pending(started):
+                        break
         except BaseException:
             if cancel and not started.done.is_set():
                 started.cancel()
@@ -382,6 +386,7 @@ class App:
             value = response.content.get("approve" if approval else "answer")
             text = (APPROVED if value is True else None) if approval else value if isinstance(value, str) else None
         try:
+            await self.relay.claim(found, question_id, self.owner())
             found.answer(question_id, text, by_human=True)
         except InvalidRequest as exc:
             raise InvalidRequest(f"{exc}. This retry's answer was not used; get_run(run_id={found.id!r}) follows the run") from None

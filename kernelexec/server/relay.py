@@ -34,7 +34,7 @@ from kernelexec.config import Settings, state_keys
 from kernelexec.errors import InvalidRequest, KernelexecError
 from kernelexec.server.questions import STATE_SEPARATOR
 from kernelexec.session.runs import MAX_INPUT_CHARS, Run
-from kernelexec.store import AlreadyAnswered, AskRecord, GrantRecord, QuestionRecord, Store
+from kernelexec.store import AlreadyAnswered, AskRecord, GrantRecord, QuestionRecord, Store, StoreError
 from kernelexec.store.interface import UNFINISHED, visible
 
 if TYPE_CHECKING:
@@ -94,6 +94,21 @@ class Relay:
                 continue
             for ask in asks:
                 await self.deliver(runs[ask.run_id], ask)
+
+    async def deliver_pending(self, run: Run) -> bool:
+        """Apply now, not at the next poll, what was asked of ``run`` so far: before this replica answers that its run
+        waits on a question, an answer given on another replica (already taken there) is applied. True if any was."""
+        store = self.store
+        if store is None:
+            return False
+        try:
+            asks = await store.take_asks([run.id])
+        except KernelexecError as exc:
+            logger.warning("reading the asks for run %s: %s", run.id, exc)
+            return False
+        for ask in asks:
+            await self.deliver(run, ask)
+        return bool(asks)
 
     async def deliver(self, run: Run, ask: AskRecord) -> None:
         """Apply an ask as this replica's own call would; what is refused is logged (never the text) and dropped."""
@@ -196,6 +211,22 @@ class Relay:
         for run in elsewhere:
             await store.ask(AskRecord(run.id, "interrupt", owner, channel="interrupt"))
         return len(elsewhere)
+
+    async def claim(self, run: Run, question_id: Any, owner: str | None) -> None:
+        """Before one of this replica's own doors answers its run's question: in a fleet the question may be in the
+        store, where another replica's relayed answer marks it taken (``answer``); mark it here the same way, so one
+        answer wins across the fleet whichever door it came through. A question never written there (the run's id was
+        never told, one server) has no other door: nothing to claim."""
+        store, question = self.store, run.find(question_id)
+        if store is None or question is None or question.answer is not None or question.closed is not None:
+            return  # not a fleet's, or Run.answer refuses it for its own reason
+        try:
+            await store.answer_question(question.id, by=owner)
+        except AlreadyAnswered:
+            raise InvalidRequest(f"question {question.id} of run {run.id} was already answered (through another "
+                                 "replica of this fleet): a question takes one answer") from None
+        except StoreError:
+            pass  # not in the store: only this replica knows it
 
     async def answer(self, run_id: str, question_id: Any, text: str | None, channel: str, owner: str | None,
                      unknown: InvalidRequest) -> QuestionRecord:
