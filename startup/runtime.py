@@ -179,7 +179,9 @@ def _cpu_seconds() -> float:
 
 
 class _Report:
-    """What ``user_expressions`` returns: its JSON mime bundle is the whole answer."""
+    """What ``user_expressions`` returns: its JSON mime bundle is the whole answer. Its ``text/plain`` (IPython
+    formats every user expression as text too) is a short name, not the payload again: the server reads only the
+    JSON, and a second copy would be encoded, sent and decoded on every cell (up to the result cap twice)."""
 
     def __init__(self, payload: dict[str, Any]) -> None:
         self._payload = payload
@@ -188,7 +190,7 @@ class _Report:
         return self._payload
 
     def __repr__(self) -> str:
-        return json.dumps(self._payload)
+        return "<kernelexec report: see application/json>"
 
 
 class Runtime:
