@@ -192,6 +192,24 @@ class _Report:
     def __repr__(self) -> str:
         return "<kernelexec report: see application/json>"
 
+    def bundle(self) -> dict[str, Any]:
+        return {"text/plain": repr(self), "application/json": self._payload}
+
+
+def format_reports_directly(formatter: Any) -> None:
+    """IPython's display formatter answers a report as its JSON bundle at once. Asked as a user expression after
+    every cell, a report went through all eleven of IPython's formatters (each a type lookup along the MRO, its
+    deferred printers, the pretty printer for text/plain): ~0.3 ms of the kernel's time per cell, for a bundle
+    that is its JSON. Any other object is formatted as before."""
+    real = formatter.format
+
+    def format(obj: Any, include: Any = None, exclude: Any = None) -> Any:
+        if type(obj) is _Report:
+            return obj.bundle(), {}
+        return real(obj, include, exclude)
+
+    formatter.format = format
+
 
 class Runtime:
     """Per-kernel state: the last cell's result and the stream budget."""
