@@ -120,6 +120,7 @@ def _kernelexec_install_runtime(shell, policy: "dict", runtime_mod, names: "dict
     names["_kernelexec_if"] = runtime.note_if
     shell.ast_transformers.append(runtime.transformer)
     runtime_mod.hide_own_frames(shell.InteractiveTB)
+    runtime_mod.format_reports_directly(shell.display_formatter)
     names["_kernelexec_variables"] = runtime.variables
     names["_kernelexec_chdir"] = os.chdir
     runtime.secrets = _kernelexec_install_getpass(shell)  # noqa: F821 - a step below, deleted after boot

@@ -179,7 +179,9 @@ def _cpu_seconds() -> float:
 
 
 class _Report:
-    """What ``user_expressions`` returns: its JSON mime bundle is the whole answer."""
+    """What ``user_expressions`` returns: its JSON mime bundle is the whole answer. Its ``text/plain`` (IPython
+    formats every user expression as text too) is a short name, not the payload again: the server reads only the
+    JSON, and a second copy would be encoded, sent and decoded on every cell (up to the result cap twice)."""
 
     def __init__(self, payload: dict[str, Any]) -> None:
         self._payload = payload
@@ -188,7 +190,25 @@ class _Report:
         return self._payload
 
     def __repr__(self) -> str:
-        return json.dumps(self._payload)
+        return "<kernelexec report: see application/json>"
+
+    def bundle(self) -> dict[str, Any]:
+        return {"text/plain": repr(self), "application/json": self._payload}
+
+
+def format_reports_directly(formatter: Any) -> None:
+    """IPython's display formatter answers a report as its JSON bundle at once. Asked as a user expression after
+    every cell, a report went through all eleven of IPython's formatters (each a type lookup along the MRO, its
+    deferred printers, the pretty printer for text/plain): ~0.3 ms of the kernel's time per cell, for a bundle
+    that is its JSON. Any other object is formatted as before."""
+    real = formatter.format
+
+    def format(obj: Any, include: Any = None, exclude: Any = None) -> Any:
+        if type(obj) is _Report:
+            return obj.bundle(), {}
+        return real(obj, include, exclude)
+
+    formatter.format = format
 
 
 class Runtime:
