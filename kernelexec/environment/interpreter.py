@@ -297,13 +297,15 @@ def _distributions(site_dirs: list[str]) -> dict[str, str]:
 
 @functools.lru_cache(maxsize=64)
 def _read_distributions(site_dirs: tuple[str, ...], stamp: tuple[int, ...]) -> tuple[tuple[str, str], ...]:  # noqa: ARG001 - stamp keys the cache
+    from email.parser import HeaderParser
     from importlib import metadata
 
+    headers = HeaderParser()
     found: dict[str, str] = {}
     for dist in metadata.distributions(path=list(site_dirs)):
-        try:
-            name = dist.metadata["Name"]
-            version = dist.version
+        try:  # the headers only, once: ``dist.metadata`` parsed the whole file (long descriptions) for each field
+            fields = headers.parsestr(dist.read_text("METADATA") or dist.read_text("PKG-INFO") or "", headersonly=True)
+            name, version = fields["Name"], fields["Version"]
         except Exception:  # noqa: BLE001 - a broken dist-info is not ours to judge
             continue
         if isinstance(name, str) and name and _norm(name) not in found:
