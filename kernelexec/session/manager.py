@@ -48,6 +48,7 @@ class SessionManager:
         self.aliases: dict[str, str] = {}  # transport session id (legacy HTTP) -> handle
         self.default_handle: str | None = None
         self._create_lock = anyio.Lock()
+        self._resolving: dict[Path | None, anyio.Lock] = {}  # environment_for's, per working dir while in use
         self.runs = RunRegistry(settings)  # the run budgets (--max-queued-runs*) and the finished runs kept
         self.store: Store | None = None  # the session store, while running (runs and tasks a restart keeps)
         self.fleet: Fleet | None = None  # on a shared store, or with gateway kernels: this server's place in its fleet
@@ -224,13 +225,23 @@ class SessionManager:
         if self.settings.kernel_gateway or self.settings.kernel_spec:
             return None
         reach = kernel_reach(self.settings)
-        return await anyio.to_thread.run_sync(
-            functools.partial(prepare, self.settings.python, working_dir, self.settings.cache_dir, reach=reach))
+        # one resolve per directory at a time: the first call of a new server and the pool's first kernel asked at
+        # once, and two threads parsing the same metadata on shared cores delayed the pool's kernel (the second
+        # finds the first's answer cached: environment/interpreter.py)
+        lock = self._resolving.setdefault(working_dir, anyio.Lock())
+        try:
+            async with lock:
+                return await anyio.to_thread.run_sync(
+                    functools.partial(prepare, self.settings.python, working_dir, self.settings.cache_dir, reach=reach))
+        finally:
+            if not lock.locked() and not lock.statistics().tasks_waiting:
+                self._resolving.pop(working_dir, None)
 
     async def create(self, *, owner: str | None = None, working_dir: Path | None = None) -> Session:
         """Mint a new session, its place reserved at once (the kernel starts on first use, or is pooled).
         A pooled kernel is handed out only to a session of its own environment and working directory."""
         environment = await self.environment_for(working_dir)
+        await self.pool.wait_for_filling(environment, working_dir)
         async with self._create_lock:
             session = await self.pool.take(environment, working_dir, lambda s: self.admit(s, owner))
             if session is not None:
