@@ -70,6 +70,18 @@ def _claim(root: Path, handle: str) -> int:
     return fd
 
 
+
+# a gateway kernel's own word that its namespace is the session's (refilled, or started empty for it): set in the
+# process when a server first fills it. A kernel restarted behind the same id (by the gateway itself, or by a replica
+# killed before its next call refilled it) lacks it, so the replica that attaches refills it from the checkpoint.
+NAMESPACE_MARK = "__import__('sys').__dict__.setdefault('_kernelexec_namespace', True)"
+NAMESPACE_HELD = "__import__('sys').__dict__.get('_kernelexec_namespace') is True"
+
+
+async def _holds_namespace(kernel: Kernel) -> bool:
+    return await kernel.evaluate(NAMESPACE_HELD) in (True, "True")
+
+
 class Session:
     """One client's kernel, directory and notebook record."""
 
@@ -213,15 +225,15 @@ class Session:
             self.kernel = kernel
             self.cwd = self.default_cwd
             self.publish()
-            if getattr(kernel, "attached", False):  # the same kernel process another replica drove: nothing to refill
-                self._epoch = (id(kernel), kernel.restarts)
+            if getattr(kernel, "attached", False) and await _holds_namespace(kernel):
+                self._epoch = (id(kernel), kernel.restarts)  # the kernel process another replica drove: nothing to refill
                 self.revive = False
-            elif self.attach_to is not None:  # the gateway lost it: a new kernel, refilled as after a restart
-                self.revive = True
+            elif self.attach_to is not None:  # the gateway lost it, or it is a new process behind the same id: refilled
+                self.revive = not getattr(kernel, "attached", False)
         kernel = self.kernel
         if refill and self._epoch != (id(kernel), kernel.restarts):
             revived, self.revive = self.revive, False
-            self._epoch = (id(kernel), kernel.restarts)
+            await self._own(kernel)
             if self.dirs.checkpoint.joinpath("manifest.json").exists() or self.recorder.cells():
                 report = await self.refill()
                 why = "session revived after a server restart in a new kernel" if revived else "the kernel was replaced"
@@ -232,6 +244,13 @@ class Session:
                 await anyio.to_thread.run_sync(lambda: self.recorder.mark(
                     "revive" if revived else "restore", f"{why}; {report.detail}", restored=report.model_dump()))
         return kernel
+
+    async def _own(self, kernel: Kernel) -> None:
+        """This kernel process's namespace is the session's from now (filled by the caller, or cleared on purpose): this
+        session knows it, and a gateway kernel is told so (``NAMESPACE_MARK``) for the replica that attaches next."""
+        self._epoch = (id(kernel), kernel.restarts)
+        if hasattr(kernel, "attach_to"):
+            await kernel.evaluate(NAMESPACE_MARK)
 
     async def refill(self) -> RestoreReport:
         """The variables back in a new kernel: its checkpoint loaded inside it, then only the recorded cells
@@ -457,7 +476,7 @@ class Session:
             else:  # a fleet's session attaches to its kernel on the gateway first, then restarts it
                 kernel = self.kernel if self.kernel is not None else await self.ensure_kernel(refill=False)
                 await kernel.restart()
-            self._epoch = (id(kernel), kernel.restarts)
+            await self._own(kernel)
             self.cwd = self.default_cwd
             self.publish()
             if restore and not replay:
