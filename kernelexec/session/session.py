@@ -82,6 +82,13 @@ async def _holds_namespace(kernel: Kernel) -> bool:
     return await kernel.evaluate(NAMESPACE_HELD) in (True, "True")
 
 
+async def _mark_namespace(kernel: Kernel) -> None:
+    """After the namespace was filled (or cleared on purpose) to the end: a gateway kernel, which another replica may
+    attach to, says so from now. Never before: a replica killed mid-refill leaves a kernel the next one refills."""
+    if hasattr(kernel, "attach_to"):
+        await kernel.evaluate(NAMESPACE_MARK)
+
+
 class Session:
     """One client's kernel, directory and notebook record."""
 
@@ -233,7 +240,7 @@ class Session:
         kernel = self.kernel
         if refill and self._epoch != (id(kernel), kernel.restarts):
             revived, self.revive = self.revive, False
-            await self._own(kernel)
+            self._epoch = (id(kernel), kernel.restarts)
             if self.dirs.checkpoint.joinpath("manifest.json").exists() or self.recorder.cells():
                 report = await self.refill()
                 why = "session revived after a server restart in a new kernel" if revived else "the kernel was replaced"
@@ -243,14 +250,8 @@ class Session:
                 self.notice = f"{before or why}; {report.detail}"
                 await anyio.to_thread.run_sync(lambda: self.recorder.mark(
                     "revive" if revived else "restore", f"{why}; {report.detail}", restored=report.model_dump()))
+            await _mark_namespace(kernel)
         return kernel
-
-    async def _own(self, kernel: Kernel) -> None:
-        """This kernel process's namespace is the session's from now (filled by the caller, or cleared on purpose): this
-        session knows it, and a gateway kernel is told so (``NAMESPACE_MARK``) for the replica that attaches next."""
-        self._epoch = (id(kernel), kernel.restarts)
-        if hasattr(kernel, "attach_to"):
-            await kernel.evaluate(NAMESPACE_MARK)
 
     async def refill(self) -> RestoreReport:
         """The variables back in a new kernel: its checkpoint loaded inside it, then only the recorded cells
@@ -476,22 +477,25 @@ class Session:
             else:  # a fleet's session attaches to its kernel on the gateway first, then restarts it
                 kernel = self.kernel if self.kernel is not None else await self.ensure_kernel(refill=False)
                 await kernel.restart()
-            await self._own(kernel)
+            self._epoch = (id(kernel), kernel.restarts)
             self.cwd = self.default_cwd
             self.publish()
             if restore and not replay:
                 report = await self.refill()
+                await _mark_namespace(kernel)
                 await anyio.to_thread.run_sync(lambda: self.recorder.mark(
                     "restore", f"kernel restarted by {by}; {report.detail}", restored=report.model_dump()))
                 return report
             await kernel.evaluate("_kernelexec_checkpoint_reset()")  # a clean kernel, by the user's wish
             if not replay:
+                await _mark_namespace(kernel)
                 await anyio.to_thread.run_sync(lambda: self.recorder.mark("restart", f"kernel restarted by {by}; variables cleared"))
                 if by != "restart_session":
                     self.notice = (f"between calls the kernel was restarted from {by}; "
                                    "variables from earlier calls are lost")
                 return []
             replayed = await self.restore()
+            await _mark_namespace(kernel)
             await anyio.to_thread.run_sync(lambda: self.recorder.mark(
                 "restore", f"kernel restarted by restart_session; {describe_replayed(replayed)}",
                 replayed=[r.model_dump() for r in replayed]))
