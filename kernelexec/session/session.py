@@ -70,7 +70,6 @@ def _claim(root: Path, handle: str) -> int:
     return fd
 
 
-
 # a gateway kernel's own word that its namespace is the session's (refilled, or started empty for it): set in the
 # process when a server first fills it. A kernel restarted behind the same id (by the gateway itself, or by a replica
 # killed before its next call refilled it) lacks it, so the replica that attaches refills it from the checkpoint.

@@ -24,7 +24,8 @@ SPARE_KEPT_QUIET = 600.0  # seconds of quiet after which a session gives its spa
 PRUNE_EVERY = 10.0  # seconds between passes over the store's dead rows (Store.prune)
 PRUNE_BATCH = 500  # rows of each kind per statement: a pass never holds the store for long
 PRUNE_BATCHES = 20  # statements of each kind per pass at most (a backlog goes over several passes)
-ENDED_KEPT_S = 300.0  # an ended run's relay rows (asks, questions) outlive it this long (only to be pruned)
+ENDED_KEPT_S = 300.0  # a relay row (ask, question) is kept this long after it was made (a question is written just
+# before its run's first record), then only while its run is unfinished
 EXPIRED_KEPT_S = 3600.0  # an expired capability URL's grant is kept this long: it answers 410, then 404 (uploads.py)
 
 
