@@ -33,7 +33,8 @@ def fleet(short_tmp: Path, postgres: Postgres, gateway: Any) -> Iterator[Fleet]:
 async def test_a_dead_kernel_and_its_sigkilled_replica_then_another_replica_loads_the_checkpoint(fleet: Fleet) -> None:
     victim, survivor = fleet.start("victim"), fleet.start("survivor")
     handle = (await call(victim.url, "rows = [{'k': i} for i in range(1000)]\nlabel = 'before'"))["session"]
-    await call(victim.url, "rows.append({'k': 1000})", session=handle)  # an in-place change: saved too
+    taken = await call(survivor.url, "rows.append({'k': 1000})", session=handle)  # an in-place change: saved too
+    assert taken.get("restored") is None and not taken.get("restart_reason"), taken  # a live kernel's takeover: no refill
     status = (await call(victim.url, "_kernelexec_checkpoint_status()._repr_json_()", session=handle))["result"]
     assert {"rows", "label"} <= set(status["saved"]), status  # the background save of the last cell is done
     dead = await call(victim.url, "import os\nos._exit(3)", session=handle)
