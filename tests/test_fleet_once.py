@@ -4,7 +4,7 @@ on one real PostgreSQL and one real Jupyter Server gateway.
 
 What it shows: a session driven by all three in turn, whose last driver is then SIGKILLed, has its gateway kernel
 shut down once (one replica says so, none other), after it was idle for the timeout across the fleet; the next call
-is served.
+is served. The store's dead rows (the relay's of ended runs, expired grants) are pruned by one replica alone.
 """
 
 from __future__ import annotations
@@ -16,7 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import pytest
+
+from kernelexec.session.upkeep import EXPIRED_KEPT_S, PRUNE_EVERY
+from kernelexec.store import AskRecord, GrantRecord, QuestionRecord, RunRecord, open_store
 
 from .fleet_parts import Fleet, call, gateway, new_fleet
 from .pg import Postgres, postgres
@@ -62,3 +66,31 @@ async def test_an_idle_session_is_reaped_once_by_the_fleet_even_when_its_last_dr
     after = await call(b.url, "1 + 1", session=handle)  # the session goes on, in a kernel of its own
     assert after["result"] == 2
     assert len(reaps(fleet, handle)) == 1
+
+
+def prune_passes(replica_url: str) -> float:
+    """How many times this replica pruned the store (its /metrics: the store's calls by operation)."""
+    page = httpx2.get(replica_url.removesuffix("/mcp") + "/metrics", timeout=30).text
+    found = [line for line in page.splitlines() if line.startswith('kernelexec_store_seconds_count{operation="prune"}')]
+    return float(found[0].rsplit(" ", 1)[1]) if found else 0.0
+
+
+async def test_the_stores_dead_rows_are_pruned_once_by_the_fleet(fleet: Fleet) -> None:
+    """The relay's rows of ended runs and expired grants go, pruned by the leader alone (not once per replica)."""
+    store = await open_store(fleet.store, fleet.base)
+    try:
+        old = time.time() - 2 * EXPIRED_KEPT_S
+        await store.put_run(RunRecord("run-ended", "s-x", None, "finished", {"content": []}))
+        await store.ask(AskRecord("run-ended", "cancel", None, channel="tasks/cancel", created=old))
+        await store.put_question(QuestionRecord("q-ended", "run-ended", "name?", answered=True, created=old))
+        await store.put_grant(GrantRecord("g-old", "upload", None, "s-x", old, {}, used=True))
+        await store.put_grant(GrantRecord("g-live", "upload", None, "s-x", time.time() + 600, {}))
+        with anyio.fail_after(3 * PRUNE_EVERY):
+            while await store.get_grant("g-old") is not None or await store.get_question("q-ended", owner=None) is not None:
+                await anyio.sleep(0.5)
+        assert await store.get_grant("g-live") is not None and await store.get_run("run-ended", owner=None) is not None
+    finally:
+        await store.close()
+    alive = [r for r in fleet.replicas if r.proc.poll() is None]
+    passes = {r.name: prune_passes(r.url) for r in alive}
+    assert len(alive) >= 2 and sum(1 for n in passes.values() if n) == 1, passes  # the leader alone

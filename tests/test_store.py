@@ -35,6 +35,7 @@ from kernelexec.store import (
     GrantRecord,
     Lease,
     QuestionRecord,
+    Reservation,
     RunRecord,
     SessionRecord,
     StaleLease,
@@ -365,6 +366,92 @@ async def test_a_grant_is_used_once_by_one_of_two_connections_racing(where: Wher
         await second.close()
 
 
+async def test_prune_takes_what_nobody_can_use_and_keeps_every_live_row(store: Store) -> None:
+    """The relay's rows and expired records go in bounded batches; a row a run, a page or a replica may still use stays."""
+    now = time.time()
+    old, recent = now - 7200, now - 10
+    await store.put_run(RunRecord("run-ended", "s1", "alice", "finished", ANSWER))
+    await store.put_run(RunRecord("run-live", "s1", "alice", "awaiting_input"))
+    for n in range(5):  # an ended run's (and a forgotten run's) asks and questions: nobody takes or answers them
+        await store.ask(AskRecord("run-ended", "answer", "alice", f"q-e{n}", "sealed", "send_input", created=old))
+        await store.ask(AskRecord("run-gone", "cancel", "alice", channel="tasks/cancel", created=old))
+        await store.put_question(QuestionRecord(f"q-e{n}", "run-ended", "name?", answered=True, created=old))
+    await store.ask(AskRecord("run-live", "answer", "alice", "q-live", "sealed", "send_input", created=old))  # to be taken
+    await store.put_question(QuestionRecord("q-live", "run-live", "name?", created=old))  # the live run waits on it
+    await store.ask(AskRecord("run-ended", "cancel", "alice", channel="tasks/cancel", created=recent))  # not past the grace
+    await store.put_grant(GrantRecord("g-old", "upload", "alice", "s1", old, {}, used=True))
+    await store.put_grant(GrantRecord("g-unused-old", "secret", "alice", "s1", old, {}))
+    await store.put_grant(GrantRecord("g-used-live", "upload", "alice", "s1", now + 600, {}, used=True))  # answers 410
+    await store.put_task(TaskRecord("t-old", "alice", "run-ended", 60.0, "completed", created=old, updated=old))
+    await store.put_task(TaskRecord("t-live", "alice", "run-ended", 3 * 3600.0, "completed", created=old, updated=old))
+    await store.put_run(RunRecord("run-of-t-old", "s1", "alice", "finished", ANSWER))
+    assert await store.reserve(Reservation("r-old", "urls:alice", 1, now - 1), limit=9)
+    assert await store.reserve(Reservation("r-live", "urls:alice", 1, now + 600), limit=9)
+    dead = await store.acquire_lease("replica:gateway:dead", "dead", 0.01)
+    assert dead is not None and await store.release_lease(dead)
+    live = await store.acquire_lease("replica:gateway:live", "live", 60)
+    session = await store.acquire_lease("s1", "live", 60)
+
+    first = await store.prune(ended_before=now - 60, expired_before=now + 1, limit=3)  # bounded: 3 of each at most
+    assert first == {"asks": 3, "questions": 3, "grants": 2, "tasks": 1, "reservations": 1, "replicas": 1}, first
+    second = await store.prune(ended_before=now - 60, expired_before=now + 1, limit=3)
+    assert second == {"asks": 3, "questions": 2, "grants": 0, "tasks": 0, "reservations": 0, "replicas": 0}, second
+    rest = await store.prune(ended_before=now - 60, expired_before=now + 1, limit=100)
+    assert rest == {"asks": 4, "questions": 0, "grants": 0, "tasks": 0, "reservations": 0, "replicas": 0}, rest  # 10 in all
+    assert sum((await store.prune(ended_before=now - 60, expired_before=now + 1, limit=100)).values()) == 0
+    taken = await store.take_asks(["run-live", "run-ended", "run-gone"])
+    assert [(a.run_id, a.created) for a in taken] == [("run-live", old), ("run-ended", recent)]  # the live run's, the recent
+    assert await store.get_question("q-live", owner="alice") is not None
+    assert [await store.get_question(f"q-e{n}", owner="alice") for n in range(5)] == [None] * 5
+    assert await store.get_grant("g-old") is None and await store.get_grant("g-unused-old") is None
+    assert (await store.get_grant("g-used-live")) is not None
+    assert await store.get_task("t-old", owner="alice") is None and await store.get_task("t-live", owner="alice") is not None
+    assert await store.get_run("run-ended", owner="alice") is not None  # runs are kept by count (prune_runs), never here
+    assert await store.reserved("urls:alice") == 1
+    assert live is not None and await store.renew_lease(live, 60) is not None  # a live replica's lease stays
+    assert session is not None and await store.current_lease("s1") is not None  # a session's lease is never pruned
+
+
+async def test_a_budget_is_never_passed_by_two_connections_racing(where: Where) -> None:
+    """A fleet-wide budget: reservations from two connections (replicas) at once never sum past its limit; a released
+    or expired one frees its share."""
+    first, second = await where.open(), await where.open()
+    try:
+        won: list[str] = []
+
+        async def reserve(s: Store, n: int) -> None:
+            if await s.reserve(Reservation(f"r-{n}", "spool", 30, time.time() + 60), limit=100):
+                won.append(f"r-{n}")
+
+        async with anyio.create_task_group() as tg:
+            for n in range(12):
+                tg.start_soon(reserve, (first, second)[n % 2], n)
+        assert len(won) == 3 and await first.reserved("spool") == 90 == await second.reserved("spool")
+        assert not await second.reserve(Reservation("r-more", "spool", 11, time.time() + 60), limit=100)
+        assert await second.reserve(Reservation("r-fits", "spool", 10, time.time() + 60), limit=100)
+        await first.release(won[0])
+        assert await second.reserved("spool") == 70
+        assert await first.reserve(Reservation("r-short", "spool", 30, time.time() + 0.3), limit=100)
+        assert not await first.reserve(Reservation("r-no", "spool", 1, time.time() + 60), limit=100)
+        await anyio.sleep(0.5)  # r-short expired: its share is free again
+        assert await second.reserved("spool") == 70
+        assert await first.reserve(Reservation("r-yes", "spool", 30, time.time() + 60), limit=100)
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_a_reservation_of_a_replica_whose_lease_ran_out_no_longer_counts(store: Store) -> None:
+    """SIGKILLed mid-upload: its replica lease runs out, and with it what it had reserved (not only at its expiry)."""
+    lease = await store.acquire_lease("replica:gateway:a", "a", 0.5)
+    assert lease is not None
+    assert await store.reserve(Reservation("r-a", "spool", 80, time.time() + 3600, holder="replica:gateway:a"), limit=100)
+    assert not await store.reserve(Reservation("r-b", "spool", 80, time.time() + 3600, holder=None), limit=100)
+    await anyio.sleep(0.7)  # replica a stopped renewing
+    assert await store.reserved("spool") == 0
+    assert await store.reserve(Reservation("r-b", "spool", 80, time.time() + 3600, holder=None), limit=100)
+
+
 async def test_idle_sessions_are_those_whose_lease_was_let_go_long_enough_ago(store: Store) -> None:
     """A fleet's reaping reads when the fleet last drove each session from its lease: a released lease keeps that time."""
     for handle in ("s-idle", "s-held", "s-local", "s-closed"):
@@ -517,7 +604,7 @@ async def test_the_sqlite_store_is_private_and_in_wal_mode(tmp_path: Path) -> No
             assert (tmp_path / name).stat().st_mode & 0o077 == 0, name
         with sqlite3.connect(tmp_path / DB_NAME) as db:
             assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-            assert db.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [(1,), (2,), (3,), (4,)]
+            assert db.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [(1,), (2,), (3,), (4,), (5,), (6,)]
     finally:
         await s.close()
     assert isinstance(await open_store(f"sqlite:///{tmp_path}/other.db", tmp_path), SQLiteStore)

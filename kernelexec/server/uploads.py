@@ -26,7 +26,11 @@ it, in the same turn; one a killed server left (untouched ``STALE_PART_S``) goes
 The answer says only what the server knows (name, size, SHA-256, session): nothing the kernel wrote.
 
 In a fleet (docs/fleet.md) each URL is also a grant in the store (the SHA-256 of its key, never the key), so any
-replica serves its PUT; the first use is claimed in the store in one statement (one PUT wins across the fleet).
+replica serves its PUT; the first use is claimed in the store in one statement (one PUT wins across the fleet). The
+budgets are then the fleet's, counted in the store (``Store.reserve``: atomic across replicas): a URL reserves one of
+its token's ``--max-upload-urls-per-token`` until its PUT ended or it expired; a PUT reserves its body's declared
+length (without one, its URL's cap) of ``--max-upload-spool-mb`` on the replica receiving it, until it ended. Each
+reservation lapses by itself: at its URL's expiry, and a body's also when its replica's lease ran out (SIGKILL).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import base64
 import hashlib
 import hmac
 import json
+import logging
 import secrets
 import tempfile
 import time
@@ -53,10 +58,13 @@ from kernelexec.errors import InvalidRequest, KernelexecError, SessionBusy, Sess
 from kernelexec.kernel.driver import Kernel
 from kernelexec.server.secret_page import digest
 from kernelexec.session.session import Session
-from kernelexec.store import GrantRecord, Store
+from kernelexec.session.upkeep import EXPIRED_KEPT_S
+from kernelexec.store import GrantRecord, Reservation, Store
 
 if TYPE_CHECKING:
     from kernelexec.server.relay import Relay
+
+logger = logging.getLogger(__name__)
 
 PATH = "/upload/{key}"
 CHUNK = 256 * 1024
@@ -67,7 +75,7 @@ DEFAULT_MAX_SPOOL_BYTES = 1024 * 1024 * 1024  # bodies being received at once, o
 MAX_TTL_S = 3600
 STALE_PART_S = 600  # an upload's temporary file untouched this long was left by a killed server
 LOCK_WAIT_S = 10.0  # an upload waits this long for a busy session, then 409 (nothing written)
-REMEMBER_S = 3600  # a used or expired URL answers 410 this long after it expired, then 404 as unknown
+REMEMBER_S = EXPIRED_KEPT_S  # a used or expired URL answers 410 this long after it expired, then 404 as unknown
 DEVICES = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)), *(f"lpt{i}" for i in range(10))}
 PUT_HEADERS = {"Content-Type": "application/octet-stream"}  # what the uploader sends with its PUT
 HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
@@ -143,8 +151,8 @@ class Uploads:
     async def grant(self, session: Session, owner: str | None, filename: str, max_bytes: int, ttl_s: float, origin: str,
                     *, size: int | None = None, sha256: bytes | None = None) -> Grant:
         """A new upload URL for ``session``, bound to ``owner`` (the one mechanism of upload_url and
-        files/authorizeUpload); InvalidRequest for a bad name or cap, TooManyUploads over the owner's budget (this
-        replica's: in a fleet each replica counts the URLs it minted). In a fleet also a grant in the store."""
+        files/authorizeUpload); InvalidRequest for a bad name or cap, TooManyUploads over the owner's budget (in a
+        fleet the fleet's, reserved in the store). In a fleet also a grant in the store."""
         if not 0 <= max_bytes <= MAX_BYTES:
             raise InvalidRequest(f"the size cap must be 0 to {MAX_BYTES} bytes; got {max_bytes}")
         if not 0 < ttl_s <= MAX_TTL_S:
@@ -153,36 +161,33 @@ class Uploads:
         now = time.time()
         for key in [k for k, g in self._grants.items() if g.expires + REMEMBER_S <= now]:  # long gone: forgotten
             del self._grants[key]
+        store = self.store
         held = sum(1 for g in self._grants.values() if g.owner == owner and g.outstanding)
-        if held >= self.max_per_owner and self.store is not None:  # in a fleet some may have been used on another replica
-            held = await self._outstanding_in_store(owner)
-        if held >= self.max_per_owner:
-            raise TooManyUploads(f"this token holds {held} unused upload URLs, its budget (--max-upload-urls-per-token "
-                                 f"{self.max_per_owner}): use one, or wait until one expires")
+        if store is None and held >= self.max_per_owner:
+            raise TooManyUploads(self._too_many(held))
         key = secrets.token_urlsafe(32)
         grant = Grant(key, f"{origin.rstrip('/')}/upload/{key}", session, owner, name, max_bytes, now + ttl_s,
                       size=size, sha256=sha256)
-        store = self.store
-        if store is not None:  # any replica serves it (only the key's digest is stored)
-            await store.put_grant(GrantRecord(digest(key), "upload", owner, session.handle, grant.expires, {
-                "filename": name, "max_bytes": max_bytes, "size": size, "sha256": sha256.hex() if sha256 else None}))
+        if store is not None:  # any replica serves it (only the key's digest is stored); the token's budget, the fleet's
+            if not await store.reserve(Reservation(_url_key(key), _url_budget(owner), 1, grant.expires), limit=self.max_per_owner):
+                raise TooManyUploads(self._too_many(await store.reserved(_url_budget(owner)), fleet=True))
+            try:
+                await store.put_grant(GrantRecord(digest(key), "upload", owner, session.handle, grant.expires, {
+                    "filename": name, "max_bytes": max_bytes, "size": size, "sha256": sha256.hex() if sha256 else None}))
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await store.release(_url_key(key))
+                raise
         self._grants[key] = grant
         return grant
+
+    def _too_many(self, held: int, *, fleet: bool = False) -> str:
+        return (f"this token holds {held} unused upload URLs{' across the fleet' if fleet else ''}, its budget "
+                f"(--max-upload-urls-per-token {self.max_per_owner}): use one, or wait until one expires")
 
     @property
     def store(self) -> Store | None:
         return self.relay.store if self.relay is not None else None
-
-    async def _outstanding_in_store(self, owner: str | None) -> int:
-        """The owner's URLs minted here still outstanding, those the store says were used (a PUT on another replica)
-        marked used here too: read only when the budget would refuse, one grant each."""
-        store = self.store
-        assert store is not None
-        for grant in [g for g in self._grants.values() if g.owner == owner and g.outstanding and not g.receiving]:
-            found = await store.get_grant(digest(grant.key))
-            if found is not None and found.used:
-                grant.used = True
-        return sum(1 for g in self._grants.values() if g.owner == owner and g.outstanding)
 
     async def _shared(self, key: str, principal: str | None, offered: bool) -> Grant | JSONResponse:
         """A URL another replica of the fleet minted, from its grant in the store, used here (once, by the store)."""
@@ -236,6 +241,9 @@ class Uploads:
             return await self._receive(request, grant)
         finally:
             grant.receiving = False
+            if self.store is not None:  # its PUT ended, whatever the end: the URL no longer counts against its token
+                with anyio.CancelScope(shield=True):
+                    await self._release(_url_key(key))
 
     async def _receive(self, request: Request, grant: Grant) -> JSONResponse:
         if grant.expires <= time.time():
@@ -250,6 +258,9 @@ class Uploads:
             return _answer(413, error=f"over this URL's cap of {grant.max_bytes} bytes; nothing was kept")
         if self.spooling + declared > self.max_spool_bytes:
             return _answer(503, error=self._full())
+        body = _spool_key(grant.key)
+        if not await self._reserve_spool(body, declared or grant.max_bytes, grant.expires):
+            return _answer(503, error=self._full())
         try:
             with tempfile.TemporaryFile(dir=self.spool_dir) as spool:  # unnamed: gone with the file object, or the process
                 try:
@@ -263,7 +274,27 @@ class Uploads:
         finally:  # the spool file is gone: its bytes no longer count
             self.spooling -= grant.spooled
             grant.spooled = 0
+            with anyio.CancelScope(shield=True):
+                await self._release(body)
         return _answer(201, name=grant.filename, size=size, sha256=digest.hex(), session=grant.session.handle)
+
+    async def _reserve_spool(self, key: str, amount: int, expires: float) -> bool:
+        """A fleet's: ``amount`` bytes of the fleet's spool budget for this replica's body (freed at its end, at its URL's
+        expiry, or when this replica's lease runs out). One server counts its own bodies (``spooling``) only."""
+        store, fleet = self.store, self.relay.sessions.fleet if self.relay is not None else None
+        if store is None:
+            return True
+        return await store.reserve(Reservation(key, SPOOL_BUDGET, amount, expires, fleet.key if fleet is not None else None),
+                                   limit=self.max_spool_bytes)
+
+    async def _release(self, key: str) -> None:
+        store = self.store
+        if store is None:
+            return
+        try:
+            await store.release(key)
+        except KernelexecError as exc:  # it lapses by itself (its expiry, this replica's lease)
+            logger.warning("releasing an upload's reservation: %s", exc)
 
     def _full(self) -> str:
         return (f"the server is receiving {self.max_spool_bytes // (1024 * 1024)} MiB of uploads already "
@@ -284,6 +315,21 @@ class Uploads:
             digest.update(piece)
             await anyio.to_thread.run_sync(spool.write, piece)
         return _checked(grant, spool, size, digest)
+
+
+SPOOL_BUDGET = "upload-spool"  # the fleet's budget of bytes being received (--max-upload-spool-mb)
+
+
+def _url_budget(owner: str | None) -> str:
+    return f"upload-urls:{owner}" if owner is not None else "upload-urls"
+
+
+def _url_key(key: str) -> str:
+    return "upload-url:" + digest(key)
+
+
+def _spool_key(key: str) -> str:
+    return "upload-body:" + digest(key)
 
 
 def _checked(grant: Grant, spool: IO[bytes], size: int, digest: Any) -> tuple[int, bytes]:

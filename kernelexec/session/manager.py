@@ -127,6 +127,7 @@ class SessionManager:
                     logger.warning("%d run(s) were still running when the previous server stopped: recorded as lost", lost)
             # with gateway kernels other replicas' runs go on: a session's are marked lost when its lease is taken over
             self.store = store
+            self.upkeep.store_to_prune = self._store_to_prune
             yield store
         finally:
             self.store = None
@@ -309,6 +310,11 @@ class SessionManager:
         await self._remember(session, closed=True)
         if not recorded:
             self.remove_dir(session)
+
+    def _store_to_prune(self) -> Store | None:
+        """The store this server prunes now: its own; a fleet's only while this replica leads (once per fleet)."""
+        fleet = self.fleet
+        return self.store if fleet is None or not fleet.drives or fleet.leads else None
 
     async def _idle_in_fleet(self, idle_s: float) -> list[Session]:
         """On the fleet's leader: the sessions nobody drove for ``idle_s`` (the store's leases), as sessions here."""

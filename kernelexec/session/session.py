@@ -70,6 +70,24 @@ def _claim(root: Path, handle: str) -> int:
     return fd
 
 
+# a gateway kernel's own word that its namespace is the session's (refilled, or started empty for it): set in the
+# process when a server first fills it. A kernel restarted behind the same id (by the gateway itself, or by a replica
+# killed before its next call refilled it) lacks it, so the replica that attaches refills it from the checkpoint.
+NAMESPACE_MARK = "__import__('sys').__dict__.setdefault('_kernelexec_namespace', True)"
+NAMESPACE_HELD = "__import__('sys').__dict__.get('_kernelexec_namespace') is True"
+
+
+async def _holds_namespace(kernel: Kernel) -> bool:
+    return await kernel.evaluate(NAMESPACE_HELD) in (True, "True")
+
+
+async def _mark_namespace(kernel: Kernel) -> None:
+    """After the namespace was filled (or cleared on purpose) to the end: a gateway kernel, which another replica may
+    attach to, says so from now. Never before: a replica killed mid-refill leaves a kernel the next one refills."""
+    if hasattr(kernel, "attach_to"):
+        await kernel.evaluate(NAMESPACE_MARK)
+
+
 class Session:
     """One client's kernel, directory and notebook record."""
 
@@ -213,11 +231,11 @@ class Session:
             self.kernel = kernel
             self.cwd = self.default_cwd
             self.publish()
-            if getattr(kernel, "attached", False):  # the same kernel process another replica drove: nothing to refill
-                self._epoch = (id(kernel), kernel.restarts)
+            if getattr(kernel, "attached", False) and await _holds_namespace(kernel):
+                self._epoch = (id(kernel), kernel.restarts)  # the kernel process another replica drove: nothing to refill
                 self.revive = False
-            elif self.attach_to is not None:  # the gateway lost it: a new kernel, refilled as after a restart
-                self.revive = True
+            elif self.attach_to is not None:  # the gateway lost it, or it is a new process behind the same id: refilled
+                self.revive = not getattr(kernel, "attached", False)
         kernel = self.kernel
         if refill and self._epoch != (id(kernel), kernel.restarts):
             revived, self.revive = self.revive, False
@@ -231,6 +249,7 @@ class Session:
                 self.notice = f"{before or why}; {report.detail}"
                 await anyio.to_thread.run_sync(lambda: self.recorder.mark(
                     "revive" if revived else "restore", f"{why}; {report.detail}", restored=report.model_dump()))
+            await _mark_namespace(kernel)
         return kernel
 
     async def refill(self) -> RestoreReport:
@@ -462,17 +481,20 @@ class Session:
             self.publish()
             if restore and not replay:
                 report = await self.refill()
+                await _mark_namespace(kernel)
                 await anyio.to_thread.run_sync(lambda: self.recorder.mark(
                     "restore", f"kernel restarted by {by}; {report.detail}", restored=report.model_dump()))
                 return report
             await kernel.evaluate("_kernelexec_checkpoint_reset()")  # a clean kernel, by the user's wish
             if not replay:
+                await _mark_namespace(kernel)
                 await anyio.to_thread.run_sync(lambda: self.recorder.mark("restart", f"kernel restarted by {by}; variables cleared"))
                 if by != "restart_session":
                     self.notice = (f"between calls the kernel was restarted from {by}; "
                                    "variables from earlier calls are lost")
                 return []
             replayed = await self.restore()
+            await _mark_namespace(kernel)
             await anyio.to_thread.run_sync(lambda: self.recorder.mark(
                 "restore", f"kernel restarted by restart_session; {describe_replayed(replayed)}",
                 replayed=[r.model_dump() for r in replayed]))

@@ -1,5 +1,6 @@
 """The session manager's background round: restarts JupyterLab asked for, kernels that died idle, idle
-kernels reaped, and warm spares kept for the sessions most likely to need one."""
+kernels reaped, warm spares kept for the sessions most likely to need one, and the store's rows nobody can use
+any more pruned (once per fleet: by its leader)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,18 @@ from kernelexec.errors import KernelexecError
 from kernelexec.kernel.driver import SpareKeeper
 from kernelexec.session import connections
 from kernelexec.session.session import Session
+from kernelexec.store import Store, StoreError
 
 logger = logging.getLogger(__name__)
 
 SPARE_AFTER_QUIET = 1.0  # seconds a session must be quiet before a warm spare is started for it
 SPARE_KEPT_QUIET = 600.0  # seconds of quiet after which a session gives its spare's place up
+PRUNE_EVERY = 10.0  # seconds between passes over the store's dead rows (Store.prune)
+PRUNE_BATCH = 500  # rows of each kind per statement: a pass never holds the store for long
+PRUNE_BATCHES = 20  # statements of each kind per pass at most (a backlog goes over several passes)
+ENDED_KEPT_S = 300.0  # a relay row (ask, question) is kept this long after it was made (a question is written just
+# before its run's first record), then only while its run is unfinished
+EXPIRED_KEPT_S = 3600.0  # an expired capability URL's grant is kept this long: it answers 410, then 404 (uploads.py)
 
 
 class Upkeep:
@@ -32,6 +40,9 @@ class Upkeep:
         self._spare_task_running = False
         # a fleet's (set by the manager): the sessions idle across the whole fleet, on its leader only (else [])
         self.fleet_idle: Callable[[float], Awaitable[list[Session]]] | None = None
+        # the store this server prunes now (set by the manager): its own, or a fleet's on its leader only (else None)
+        self.store_to_prune: Callable[[], Store | None] = lambda: None
+        self._prune_at = time.monotonic() + PRUNE_EVERY
 
     async def reap(self) -> None:
         """Stop kernels idle for longer than the idle timeout; their directories and notebooks stay. In a fleet,
@@ -94,6 +105,31 @@ class Upkeep:
             await self.restart_dead()
             await self.reap()
             await self.keep_spares()
+            await self.prune()
+
+    async def prune(self) -> dict[str, int]:
+        """Every ``PRUNE_EVERY``: the store's rows nobody can use any more deleted, in bounded batches, by one server
+        (a fleet's leader; ``Store.prune`` says which rows). What went, by table."""
+        store = self.store_to_prune() if time.monotonic() >= self._prune_at else None
+        if store is None:
+            return {}
+        self._prune_at = time.monotonic() + PRUNE_EVERY
+        gone: dict[str, int] = {}
+        try:
+            for _ in range(PRUNE_BATCHES):
+                now = time.time()
+                batch = await store.prune(ended_before=now - ENDED_KEPT_S, expired_before=now - EXPIRED_KEPT_S,
+                                          limit=PRUNE_BATCH)
+                for table, count in batch.items():
+                    gone[table] = gone.get(table, 0) + count
+                if max(batch.values(), default=0) < PRUNE_BATCH:
+                    break
+                await anyio.sleep(0)  # the loop's other work between batches
+        except StoreError as exc:
+            logger.warning("pruning the session store: %s", exc)
+        if any(gone.values()):
+            logger.info("pruned the session store: %s", ", ".join(f"{n} {t}" for t, n in gone.items() if n))
+        return gone
 
     async def keep_spares(self) -> None:
         """Up to ``restart_spares`` sessions hold a warm spare kernel for their next restart

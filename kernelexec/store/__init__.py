@@ -13,6 +13,7 @@ from kernelexec.store.interface import (
     JournalEntry,
     Lease,
     QuestionRecord,
+    Reservation,
     RunRecord,
     RunState,
     SessionRecord,
@@ -23,8 +24,8 @@ from kernelexec.store.interface import (
     redacted,
 )
 
-__all__ = ["AlreadyAnswered", "AskRecord", "Fence", "GrantRecord", "JournalEntry", "Lease", "QuestionRecord", "RunRecord", "RunState", "SessionRecord",
-           "StaleLease", "Store", "StoreError", "TaskRecord", "open_store", "redacted"]
+__all__ = ["AlreadyAnswered", "AskRecord", "Fence", "GrantRecord", "JournalEntry", "Lease", "QuestionRecord", "Reservation",
+           "RunRecord", "RunState", "SessionRecord", "StaleLease", "Store", "StoreError", "TaskRecord", "open_store", "redacted"]
 
 
 async def open_store(url: str | None, state_dir: Path) -> Store:

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from kernelexec.errors import KernelexecError
 
-SCHEMA_VERSION = 4  # 2: sessions.closed; 3: asks, grants; 4: runs.holder
+SCHEMA_VERSION = 6  # 2: sessions.closed; 3: asks, grants; 4: runs.holder; 5: another branch's; 6: reservations, pruning indexes
 
 RunState = Literal["running", "awaiting_input", "finished", "failed", "lost"]
 RUN_STATES: tuple[RunState, ...] = ("running", "awaiting_input", "finished", "failed", "lost")
@@ -134,6 +134,19 @@ class GrantRecord:
 
 
 @dataclass(frozen=True)
+class Reservation:
+    """A share of a budget a fleet counts in the store (``Store.reserve``): one upload URL of a token, the bytes
+    of a body being received. It counts until released, until ``expires``, or until its holder replica's lease ran
+    out, whichever comes first: a killed replica's reservations do not stay counted."""
+
+    key: str  # unique: what releases it
+    budget: str  # what it counts against: ``urls:<owner>``, ``spool``
+    amount: int
+    expires: float
+    holder: str | None = None  # the replica lease (``replica:<kind>:<id>``) whose death frees it; None: only expiry
+
+
+@dataclass(frozen=True)
 class Lease:
     """Which process drives a session now."""
 
@@ -234,6 +247,29 @@ class Store(Protocol):
     async def use_grant(self, digest: str) -> GrantRecord | None:
         """Mark the grant used (compare-and-set, one statement): the grant as it was when this call used it; None when
         it is unknown or was used already (by any replica)."""
+        ...
+
+    # reservations: budgets counted across a fleet (upload URLs per token, bytes being received)
+    async def reserve(self, record: Reservation, *, limit: int) -> bool:
+        """Add ``record`` to its budget unless the budget's live reservations and it would pass ``limit`` (atomic
+        across processes): whether it was. Live: unexpired, and held by no replica or by one whose lease is live
+        (a SIGKILLed replica's reservations stop counting once its replica lease ran out)."""
+        ...
+
+    async def release(self, key: str) -> None:
+        """The reservation ``key`` ended (its upload finished, failed or was refused): it no longer counts."""
+        ...
+
+    async def reserved(self, budget: str) -> int:
+        """The sum of ``budget``'s live reservations."""
+        ...
+
+    # pruning: the rows nobody can use any more, in bounded batches (once per fleet, by its leader: upkeep.py)
+    async def prune(self, *, ended_before: float, expired_before: float, limit: int) -> dict[str, int]:
+        """Delete at most ``limit`` rows of each kind nobody can still use, and say how many went, by table: asks and
+        questions of runs that ended (or are gone) made before ``ended_before``; grants that expired before
+        ``expired_before``; tasks past their ttl; reservations past their expiry; replica leases (``replica:``) let
+        go or run out before ``expired_before``. Runs are kept by count (``prune_runs``), never here."""
         ...
 
     # leases

@@ -32,6 +32,7 @@ from kernelexec.store.interface import (
     JournalEntry,
     Lease,
     QuestionRecord,
+    Reservation,
     RunRecord,
     SessionRecord,
     StaleLease,
@@ -83,10 +84,24 @@ MIGRATIONS: dict[int, list[str]] = {
         """CREATE TABLE grants (digest TEXT PRIMARY KEY, kind TEXT NOT NULL, owner TEXT, session TEXT NOT NULL,
            expires DOUBLE PRECISION NOT NULL, caps TEXT NOT NULL, used BOOLEAN NOT NULL DEFAULT false)"""],
     4: ["ALTER TABLE runs ADD COLUMN holder TEXT"],
+    5: [],  # reserved: another branch's migration (merged there)
+    6: ["""CREATE TABLE reservations (key TEXT PRIMARY KEY, budget TEXT NOT NULL, amount BIGINT NOT NULL,
+           expires DOUBLE PRECISION NOT NULL, holder TEXT)""",
+        "CREATE INDEX reservations_by_budget ON reservations (budget, expires)",
+        "CREATE INDEX reservations_by_expiry ON reservations (expires)",
+        "CREATE INDEX asks_by_created ON asks (created)",  # pruning (Store.prune): each kind by its age, in batches
+        "CREATE INDEX questions_by_created ON questions (created)",
+        "CREATE INDEX grants_by_expiry ON grants (expires)",
+        "CREATE INDEX tasks_by_expiry ON tasks ((created + ttl_s))"],
 }
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
 NOW = "extract(epoch from clock_timestamp())::float8"
+# a budget's live reservations (params: budget): unexpired, and no holder or a holder replica whose lease is live
+LIVE_RESERVED = f"""(SELECT coalesce(sum(amount), 0) FROM reservations v WHERE v.budget = %(budget)s AND v.expires > %(now)s
+    AND (v.holder IS NULL OR EXISTS (SELECT 1 FROM leases l WHERE l.session = v.holder AND l.holder IS NOT NULL
+    AND l.expires > {NOW})))"""
+RESERVE_LOCK = 0x6B65_7872  # pg_advisory_xact_lock's first key for a budget ("kexr"; the second: the budget's hash)
 
 
 class PostgresStore:
@@ -180,7 +195,7 @@ class PostgresStore:
             raise StaleLease(f"session {fence.session}: fencing token {fence.token} is stale "
                              f"(the session's lease is {'free' if row is None or row[0] is None else f'token {row[1]}'})")
 
-    async def _one(self, sql: str, params: tuple[Any, ...], doing: str) -> Any:
+    async def _one(self, sql: str, params: tuple[Any, ...] | dict[str, Any], doing: str) -> Any:
         async def one(cur: Any) -> Any:
             await cur.execute(sql, params)
             return await cur.fetchone()
@@ -387,6 +402,65 @@ class PostgresStore:
         row = await self._one(f"UPDATE grants SET used = true WHERE digest = %s AND NOT used RETURNING {GRANT_COLUMNS}",
                               (digest,), "cannot use the grant")
         return grant_row(row) if row is not None else None
+
+    # reservations
+
+    async def reserve(self, record: Reservation, *, limit: int) -> bool:
+        async def reserve(cur: Any) -> bool:
+            # the budget's lock, then one statement that counts and inserts: two replicas reserving at once take turns
+            await cur.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (RESERVE_LOCK, record.budget))
+            await cur.execute(
+                f"""INSERT INTO reservations (key, budget, amount, expires, holder)
+                    SELECT %(key)s, %(budget)s, %(amount)s, %(expires)s, %(holder)s WHERE {LIVE_RESERVED} + %(amount)s <= %(limit)s""",
+                {"key": record.key, "budget": record.budget, "amount": record.amount, "expires": record.expires,
+                 "holder": record.holder, "now": time.time(), "limit": limit})
+            return bool(cur.rowcount)
+
+        result: bool = await self._run(reserve, "cannot reserve from a budget")
+        return result
+
+    async def release(self, key: str) -> None:
+        async def release(cur: Any) -> None:
+            await cur.execute("DELETE FROM reservations WHERE key = %s", (key,))
+
+        await self._run(release, "cannot release a reservation", single=True)
+
+    async def reserved(self, budget: str) -> int:
+        row = await self._one(f"SELECT {LIVE_RESERVED}", {"budget": budget, "now": time.time()}, "cannot read a budget")
+        return int(row[0])
+
+    # pruning
+
+    async def prune(self, *, ended_before: float, expired_before: float, limit: int) -> dict[str, int]:
+        unfinished = ", ".join(f"'{s}'" for s in UNFINISHED)
+        now = time.time()
+        statements = {
+            "asks": (f"""DELETE FROM asks WHERE seq IN (SELECT a.seq FROM asks a WHERE a.created < %s AND NOT EXISTS
+                         (SELECT 1 FROM runs r WHERE r.id = a.run_id AND r.state IN ({unfinished})) ORDER BY a.created LIMIT %s)""",
+                     (ended_before, limit)),
+            "questions": (f"""DELETE FROM questions WHERE id IN (SELECT q.id FROM questions q WHERE q.created < %s AND NOT EXISTS
+                              (SELECT 1 FROM runs r WHERE r.id = q.run_id AND r.state IN ({unfinished})) ORDER BY q.created LIMIT %s)""",
+                          (ended_before, limit)),
+            "grants": ("DELETE FROM grants WHERE digest IN (SELECT digest FROM grants WHERE expires < %s ORDER BY expires LIMIT %s)",
+                       (expired_before, limit)),
+            "tasks": ("""DELETE FROM tasks WHERE id IN (SELECT id FROM tasks WHERE (created + ttl_s) < %s
+                         ORDER BY (created + ttl_s) LIMIT %s)""", (now, limit)),
+            "reservations": ("DELETE FROM reservations WHERE key IN (SELECT key FROM reservations WHERE expires < %s "
+                             "ORDER BY expires LIMIT %s)", (now, limit)),
+            "replicas": (f"""DELETE FROM leases WHERE session IN (SELECT session FROM leases WHERE left(session, 8) = 'replica:'
+                             AND (holder IS NULL OR expires < {NOW}) AND expires < %s LIMIT %s)""",
+                         (expired_before, limit)),
+        }
+
+        async def prune(cur: Any) -> dict[str, int]:
+            done = {}
+            for table, (sql, params) in statements.items():
+                await cur.execute(sql, params)
+                done[table] = int(cur.rowcount)
+            return done
+
+        result: dict[str, int] = await self._run(prune, "cannot prune the store")
+        return result
 
     # leases
 

@@ -37,6 +37,7 @@ from kernelexec.store.interface import (
     JournalEntry,
     Lease,
     QuestionRecord,
+    Reservation,
     RunRecord,
     SessionRecord,
     StaleLease,
@@ -56,6 +57,9 @@ TASK_COLUMNS = "id, owner, run_id, ttl_s, status, created, updated"
 QUESTION_COLUMNS = "id, run_id, prompt, password, approval, answerer, answered, created"
 ASK_COLUMNS = "run_id, kind, owner, question_id, text, channel, created"
 GRANT_COLUMNS = "digest, kind, owner, session, expires, caps, used"
+# a budget's live reservations (params: budget, now, now): unexpired, and no holder or a holder replica whose lease is live
+LIVE_RESERVED = """(SELECT coalesce(sum(amount), 0) FROM reservations v WHERE v.budget = ? AND v.expires > ? AND (v.holder IS NULL
+    OR EXISTS (SELECT 1 FROM leases l WHERE l.session = v.holder AND l.holder IS NOT NULL AND l.expires > ?)))"""
 
 _STATES = ", ".join(f"'{s}'" for s in RUN_STATES)
 MIGRATIONS: dict[int, list[str]] = {
@@ -82,6 +86,15 @@ MIGRATIONS: dict[int, list[str]] = {
         """CREATE TABLE grants (digest TEXT PRIMARY KEY, kind TEXT NOT NULL, owner TEXT, session TEXT NOT NULL,
            expires REAL NOT NULL, caps TEXT NOT NULL, used INTEGER NOT NULL DEFAULT 0)"""],
     4: ["ALTER TABLE runs ADD COLUMN holder TEXT"],
+    5: [],  # reserved: another branch's migration (merged there)
+    6: ["""CREATE TABLE reservations (key TEXT PRIMARY KEY, budget TEXT NOT NULL, amount INTEGER NOT NULL,
+           expires REAL NOT NULL, holder TEXT)""",
+        "CREATE INDEX reservations_by_budget ON reservations (budget, expires)",
+        "CREATE INDEX reservations_by_expiry ON reservations (expires)",
+        "CREATE INDEX asks_by_created ON asks (created)",  # pruning (Store.prune): each kind by its age, in batches
+        "CREATE INDEX questions_by_created ON questions (created)",
+        "CREATE INDEX grants_by_expiry ON grants (expires)",
+        "CREATE INDEX tasks_by_expiry ON tasks (created + ttl_s)"],
 }
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
@@ -431,6 +444,53 @@ class SQLiteStore:
             return grant_row(row) if row is not None else None
 
         return await self._write(use)
+
+    # reservations
+
+    async def reserve(self, record: Reservation, *, limit: int) -> bool:
+        def reserve(db: sqlite3.Connection) -> bool:  # BEGIN IMMEDIATE: no other process counts meanwhile
+            return bool(db.execute(
+                f"""INSERT INTO reservations (key, budget, amount, expires, holder) SELECT ?, ?, ?, ?, ?
+                    WHERE {LIVE_RESERVED} + ? <= ?""",
+                (record.key, record.budget, record.amount, record.expires, record.holder, record.budget, time.time(),
+                 time.time(), record.amount, limit)).rowcount)
+
+        return await self._write(reserve)
+
+    async def release(self, key: str) -> None:
+        await self._write(lambda db: db.execute("DELETE FROM reservations WHERE key = ?", (key,)))
+
+    async def reserved(self, budget: str) -> int:
+        row = await self._query(lambda db: db.execute(f"SELECT {LIVE_RESERVED}", (budget, time.time(), time.time())).fetchone())
+        return int(row[0])
+
+    # pruning
+
+    async def prune(self, *, ended_before: float, expired_before: float, limit: int) -> dict[str, int]:
+        now = time.time()
+        unfinished = ", ".join(f"'{s}'" for s in UNFINISHED)
+        statements = {
+            "asks": (f"""DELETE FROM asks WHERE seq IN (SELECT a.seq FROM asks a WHERE a.created < ? AND NOT EXISTS
+                         (SELECT 1 FROM runs r WHERE r.id = a.run_id AND r.state IN ({unfinished})) ORDER BY a.created LIMIT ?)""",
+                     (ended_before, limit)),
+            "questions": (f"""DELETE FROM questions WHERE id IN (SELECT q.id FROM questions q WHERE q.created < ? AND NOT EXISTS
+                              (SELECT 1 FROM runs r WHERE r.id = q.run_id AND r.state IN ({unfinished})) ORDER BY q.created LIMIT ?)""",
+                          (ended_before, limit)),
+            "grants": ("DELETE FROM grants WHERE digest IN (SELECT digest FROM grants WHERE expires < ? ORDER BY expires LIMIT ?)",
+                       (expired_before, limit)),
+            "tasks": ("DELETE FROM tasks WHERE id IN (SELECT id FROM tasks WHERE created + ttl_s < ? ORDER BY created + ttl_s LIMIT ?)",
+                      (now, limit)),
+            "reservations": ("DELETE FROM reservations WHERE key IN (SELECT key FROM reservations WHERE expires < ? "
+                             "ORDER BY expires LIMIT ?)", (now, limit)),
+            "replicas": ("DELETE FROM leases WHERE session IN (SELECT session FROM leases WHERE substr(session, 1, 8) = 'replica:' "
+                         "AND (holder IS NULL OR expires < ?) AND expires < ? LIMIT ?)",
+                         (now, expired_before, limit)),
+        }
+
+        def prune(db: sqlite3.Connection) -> dict[str, int]:
+            return {table: db.execute(sql, params).rowcount for table, (sql, params) in statements.items()}
+
+        return await self._write(prune)
 
     # leases
 
