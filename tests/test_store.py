@@ -517,7 +517,7 @@ async def test_the_sqlite_store_is_private_and_in_wal_mode(tmp_path: Path) -> No
             assert (tmp_path / name).stat().st_mode & 0o077 == 0, name
         with sqlite3.connect(tmp_path / DB_NAME) as db:
             assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-            assert db.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [(1,), (2,), (3,), (4,)]
+            assert db.execute("SELECT version FROM schema_version ORDER BY version").fetchall() == [(1,), (2,), (3,), (4,), (5,)]
     finally:
         await s.close()
     assert isinstance(await open_store(f"sqlite:///{tmp_path}/other.db", tmp_path), SQLiteStore)

@@ -24,9 +24,9 @@ from mcp_types import CallToolResult, ElicitResult, InputRequiredResult, TextCon
 from kernelexec.errors import InvalidRequest, KernelexecError
 from kernelexec.server.questions import INPUT_KEY, STATE_SEPARATOR, resumed, stored_request
 from kernelexec.server.results import ExecuteResult
-from kernelexec.session.fleet import LEASE_TTL, REPLICAS
+from kernelexec.session.fleet import REPLICAS
 from kernelexec.session.runs import APPROVED, KEEP_FINISHED, Run
-from kernelexec.store import Fence, QuestionRecord, RunRecord, RunState, Store, TaskRecord
+from kernelexec.store import QuestionRecord, RunRecord, RunState, Store, TaskRecord
 from kernelexec.store.interface import UNFINISHED
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ def observer(app: App) -> Any:
             try:
                 first: RunState = "awaiting_input" if run.awaiting is not None else "running"
                 await put_first(store, RunRecord(run.id, run.session.handle, run.session.owner, first, await asked(run),
-                                                 holder=holder()))
+                                                 holder=holder(), resume=run.resume if holder() else None))
             except BaseException:  # never told: its later records have nothing to follow
                 recorded.pop(run.id, None)
                 raise
@@ -131,7 +131,15 @@ def observer(app: App) -> Any:
         await first_written.wait()  # every later record after the first, in order
         state: RunState
         answer: dict[str, Any] | None = None
-        if event != "finished":
+        resume: dict[str, Any] | None = None
+        if event == "sent":  # where another replica collects it from, should this one stop (session/fleet.py)
+            if run.done.is_set() or run.resume is None or holder() is None:
+                return
+            state, resume = ("awaiting_input" if run.awaiting is not None else "running"), run.resume
+            answer = await asked(run) if state == "awaiting_input" else None
+        elif run.handed_over:  # a drain's deadline: the cell goes on in the kernel, for the next holder to collect
+            state, resume = "running", {**(run.resume or {}), "handed_over": time.time()}
+        elif event != "finished":
             state = "awaiting_input" if event == "awaiting_input" else "running"
             if run.done.is_set():  # a question's end told after the run's: the run's end stands
                 return
@@ -145,7 +153,7 @@ def observer(app: App) -> Any:
                 result, state = error(str(exc)), "failed"
             answer = wire(result)
         try:
-            await store.put_run(RunRecord(run.id, run.session.handle, run.session.owner, state, answer))
+            await store.put_run(RunRecord(run.id, run.session.handle, run.session.owner, state, answer, resume=resume))
         finally:
             if event == "finished":
                 recorded.pop(run.id, None)
@@ -229,19 +237,11 @@ async def lose_if_orphaned(app: App, record: RunRecord) -> RunRecord:
     try:
         if await store.current_lease(record.holder) is not None:  # its replica lives
             return record
-        lease = await store.acquire_lease(record.session, fleet.id, LEASE_TTL)
-        if lease is None:  # driven by a live replica (which marked it lost when it took the session), or not expired yet
-            return record
-        try:
-            if await store.lose_run(record.id, fence=Fence.of(lease)):
-                logger.warning("run %s of session %s recorded as lost: its replica (%s) stopped renewing its lease",
-                               record.id, record.session, record.holder.split(":", 2)[-1])
-        finally:
-            await store.release_lease(lease)
     except KernelexecError as exc:  # the store is unreachable a moment: looked at again on the next read
         logger.warning("run %s: looking whether its replica lives: %s", record.id, exc)
         return record
-    return await stored_run(store, record.id, record.owner) or record
+    app.sessions.take_over(record.session, owner=record.owner)  # collected (or recorded lost) by this replica
+    return record
 
 
 def waits_on(record: RunRecord) -> str | None:

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING
 import anyio
 
 from kernelexec.errors import KernelexecError, SessionError
-from kernelexec.store import Fence, Lease, StaleLease, Store, StoreError
+from kernelexec.store import Fence, Lease, RunRecord, StaleLease, Store, StoreError
+from kernelexec.store.interface import UNFINISHED
 
 if TYPE_CHECKING:
     from kernelexec.session.session import Session
@@ -195,9 +196,7 @@ class Fleet:
         lease, current = held
         try:
             if lease.taken_from is not None:
-                lost = await self.store.lose_unfinished(session=handle)
-                logger.warning("session %s taken over from replica %s (its lease ran out)%s", handle, lease.taken_from,
-                               f"; {lost} of its run(s) recorded as lost" if lost else "")
+                logger.warning("session %s taken over from replica %s (its lease ran out)", handle, lease.taken_from)
                 session.notice = (f"before this call: the replica that drove this session ({lease.taken_from}) stopped "
                                   "answering, and this one took the session over; the kernel kept running on the gateway")
             if not current:  # another replica drove it since: this one's connection and copy of the record are stale
@@ -209,11 +208,32 @@ class Fleet:
                 session.closed = True
                 raise SessionError.unknown(handle)
             session.attach_to = record.gateway_kernel_id
+            if not current:
+                await self.adopt_orphans(session, lease, record.gateway_kernel_id)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self.let_go(handle)
             raise
         return True
+
+    async def adopt_orphans(self, session: Session, lease: Lease, kernel_id: str | None) -> None:
+        """The session's runs still unfinished under a replica that stopped (its lease ran out, or it drained and
+        handed them over): those it could leave for collection on the same gateway kernel (``RunRecord.resume``)
+        become this replica's, collected once the kernel is attached (``Session.collect_orphans``); the others are
+        recorded lost. Fenced by the session's lease: only its holder adopts, once."""
+        fence = Fence.of(lease)
+        for run in await self.store.runs_of(session.handle, owner=session.owner):
+            if run.state not in UNFINISHED or run.holder == self.key:
+                continue
+            if run.holder is not None and lease.taken_from is None and await self.store.current_lease(run.holder) is not None:
+                continue  # its replica lives (paused past its lease, it finds its writes refused)
+            resume = run.resume or {}
+            if kernel_id is not None and resume.get("kernel") == kernel_id and resume.get("channel") and resume.get("msg_id"):
+                await self.store.put_run(RunRecord(run.id, run.session, run.owner, "running", holder=self.key), fence=fence)
+                session.reclaiming.append(run)
+                logger.warning("session %s: run %s of replica %s is collected here", session.handle, run.id, run.holder)
+            elif await self.store.lose_run(run.id, fence=fence):
+                logger.warning("session %s: run %s of replica %s recorded as lost", session.handle, run.id, run.holder)
 
     async def detach(self, session: Session) -> bool:
         """After a driving period: the kernel's id recorded (fenced), the kernel detached (it stays on the gateway),

@@ -31,10 +31,10 @@ from kernelexec.session.fleet import Fleet
 from kernelexec.session.pool import WarmPool
 from kernelexec.session.reconcile import reconcile
 from kernelexec.session.recording import JournalSink, mark_closed
-from kernelexec.session.runs import RunRegistry
+from kernelexec.session.runs import Finished, RunRegistry
 from kernelexec.session.session import Session
 from kernelexec.session.upkeep import Upkeep
-from kernelexec.store import Fence, SessionRecord, StaleLease, Store, StoreError, open_store
+from kernelexec.store import Fence, RunRecord, SessionRecord, StaleLease, Store, StoreError, open_store
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ class SessionManager:
         self.broker = broker_from_settings(settings)  # code mode, or None; a config a kernel could write is refused here
         self.pool = WarmPool(settings, self.environment_for, self.remove_dir)
         self.upkeep = Upkeep(settings, self.sessions)
+        self._taking: set[str] = set()  # sessions being taken over from a stopped replica (take_over)
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[SessionManager]:
@@ -75,10 +76,22 @@ class SessionManager:
                     try:
                         yield self
                     finally:
+                        self.hand_over()
                         tg.cancel_scope.cancel()
             finally:  # after the runs' ends (a cell cancelled here is recorded lost while its kernel is still attached)
                 with anyio.CancelScope(shield=True):
                     await self.aclose()
+
+    def hand_over(self) -> None:
+        """A fleet's replica stopping (a drain past its deadline, a second signal): its cells still running are left
+        running on their gateway kernels, not interrupted, and their runs stay collectable by the next holder of
+        their session (``Session.collect_orphans``), their records saying they were handed over."""
+        if self.fleet is None or not self.fleet.drives:
+            return
+        self.runs.handing_over = True
+        for session in self.sessions.values():
+            if session.kernel is not None:
+                session.kernel.hand_over = True
 
     async def _start_up(self) -> None:
         """What each new kernel would pay once is paid here, once per install (matplotlib's font list,
@@ -171,6 +184,7 @@ class SessionManager:
         if self.fleet is not None and self.fleet.drives:
             session.driver = self.fleet
             session.remember = self._remember_kernel
+            session.collected = self._collected
         self.sessions[session.handle] = session
         return session
 
@@ -212,6 +226,37 @@ class SessionManager:
                              json.dumps(env, sort_keys=True) if env is not None else "", session.profile,
                              local_slot=None if remote else "k", gateway_kernel_id=gateway_kernel_id if remote else None,
                              closed=time.time() if closed else None)
+
+    async def _collected(self, session: Session, record: RunRecord, finished: Finished | None, why: str) -> None:
+        """A run a stopped replica left on the session's kernel (session/fleet.py): finished here with its collected
+        answer, or recorded lost (fenced by the session's lease) when nothing could be collected."""
+        if finished is not None:
+            await self.runs.adopt(session, record.id, finished)
+            return
+        fence = self.fleet.fence(session.handle) if self.fleet is not None else None
+        if self.store is not None and fence is not None and await self.store.lose_run(record.id, fence=fence):
+            logger.warning("session %s: run %s recorded as lost: %s", session.handle, record.id, why)
+
+    def take_over(self, handle: str, *, owner: str | None) -> None:
+        """Take, in the background, a session whose driving replica stopped (a get_run of one of its runs found it
+        so): attaching collects the runs it left (``Fleet.adopt_orphans``) or records them lost. Once at a time per
+        session; a live holder keeps it (nothing waits for its lease)."""
+        if handle in self._taking:
+            return
+        self._taking.add(handle)
+
+        async def take() -> None:
+            try:
+                session = await self.lookup(handle, owner=owner)
+                async with session.driving(wait=False) as driven:
+                    if driven and session.reclaiming:
+                        await session.ensure_kernel()
+            except KernelexecError as exc:
+                logger.warning("taking session %s over: %s", handle, exc)
+            finally:
+                self._taking.discard(handle)
+
+        self.runs.spawn(take)
 
     async def _remember_kernel(self, session: Session, gateway_kernel_id: str | None, fence: Fence | None) -> None:
         """A fleet's session: the gateway kernel it now has, written under its lease (refused once lost)."""

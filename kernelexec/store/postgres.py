@@ -55,7 +55,7 @@ from kernelexec.store.sqlite import (
     task_row,
 )
 
-RUN_COLUMNS = "id, session, owner, state, answer::text, created, updated, holder"
+RUN_COLUMNS = "id, session, owner, state, answer::text, created, updated, holder, resume::text"
 MIGRATION_LOCK = 0x6B65_7865  # pg_advisory_xact_lock key: "kexe"
 
 _STATES = ", ".join(f"'{s}'" for s in RUN_STATES)
@@ -83,6 +83,7 @@ MIGRATIONS: dict[int, list[str]] = {
         """CREATE TABLE grants (digest TEXT PRIMARY KEY, kind TEXT NOT NULL, owner TEXT, session TEXT NOT NULL,
            expires DOUBLE PRECISION NOT NULL, caps TEXT NOT NULL, used BOOLEAN NOT NULL DEFAULT false)"""],
     4: ["ALTER TABLE runs ADD COLUMN holder TEXT"],
+    5: ["ALTER TABLE runs ADD COLUMN resume JSON"],
 }
 assert max(MIGRATIONS) == SCHEMA_VERSION
 
@@ -244,11 +245,12 @@ class PostgresStore:
         async def put(cur: Any) -> None:
             await self._fenced(cur, fence)
             await cur.execute(
-                """INSERT INTO runs (id, session, owner, state, answer, created, updated, holder)
-                   VALUES (%s, %s, %s, %s, %s::json, %s, %s, %s)
+                """INSERT INTO runs (id, session, owner, state, answer, created, updated, holder, resume)
+                   VALUES (%s, %s, %s, %s, %s::json, %s, %s, %s, %s::json)
                    ON CONFLICT (id) DO UPDATE SET state = excluded.state, answer = excluded.answer, updated = excluded.updated,
-                   holder = coalesce(excluded.holder, runs.holder)""",
-                (record.id, record.session, record.owner, record.state, answer, record.created or now, now, record.holder))
+                   holder = coalesce(excluded.holder, runs.holder), resume = coalesce(excluded.resume, runs.resume)""",
+                (record.id, record.session, record.owner, record.state, answer, record.created or now, now, record.holder,
+                 dumps(record.resume) if record.resume is not None else None))
 
         await self._run(put, "cannot write the run", single=fence is None)
 
