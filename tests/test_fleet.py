@@ -79,11 +79,11 @@ async def test_a_replica_sigkilled_while_it_runs_a_cell_is_replaced_within_the_l
     assert sources == ["y = 41", "import time\ntime.sleep(2.5)\ny += 1", "y"], sources  # each cell once, in order
 
 
-async def killed_mid_cell(fleet: Fleet, name: str, code: str, *, after: float = 0.0) -> tuple[str, str]:
-    """A replica of its own starts ``code`` in a session of its own; the call yields (1 s), the replica is SIGKILLed
-    ``after`` seconds later: the session and the run's id."""
+async def killed_mid_cell(fleet: Fleet, name: str, code: str, *, after: float = 0.0, made_on: Any = None) -> tuple[str, str]:
+    """A replica of its own starts ``code`` in a session of its own (made by ``made_on``, else by it); the call
+    yields (1 s), the replica is SIGKILLed ``after`` seconds later: the session and the run's id."""
     victim = fleet.start(name)
-    handle = (await call(victim.url, "k = 0"))["session"]
+    handle = (await call((made_on or victim).url, "k = 0"))["session"]
     async with Client(victim.url) as client:
         going = await client.call_tool("execute_code", {"code": code, "session": handle})
     running = going.structured_content
@@ -112,9 +112,11 @@ async def test_get_run_on_another_replica_collects_the_answer_of_a_sigkilled_rep
     """A 10 s cell yielded on A, A SIGKILLed in its first seconds, nobody calls the session: get_run on B takes the
     session once A's lease ran out, reconnects to the kernel's channels with A's session id (the gateway kept the
     kernel's messages for it) and answers with the cell's real output and value, recorded once, the same from
-    every replica and tasks/get. Before: ``lost`` (its output went to A's connection)."""
+    every replica. The session was made on C, whose connection to the kernel stays open after its call: it is
+    closed once A drives the session, else the gateway would keep nothing for A's (it buffers only for a kernel's
+    last connection). Before: ``lost`` (its output went to A's connection)."""
     code = "import time\ntime.sleep(10)\nprint('slept', k + 10)\nresult = k + 42"
-    handle, run_id = await killed_mid_cell(fleet, "killed-10s", code)
+    handle, run_id = await killed_mid_cell(fleet, "killed-10s", code, after=1.0, made_on=fleet.replicas[2])
     b, c = fleet.replicas[1], fleet.replicas[2]
     async with Client(b.url) as on_b:
         with anyio.fail_after(40):

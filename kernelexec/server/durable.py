@@ -4,9 +4,10 @@ answer as the client would get it (the ``CallToolResult``'s JSON); and read back
 does not hold — one from before a restart, or one no longer kept in memory.
 
 A run recorded as running or waiting for input when its server died is marked ``lost`` when the next server
-starts (``SessionManager``), or, in a fleet, once its holder replica's lease ran out (each run's record names
-its replica: the next call to its session or a get_run on any replica marks it); its answer says so, honestly,
-and never "unknown". Nothing read back is executed:
+starts (``SessionManager``). In a fleet, once its holder replica's lease ran out (each run's record names its
+replica), the next call to its session or a get_run on any replica takes the session over, which collects the
+run's answer from the gateway or, when nothing is left to collect, marks it lost (session/fleet.py); its answer
+says so, honestly, and never "unknown". Nothing read back is executed:
 a stored answer is JSON validated as a ``CallToolResult``.
 """
 
@@ -226,10 +227,10 @@ async def get_run(app: App, run_id: str, unknown: InvalidRequest, wait_s: float 
 
 
 async def lose_if_orphaned(app: App, record: RunRecord) -> RunRecord:
-    """An unfinished run whose holder replica's lease ran out (SIGKILLed, cut off) recorded ``lost``, so get_run never
-    follows a dead replica's run as ``running``. Written once, under the session's lease (taken without waiting and
-    let go at once): a live replica driving the session writes nothing here, and a holder that was only paused finds
-    its lease taken. The run as it is now."""
+    """An unfinished run whose holder replica's lease ran out (SIGKILLed, cut off, drained): its session taken over
+    by this replica in the background (``SessionManager.take_over``), which collects its answer or records it
+    ``lost``, so get_run never follows a dead replica's run as ``running``. A live replica driving the session keeps
+    it (nothing waits for its lease); a holder that was only paused finds its lease taken. The run as it is now."""
     store, fleet = app.sessions.store, app.sessions.fleet
     if (store is None or fleet is None or record.state not in UNFINISHED or record.holder is None
             or record.holder == fleet.key or record.session in fleet.held):

@@ -10,8 +10,12 @@
   the replica, when another replica drove the session since (the token is not its last one plus one), drops its
   connection to the kernel and brings its copy of the record up to the store's journal, then attaches to the
   session's gateway kernel (its id is in the store); letting go, it records the kernel's id and releases the lease,
-  its connection kept for its next call (used only after the lease is taken again). Every journal write carries the
-  lease's fencing token: a replica that lost its lease (paused, cut off) cannot write, and lets go.
+  its connection kept for its next call (used only after the lease is taken again; closed once another replica
+  drives the session). Every journal write carries the lease's fencing token: a replica that lost its lease
+  (paused, cut off) cannot write, and lets go.
+- **Runs a stopped replica left** (``Fleet.adopt_orphans``): taking a session, a replica adopts the runs a
+  replica that stopped mid-cell (SIGKILLed, or drained and handed over) left on its kernel, and collects their
+  answers from the gateway (``Session.collect_orphans``); those it cannot collect are recorded lost.
 - **Once per fleet** (``Fleet.leads``): a leader lease ``fleet:upkeep`` for the work that must not run once per
   replica (reaping idle sessions' kernels on the gateway).
 """
@@ -22,6 +26,7 @@ import logging
 import os
 import secrets
 import socket
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import anyio
@@ -82,6 +87,10 @@ class Fleet:
         self.lost: set[str] = set()  # sessions whose lease ran out while held (renewal refused)
         self._me: Lease | None = None
         self._leader: Lease | None = None
+        # sessions whose kernel this replica keeps a connection to between its driving periods, and how to drop one
+        # (set by the manager): dropped once another replica drives it (``drop_superseded``)
+        self.connected: Callable[[], list[str]] = list
+        self.drop: Callable[[str], None] = lambda handle: None
 
     @property
     def key(self) -> str:
@@ -122,8 +131,21 @@ class Fleet:
             await anyio.sleep(RENEW_EVERY)
             try:
                 await self.renew()
+                await self.drop_superseded()
             except StoreError as exc:  # the store is unreachable for a moment: leases run out if it stays so
                 logger.warning("renewing this replica's leases: %s", exc)
+
+    async def drop_superseded(self) -> None:
+        """Close this replica's kept connection to each kernel another replica drives now (one store read for all).
+        The gateway keeps a kernel's messages for a connection that closes only when it was the kernel's last one:
+        so that the driving replica's is the last, and its running cell's answer survives it (``adopt_orphans``)."""
+        kept = [handle for handle in self.connected() if handle not in self.held]
+        if not kept:
+            return
+        driven = {lease.session for lease in await self.store.live_leases("") if lease.holder != self.id}
+        for handle in kept:
+            if handle in driven and handle not in self.held:
+                self.drop(handle)
 
     async def renew(self) -> None:
         store = self.store

@@ -82,6 +82,13 @@ class SessionManager:
                 with anyio.CancelScope(shield=True):
                     await self.aclose()
 
+    def _drop_connection(self, handle: str) -> None:
+        """A fleet's session another replica drives now: this replica's connection to its kernel closed (not the
+        kernel), unless a call of its own is at it."""
+        session = self.sessions.get(handle)
+        if session is not None and not session.lock.locked():
+            session.forget_kernel()
+
     def hand_over(self) -> None:
         """A fleet's replica stopping (a drain past its deadline, a second signal): its cells still running are left
         running on their gateway kernels, not interrupted, and their runs stay collectable by the next holder of
@@ -127,6 +134,8 @@ class SessionManager:
         try:
             if shared or remote:  # a store other servers may serve: admitted (fleet.py) or refused, before anything
                 fleet = Fleet(store, remote=remote)
+                fleet.connected = lambda: [h for h, s in self.sessions.items() if s.kernel is not None and not s.lock.locked()]
+                fleet.drop = self._drop_connection
                 await fleet.join()
                 self.fleet = fleet
                 if fleet.drives:  # reaping once per fleet: by its leader, from the store

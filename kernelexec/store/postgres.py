@@ -55,6 +55,7 @@ from kernelexec.store.sqlite import (
     task_row,
 )
 
+IDLE_TX_MS = 3000  # ms PostgreSQL lets a transaction of ours sit idle: less than a lease's 5 s (session/fleet.py)
 RUN_COLUMNS = "id, session, owner, state, answer::text, created, updated, holder, resume::text"
 MIGRATION_LOCK = 0x6B65_7865  # pg_advisory_xact_lock key: "kexe"
 
@@ -115,7 +116,9 @@ class PostgresStore:
         except ImportError:
             raise StoreError("a PostgreSQL store needs psycopg: pip install 'kernelexec[postgres]'") from None
         try:
-            return await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=10, application_name="kernelexec")
+            # a transaction left open (its process paused mid-way) is ended by the server before a lease runs out
+            return await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=10, application_name="kernelexec",
+                                                         options=f"-c idle_in_transaction_session_timeout={IDLE_TX_MS}")
         except (psycopg.Error, ValueError) as exc:  # ValueError: a malformed URL, whose text holds the password
             raise StoreError(f"cannot open the store {redacted(url)}: {scrubbed(str(exc).strip(), url)}") from None
 
@@ -417,7 +420,9 @@ class PostgresStore:
             row = await cur.fetchone()
             return Lease(lease.session, lease.holder, lease.token, row[0]) if row is not None else None
 
-        result: Lease | None = await self._run(renew, "cannot renew the lease")
+        # one statement, its own transaction: a replica paused between an UPDATE and its COMMIT would hold the row's
+        # lock, and every other replica's acquire of the lease would wait for it (the fleet stalled by one SIGSTOP)
+        result: Lease | None = await self._run(renew, "cannot renew the lease", single=True)
         return result
 
     async def release_lease(self, lease: Lease) -> bool:
@@ -426,7 +431,7 @@ class PostgresStore:
                               (lease.session, lease.holder, lease.token))
             return bool(cur.rowcount)
 
-        result: bool = await self._run(release, "cannot release the lease")
+        result: bool = await self._run(release, "cannot release the lease", single=True)
         return result
 
     async def idle_sessions(self, idle_s: float) -> list[SessionRecord]:
