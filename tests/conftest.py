@@ -130,6 +130,19 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return WholeScopes(config, log)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failing test's report carries the tail of every kernel gateway's log that is up (a gateway that drops a
+    kernel says why only there)."""
+    report = yield
+    if report.failed and report.when == "call":
+        from .gateways import RUNNING
+
+        for gateway in RUNNING:
+            report.sections.append((f"{gateway.kind} log ({gateway.url})", gateway.log_tail()))
+    return report
+
+
 def pytest_report_header(config: pytest.Config) -> str | None:
     if support.WEAKEN:
         return f"kernelexec: WEAKENED servers (--weaken {support.WEAKEN}): security tests are expected to fail"

@@ -27,6 +27,7 @@ from typing import Any
 from .support import clean_env, free_port, wait_for_port
 
 KINDS = ("jupyter_server", "kernel_gateway", "enterprise_gateway")
+RUNNING: list[Gateway] = []  # the gateways up now: a failing test's report carries their logs (tests/conftest.py)
 ROOT = Path(__file__).resolve().parent.parent
 EG_REQUIREMENTS = ROOT / "tests" / "enterprise-gateway.txt"
 
@@ -45,6 +46,12 @@ class Gateway:
         with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - 127.0.0.1 only
             body = response.read()
         return json.loads(body) if body else None
+
+    def log_tail(self, size: int = 6000) -> str:
+        try:
+            return self.log.read_bytes()[-size:].decode(errors="replace")
+        except OSError as exc:
+            return f"(no log: {exc})"
 
     def kernel_ids(self) -> set[str]:
         return {k["id"] for k in self.api("/api/kernels")}
@@ -120,6 +127,7 @@ def _start_once(kind: str, base: Path, *, strict: bool) -> Gateway:
     gateway = Gateway(kind, f"http://127.0.0.1:{port}", token, proc, log)
     try:
         wait_for_port(port, proc, timeout=120)
+        RUNNING.append(gateway)
         deadline = time.monotonic() + 60
         while True:  # listening is not serving yet
             try:
@@ -135,6 +143,8 @@ def _start_once(kind: str, base: Path, *, strict: bool) -> Gateway:
 
 
 def stop_gateway(gateway: Gateway) -> None:
+    if gateway in RUNNING:
+        RUNNING.remove(gateway)
     gateway.proc.send_signal(signal.SIGTERM)  # the servers shut their kernels down on SIGTERM
     try:
         gateway.proc.wait(timeout=30)

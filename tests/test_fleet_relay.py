@@ -23,7 +23,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, ElicitResult, InputRequiredResult
 
-from .fleet_parts import Fleet, gateway, new_fleet
+from .fleet_parts import LEASE_TTL, Fleet, gateway, new_fleet
 from .pg import Postgres, postgres
 
 __all__ = ["gateway", "postgres"]  # fixtures
@@ -90,6 +90,52 @@ async def test_send_input_on_another_replica_answers_the_input_asked_through_the
         assert again.is_error and ("already answered" in text(again) or "not waiting" in text(again)), text(again)
         got = await on_a.call_tool("get_run", {"run_id": run_id, "wait_s": 5})
         assert got.structured_content is not None and got.structured_content["result"] == "hello Ada", text(got)
+
+
+async def test_send_input_on_another_replica_with_wait_s_0_says_what_it_did(fleet: Fleet) -> None:
+    """wait_s=0 ("just look") on a replica that does not hold the run: the answer is relayed and the call says so, not
+    "unknown run" (its one look at the run's record was cancelled before it was made), and it never hands back the
+    question it has just answered as the one the run waits on."""
+    a, b = fleet.replicas[0].url, fleet.replicas[1].url
+    async with client(a, ALICE) as on_a:
+        asked = await on_a.call_tool("execute_code", {"code": "name = input('Name? ')\nf'hi {name}'"})
+        while asked.structured_content is not None and asked.structured_content["ending"] == "running":  # a kernel starting
+            asked = await on_a.call_tool("get_run", {"run_id": asked.structured_content["run_id"], "wait_s": 30})
+    waiting = asked.structured_content
+    assert waiting is not None and waiting["ending"] == "awaiting_input", text(asked)
+    run_id, question_id = waiting["run_id"], waiting["question_id"]
+    async with client(b, ALICE) as on_b:
+        sent = await on_b.call_tool("send_input", {"run_id": run_id, "question_id": question_id, "text": "Ada", "wait_s": 0})
+        assert not sent.is_error and "input sent" in text(sent), text(sent)
+        said = sent.structured_content or {}
+        assert said.get("question_id") != question_id, text(sent)  # never the answered question again
+    async with client(a, ALICE) as on_a:
+        got = await on_a.call_tool("get_run", {"run_id": run_id, "wait_s": 30})
+        assert got.structured_content is not None and got.structured_content["result"] == "hi Ada", text(got)
+
+
+async def test_send_input_for_the_run_of_a_killed_replica_says_it_was_lost(fleet: Fleet) -> None:
+    """An input() asked through a replica that is then SIGKILLed: send_input on another replica, once the dead one's
+    leases ran out, says the run was lost (as get_run does), within its wait, not that the answer went to a run that
+    goes on (the relayed answer has no holder left to take it)."""
+    c = fleet.start("c", "--auth-token-file", str(fleet.base / "tokens"), "--yield-after", "5")
+    async with client(c.url, ALICE) as on_c:
+        asked = await on_c.call_tool("execute_code", {"code": "name = input('Name? ')\nf'hi {name}'"})
+        while asked.structured_content is not None and asked.structured_content["ending"] == "running":  # a kernel starting
+            asked = await on_c.call_tool("get_run", {"run_id": asked.structured_content["run_id"], "wait_s": 30})
+    waiting = asked.structured_content
+    assert waiting is not None and waiting["ending"] == "awaiting_input", text(asked)
+    c.proc.kill()
+    c.proc.wait(30)
+    await anyio.sleep(LEASE_TTL + 2)  # its replica's and its session's leases ran out
+    async with client(fleet.replicas[1].url, ALICE) as on_b:
+        stopped = await on_b.call_tool("interrupt", {"session": waiting["session"]})  # nobody to send it to
+        assert "interrupt sent" not in text(stopped), text(stopped)
+        began = anyio.current_time()
+        sent = await on_b.call_tool("send_input", {"run_id": waiting["run_id"], "question_id": waiting["question_id"],
+                                                   "text": "Ada", "wait_s": 20})
+        assert "was lost" in text(sent), text(sent)
+        assert anyio.current_time() - began < 15, text(sent)
 
 
 async def test_a_retry_on_another_replica_answers_with_the_state_the_first_sealed_once(fleet: Fleet) -> None:
@@ -189,6 +235,33 @@ async def test_a_secret_page_opened_on_one_replica_is_served_and_used_once_on_an
         assert "one" not in [w for line in replica.output().splitlines() for w in line.split()], replica.name
 
 
+async def test_a_secret_too_long_is_refused_on_any_replica_and_the_page_stays(fleet: Fleet) -> None:
+    """A secret longer than an answer may be (MAX_INPUT_CHARS), POSTed on the page of A's run through B: refused there
+    ("Too long", nothing sent) before the page's grant is used, as it is on A, so the page still takes a good one.
+    (B said "Sent" and used the grant up; A's run refused the relayed text, and its cell kept waiting.)"""
+    from kernelexec.session.runs import MAX_INPUT_CHARS
+
+    a, b = fleet.replicas[0].url, fleet.replicas[1].url
+    origin_a, origin_b = a.removesuffix("/mcp"), b.removesuffix("/mcp")
+    code = "import getpass, hashlib\nhashlib.sha256(getpass.getpass('Key: ').encode()).hexdigest()"
+    async with client(a, ALICE, elicitation_callback=never_asked) as on_a, httpx2.AsyncClient(timeout=30) as browser:
+        handle = (await on_a.call_tool("execute_code", {"code": "1"})).structured_content["session"]  # type: ignore[index]
+        arguments = {"code": code, "session": handle, "timeout": 120}
+        first = await on_a.session.call_tool("execute_code", arguments, allow_input_required=True)
+        assert isinstance(first, InputRequiredResult), first
+        page_a = first.input_requests["input"].params.url  # type: ignore[union-attr]
+        for page in (page_a, origin_b + page_a.removeprefix(origin_a)):  # on the holder, then through another replica
+            too_long = await browser.post(page, data={"token": form_token(await browser.get(page)),
+                                                       "secret": "x" * (MAX_INPUT_CHARS + 1)})
+            assert too_long.status_code == 413 and "Nothing was sent" in too_long.text, (page, too_long.status_code)
+        sent = await browser.post(page, data={"token": form_token(await browser.get(page)), "secret": "one"})
+        assert sent.status_code == 200, sent.text
+        done = await on_a.session.call_tool("execute_code", arguments, input_responses={"input": ElicitResult(action="accept")},
+                                            request_state=first.request_state, allow_input_required=True)
+    assert isinstance(done, CallToolResult) and not done.is_error, done
+    assert done.structured_content is not None and done.structured_content["result"] == sha("one"), done
+
+
 async def test_an_upload_url_minted_on_one_replica_is_used_once_on_any(fleet: Fleet) -> None:
     """An upload URL minted by A: a PUT on B lands in the session's kernel (under its lease); another token's PUT is
     404, a replay 410, the same URL PUT at once on A and B lands once, an expired URL is 410 on B."""
@@ -230,3 +303,41 @@ async def test_an_upload_url_minted_on_one_replica_is_used_once_on_any(fleet: Fl
         files = await on_a.call_tool("execute_code", {"code": "import os\n[open('one.txt').read(), open('two.txt').read() "
                                                       "in ('from A', 'from B'), os.path.exists('late.txt')]", "session": handle})
     assert files.structured_content is not None and files.structured_content["result"] == ["first file", True, False], text(files)
+
+
+async def test_upload_urls_used_on_another_replica_leave_the_minting_replicas_budget(fleet: Fleet) -> None:
+    """--max-upload-urls-per-token counts the URLs a replica minted that are still unused: one PUT on another replica
+    (a balancer's round robin) is used too, and its place is free again on the replica that minted it (it stayed
+    counted there until it expired: TooManyUploads for a token whose URLs were all used)."""
+    u = fleet.start("u", "--auth-token-file", str(fleet.base / "tokens"), "--max-upload-urls-per-token", "2")
+    origin_u, origin_b = u.url.removesuffix("/mcp"), fleet.replicas[1].url.removesuffix("/mcp")
+    async with client(u.url, ALICE) as on_u, httpx2.AsyncClient(timeout=60) as http:
+        handle = (await on_u.call_tool("execute_code", {"code": "1"})).structured_content["session"]  # type: ignore[index]
+        for n in range(3):  # a third within a budget of two: the first two were used (on B)
+            granted = await on_u.call_tool("upload_url", {"filename": f"f{n}.txt", "session": handle})
+            assert not granted.is_error and granted.structured_content is not None, text(granted)
+            url = origin_b + granted.structured_content["uploadUrl"].removeprefix(origin_u)
+            landed = await http.put(url, content=b"x", headers={"Content-Type": "application/octet-stream"})
+            assert landed.status_code == 201, landed.text
+
+
+@pytest.mark.xfail(reason="known (review, Dec 6): the holder's own doors (send_input, a retry) answer through Run.answer "
+                   "without claiming the question in the store, so an answer relayed from another replica moments before "
+                   "is said 'sent' and dropped by the holder; reproduced 4 of 4 times", strict=False)
+async def test_an_answer_relayed_then_one_on_the_holder_one_of_them_is_refused(fleet: Fleet) -> None:
+    """The same question answered through B (relayed, not yet taken by A's poll) and then on A itself: one answer per
+    question across the fleet, so one of the two calls must say it was not used."""
+    a, b = fleet.replicas[0].url, fleet.replicas[1].url
+    both: list[tuple[str, str]] = []
+    async with client(a, ALICE) as on_a, client(b, ALICE) as on_b:
+        handle = (await on_a.call_tool("execute_code", {"code": "1"})).structured_content["session"]  # type: ignore[index]
+        for _ in range(3):  # a race with the holder's poll (every 0.25 s): tried a few times
+            asked = await on_a.call_tool("execute_code", {"code": "name = input('Name? ')\nf'hi {name}'", "session": handle})
+            waiting = asked.structured_content
+            assert waiting is not None and waiting["ending"] == "awaiting_input", text(asked)
+            answer = {"run_id": waiting["run_id"], "question_id": waiting["question_id"]}
+            via_b = await on_b.call_tool("send_input", {**answer, "text": "Ada", "wait_s": 0})
+            via_a = await on_a.call_tool("send_input", {**answer, "text": "Eve", "wait_s": 10})
+            if not via_b.is_error and not via_a.is_error:
+                both.append((text(via_b), text(via_a)))
+    assert not both, both

@@ -174,7 +174,8 @@ async def test_over_stdio(ssh_spec: dict[str, str], short_tmp: Path) -> None:
     cmd = kernelexec_cmd("serve", "--state-dir", str(short_tmp / "stdio-prov"), "--kernel-spec", SPEC)
     params = StdioServerParameters(command=cmd[0], args=cmd[1:], env=clean_env(**ssh_spec))
     async with Client(params) as client:
-        await client.call_tool("execute_code", {"code": "y = 20"})
-        r: Any = await client.call_tool("execute_code", {"code": "y + 1"})
+        r: Any = await client.call_tool("execute_code", {"code": "y = 20"})
+        assert r.structured_content["success"], r.content
+        r = await client.call_tool("execute_code", {"code": "y + 1"})
         assert r.structured_content["result"] == 21, r.content
         assert r.structured_content["layers"] == ["provisioner:distributed-provisioner", "guard"]

@@ -192,7 +192,7 @@ PREWARMED = ("import sys\nimport kernelexec.cli, kernelexec.server.build, kernel
 
 
 class Prewarmed:
-    def __init__(self, state: Path, tokens: Path, log: Path) -> None:
+    def __init__(self, state: Path, tokens: Path, log: Path, store: dict[str, str]) -> None:
         import subprocess
         import sys
 
@@ -203,7 +203,7 @@ class Prewarmed:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", PREWARMED, "serve", "--transport", "http", "--port", str(self.port), "--state-dir",
                  str(state), "--auth-token-file", str(tokens), "--yield-after", "1", "--restart-spares", "0", "--pool-size", "0"],
-                env=clean_env(), stdin=subprocess.PIPE, stdout=out, stderr=out)
+                env=clean_env(**store), stdin=subprocess.PIPE, stdout=out, stderr=out)
 
     def go(self) -> str:
         from .support import wait_for_port
@@ -226,11 +226,14 @@ async def test_sigkill_at_random_points_loses_no_answered_cell(short_tmp: Path) 
     """At least 50 SIGKILLs of a real server: during a cell, an answer, a journal or notebook write, a revival (every
     fifth kill lands while the revived kernel is being refilled). After each kill the store opens (SQLite's
     integrity check) and holds every cell whose answer the client received, in order; after each restart the
-    journal file and the notebook hold them too, and the notebook is valid nbformat."""
+    journal file and the notebook hold them too, and the notebook is valid nbformat. The store is the run's
+    (``--store postgres``: a database of the real PostgreSQL, so the PostgreSQL pass kills servers writing to it)."""
     import random
     import sqlite3
 
     import anyio
+
+    from .support import store_env
 
     rng = random.Random(31)
     base = Path(tempfile.mkdtemp(prefix="k", dir=short_tmp))
@@ -239,10 +242,11 @@ async def test_sigkill_at_random_points_loses_no_answered_cell(short_tmp: Path) 
     answered: list[str] = []
     handle = ""
     kills = 0
-    following = Prewarmed(state, tokens, log)
+    store = store_env()  # one database for every server of this test
+    following = Prewarmed(state, tokens, log, store)
     try:
         while kills < KILLS:
-            server, following = following, Prewarmed(state, tokens, log)
+            server, following = following, Prewarmed(state, tokens, log, store)
             try:
                 url = server.go()
                 alice = Raw(url, ALICE)
@@ -263,13 +267,14 @@ async def test_sigkill_at_random_points_loses_no_answered_cell(short_tmp: Path) 
                     kills += 1
             finally:
                 server.kill()
-            store = await open_store(None, state)  # it opens; it has every answered cell
+            opened = await open_store(store.get("KERNELEXEC_STORE"), state)  # it opens; it has every answered cell
             try:
-                stored = sources([e.record for e in await store.journal(handle)])
+                stored = sources([e.record for e in await opened.journal(handle)])
             finally:
-                await store.close()
-            with sqlite3.connect(state / "kernelexec.db") as db:
-                assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+                await opened.close()
+            if not store:
+                with sqlite3.connect(state / "kernelexec.db") as db:
+                    assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
             assert _subsequence(answered, stored), (kills, [a for a in answered if a not in stored])
         following.go()
         _check_files(state / "sessions" / handle, answered)

@@ -13,6 +13,7 @@ a stored answer is JSON validated as a ``CallToolResult``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -291,6 +292,17 @@ async def send_input(app: App, run_id: str, unknown: InvalidRequest) -> None:
                          f"get_run(run_id={record.id!r}) gives its answer")
 
 
+async def refuse_if_lost(app: App, run_id: str) -> None:
+    """Before an answer is relayed to a run another replica holds: a run whose holder stopped (its lease ran out) is
+    recorded lost (``lose_if_orphaned``) and its question refused, as for a run lost any other way; else the answer
+    went to a row nobody takes and the caller was told it was sent to a run still going."""
+    record = await stored_run(app.relay.store, run_id, app.owner())
+    if record is not None and record.state in UNFINISHED:
+        record = await lose_if_orphaned(app, record)
+    if record is not None and record.state == "lost":
+        raise InvalidRequest(_lost(record) + " Its question cannot be answered any more.")
+
+
 async def resume_elsewhere(app: App, ctx: Any, unknown: InvalidRequest) -> CallToolResult | InputRequiredResult:
     """A 2026-07-28 retry whose run another replica of the fleet holds (app.resume's, by the same rules): its answer
     relayed to the holder (relay.py), then the run followed in the store."""
@@ -302,6 +314,7 @@ async def resume_elsewhere(app: App, ctx: Any, unknown: InvalidRequest) -> CallT
     response = (ctx.input_responses or {}).get(INPUT_KEY)
     accepted = isinstance(response, ElicitResult) and response.action == "accept"
     wait_s = app.settings.yield_after or math.inf
+    await refuse_if_lost(app, run_id)
     if question is not None and question.password and accepted:  # its page answers it, not this
         return await follow_relayed(app, run_id, question_id, wait_s, retry=True)
     text = None
@@ -324,16 +337,16 @@ async def follow_relayed(app: App, run_id: str, answered: str, wait_s: float, *,
     until it ends or waits on another question; its answer, that question (an InputRequiredResult for a retried
     call), or that it runs on."""
     store, owner = app.sessions.store, app.owner()
-    record: RunRecord | None = None
+    record = await stored_run(store, run_id, owner)  # looked at once whatever wait_s (0: just look), not in its scope
     with anyio.move_on_after(wait_s):
-        while True:
-            record = await stored_run(store, run_id, owner) or record
-            if record is None or record.state not in UNFINISHED or (
-                    record.state == "awaiting_input" and waits_on(record) not in (None, answered)):
-                break
+        while record is not None and record.state in UNFINISHED and not (
+                record.state == "awaiting_input" and waits_on(record) not in (None, answered)):
             await anyio.sleep(FOLLOW_EVERY)
+            record = await stored_run(store, run_id, owner) or record
     if record is None:
         raise InvalidRequest(f"unknown run {run_id[:80]!r}")
+    if waits_on(record) == answered:  # the holder has not taken the answer yet: never that question handed back again
+        record = dataclasses.replace(record, state="running", answer=None)
     asked = waits_on(record) if record.state == "awaiting_input" else None
     question = await store.get_question(asked, owner=owner) if retry and asked and store is not None else None
     if question is not None and not question.password:  # the next question, as the holder would ask it

@@ -185,12 +185,14 @@ class Relay:
 
     async def ask_interrupt(self, session: str, owner: str | None) -> int:
         """interrupt of a session whose cell runs on another replica: each of its unfinished runs in the store held
-        by another replica is asked of its holder. How many were asked (0: none runs elsewhere)."""
+        by another live replica is asked of its holder (a stopped one's would never be taken). How many were asked
+        (0: none runs elsewhere)."""
         store, fleet = self.store, self.sessions.fleet
         if store is None or fleet is None:
             return 0
         elsewhere = [run for run in await store.runs_of(session, owner=owner)
-                     if run.state in UNFINISHED and run.holder is not None and run.holder != fleet.key]
+                     if run.state in UNFINISHED and run.holder is not None and run.holder != fleet.key
+                     and await store.current_lease(run.holder) is not None]
         for run in elsewhere:
             await store.ask(AskRecord(run.id, "interrupt", owner, channel="interrupt"))
         return len(elsewhere)

@@ -240,16 +240,21 @@ class SecretPages:
 
 
 async def _posted(request: Request) -> dict[str, list[str]] | HTMLResponse:
-    """A POST's form fields, or the page refusing a body too long."""
+    """A POST's form fields, or the page refusing a body or a secret too long: before the page is used up here or
+    elsewhere (a fleet's POST is relayed without waiting for the holder, which would refuse it; its page said Sent)."""
+    too_long = _page("Too long", "<p>The secret is too long. Nothing was sent.</p>", 413)
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > MAX_BODY:
-            return _page("Too long", "<p>The secret is too long. Nothing was sent.</p>", 413)
+            return too_long
     try:
-        return parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True, max_num_fields=4)
+        fields = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True, max_num_fields=4)
     except ValueError:  # more fields than the form has
         return {}
+    if any(len(secret) > MAX_INPUT_CHARS for secret in fields.get("secret") or []):
+        return too_long
+    return fields
 
 
 async def typed(question: Question) -> None:

@@ -102,6 +102,7 @@ def _running_tools(app: App) -> dict[str, Any]:
             if app.relay.store is None:
                 await durable.send_input(app, run_id, unknown)
                 raise
+            await durable.refuse_if_lost(app, run_id)
             await app.relay.answer(run_id, question_id, None if cancel else text, "send_input", app.owner(), unknown)
             said = f"input {'declined' if cancel or text is None else 'sent'} to run {run_id} (it runs on another replica)"
             relayed = await durable.follow_relayed(app, run_id, question_id, wait_s, retry=False)

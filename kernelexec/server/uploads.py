@@ -154,6 +154,8 @@ class Uploads:
         for key in [k for k, g in self._grants.items() if g.expires + REMEMBER_S <= now]:  # long gone: forgotten
             del self._grants[key]
         held = sum(1 for g in self._grants.values() if g.owner == owner and g.outstanding)
+        if held >= self.max_per_owner and self.store is not None:  # in a fleet some may have been used on another replica
+            held = await self._outstanding_in_store(owner)
         if held >= self.max_per_owner:
             raise TooManyUploads(f"this token holds {held} unused upload URLs, its budget (--max-upload-urls-per-token "
                                  f"{self.max_per_owner}): use one, or wait until one expires")
@@ -170,6 +172,17 @@ class Uploads:
     @property
     def store(self) -> Store | None:
         return self.relay.store if self.relay is not None else None
+
+    async def _outstanding_in_store(self, owner: str | None) -> int:
+        """The owner's URLs minted here still outstanding, those the store says were used (a PUT on another replica)
+        marked used here too: read only when the budget would refuse, one grant each."""
+        store = self.store
+        assert store is not None
+        for grant in [g for g in self._grants.values() if g.owner == owner and g.outstanding and not g.receiving]:
+            found = await store.get_grant(digest(grant.key))
+            if found is not None and found.used:
+                grant.used = True
+        return sum(1 for g in self._grants.values() if g.owner == owner and g.outstanding)
 
     async def _shared(self, key: str, principal: str | None, offered: bool) -> Grant | JSONResponse:
         """A URL another replica of the fleet minted, from its grant in the store, used here (once, by the store)."""

@@ -11,6 +11,7 @@ from typing import Any
 import anyio
 
 from kernelexec.config import Settings
+from kernelexec.errors import KernelexecError
 from kernelexec.kernel.driver import SpareKeeper
 from kernelexec.session import connections
 from kernelexec.session.session import Session
@@ -61,17 +62,28 @@ class Upkeep:
         timeout = self.settings.idle_timeout
         if not timeout:
             return
-        for session in await fleet_idle(timeout):
-            async with session.driving(wait=False) as driven:  # not while a replica drives it (a call came meanwhile)
-                if not driven or session.attach_to is None:
-                    continue
-                logger.warning("stopping idle session %s: nobody in the fleet drove it for %g s (--idle-timeout); "
-                               "its variables go with its kernel", session.handle, timeout)
-                try:
-                    await session.ensure_kernel(refill=False)  # attached to its gateway kernel, to shut it down
-                except Exception:  # noqa: BLE001 - gone already: nothing to stop
-                    logger.warning("attaching to the idle kernel of %s failed", session.handle, exc_info=True)
-                await session.stop_kernel()
+        try:
+            idle = await fleet_idle(timeout)
+        except KernelexecError as exc:  # the store unreachable a moment: the next reap looks again (never the server's end)
+            logger.warning("reading the fleet's idle sessions: %s", exc)
+            return
+        for session in idle:
+            try:
+                await self._stop_idle(session, timeout)
+            except KernelexecError as exc:  # the store, or its lease lost meanwhile: looked at again on the next reap
+                logger.warning("stopping idle session %s: %s", session.handle, exc)
+
+    async def _stop_idle(self, session: Session, timeout: float) -> None:
+        async with session.driving(wait=False) as driven:  # not while a replica drives it (a call came meanwhile)
+            if not driven or session.attach_to is None:
+                return
+            logger.warning("stopping idle session %s: nobody in the fleet drove it for %g s (--idle-timeout); "
+                           "its variables go with its kernel", session.handle, timeout)
+            try:
+                await session.ensure_kernel(refill=False)  # attached to its gateway kernel, to shut it down
+            except Exception:  # noqa: BLE001 - gone already: nothing to stop
+                logger.warning("attaching to the idle kernel of %s failed", session.handle, exc_info=True)
+            await session.stop_kernel()
 
     async def run(self, tg: Any) -> None:
         """Every half second: Lab's restart requests, dead kernels, idle kernels, warm spares."""
