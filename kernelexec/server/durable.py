@@ -26,7 +26,7 @@ from mcp_types import CallToolResult, ElicitResult, InputRequiredResult, TextCon
 from kernelexec.errors import InvalidRequest, KernelexecError
 from kernelexec.server.questions import INPUT_KEY, STATE_SEPARATOR, resumed, stored_request
 from kernelexec.server.results import ExecuteResult
-from kernelexec.session.fleet import REPLICAS
+from kernelexec.session.fleet import LEASE_TTL, REPLICAS
 from kernelexec.session.runs import APPROVED, KEEP_FINISHED, Run
 from kernelexec.store import QuestionRecord, RunRecord, RunState, Store, TaskRecord
 from kernelexec.store.interface import UNFINISHED
@@ -231,7 +231,8 @@ async def lose_if_orphaned(app: App, record: RunRecord) -> RunRecord:
     """An unfinished run whose holder replica's lease ran out (SIGKILLed, cut off, drained): its session taken over
     by this replica in the background (``SessionManager.take_over``), which collects its answer or records it
     ``lost``, so get_run never follows a dead replica's run as ``running``. A live replica driving the session keeps
-    it (nothing waits for its lease); a holder that was only paused finds its lease taken. The run as it is now."""
+    it (nothing waits for its lease); a holder that was only paused finds its lease taken. The run as it is once the
+    takeover adopted it (or recorded it lost: a run waiting for input is, its question having gone with its replica)."""
     store, fleet = app.sessions.store, app.sessions.fleet
     if (store is None or fleet is None or record.state not in UNFINISHED or record.holder is None
             or record.holder == fleet.key or record.session in fleet.held):
@@ -242,8 +243,10 @@ async def lose_if_orphaned(app: App, record: RunRecord) -> RunRecord:
     except KernelexecError as exc:  # the store is unreachable a moment: looked at again on the next read
         logger.warning("run %s: looking whether its replica lives: %s", record.id, exc)
         return record
-    app.sessions.take_over(record.session, owner=record.owner)  # collected (or recorded lost) by this replica
-    return record
+    adopted = app.sessions.take_over(record.session, owner=record.owner)  # collected (or recorded lost) here
+    with anyio.move_on_after(LEASE_TTL):  # until the takeover adopted or lost its runs (the collection goes on)
+        await adopted.wait()
+    return await stored_run(store, record.id, record.owner) or record
 
 
 def waits_on(record: RunRecord) -> str | None:

@@ -250,7 +250,9 @@ class Fleet:
             if run.holder is not None and lease.taken_from is None and await self.store.current_lease(run.holder) is not None:
                 continue  # its replica lives (paused past its lease, it finds its writes refused)
             resume = run.resume or {}
-            if kernel_id is not None and resume.get("kernel") == kernel_id and resume.get("channel") and resume.get("msg_id"):
+            # a run waiting in input() is not: its question went to the replica that stopped, and nobody can answer it
+            if (run.state == "running" and kernel_id is not None and resume.get("kernel") == kernel_id
+                    and resume.get("channel") and resume.get("msg_id")):
                 await self.store.put_run(RunRecord(run.id, run.session, run.owner, "running", holder=self.key), fence=fence)
                 session.reclaiming.append(run)
                 logger.warning("session %s: run %s of replica %s is collected here", session.handle, run.id, run.holder)

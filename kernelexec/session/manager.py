@@ -54,7 +54,7 @@ class SessionManager:
         self.broker = broker_from_settings(settings)  # code mode, or None; a config a kernel could write is refused here
         self.pool = WarmPool(settings, self.environment_for, self.remove_dir)
         self.upkeep = Upkeep(settings, self.sessions)
-        self._taking: set[str] = set()  # sessions being taken over from a stopped replica (take_over)
+        self._taking: dict[str, anyio.Event] = {}  # sessions being taken over from a stopped replica (take_over)
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[SessionManager]:
@@ -246,26 +246,31 @@ class SessionManager:
         if self.store is not None and fence is not None and await self.store.lose_run(record.id, fence=fence):
             logger.warning("session %s: run %s recorded as lost: %s", session.handle, record.id, why)
 
-    def take_over(self, handle: str, *, owner: str | None) -> None:
+    def take_over(self, handle: str, *, owner: str | None) -> anyio.Event:
         """Take, in the background, a session whose driving replica stopped (a get_run of one of its runs found it
-        so): attaching collects the runs it left (``Fleet.adopt_orphans``) or records them lost. Once at a time per
-        session; a live holder keeps it (nothing waits for its lease)."""
-        if handle in self._taking:
-            return
-        self._taking.add(handle)
+        so): attaching adopts the runs it left (``Fleet.adopt_orphans``: collected, or recorded lost), then collects
+        them. Once at a time per session; a live holder keeps it (nothing waits for its lease). Set once the runs
+        were adopted or lost (or nothing was taken)."""
+        taking = self._taking.get(handle)
+        if taking is not None:
+            return taking
+        adopted = self._taking[handle] = anyio.Event()
 
         async def take() -> None:
             try:
                 session = await self.lookup(handle, owner=owner)
                 async with session.driving(wait=False) as driven:
+                    adopted.set()
                     if driven and session.reclaiming:
                         await session.ensure_kernel()
             except KernelexecError as exc:
                 logger.warning("taking session %s over: %s", handle, exc)
             finally:
-                self._taking.discard(handle)
+                adopted.set()
+                self._taking.pop(handle, None)
 
         self.runs.spawn(take)
+        return adopted
 
     async def _remember_kernel(self, session: Session, gateway_kernel_id: str | None, fence: Fence | None) -> None:
         """A fleet's session: the gateway kernel it now has, written under its lease (refused once lost)."""
