@@ -149,6 +149,31 @@ async def test_output_printed_before_and_after_the_sigkill_is_collected_and_what
     await assert_recorded_once(fleet, handle, code)
 
 
+async def test_a_takeover_that_cannot_attach_in_time_keeps_the_busy_kernel_and_says_the_run_lost(fleet: Fleet) -> None:
+    """The killed replica's cell runs longer than the taking replica's --startup-timeout (the gateway answers a new
+    connection only once the kernel is idle): the attach fails, the run is said lost with why, and the kernel is let
+    go, not deleted: the cell finishes and the session's next call has its variable. Before: Kernel.start's cleanup
+    DELETEd the attached kernel (the cell and every variable gone)."""
+    impatient = fleet.start("impatient", "--startup-timeout", "4")
+    handle, run_id = await killed_mid_cell(fleet, "killed-long", "import time\ntime.sleep(14)\nz = 5")
+    kernels = fleet.gateway.kernel_ids()
+    async with Client(impatient.url) as client:
+        with anyio.fail_after(40):
+            while True:
+                lost = await client.call_tool("get_run", {"run_id": run_id, "wait_s": 5})
+                if lost.is_error:
+                    break
+    said = text_of(lost)
+    assert "was lost" in said, said
+    assert fleet.gateway.kernel_ids() == kernels  # the busy kernel was let go, not deleted
+    await anyio.sleep(8)  # the cell ends
+    after = await call(fleet.replicas[1].url, "z", session=handle)
+    assert after["result"] == 5, after
+    fleet.replicas.remove(impatient)
+    impatient.proc.terminate()
+    impatient.proc.wait(30)
+
+
 async def test_a_run_whose_kernel_was_restarted_after_the_sigkill_stays_honestly_lost(fleet: Fleet) -> None:
     """Nothing to collect (the gateway restarted the kernel, dropping what it kept): get_run says lost, honestly,
     within the lease expiry, never ``running`` for ever."""

@@ -267,6 +267,7 @@ class GatewayKernel(Kernel):
         # a fleet's takeover: the channels' session id of the replica that stopped mid-cell, and its requests' msg_ids
         # (the gateway replays that connection's buffered messages to a reconnect with the same id: ``collect``)
         self.reclaim: tuple[str, frozenset[str]] | None = None
+        self._starting = False  # in start(): a failed attach lets the kernel go (shutdown)
         self.url = url or self.url
         self.token = token if token is not None else self.token
         self.kernel_name = kernel_name or self.kernel_name
@@ -279,6 +280,21 @@ class GatewayKernel(Kernel):
 
     def spill_path_ok(self, path: Any) -> bool:
         return remote_spill_ok(path, self.spec.dirs.root.name)
+
+    async def start(self) -> None:
+        self._starting = True
+        try:
+            await super().start()
+        finally:
+            self._starting = False
+
+    async def shutdown(self) -> None:
+        """A kernel attached to (a fleet's: another replica's, maybe still busy with that replica's cell past this
+        one's start-up timeout) is let go, not deleted, when attaching to it fails: its cell and variables stay."""
+        if self._starting and self.attached:
+            self.detach()
+            return
+        await super().shutdown()
 
     # --- the seams --------------------------------------------------------------------------------
     def create_manager(self) -> GatewayManager:

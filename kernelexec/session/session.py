@@ -215,8 +215,13 @@ class Session:
                 kernel.reclaim = (channels.pop(), frozenset(str((r.resume or {}).get("msg_id")) for r in self.reclaiming))
             try:
                 await kernel.start()
-            except BaseException:
+            except BaseException as exc:
                 self.reserved = False
+                if self.reclaiming and isinstance(exc, Exception):  # adopted, not collectable now: honestly lost
+                    runs, self.reclaiming = self.reclaiming, []
+                    for record in runs:
+                        if self.collected is not None:
+                            await self.collected(self, record, None, f"its kernel could not be attached to ({exc})")
                 raise
             self.kernel = kernel
             self.cwd = self.default_cwd
