@@ -234,6 +234,11 @@ async def test_lease_compare_and_set_and_fencing(store: Store) -> None:
     await store.put_run(RunRecord("run-b", "s1", "alice", "running"), fence=Fence.of(b))  # later writes keep the holder
     held = await store.get_run("run-b", owner="alice")
     assert held is not None and held.holder == "replica:gateway:b"
+    resume = {"kernel": "k-1", "channel": "c-1", "msg_id": "m-1", "code": "x = 1\x00", "timeout": 30.0}
+    await store.put_run(RunRecord("run-b", "s1", "alice", "running", resume=resume), fence=Fence.of(b))
+    await store.put_run(RunRecord("run-b", "s1", "alice", "running", holder="replica:gateway:c"), fence=Fence.of(b))
+    held = await store.get_run("run-b", owner="alice")  # where another replica collects it from: kept by later writes
+    assert held is not None and held.resume == resume and held.holder == "replica:gateway:c"
     with pytest.raises(StaleLease):  # a run is recorded lost only under its session's current lease
         await store.lose_run("run-b", fence=Fence.of(a))
     await store.put_run(RunRecord("run-b2", "s1", "alice", "awaiting_input"), fence=Fence.of(b))

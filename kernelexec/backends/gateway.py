@@ -86,6 +86,7 @@ class GatewayManager(GatewayKernelManager):
         self.attached = False  # started by attaching to a kernel the gateway already ran (a fleet's)
         self._checked = 0.0
         self._clients: weakref.WeakSet[GatewayChannelsClient] = weakref.WeakSet()
+        self.reclaim: tuple[str, frozenset[str]] | None = None  # GatewayKernel.reclaim, applied to an attached kernel's client
         # a fleet's session: a store round trip with the lease's token before each destructive request, raising
         # when another replica took the session meanwhile (this one was paused past its lease): session/fleet.py
         self.fence: Callable[[], Awaitable[None]] | None = None
@@ -105,6 +106,10 @@ class GatewayManager(GatewayKernelManager):
     def client(self, **kwargs: Any) -> GatewayChannelsClient:
         kc = super().client(**kwargs)
         kc.on_status = self._on_status
+        if self.reclaim is not None and self.attached:  # the same kernel process: its buffered messages replayed to us
+            channel, msg_ids = self.reclaim
+            kc.session.session = channel
+            kc.reclaimed = msg_ids
         self._clients.add(kc)
         return kc
 
@@ -259,6 +264,10 @@ class GatewayKernel(Kernel):
         super().__init__(spec, startup_timeout=startup_timeout)
         self.attach_to: str | None = None  # a fleet's session: the gateway kernel to attach to (session/fleet.py)
         self.fence: Callable[[], Awaitable[None]] | None = None  # a fleet's session: GatewayManager.fence
+        # a fleet's takeover: the channels' session id of the replica that stopped mid-cell, and its requests' msg_ids
+        # (the gateway replays that connection's buffered messages to a reconnect with the same id: ``collect``)
+        self.reclaim: tuple[str, frozenset[str]] | None = None
+        self._starting = False  # in start(): a failed attach lets the kernel go (shutdown)
         self.url = url or self.url
         self.token = token if token is not None else self.token
         self.kernel_name = kernel_name or self.kernel_name
@@ -272,11 +281,53 @@ class GatewayKernel(Kernel):
     def spill_path_ok(self, path: Any) -> bool:
         return remote_spill_ok(path, self.spec.dirs.root.name)
 
+    async def start(self) -> None:
+        self._starting = True
+        try:
+            await super().start()
+        finally:
+            self._starting = False
+
+    async def shutdown(self) -> None:
+        """A kernel attached to (a fleet's: another replica's, maybe still busy with that replica's cell past this
+        one's start-up timeout) is let go, not deleted, when attaching to it fails: its cell and variables stay."""
+        if self._starting and self.attached:
+            self.detach()
+            return
+        await super().shutdown()
+
     # --- the seams --------------------------------------------------------------------------------
     def create_manager(self) -> GatewayManager:
         manager = GatewayManager(gateway=self.gateway, note=self.note)
         manager.fence = self.fence
+        manager.reclaim = self.reclaim
         return manager
+
+    def resume_point(self, msg_id: str) -> dict[str, Any] | None:
+        """The gateway kernel, this connection's session id and the request: Jupyter Server and Enterprise Gateway
+        buffer a kernel's messages while the last WebSocket of a session id is closed and replay them to the next
+        connection with that id (``ZMQChannelsHandler.open``, ``MappingKernelManager.get_buffer``), as long as the
+        kernel lives and no connection with another id came first."""
+        kc, kernel_id = self.kc, self.kernel_id
+        if kc is None or kernel_id is None:
+            return None
+        return {"kernel": kernel_id, "channel": str(kc.session.session), "msg_id": msg_id}
+
+    async def release_reclaimed(self, settle: float = 2.0) -> dict[str, bool]:
+        """The reclaimed requests' messages, held since the connection opened, into the channels for ``collect``;
+        which of them ended (idle status and reply: a kernel that answered this connection is done with them, and
+        their last IOPub may trail its shell reply by a moment, so up to ``settle`` s is given), each with whether
+        its beginning came too (``GatewayChannelsClient.whole_reclaimed``)."""
+        kc = self.kc
+        if kc is None:
+            return {}
+        wanted = set(kc.reclaimed)
+        with anyio.move_on_after(settle):
+            while set(kc.whole_reclaimed()) != wanted:
+                await anyio.sleep(0.05)
+        whole = kc.whole_reclaimed()
+        kc.release_reclaimed()
+        return whole
 
     def start_kwargs(self) -> dict[str, Any]:
         """What ``POST /api/kernels`` takes: the kernel name, and ``KERNEL_*`` variables of the server's

@@ -155,6 +155,11 @@ class GatewayChannelsClient(GatewayKernelClient):
         super().__init__(kernel_id, **kwargs)
         self.on_status: Any = None  # callable(state) for restarting/dead statuses the server sends
         self.lost = False  # the WebSocket closed while we did not ask for it
+        # a fleet's takeover (GatewayManager.client): requests another replica sent, whose messages are held apart
+        # from the start (wait_for_ready's and install_startup's reads would drop them) until ``release_reclaimed``
+        self.reclaimed: frozenset[str] = frozenset()
+        self._held: list[tuple[str, dict[str, Any]]] = []
+        self._holding = threading.Lock()
 
     @property
     def gateway(self) -> GatewayClient:
@@ -229,6 +234,8 @@ class GatewayChannelsClient(GatewayKernelClient):
                 channel = queues.get(msg.get("channel", ""))
                 if channel is None:
                     continue
+                if self.reclaimed and self._hold(channel.channel_name, msg):
+                    continue
                 if channel.channel_name == "iopub" and msg.get("msg_type") == "status" and not msg.get("parent_header"):
                     state = msg.get("content", {}).get("execution_state")
                     if state in ("restarting", "dead") and self.on_status is not None:
@@ -242,6 +249,36 @@ class GatewayChannelsClient(GatewayKernelClient):
             for channel in queues.values():
                 channel.response_router_finished = True
                 channel.wake()
+
+    def _hold(self, name: str, msg: dict[str, Any]) -> bool:
+        parent = msg.get("parent_header")
+        if not isinstance(parent, dict) or parent.get("msg_id") not in self.reclaimed:
+            return False
+        with self._holding:
+            if not self.reclaimed:  # released meanwhile: to its channel, in order after the held ones
+                return False
+            self._held.append((name, msg))
+        return True
+
+    def whole_reclaimed(self) -> dict[str, bool]:
+        """The reclaimed requests whose end (idle status and shell reply) is held, each with whether its beginning
+        (the busy status) is too: without it, what the cell printed before was delivered to the connection that
+        stopped."""
+        with self._holding:
+            states = {(m["parent_header"]["msg_id"], (m.get("content") or {}).get("execution_state"))
+                      for name, m in self._held if name == "iopub" and m.get("msg_type") == "status"}
+            replied = {m["parent_header"]["msg_id"] for name, m in self._held if name == "shell"}
+        return {msg_id: (msg_id, "busy") in states for msg_id, state in states if state == "idle" and msg_id in replied}
+
+    def release_reclaimed(self) -> None:
+        """The held messages into their channels, in the order they came; later ones go there directly."""
+        with self._holding:
+            held, self._held, self.reclaimed = self._held, [], frozenset()
+            queues = self._channel_queues
+            for name, msg in held:
+                channel = queues.get(name)
+                if channel is not None:
+                    channel.put_nowait(msg)
 
     def _lose(self, sock: Any) -> None:
         if sock is self.channel_socket and not self._channels_stopped:

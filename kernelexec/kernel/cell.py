@@ -64,13 +64,24 @@ class CellRun:
     async def run(self, request: Any, started: float, timeout: float) -> None:
         """The request sent, its IOPub read until idle (``timeout`` seconds from ``started``, a monotonic time); a
         timeout or a hang escalated, a death reported."""
-        deadline = started + timeout
         try:
             await send_to_kernel(self.kernel.kc.shell_channel, request)
-            state = await self.collect(deadline, self.on_output, self.stdin)
         except KernelStalled as exc:
             self.ex.notes.append(f"{exc}: the request could not be sent, so the kernel was treated as hung")
-            state = "hung"
+            await self.follow(started, timeout, state="hung")
+            return
+        await self.follow(started, timeout)
+
+    async def follow(self, started: float, timeout: float, state: str | None = None) -> None:
+        """The request, once sent (by this process, or by a fleet's replica that stopped: ``Kernel.collect``), read
+        until idle against its deadline; a timeout or a hang escalated, a death reported, the reply taken."""
+        deadline = started + timeout
+        if state is None:
+            try:
+                state = await self.collect(deadline, self.on_output, self.stdin)
+            except KernelStalled as exc:
+                self.ex.notes.append(f"{exc}: the request could not be sent, so the kernel was treated as hung")
+                state = "hung"
         if state == "timeout":
             self.ex.timed_out = True
             state = await self.escalate(f"timed out after {timeout:.3g} s")
@@ -190,3 +201,16 @@ class CellRun:
             self.ex.notes.append("the server dropped a malformed execute_reply (content is not an object)")
             return
         take_reply(content, self.ex, self.kernel.spill_path_ok)
+
+
+async def follow_sent(run: CellRun, timeout: float) -> Execution:
+    """A request another process sent, whose messages this connection took over (a fleet's replica that stopped
+    mid-cell: ``Kernel.collect``), read as the sender would have: ``timeout`` from now; an input() gets EOFError."""
+    ex = run.ex
+    started = ex.started = time.monotonic()
+    try:
+        await run.follow(started, timeout)
+    finally:
+        run.collector.finish()
+        ex.duration_ms = round((time.monotonic() - started) * 1000, 3)
+    return ex

@@ -28,7 +28,7 @@ import queue
 import signal
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import IO, Any, ClassVar, Protocol
 
@@ -37,7 +37,7 @@ from jupyter_client.manager import AsyncKernelManager
 
 from kernelexec import tracing
 from kernelexec.errors import KernelDied, KernelStartError
-from kernelexec.kernel.cell import POLL, CellRun, OnOutput
+from kernelexec.kernel.cell import POLL, CellRun, OnOutput, follow_sent
 from kernelexec.kernel.collector import Caps, Collector
 from kernelexec.kernel.execution import Execution, ResultRule
 from kernelexec.kernel.launch import LaunchSpec
@@ -288,6 +288,7 @@ class Kernel(ABC):
         result_rule: ResultRule = "variable",
         ask: Ask | None = None,
         tools: ToolCalls | None = None,
+        on_sent: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
     ) -> Execution:
         """Run ``code`` as one cell. Never raises for the user's errors; those are in ``Execution.error``.
         ``result_rule``: which value is the result (startup/runtime.py): ``variable`` (execute_code's:
@@ -307,6 +308,8 @@ class Kernel(ABC):
         collector = Collector(ex, self.caps(), self.spec.dirs.outputs, tag=f"stream-{msg_id[:12]}")
         stdin = Stdin(self.kc, msg_id, ask, ex, tools) if ask is not None or tools is not None else None
         run = CellRun(self, ex, msg_id, collector, grace, on_output, stdin)
+        if on_sent is not None and (point := self.resume_point(msg_id)) is not None:  # told before it is sent
+            await on_sent(point)
         span = tracing.span("kernelexec.kernel.execute", **{"kernelexec.kernel.msg_id": msg_id})
         try:
             with span as s:
@@ -314,15 +317,25 @@ class Kernel(ABC):
                 if s is not None and ex.error is not None:
                     tracing.error(s, "cell_error")
         except anyio.get_cancelled_exc_class():
-            # The client gave up (MCP cancellation): stop the cell so the next call finds a quiet kernel.
-            ex.cancelled = True
-            with anyio.CancelScope(shield=True):
-                await run.escalate("the call was cancelled")
+            ex.cancelled = True  # the client gave up: the cell stopped, for a quiet kernel next (unless handed over)
+            if not (self.hand_over and on_sent is not None):
+                with anyio.CancelScope(shield=True):
+                    await run.escalate("the call was cancelled")
             raise
         finally:
             collector.finish()
             ex.duration_ms = round((time.monotonic() - started) * 1000, 3)
         return ex
+
+    def resume_point(self, msg_id: str) -> dict[str, Any] | None:
+        """How another process collects request ``msg_id``'s answer if this one stops (``collect``): a gateway's."""
+        return None
+
+    async def collect(self, msg_id: str, code: str, *, timeout: float, grace: float) -> Execution:
+        """The answer of a request another process sent (a fleet's replica that stopped mid-cell): ``cell.follow_sent``."""
+        ex = Execution(code=code)
+        collector = Collector(ex, self.caps(), self.spec.dirs.outputs, tag=f"stream-{msg_id[:12]}")
+        return await follow_sent(CellRun(self, ex, msg_id, collector, grace, None, None), timeout)
 
     def caps(self) -> Caps:
         """The server's own per-cell caps: a little above what the kernel's cap forwards, so an honest
@@ -340,6 +353,7 @@ class Kernel(ABC):
         msg: dict[str, Any] = self.kc.session.msg("execute_request", content, metadata={"kernelexec_result": result_rule})
         return msg
 
+    hand_over = False  # set when this server stops with its cells handed over: a cancelled cell is not interrupted
     answers_stdin: ClassVar[bool] = True  # a backend whose client has no stdin channel says False
     serves_tool_calls: ClassVar[bool] = True  # code mode's calls over the stdin channel (broker.py); gateways too
 

@@ -15,8 +15,9 @@ Draining (``--drain-timeout``, ``--drain-notice``):
    at most ``--drain-timeout`` seconds after the signal;
 3. calls still waiting on a run (``get_run``, a yielded ``execute_code``) are answered with what they have (its
    client asks again, and the balancer sends that to another replica); the listener closes;
-4. the session manager stops as usual: runs past the deadline are recorded ``lost`` (said honestly from any
-   replica), leases are released (another replica takes a session at once) and gateway kernels stay up.
+4. the session manager stops as usual: in a fleet, runs past the deadline are handed over (their cells not
+   interrupted; the next holder of their session collects their answers: ``SessionManager.hand_over``), leases are
+   released (another replica takes a session at once) and gateway kernels stay up.
 
 A second signal stops at once (step 3 on).
 """
@@ -122,7 +123,8 @@ def draining_server(config: Any, drain: Drain, unfinished: Callable[[], int]) ->
                 if drain.over(left):
                     logger.warning("drained in %.1f s", time.monotonic() - (drain.began or 0.0))
                     if left:
-                        logger.warning("drain deadline (%.0f s): %d run(s) still unfinished are recorded as lost",
+                        logger.warning("drain deadline (%.0f s): %d run(s) still unfinished are handed over (a fleet's: "
+                                       "collected by the next holder of their session) or recorded as lost",
                                        drain.timeout, left)
                     drain.end()
                     self.config.timeout_graceful_shutdown = CLOSE_GRACE

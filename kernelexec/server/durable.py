@@ -4,9 +4,10 @@ answer as the client would get it (the ``CallToolResult``'s JSON); and read back
 does not hold — one from before a restart, or one no longer kept in memory.
 
 A run recorded as running or waiting for input when its server died is marked ``lost`` when the next server
-starts (``SessionManager``), or, in a fleet, once its holder replica's lease ran out (each run's record names
-its replica: the next call to its session or a get_run on any replica marks it); its answer says so, honestly,
-and never "unknown". Nothing read back is executed:
+starts (``SessionManager``). In a fleet, once its holder replica's lease ran out (each run's record names its
+replica), the next call to its session or a get_run on any replica takes the session over, which collects the
+run's answer from the gateway or, when nothing is left to collect, marks it lost (session/fleet.py); its answer
+says so, honestly, and never "unknown". Nothing read back is executed:
 a stored answer is JSON validated as a ``CallToolResult``.
 """
 
@@ -27,7 +28,7 @@ from kernelexec.server.questions import INPUT_KEY, STATE_SEPARATOR, resumed, sto
 from kernelexec.server.results import ExecuteResult
 from kernelexec.session.fleet import LEASE_TTL, REPLICAS
 from kernelexec.session.runs import APPROVED, KEEP_FINISHED, Run
-from kernelexec.store import Fence, QuestionRecord, RunRecord, RunState, Store, TaskRecord
+from kernelexec.store import QuestionRecord, RunRecord, RunState, Store, TaskRecord
 from kernelexec.store.interface import UNFINISHED
 
 if TYPE_CHECKING:
@@ -115,7 +116,7 @@ def observer(app: App) -> Any:
             try:
                 first: RunState = "awaiting_input" if run.awaiting is not None else "running"
                 await put_first(store, RunRecord(run.id, run.session.handle, run.session.owner, first, await asked(run),
-                                                 holder=holder()))
+                                                 holder=holder(), resume=run.resume if holder() else None))
             except BaseException:  # never told: its later records have nothing to follow
                 recorded.pop(run.id, None)
                 raise
@@ -132,7 +133,15 @@ def observer(app: App) -> Any:
         await first_written.wait()  # every later record after the first, in order
         state: RunState
         answer: dict[str, Any] | None = None
-        if event != "finished":
+        resume: dict[str, Any] | None = None
+        if event == "sent":  # where another replica collects it from, should this one stop (session/fleet.py)
+            if run.done.is_set() or run.resume is None or holder() is None:
+                return
+            state, resume = ("awaiting_input" if run.awaiting is not None else "running"), run.resume
+            answer = await asked(run) if state == "awaiting_input" else None
+        elif run.handed_over:  # a drain's deadline: the cell goes on in the kernel, for the next holder to collect
+            state, resume = "running", {**(run.resume or {}), "handed_over": time.time()}
+        elif event != "finished":
             state = "awaiting_input" if event == "awaiting_input" else "running"
             if run.done.is_set():  # a question's end told after the run's: the run's end stands
                 return
@@ -146,7 +155,7 @@ def observer(app: App) -> Any:
                 result, state = error(str(exc)), "failed"
             answer = wire(result)
         try:
-            await store.put_run(RunRecord(run.id, run.session.handle, run.session.owner, state, answer))
+            await store.put_run(RunRecord(run.id, run.session.handle, run.session.owner, state, answer, resume=resume))
         finally:
             if event == "finished":
                 recorded.pop(run.id, None)
@@ -219,10 +228,11 @@ async def get_run(app: App, run_id: str, unknown: InvalidRequest, wait_s: float 
 
 
 async def lose_if_orphaned(app: App, record: RunRecord) -> RunRecord:
-    """An unfinished run whose holder replica's lease ran out (SIGKILLed, cut off) recorded ``lost``, so get_run never
-    follows a dead replica's run as ``running``. Written once, under the session's lease (taken without waiting and
-    let go at once): a live replica driving the session writes nothing here, and a holder that was only paused finds
-    its lease taken. The run as it is now."""
+    """An unfinished run whose holder replica's lease ran out (SIGKILLed, cut off, drained): its session taken over
+    by this replica in the background (``SessionManager.take_over``), which collects its answer or records it
+    ``lost``, so get_run never follows a dead replica's run as ``running``. A live replica driving the session keeps
+    it (nothing waits for its lease); a holder that was only paused finds its lease taken. The run as it is once the
+    takeover adopted it (or recorded it lost: a run waiting for input is, its question having gone with its replica)."""
     store, fleet = app.sessions.store, app.sessions.fleet
     if (store is None or fleet is None or record.state not in UNFINISHED or record.holder is None
             or record.holder == fleet.key or record.session in fleet.held):
@@ -230,18 +240,12 @@ async def lose_if_orphaned(app: App, record: RunRecord) -> RunRecord:
     try:
         if await store.current_lease(record.holder) is not None:  # its replica lives
             return record
-        lease = await store.acquire_lease(record.session, fleet.id, LEASE_TTL)
-        if lease is None:  # driven by a live replica (which marked it lost when it took the session), or not expired yet
-            return record
-        try:
-            if await store.lose_run(record.id, fence=Fence.of(lease)):
-                logger.warning("run %s of session %s recorded as lost: its replica (%s) stopped renewing its lease",
-                               record.id, record.session, record.holder.split(":", 2)[-1])
-        finally:
-            await store.release_lease(lease)
     except KernelexecError as exc:  # the store is unreachable a moment: looked at again on the next read
         logger.warning("run %s: looking whether its replica lives: %s", record.id, exc)
         return record
+    adopted = app.sessions.take_over(record.session, owner=record.owner)  # collected (or recorded lost) here
+    with anyio.move_on_after(LEASE_TTL):  # until the takeover adopted or lost its runs (the collection goes on)
+        await adopted.wait()
     return await stored_run(store, record.id, record.owner) or record
 
 

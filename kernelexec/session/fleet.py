@@ -10,8 +10,12 @@
   the replica, when another replica drove the session since (the token is not its last one plus one), drops its
   connection to the kernel and brings its copy of the record up to the store's journal, then attaches to the
   session's gateway kernel (its id is in the store); letting go, it records the kernel's id and releases the lease,
-  its connection kept for its next call (used only after the lease is taken again). Every journal write carries the
-  lease's fencing token: a replica that lost its lease (paused, cut off) cannot write, and lets go.
+  its connection kept for its next call (used only after the lease is taken again; closed once another replica
+  drives the session). Every journal write carries the lease's fencing token: a replica that lost its lease
+  (paused, cut off) cannot write, and lets go.
+- **Runs a stopped replica left** (``Fleet.adopt_orphans``): taking a session, a replica adopts the runs a
+  replica that stopped mid-cell (SIGKILLed, or drained and handed over) left on its kernel, and collects their
+  answers from the gateway (``Session.collect_orphans``); those it cannot collect are recorded lost.
 - **Once per fleet** (``Fleet.leads``): a leader lease ``fleet:upkeep`` for the work that must not run once per
   replica (reaping idle sessions' kernels on the gateway).
 """
@@ -22,12 +26,14 @@ import logging
 import os
 import secrets
 import socket
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import anyio
 
 from kernelexec.errors import KernelexecError, SessionError
-from kernelexec.store import Fence, Lease, StaleLease, Store, StoreError
+from kernelexec.store import Fence, Lease, RunRecord, StaleLease, Store, StoreError
+from kernelexec.store.interface import UNFINISHED
 
 if TYPE_CHECKING:
     from kernelexec.session.session import Session
@@ -81,6 +87,10 @@ class Fleet:
         self.lost: set[str] = set()  # sessions whose lease ran out while held (renewal refused)
         self._me: Lease | None = None
         self._leader: Lease | None = None
+        # sessions whose kernel this replica keeps a connection to between its driving periods, and how to drop one
+        # (set by the manager): dropped once another replica drives it (``drop_superseded``)
+        self.connected: Callable[[], list[str]] = list
+        self.drop: Callable[[str], None] = lambda handle: None
 
     @property
     def key(self) -> str:
@@ -121,8 +131,21 @@ class Fleet:
             await anyio.sleep(RENEW_EVERY)
             try:
                 await self.renew()
+                await self.drop_superseded()
             except StoreError as exc:  # the store is unreachable for a moment: leases run out if it stays so
                 logger.warning("renewing this replica's leases: %s", exc)
+
+    async def drop_superseded(self) -> None:
+        """Close this replica's kept connection to each kernel another replica drives now (one store read for all).
+        The gateway keeps a kernel's messages for a connection that closes only when it was the kernel's last one:
+        so that the driving replica's is the last, and its running cell's answer survives it (``adopt_orphans``)."""
+        kept = [handle for handle in self.connected() if handle not in self.held]
+        if not kept:
+            return
+        driven = {lease.session for lease in await self.store.live_leases("") if lease.holder != self.id}
+        for handle in kept:
+            if handle in driven and handle not in self.held:
+                self.drop(handle)
 
     async def renew(self) -> None:
         store = self.store
@@ -195,9 +218,7 @@ class Fleet:
         lease, current = held
         try:
             if lease.taken_from is not None:
-                lost = await self.store.lose_unfinished(session=handle)
-                logger.warning("session %s taken over from replica %s (its lease ran out)%s", handle, lease.taken_from,
-                               f"; {lost} of its run(s) recorded as lost" if lost else "")
+                logger.warning("session %s taken over from replica %s (its lease ran out)", handle, lease.taken_from)
                 session.notice = (f"before this call: the replica that drove this session ({lease.taken_from}) stopped "
                                   "answering, and this one took the session over; the kernel kept running on the gateway")
             if not current:  # another replica drove it since: this one's connection and copy of the record are stale
@@ -209,11 +230,34 @@ class Fleet:
                 session.closed = True
                 raise SessionError.unknown(handle)
             session.attach_to = record.gateway_kernel_id
+            if not current:
+                await self.adopt_orphans(session, lease, record.gateway_kernel_id)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self.let_go(handle)
             raise
         return True
+
+    async def adopt_orphans(self, session: Session, lease: Lease, kernel_id: str | None) -> None:
+        """The session's runs still unfinished under a replica that stopped (its lease ran out, or it drained and
+        handed them over): those it could leave for collection on the same gateway kernel (``RunRecord.resume``)
+        become this replica's, collected once the kernel is attached (``Session.collect_orphans``); the others are
+        recorded lost. Fenced by the session's lease: only its holder adopts, once."""
+        fence = Fence.of(lease)
+        for run in await self.store.runs_of(session.handle, owner=session.owner):
+            if run.state not in UNFINISHED or run.holder == self.key:
+                continue
+            if run.holder is not None and lease.taken_from is None and await self.store.current_lease(run.holder) is not None:
+                continue  # its replica lives (paused past its lease, it finds its writes refused)
+            resume = run.resume or {}
+            # a run waiting in input() is not: its question went to the replica that stopped, and nobody can answer it
+            if (run.state == "running" and kernel_id is not None and resume.get("kernel") == kernel_id
+                    and resume.get("channel") and resume.get("msg_id")):
+                await self.store.put_run(RunRecord(run.id, run.session, run.owner, "running", holder=self.key), fence=fence)
+                session.reclaiming.append(run)
+                logger.warning("session %s: run %s of replica %s is collected here", session.handle, run.id, run.holder)
+            elif await self.store.lose_run(run.id, fence=fence):
+                logger.warning("session %s: run %s of replica %s recorded as lost", session.handle, run.id, run.holder)
 
     async def detach(self, session: Session) -> bool:
         """After a driving period: the kernel's id recorded (fenced), the kernel detached (it stays on the gateway),

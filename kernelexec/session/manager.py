@@ -31,10 +31,10 @@ from kernelexec.session.fleet import Fleet
 from kernelexec.session.pool import WarmPool
 from kernelexec.session.reconcile import reconcile
 from kernelexec.session.recording import JournalSink, mark_closed
-from kernelexec.session.runs import RunRegistry
+from kernelexec.session.runs import Finished, RunRegistry
 from kernelexec.session.session import Session
 from kernelexec.session.upkeep import Upkeep
-from kernelexec.store import Fence, SessionRecord, StaleLease, Store, StoreError, open_store
+from kernelexec.store import Fence, RunRecord, SessionRecord, StaleLease, Store, StoreError, open_store
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +55,7 @@ class SessionManager:
         self.broker = broker_from_settings(settings)  # code mode, or None; a config a kernel could write is refused here
         self.pool = WarmPool(settings, self.environment_for, self.remove_dir)
         self.upkeep = Upkeep(settings, self.sessions)
+        self._taking: dict[str, anyio.Event] = {}  # sessions being taken over from a stopped replica (take_over)
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[SessionManager]:
@@ -76,10 +77,29 @@ class SessionManager:
                     try:
                         yield self
                     finally:
+                        self.hand_over()
                         tg.cancel_scope.cancel()
             finally:  # after the runs' ends (a cell cancelled here is recorded lost while its kernel is still attached)
                 with anyio.CancelScope(shield=True):
                     await self.aclose()
+
+    def _drop_connection(self, handle: str) -> None:
+        """A fleet's session another replica drives now: this replica's connection to its kernel closed (not the
+        kernel), unless a call of its own is at it."""
+        session = self.sessions.get(handle)
+        if session is not None and not session.lock.locked():
+            session.forget_kernel()
+
+    def hand_over(self) -> None:
+        """A fleet's replica stopping (a drain past its deadline, a second signal): its cells still running are left
+        running on their gateway kernels, not interrupted, and their runs stay collectable by the next holder of
+        their session (``Session.collect_orphans``), their records saying they were handed over."""
+        if self.fleet is None or not self.fleet.drives:
+            return
+        self.runs.handing_over = True
+        for session in self.sessions.values():
+            if session.kernel is not None:
+                session.kernel.hand_over = True
 
     async def _start_up(self) -> None:
         """What each new kernel would pay once is paid here, once per install (matplotlib's font list,
@@ -115,6 +135,8 @@ class SessionManager:
         try:
             if shared or remote:  # a store other servers may serve: admitted (fleet.py) or refused, before anything
                 fleet = Fleet(store, remote=remote)
+                fleet.connected = lambda: [h for h, s in self.sessions.items() if s.kernel is not None and not s.lock.locked()]
+                fleet.drop = self._drop_connection
                 await fleet.join()
                 self.fleet = fleet
                 if fleet.drives:  # reaping once per fleet: by its leader, from the store
@@ -173,6 +195,7 @@ class SessionManager:
         if self.fleet is not None and self.fleet.drives:
             session.driver = self.fleet
             session.remember = self._remember_kernel
+            session.collected = self._collected
         self.sessions[session.handle] = session
         return session
 
@@ -214,6 +237,42 @@ class SessionManager:
                              json.dumps(env, sort_keys=True) if env is not None else "", session.profile,
                              local_slot=None if remote else "k", gateway_kernel_id=gateway_kernel_id if remote else None,
                              closed=time.time() if closed else None)
+
+    async def _collected(self, session: Session, record: RunRecord, finished: Finished | None, why: str) -> None:
+        """A run a stopped replica left on the session's kernel (session/fleet.py): finished here with its collected
+        answer, or recorded lost (fenced by the session's lease) when nothing could be collected."""
+        if finished is not None:
+            await self.runs.adopt(session, record.id, finished)
+            return
+        fence = self.fleet.fence(session.handle) if self.fleet is not None else None
+        if self.store is not None and fence is not None and await self.store.lose_run(record.id, fence=fence):
+            logger.warning("session %s: run %s recorded as lost: %s", session.handle, record.id, why)
+
+    def take_over(self, handle: str, *, owner: str | None) -> anyio.Event:
+        """Take, in the background, a session whose driving replica stopped (a get_run of one of its runs found it
+        so): attaching adopts the runs it left (``Fleet.adopt_orphans``: collected, or recorded lost), then collects
+        them. Once at a time per session; a live holder keeps it (nothing waits for its lease). Set once the runs
+        were adopted or lost (or nothing was taken)."""
+        taking = self._taking.get(handle)
+        if taking is not None:
+            return taking
+        adopted = self._taking[handle] = anyio.Event()
+
+        async def take() -> None:
+            try:
+                session = await self.lookup(handle, owner=owner)
+                async with session.driving(wait=False) as driven:
+                    adopted.set()
+                    if driven and session.reclaiming:
+                        await session.ensure_kernel()
+            except KernelexecError as exc:
+                logger.warning("taking session %s over: %s", handle, exc)
+            finally:
+                adopted.set()
+                self._taking.pop(handle, None)
+
+        self.runs.spawn(take)
+        return adopted
 
     async def _remember_kernel(self, session: Session, gateway_kernel_id: str | None, fence: Fence | None) -> None:
         """A fleet's session: the gateway kernel it now has, written under its lease (refused once lost)."""

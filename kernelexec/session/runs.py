@@ -99,7 +99,8 @@ class RunHost(Protocol):
     def dirs(self) -> SessionDirs: ...
 
     async def run(self, code: str, *, timeout: float, working_dir: str | None = None, on_output: Any = None,
-                  result_rule: ResultRule = "variable", ask: Ask | None = None, approve: Approve | None = None) -> Finished: ...
+                  result_rule: ResultRule = "variable", ask: Ask | None = None, approve: Approve | None = None,
+                  on_sent: Callable[[dict[str, Any]], Awaitable[None]] | None = None) -> Finished: ...
     async def interrupt(self) -> bool:
         """SIGINT to the running cell (an interrupt relayed from another replica of a fleet); False if none runs."""
         ...
@@ -159,6 +160,16 @@ class Run:
     open_page: OpenPage | None = None  # the starting call's client takes URL-mode elicitation: getpass() asks on a page
     ask_page: DirectAsk | None = None  # ... the page's URL sent over the waiting call's back-channel (2025-11-25)
     url_retry: bool = False  # ... and it is a 2026-07-28 client: the page goes out in an InputRequiredResult
+    # a fleet's: how another replica collects its answer if this one stops (RunRecord.resume), once the cell is sent
+    resume: dict[str, Any] | None = None
+    handed_over: bool = False  # stopped here by a drain's deadline, its cell left running for the next holder
+
+    async def sent(self, point: dict[str, Any], code: str, timeout: float) -> None:
+        """The cell's request is about to go to a kernel another replica could collect it from: said to the observers
+        (the store's record, when its id was told) before it is sent."""
+        self.resume = {**point, "code": code, "timeout": timeout}
+        if self.notify is not None:
+            await self.notify("sent")
 
     async def on_output(self, name: str, text: str) -> None:
         self.output_chars += len(text)
@@ -416,6 +427,7 @@ class RunRegistry:
         self.per_token = defaults.max_queued_runs_per_token
         self.per_server = defaults.max_queued_runs
         self.observers: list[RunObserver] = []  # each run's start, its id told (kept), questions and end (the store's record)
+        self.handing_over = False  # a fleet's drain past its deadline: runs stopped now are handed over, not lost
 
     def attach(self, task_group: Any) -> None:
         self._tg = task_group
@@ -461,7 +473,8 @@ class RunRegistry:
             try:
                 with run.scope:  # the tool call's span stays current here (start_soon copies the caller's context)
                     run.finished = await session.run(code, timeout=timeout, working_dir=working_dir, on_output=run.on_output,
-                                                     result_rule=result_rule, ask=run.asker(ask), approve=run.approver(approve))
+                                                     result_rule=result_rule, ask=run.asker(ask), approve=run.approver(approve),
+                                                     on_sent=functools.partial(run.sent, code=code, timeout=timeout))
                     sent = run.finished.execution.started if run.finished is not None else None
                     if sent is not None:  # run started → code sent to the kernel: the queue, the kernel's start, installs
                         tracing.record("kernelexec.queue_wait", run.started, sent, **{"kernelexec.run.id": run.id})
@@ -472,6 +485,8 @@ class RunRegistry:
             except Exception as exc:  # never lose a run silently: the failure is its answer
                 run.failure = f"{type(exc).__name__}: {exc}"
             finally:
+                # stopped with the server (its task group cancelled) once its cell was sent: in a fleet, handed over
+                run.handed_over = self.handing_over and run.finished is None and run.failure is None and run.resume is not None
                 run.done.set()
                 run.stir()
                 await self._notify(run, "finished")
@@ -500,6 +515,20 @@ class RunRegistry:
         for observer in self.observers:
             with anyio.CancelScope(shield=True):
                 await observer(run, "kept")
+
+    async def adopt(self, session: RunHost, run_id: str, finished: Finished) -> Run:
+        """A fleet's run another replica started and stopped before its end, whose answer this one collected
+        (``Session.collect_orphans``): finished here as this replica's own, told to the observers (the store)."""
+        run = Run(id=run_id, session=session, scope=anyio.CancelScope())
+        run.notify = functools.partial(self._notify, run)
+        self._runs[run.id] = run
+        self._prune(session.owner)
+        await self.keep(run)
+        run.finished = finished
+        run.done.set()
+        run.stir()
+        await self._notify(run, "finished")
+        return run
 
     def spawn(self, work: Callable[[], Awaitable[None]]) -> None:
         """Start ``work`` in the runs' task group: work that outlives the call that started it (a task's job)."""

@@ -40,7 +40,7 @@ from kernelexec.session.hints import install_hint
 from kernelexec.session.recording import Recorder
 from kernelexec.session.restore import ReplayedCell, RestoreReport, cell_names, checkpoint_restore, describe_replayed, rerun
 from kernelexec.session.runs import Finished
-from kernelexec.store import Fence, StaleLease
+from kernelexec.store import Fence, RunRecord, StaleLease
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,8 @@ class Driver(Protocol):
 
 
 Remember = Callable[["Session", "str | None", "Fence | None"], Awaitable[None]]  # its record, with its gateway kernel
+# a fleet's run collected from a replica that stopped mid-cell (its answer, recorded) or not collectable (None, why)
+Collected = Callable[["Session", "RunRecord", "Finished | None", str], Awaitable[None]]
 
 
 def _claim(root: Path, handle: str) -> int:
@@ -123,6 +125,9 @@ class Session:
         self.driver: Driver | None = None  # a fleet's (set by the manager): every driving period under the lease
         self.remember: Remember | None = None
         self.attach_to: str | None = None  # the gateway kernel the store names for this session (a fleet's)
+        # a fleet's takeover: runs a replica that stopped left running on that kernel, collected when it is attached
+        self.reclaiming: list[RunRecord] = []
+        self.collected: Collected | None = None
         self.revive = False  # set by SessionManager.lookup: refill the next kernel from the journal
         self.pooled = False  # in the pool: its kernel is not published for `kernelexec lab` until adopted
         # Counted against --max-sessions / --max-sessions-per-token from the moment it is reserved
@@ -223,10 +228,18 @@ class Session:
                 kernel.attach_to = self.attach_to  # a fleet's session: its kernel on the gateway, if it still lives
             if self.driver is not None and hasattr(kernel, "fence"):  # a fleet's: no restart, shutdown or interrupt
                 kernel.fence = functools.partial(self.driver.check, self.handle)  # unless its lease is still held
+            if self.reclaiming and hasattr(kernel, "reclaim"):  # its channel's buffered messages replayed to this one
+                channels = {str((r.resume or {}).get("channel")) for r in self.reclaiming}
+                kernel.reclaim = (channels.pop(), frozenset(str((r.resume or {}).get("msg_id")) for r in self.reclaiming))
             try:
                 await kernel.start()
-            except BaseException:
+            except BaseException as exc:
                 self.reserved = False
+                if self.reclaiming and isinstance(exc, Exception):  # adopted, not collectable now: honestly lost
+                    runs, self.reclaiming = self.reclaiming, []
+                    for record in runs:
+                        if self.collected is not None:
+                            await self.collected(self, record, None, f"its kernel could not be attached to ({exc})")
                 raise
             self.kernel = kernel
             self.cwd = self.default_cwd
@@ -236,6 +249,8 @@ class Session:
                 self.revive = False
             elif self.attach_to is not None:  # the gateway lost it, or it is a new process behind the same id: refilled
                 self.revive = not getattr(kernel, "attached", False)
+            if self.reclaiming:
+                await self.collect_orphans(kernel)
         kernel = self.kernel
         if refill and self._epoch != (id(kernel), kernel.restarts):
             revived, self.revive = self.revive, False
@@ -251,6 +266,34 @@ class Session:
                     "revive" if revived else "restore", f"{why}; {report.detail}", restored=report.model_dump()))
             await _mark_namespace(kernel)
         return kernel
+
+    async def collect_orphans(self, kernel: Kernel) -> None:
+        """The answers of the runs a replica of the fleet left running on this session's kernel when it stopped
+        (SIGKILLed, or drained and handed over: session/fleet.py), from the messages the gateway kept for its
+        channel and replayed to this connection: each recorded here, once, and its run finished as this replica's.
+        A run whose messages did not all come (the kernel was restarted, another connection came first, the buffer
+        was dropped) stays honestly lost. Called with the lock held, right after attaching, before anything runs."""
+        runs, self.reclaiming = self.reclaiming, []
+        release = getattr(kernel, "release_reclaimed", None)
+        ended: dict[str, bool] = await release() if release is not None and getattr(kernel, "attached", False) else {}
+        for record in runs:
+            resume = record.resume or {}
+            msg_id = str(resume.get("msg_id"))
+            finished: Finished | None = None
+            why = "the gateway did not keep its messages (the kernel was replaced, or another connection came first)"
+            if msg_id in ended:
+                timeout = float(resume.get("timeout") or self.settings.default_timeout)
+                ex = await kernel.collect(msg_id, str(resume.get("code", "")), timeout=timeout,
+                                          grace=self.settings.interrupt_grace)
+                stopped = (record.holder or "another replica").split(":", 2)[-1]
+                how = "was drained and handed it over" if resume.get("handed_over") else "stopped"
+                ex.notes.append(f"the replica that ran this cell ({stopped}) {how}; this replica collected its answer from "
+                                "the gateway" + ("" if ended[msg_id] else
+                                                 ": what the cell printed before then went to that replica and is not here"))
+                await anyio.to_thread.run_sync(self.record, ex, timeout)
+                finished = Finished(ex, layers=kernel.spec.plan.layers)
+            if self.collected is not None:
+                await self.collected(self, record, finished, why)
 
     async def refill(self) -> RestoreReport:
         """The variables back in a new kernel: its checkpoint loaded inside it, then only the recorded cells
@@ -292,7 +335,8 @@ class Session:
         return path
 
     async def run(self, code: str, *, timeout: float, working_dir: str | None = None, on_output: OnOutput | None = None,
-                  result_rule: ResultRule = "variable", ask: Ask | None = None, approve: Approve | None = None) -> Finished:
+                  result_rule: ResultRule = "variable", ask: Ask | None = None, approve: Approve | None = None,
+                  on_sent: Callable[[dict[str, Any]], Awaitable[None]] | None = None) -> Finished:
         """Run one cell in this session, record it in the notebook, and return what happened (the MCP
         layer renders it).
         ``pip install`` lines in the cell are served by the server's installer first (packages.py).
@@ -321,7 +365,8 @@ class Session:
                     installed = installed_record(outcome, request.specs)
                 calls = await self.code_mode(kernel, approve, timeout)
                 ex = await kernel.execute(runnable, timeout=timeout, grace=self.settings.interrupt_grace, on_output=on_output, ask=ask,
-                                          result_rule=result_rule, tools=calls.handle if calls is not None else None)
+                                          result_rule=result_rule, tools=calls.handle if calls is not None else None,
+                                          on_sent=on_sent if request is None else None)
                 if calls is not None:
                     ex.tool_calls = calls.records
                 if request is not None:

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from kernelexec.errors import KernelexecError
 
-SCHEMA_VERSION = 6  # 2: sessions.closed; 3: asks, grants; 4: runs.holder; 5: another branch's; 6: reservations, pruning indexes
+SCHEMA_VERSION = 6  # 2: sessions.closed; 3: asks, grants; 4: runs.holder; 5: runs.resume; 6: reservations, pruning indexes
 
 RunState = Literal["running", "awaiting_input", "finished", "failed", "lost"]
 RUN_STATES: tuple[RunState, ...] = ("running", "awaiting_input", "finished", "failed", "lost")
@@ -69,6 +69,9 @@ class RunRecord:
     created: float = 0.0
     updated: float = 0.0
     holder: str | None = None  # a fleet's: the replica lease (``replica:<kind>:<id>``) of the replica running it
+    # a fleet's: how another replica collects the cell's answer from the gateway if its holder stops (session/fleet.py):
+    # the gateway kernel, the channels' session id, the request's msg_id, the code and timeout; kept once written
+    resume: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

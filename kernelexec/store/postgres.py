@@ -56,7 +56,8 @@ from kernelexec.store.sqlite import (
     task_row,
 )
 
-RUN_COLUMNS = "id, session, owner, state, answer::text, created, updated, holder"
+IDLE_TX_MS = 3000  # ms PostgreSQL lets a transaction of ours sit idle: less than a lease's 5 s (session/fleet.py)
+RUN_COLUMNS = "id, session, owner, state, answer::text, created, updated, holder, resume::text"
 MIGRATION_LOCK = 0x6B65_7865  # pg_advisory_xact_lock key: "kexe"
 
 _STATES = ", ".join(f"'{s}'" for s in RUN_STATES)
@@ -84,7 +85,7 @@ MIGRATIONS: dict[int, list[str]] = {
         """CREATE TABLE grants (digest TEXT PRIMARY KEY, kind TEXT NOT NULL, owner TEXT, session TEXT NOT NULL,
            expires DOUBLE PRECISION NOT NULL, caps TEXT NOT NULL, used BOOLEAN NOT NULL DEFAULT false)"""],
     4: ["ALTER TABLE runs ADD COLUMN holder TEXT"],
-    5: [],  # reserved: another branch's migration (merged there)
+    5: ["ALTER TABLE runs ADD COLUMN resume JSON"],
     6: ["""CREATE TABLE reservations (key TEXT PRIMARY KEY, budget TEXT NOT NULL, amount BIGINT NOT NULL,
            expires DOUBLE PRECISION NOT NULL, holder TEXT)""",
         "CREATE INDEX reservations_by_budget ON reservations (budget, expires)",
@@ -129,7 +130,9 @@ class PostgresStore:
         except ImportError:
             raise StoreError("a PostgreSQL store needs psycopg: pip install 'kernelexec[postgres]'") from None
         try:
-            return await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=10, application_name="kernelexec")
+            # a transaction left open (its process paused mid-way) is ended by the server before a lease runs out
+            return await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=10, application_name="kernelexec",
+                                                         options=f"-c idle_in_transaction_session_timeout={IDLE_TX_MS}")
         except (psycopg.Error, ValueError) as exc:  # ValueError: a malformed URL, whose text holds the password
             raise StoreError(f"cannot open the store {redacted(url)}: {scrubbed(str(exc).strip(), url)}") from None
 
@@ -259,11 +262,12 @@ class PostgresStore:
         async def put(cur: Any) -> None:
             await self._fenced(cur, fence)
             await cur.execute(
-                """INSERT INTO runs (id, session, owner, state, answer, created, updated, holder)
-                   VALUES (%s, %s, %s, %s, %s::json, %s, %s, %s)
+                """INSERT INTO runs (id, session, owner, state, answer, created, updated, holder, resume)
+                   VALUES (%s, %s, %s, %s, %s::json, %s, %s, %s, %s::json)
                    ON CONFLICT (id) DO UPDATE SET state = excluded.state, answer = excluded.answer, updated = excluded.updated,
-                   holder = coalesce(excluded.holder, runs.holder)""",
-                (record.id, record.session, record.owner, record.state, answer, record.created or now, now, record.holder))
+                   holder = coalesce(excluded.holder, runs.holder), resume = coalesce(excluded.resume, runs.resume)""",
+                (record.id, record.session, record.owner, record.state, answer, record.created or now, now, record.holder,
+                 dumps(record.resume) if record.resume is not None else None))
 
         await self._run(put, "cannot write the run", single=fence is None)
 
@@ -489,7 +493,9 @@ class PostgresStore:
             row = await cur.fetchone()
             return Lease(lease.session, lease.holder, lease.token, row[0]) if row is not None else None
 
-        result: Lease | None = await self._run(renew, "cannot renew the lease")
+        # one statement, its own transaction: a replica paused between an UPDATE and its COMMIT would hold the row's
+        # lock, and every other replica's acquire of the lease would wait for it (the fleet stalled by one SIGSTOP)
+        result: Lease | None = await self._run(renew, "cannot renew the lease", single=True)
         return result
 
     async def release_lease(self, lease: Lease) -> bool:
@@ -498,7 +504,7 @@ class PostgresStore:
                               (lease.session, lease.holder, lease.token))
             return bool(cur.rowcount)
 
-        result: bool = await self._run(release, "cannot release the lease")
+        result: bool = await self._run(release, "cannot release the lease", single=True)
         return result
 
     async def idle_sessions(self, idle_s: float) -> list[SessionRecord]:

@@ -52,7 +52,7 @@ DB_NAME = "kernelexec.db"
 
 # the columns each record is read from, in its fields' order (never SELECT *: a migration may add columns)
 SESSION_COLUMNS = "handle, owner, working_dir, environment, profile, local_slot, gateway_kernel_id, created, updated, closed"
-RUN_COLUMNS = "id, session, owner, state, answer, created, updated, holder"
+RUN_COLUMNS = "id, session, owner, state, answer, created, updated, holder, resume"
 TASK_COLUMNS = "id, owner, run_id, ttl_s, status, created, updated"
 QUESTION_COLUMNS = "id, run_id, prompt, password, approval, answerer, answered, created"
 ASK_COLUMNS = "run_id, kind, owner, question_id, text, channel, created"
@@ -86,7 +86,7 @@ MIGRATIONS: dict[int, list[str]] = {
         """CREATE TABLE grants (digest TEXT PRIMARY KEY, kind TEXT NOT NULL, owner TEXT, session TEXT NOT NULL,
            expires REAL NOT NULL, caps TEXT NOT NULL, used INTEGER NOT NULL DEFAULT 0)"""],
     4: ["ALTER TABLE runs ADD COLUMN holder TEXT"],
-    5: [],  # reserved: another branch's migration (merged there)
+    5: ["ALTER TABLE runs ADD COLUMN resume TEXT"],
     6: ["""CREATE TABLE reservations (key TEXT PRIMARY KEY, budget TEXT NOT NULL, amount INTEGER NOT NULL,
            expires REAL NOT NULL, holder TEXT)""",
         "CREATE INDEX reservations_by_budget ON reservations (budget, expires)",
@@ -312,10 +312,11 @@ class SQLiteStore:
         def put(db: sqlite3.Connection) -> None:
             self._fenced(db, fence)
             db.execute(
-                """INSERT INTO runs (id, session, owner, state, answer, created, updated, holder) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                """INSERT INTO runs (id, session, owner, state, answer, created, updated, holder, resume) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
                    ON CONFLICT (id) DO UPDATE SET state = excluded.state, answer = excluded.answer, updated = excluded.updated,
-                   holder = coalesce(excluded.holder, runs.holder)""",
-                (record.id, record.session, record.owner, record.state, answer, record.created or now, now, record.holder))
+                   holder = coalesce(excluded.holder, runs.holder), resume = coalesce(excluded.resume, runs.resume)""",
+                (record.id, record.session, record.owner, record.state, answer, record.created or now, now, record.holder,
+                 dumps(record.resume) if record.resume is not None else None))
 
         await self._write(put)
 
@@ -591,8 +592,9 @@ def session_row(row: tuple[Any, ...]) -> SessionRecord:
 
 
 def run_row(row: tuple[Any, ...]) -> RunRecord:
-    run_id, session, owner, state, answer, created, updated, holder = row
-    return RunRecord(run_id, session, owner, state, json.loads(answer) if answer is not None else None, created, updated, holder)
+    run_id, session, owner, state, answer, created, updated, holder, resume = row
+    return RunRecord(run_id, session, owner, state, json.loads(answer) if answer is not None else None, created, updated, holder,
+                     json.loads(resume) if resume is not None else None)
 
 
 def task_row(row: tuple[Any, ...]) -> TaskRecord:
