@@ -155,7 +155,9 @@ def observer(app: App) -> Any:
                 result, state = error(str(exc)), "failed"
             answer = wire(result)
         try:
-            await store.put_run(RunRecord(run.id, run.session.handle, run.session.owner, state, answer, resume=resume))
+            # named as this replica's: not applied once another replica adopted the run (this one paused, then woken)
+            await store.put_run(RunRecord(run.id, run.session.handle, run.session.owner, state, answer, holder=holder(),
+                                          resume=resume))
         finally:
             if event == "finished":
                 recorded.pop(run.id, None)

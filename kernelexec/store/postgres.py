@@ -265,9 +265,10 @@ class PostgresStore:
                 """INSERT INTO runs (id, session, owner, state, answer, created, updated, holder, resume)
                    VALUES (%s, %s, %s, %s, %s::json, %s, %s, %s, %s::json)
                    ON CONFLICT (id) DO UPDATE SET state = excluded.state, answer = excluded.answer, updated = excluded.updated,
-                   holder = coalesce(excluded.holder, runs.holder), resume = coalesce(excluded.resume, runs.resume)""",
+                   holder = coalesce(excluded.holder, runs.holder), resume = coalesce(excluded.resume, runs.resume)
+                   WHERE %s OR excluded.holder IS NULL OR runs.holder IS NULL OR runs.holder = excluded.holder""",
                 (record.id, record.session, record.owner, record.state, answer, record.created or now, now, record.holder,
-                 dumps(record.resume) if record.resume is not None else None))
+                 dumps(record.resume) if record.resume is not None else None, fence is not None))
 
         await self._run(put, "cannot write the run", single=fence is None)
 

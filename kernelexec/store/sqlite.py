@@ -314,9 +314,10 @@ class SQLiteStore:
             db.execute(
                 """INSERT INTO runs (id, session, owner, state, answer, created, updated, holder, resume) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
                    ON CONFLICT (id) DO UPDATE SET state = excluded.state, answer = excluded.answer, updated = excluded.updated,
-                   holder = coalesce(excluded.holder, runs.holder), resume = coalesce(excluded.resume, runs.resume)""",
+                   holder = coalesce(excluded.holder, runs.holder), resume = coalesce(excluded.resume, runs.resume)
+                   WHERE ? OR excluded.holder IS NULL OR runs.holder IS NULL OR runs.holder = excluded.holder""",
                 (record.id, record.session, record.owner, record.state, answer, record.created or now, now, record.holder,
-                 dumps(record.resume) if record.resume is not None else None))
+                 dumps(record.resume) if record.resume is not None else None, fence is not None))
 
         await self._write(put)
 
