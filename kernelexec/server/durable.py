@@ -164,7 +164,7 @@ def observer(app: App) -> Any:
                 written_questions.pop(run.id, None)
                 if run.id in forgotten:
                     forgotten.discard(run.id)
-                    await store.delete_run(run.id)
+                    await store.delete_run(run.id, holder=holder())  # not once another replica adopted it
                 else:  # the kept finished results: the last KEEP_FINISHED per token, here as in memory
                     await store.prune_runs(owner=run.session.owner, keep=KEEP_FINISHED)
 

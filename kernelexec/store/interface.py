@@ -220,8 +220,9 @@ class Store(Protocol):
         replica died. Whether this call did (False: it had ended, or was marked already)."""
         ...
 
-    async def delete_run(self, run_id: str) -> None:
-        """Forget one run (its answer went back to its own call: no get_run will ask for it)."""
+    async def delete_run(self, run_id: str, *, holder: str | None = None) -> None:
+        """Forget one run (its answer went back to its own call: no get_run will ask for it); with ``holder``, only
+        while the store names no other holder (a fleet's run another replica adopted keeps its record)."""
         ...
 
     async def prune_runs(self, *, owner: str | None, keep: int) -> int:

@@ -302,9 +302,10 @@ class PostgresStore:
         result: bool = await self._run(lose, "cannot mark the run lost")
         return result
 
-    async def delete_run(self, run_id: str) -> None:
+    async def delete_run(self, run_id: str, *, holder: str | None = None) -> None:
         async def delete(cur: Any) -> None:
-            await cur.execute("DELETE FROM runs WHERE id = %s", (run_id,))
+            await cur.execute("DELETE FROM runs WHERE id = %s AND (%s::text IS NULL OR holder IS NULL OR holder = %s)",
+                              (run_id, holder, holder))
 
         await self._run(delete, "cannot forget a run", single=True)
 

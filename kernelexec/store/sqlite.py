@@ -347,8 +347,9 @@ class SQLiteStore:
 
         return bool(await self._write(lose))
 
-    async def delete_run(self, run_id: str) -> None:
-        await self._write(lambda db: db.execute("DELETE FROM runs WHERE id = ?", (run_id,)))
+    async def delete_run(self, run_id: str, *, holder: str | None = None) -> None:
+        await self._write(lambda db: db.execute("DELETE FROM runs WHERE id = ? AND (? IS NULL OR holder IS NULL OR holder = ?)",
+                                                (run_id, holder, holder)))
 
     async def prune_runs(self, *, owner: str | None, keep: int) -> int:
         return await self._write(lambda db: db.execute(
