@@ -247,6 +247,45 @@ async def test_a_replica_paused_past_its_lease_cannot_write_and_lets_go(fleet: F
     assert again["result"] == 101
 
 
+async def test_a_paused_replica_woken_after_its_run_was_collected_elsewhere_does_not_overwrite_the_answer(fleet: Fleet) -> None:
+    """A replica SIGSTOPped mid-cell past its lease: another replica takes the session over, adopts the run and
+    collects its answer from the gateway (the store: finished, the value). Woken, the paused replica ends its own
+    copy of the run (its lease lost, nothing recorded): that end must not be written over the collected answer."""
+    paused = fleet.start("paused-collected")
+    other = fleet.replicas[0]
+    handle = (await call(paused.url, "q = 1"))["session"]
+    async with Client(paused.url) as client:
+        going = await client.call_tool("execute_code", {"code": "import time\ntime.sleep(14)\nq = 50\nq + 50", "session": handle})
+    running = going.structured_content
+    assert running is not None and running.get("ending") == "running", going.content
+    paused.proc.send_signal(signal.SIGSTOP)
+    try:
+        await anyio.sleep(LEASE_TTL + 1)  # its leases run out while it is stopped
+        async with Client(other.url) as client:  # the run taken over and collected there
+            with anyio.fail_after(60):
+                while True:
+                    got = await client.call_tool("get_run", {"run_id": running["run_id"], "wait_s": 10})
+                    if got.is_error or (got.structured_content or {}).get("ending") != "running":
+                        break
+        assert not got.is_error and (got.structured_content or {}).get("result") == 100, got.content
+    finally:
+        paused.proc.send_signal(signal.SIGCONT)
+    async with Client(paused.url) as client:  # woken: its own copy of the run ends (lost lease)
+        with anyio.fail_after(30):
+            while True:
+                mine = await client.call_tool("get_run", {"run_id": running["run_id"], "wait_s": 5})
+                if mine.is_error or (mine.structured_content or {}).get("ending") != "running":
+                    break
+    await anyio.sleep(2)  # its record of that end written (or refused)
+    store = await open_store(fleet.store, fleet.base)
+    try:
+        record = await store.get_run(running["run_id"], owner=None)
+    finally:
+        await store.close()
+    assert record is not None and record.state == "finished", record
+    assert record.answer is not None and record.answer.get("structuredContent", {}).get("result") == 100, record.answer
+
+
 # deaf to interrupts for 16 s, printing all along: woken, the paused replica meets its overdue grace before the
 # cell's end (the output waiting in its connection comes first, and the deadline is checked before each message)
 STUBBORN = ("import time\nend = time.time() + 16\nwhile time.time() < end:\n    try:\n"

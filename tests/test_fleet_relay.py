@@ -23,6 +23,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, ElicitResult, InputRequiredResult
 
+from kernelexec.session.runs import MAX_INPUT_CHARS
+
 from .fleet_parts import LEASE_TTL, Fleet, gateway, new_fleet
 from .pg import Postgres, postgres
 
@@ -90,6 +92,26 @@ async def test_send_input_on_another_replica_answers_the_input_asked_through_the
         assert again.is_error and ("already answered" in text(again) or "not waiting" in text(again)), text(again)
         got = await on_a.call_tool("get_run", {"run_id": run_id, "wait_s": 5})
         assert got.structured_content is not None and got.structured_content["result"] == "hello Ada", text(got)
+
+
+async def test_an_answer_refused_on_the_holder_does_not_use_the_question_up_across_the_fleet(fleet: Fleet) -> None:
+    """send_input on the replica holding the run with a text too long is refused; that refusal must not mark the
+    question answered in the store (Relay.claim), or the user's next, valid answer is refused as "already answered
+    (through another replica)" and the run waits on input() until its timeout. Before the fix: refused so."""
+    a = fleet.replicas[0].url
+    async with client(a, ALICE) as on_a:
+        asked = await on_a.call_tool("execute_code", {"code": "name = input('Name? ')\nf'hey {name}'"})
+        while asked.structured_content is not None and asked.structured_content["ending"] == "running":  # a kernel starting
+            asked = await on_a.call_tool("get_run", {"run_id": asked.structured_content["run_id"], "wait_s": 30})
+        waiting = asked.structured_content
+        assert waiting is not None and waiting["ending"] == "awaiting_input", text(asked)
+        run_id, question_id = waiting["run_id"], waiting["question_id"]
+        too_long = await on_a.call_tool("send_input", {"run_id": run_id, "question_id": question_id,
+                                                       "text": "x" * (MAX_INPUT_CHARS + 1)})
+        assert too_long.is_error and "at most" in text(too_long), text(too_long)
+        done = await on_a.call_tool("send_input", {"run_id": run_id, "question_id": question_id, "text": "Ada", "wait_s": 30})
+        assert not done.is_error and done.structured_content is not None, text(done)
+        assert done.structured_content["result"] == "hey Ada", text(done)
 
 
 async def test_send_input_on_another_replica_with_wait_s_0_says_what_it_did(fleet: Fleet) -> None:

@@ -239,6 +239,16 @@ async def test_lease_compare_and_set_and_fencing(store: Store) -> None:
     await store.put_run(RunRecord("run-b", "s1", "alice", "running", holder="replica:gateway:c"), fence=Fence.of(b))
     held = await store.get_run("run-b", owner="alice")  # where another replica collects it from: kept by later writes
     assert held is not None and held.resume == resume and held.holder == "replica:gateway:c"
+    # the replica that left it (paused past its lease, woken) ends its copy: not written over the adopter's record
+    await store.put_run(RunRecord("run-b", "s1", "alice", "failed", ANSWER, holder="replica:gateway:b"))
+    held = await store.get_run("run-b", owner="alice")
+    assert held is not None and held.state == "running" and held.holder == "replica:gateway:c"
+    await store.put_run(RunRecord("run-b", "s1", "alice", "finished", ANSWER, holder="replica:gateway:c"))  # the adopter's
+    held = await store.get_run("run-b", owner="alice")
+    assert held is not None and held.state == "finished" and held.holder == "replica:gateway:c"
+    await store.delete_run("run-b", holder="replica:gateway:b")  # nor forgets it (its own call took its end)
+    assert await store.get_run("run-b", owner="alice") is not None
+    await store.put_run(RunRecord("run-b", "s1", "alice", "running", holder="replica:gateway:c"), fence=Fence.of(b))
     with pytest.raises(StaleLease):  # a run is recorded lost only under its session's current lease
         await store.lose_run("run-b", fence=Fence.of(a))
     await store.put_run(RunRecord("run-b2", "s1", "alice", "awaiting_input"), fence=Fence.of(b))

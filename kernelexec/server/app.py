@@ -386,7 +386,7 @@ class App:
             value = response.content.get("approve" if approval else "answer")
             text = (APPROVED if value is True else None) if approval else value if isinstance(value, str) else None
         try:
-            await self.relay.claim(found, question_id, self.owner())
+            await self.relay.claim(found, question_id, self.owner(), text, by_human=True)
             found.answer(question_id, text, by_human=True)
         except InvalidRequest as exc:
             raise InvalidRequest(f"{exc}. This retry's answer was not used; get_run(run_id={found.id!r}) follows the run") from None

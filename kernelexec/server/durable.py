@@ -155,14 +155,16 @@ def observer(app: App) -> Any:
                 result, state = error(str(exc)), "failed"
             answer = wire(result)
         try:
-            await store.put_run(RunRecord(run.id, run.session.handle, run.session.owner, state, answer, resume=resume))
+            # named as this replica's: not applied once another replica adopted the run (this one paused, then woken)
+            await store.put_run(RunRecord(run.id, run.session.handle, run.session.owner, state, answer, holder=holder(),
+                                          resume=resume))
         finally:
             if event == "finished":
                 recorded.pop(run.id, None)
                 written_questions.pop(run.id, None)
                 if run.id in forgotten:
                     forgotten.discard(run.id)
-                    await store.delete_run(run.id)
+                    await store.delete_run(run.id, holder=holder())  # not once another replica adopted it
                 else:  # the kept finished results: the last KEEP_FINISHED per token, here as in memory
                     await store.prune_runs(owner=run.session.owner, keep=KEEP_FINISHED)
 

@@ -212,14 +212,18 @@ class Relay:
             await store.ask(AskRecord(run.id, "interrupt", owner, channel="interrupt"))
         return len(elsewhere)
 
-    async def claim(self, run: Run, question_id: Any, owner: str | None) -> None:
+    async def claim(self, run: Run, question_id: Any, owner: str | None, text: str | None, *, by_human: bool = False,
+                    by_page: bool = False) -> None:
         """Before one of this replica's own doors answers its run's question: in a fleet the question may be in the
         store, where another replica's relayed answer marks it taken (``answer``); mark it here the same way, so one
         answer wins across the fleet whichever door it came through. A question never written there (the run's id was
-        never told, one server) has no other door: nothing to claim."""
-        store, question = self.store, run.find(question_id)
-        if store is None or question is None or question.answer is not None or question.closed is not None:
-            return  # not a fleet's, or Run.answer refuses it for its own reason
+        never told, one server) has no other door: nothing to claim. An answer ``Run.answer`` would refuse (``text``
+        too long, an approval or a page's secret through the wrong door) is refused first (InvalidRequest): it never
+        uses the question up in the store, where the right answer would then be refused as already given."""
+        store = self.store
+        if store is None:
+            return
+        question, _ = run.admit(question_id, text, by_human=by_human, by_page=by_page)
         try:
             await store.answer_question(question.id, by=owner)
         except AlreadyAnswered:

@@ -154,9 +154,10 @@ class SecretPages:
         if store is not None and await store.use_grant(digest(key)) is None:  # used on another replica meanwhile
             return _page("Not found", GONE, 404)
         try:
+            secret = (fields.get("secret") or [""])[0]
             if self.relay is not None:
-                await self.relay.claim(page.run, page.question.id, page.run.session.owner)
-            page.run.answer(page.question.id, (fields.get("secret") or [""])[0], by_human=True, by_page=True)
+                await self.relay.claim(page.run, page.question.id, page.run.session.owner, secret, by_human=True, by_page=True)
+            page.run.answer(page.question.id, secret, by_human=True, by_page=True)
         except KernelexecError:
             return _page("Not sent", GONE, 410)
         await typed(page.question)

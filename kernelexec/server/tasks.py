@@ -374,8 +374,9 @@ class Tasks(Extension):
             else:
                 text = content.get("answer")
             try:
-                await self.app.relay.claim(run, question.id, task.owner)
-                run.answer(question.id, text if isinstance(text, str) else None, by_human=True)
+                answer = text if isinstance(text, str) else None
+                await self.app.relay.claim(run, question.id, task.owner, answer, by_human=True)
+                run.answer(question.id, answer, by_human=True)
             except KernelexecError as exc:  # too long, or answered through another replica: said as invalid params
                 raise MCPError(code=INVALID_PARAMS, message=str(exc)) from None
         return {"resultType": "complete"}

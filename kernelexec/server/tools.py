@@ -109,7 +109,7 @@ def _running_tools(app: App) -> dict[str, Any]:
             if isinstance(relayed, CallToolResult):
                 relayed.content = [TextContent(type="text", text=f"[{said}]"), *relayed.content]
             return relayed  # type: ignore[return-value]
-        await app.relay.claim(found, question_id, app.owner())
+        await app.relay.claim(found, question_id, app.owner(), None if cancel else text)
         question = found.answer(question_id, None if cancel else text)
         said = (f"input sent to run {found.id}" if question.answer is not None
                 else f"input declined for run {found.id}: the code gets EOFError")

@@ -234,6 +234,7 @@ class Fleet:
                 await self.adopt_orphans(session, lease, record.gateway_kernel_id)
         except BaseException:
             with anyio.CancelScope(shield=True):
+                await self.lose_uncollected(session)
                 await self.let_go(handle)
             raise
         return True
@@ -276,8 +277,24 @@ class Fleet:
         finally:
             if not kept:
                 session.forget_kernel()
+            await self.lose_uncollected(session)
             await self.let_go(handle)  # the kernel stays attached: if nobody else takes the lease, the next call reuses it
         return kept
+
+    async def lose_uncollected(self, session: Session) -> None:
+        """Runs adopted in this driving period (``adopt_orphans``) whose kernel was never attached to collect them (the
+        call cancelled while attaching, the session limits refusing a kernel, an error on the way): recorded lost under
+        the lease still held. Left named as this live replica's, no other replica would adopt them, and every get_run
+        would say they run on."""
+        runs, session.reclaiming = session.reclaiming, []
+        fence = self.fence(session.handle)
+        for run in runs:
+            try:
+                if fence is not None and await self.store.lose_run(run.id, fence=fence):
+                    logger.warning("session %s: run %s recorded as lost: its kernel was not attached to collect it",
+                                   session.handle, run.id)
+            except KernelexecError as exc:  # the lease lost meanwhile, or the store away: its next holder looks again
+                logger.warning("session %s: recording run %s as lost: %s", session.handle, run.id, exc)
 
     async def let_go(self, handle: str) -> None:
         lease = self.held.pop(handle, None)

@@ -346,6 +346,17 @@ class Run:
         call's approval not ``by_human`` (an elicitation's answer; send_input can only decline it), a getpass() asked
         on a page answered anywhere but ``by_page`` (its page's POST; any other channel can only decline it), a bad
         text."""
+        question, text = self.admit(question_id, text, by_human=by_human, by_page=by_page)
+        question.answer = text
+        question.closed = "was already answered" if text is not None else "was already declined"
+        question.answered.set()
+        self.stir()
+        return question
+
+    def admit(self, question_id: str, text: str | None, *, by_human: bool = False,
+              by_page: bool = False) -> tuple[Question, str | None]:
+        """``answer``'s checks, nothing changed: the question and the text it would take, or InvalidRequest. Run before
+        a fleet's claim in the store (``Relay.claim``), so a refused answer never uses up the question there."""
         question = self.find(question_id)
         if question is None:
             raise InvalidRequest(
@@ -366,11 +377,7 @@ class Run:
             raise InvalidRequest(f"text must be a string of at most {MAX_INPUT_CHARS:,} characters")
         if question.approval and text is not None and text != APPROVED:
             text = None  # anything but the yes declines
-        question.answer = text
-        question.closed = "was already answered" if text is not None else "was already declined"
-        question.answered.set()
-        self.stir()
-        return question
+        return question, text
 
     def stir(self) -> None:
         """Wake whoever waits in ``settled`` (done, posted or a question's answer changed)."""

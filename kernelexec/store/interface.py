@@ -204,7 +204,11 @@ class Store(Protocol):
     async def delete_session(self, handle: str, *, fence: Fence | None = None) -> None: ...
 
     # runs
-    async def put_run(self, record: RunRecord, *, fence: Fence | None = None) -> None: ...
+    async def put_run(self, record: RunRecord, *, fence: Fence | None = None) -> None:
+        """Write (or update) a run. An update naming a ``holder`` other than the stored one is not applied unless
+        fenced: a fleet's run another replica adopted (``Fleet.adopt_orphans``, under the session's lease) is no
+        longer written by the replica that left it (paused past its lease, then woken)."""
+        ...
     async def get_run(self, run_id: str, *, owner: str | None) -> RunRecord | None: ...
     async def runs_of(self, session: str, *, owner: str | None) -> list[RunRecord]: ...
     async def lose_unfinished(self, *, session: str | None = None) -> int:
@@ -216,8 +220,9 @@ class Store(Protocol):
         replica died. Whether this call did (False: it had ended, or was marked already)."""
         ...
 
-    async def delete_run(self, run_id: str) -> None:
-        """Forget one run (its answer went back to its own call: no get_run will ask for it)."""
+    async def delete_run(self, run_id: str, *, holder: str | None = None) -> None:
+        """Forget one run (its answer went back to its own call: no get_run will ask for it); with ``holder``, only
+        while the store names no other holder (a fleet's run another replica adopted keeps its record)."""
         ...
 
     async def prune_runs(self, *, owner: str | None, keep: int) -> int:

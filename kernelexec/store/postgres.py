@@ -265,9 +265,10 @@ class PostgresStore:
                 """INSERT INTO runs (id, session, owner, state, answer, created, updated, holder, resume)
                    VALUES (%s, %s, %s, %s, %s::json, %s, %s, %s, %s::json)
                    ON CONFLICT (id) DO UPDATE SET state = excluded.state, answer = excluded.answer, updated = excluded.updated,
-                   holder = coalesce(excluded.holder, runs.holder), resume = coalesce(excluded.resume, runs.resume)""",
+                   holder = coalesce(excluded.holder, runs.holder), resume = coalesce(excluded.resume, runs.resume)
+                   WHERE %s OR excluded.holder IS NULL OR runs.holder IS NULL OR runs.holder = excluded.holder""",
                 (record.id, record.session, record.owner, record.state, answer, record.created or now, now, record.holder,
-                 dumps(record.resume) if record.resume is not None else None))
+                 dumps(record.resume) if record.resume is not None else None, fence is not None))
 
         await self._run(put, "cannot write the run", single=fence is None)
 
@@ -301,9 +302,10 @@ class PostgresStore:
         result: bool = await self._run(lose, "cannot mark the run lost")
         return result
 
-    async def delete_run(self, run_id: str) -> None:
+    async def delete_run(self, run_id: str, *, holder: str | None = None) -> None:
         async def delete(cur: Any) -> None:
-            await cur.execute("DELETE FROM runs WHERE id = %s", (run_id,))
+            await cur.execute("DELETE FROM runs WHERE id = %s AND (%s::text IS NULL OR holder IS NULL OR holder = %s)",
+                              (run_id, holder, holder))
 
         await self._run(delete, "cannot forget a run", single=True)
 

@@ -314,9 +314,10 @@ class SQLiteStore:
             db.execute(
                 """INSERT INTO runs (id, session, owner, state, answer, created, updated, holder, resume) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
                    ON CONFLICT (id) DO UPDATE SET state = excluded.state, answer = excluded.answer, updated = excluded.updated,
-                   holder = coalesce(excluded.holder, runs.holder), resume = coalesce(excluded.resume, runs.resume)""",
+                   holder = coalesce(excluded.holder, runs.holder), resume = coalesce(excluded.resume, runs.resume)
+                   WHERE ? OR excluded.holder IS NULL OR runs.holder IS NULL OR runs.holder = excluded.holder""",
                 (record.id, record.session, record.owner, record.state, answer, record.created or now, now, record.holder,
-                 dumps(record.resume) if record.resume is not None else None))
+                 dumps(record.resume) if record.resume is not None else None, fence is not None))
 
         await self._write(put)
 
@@ -346,8 +347,9 @@ class SQLiteStore:
 
         return bool(await self._write(lose))
 
-    async def delete_run(self, run_id: str) -> None:
-        await self._write(lambda db: db.execute("DELETE FROM runs WHERE id = ?", (run_id,)))
+    async def delete_run(self, run_id: str, *, holder: str | None = None) -> None:
+        await self._write(lambda db: db.execute("DELETE FROM runs WHERE id = ? AND (? IS NULL OR holder IS NULL OR holder = ?)",
+                                                (run_id, holder, holder)))
 
     async def prune_runs(self, *, owner: str | None, keep: int) -> int:
         return await self._write(lambda db: db.execute(
