@@ -59,6 +59,16 @@ def text(result: Any) -> str:
     return "".join(getattr(c, "text", "") for c in result.content)
 
 
+async def asked_input(on: Client, code: str) -> tuple[str, str]:
+    """Start ``code`` (it calls input()) and follow it past a kernel's start until it waits: its run and question ids."""
+    asked = await on.call_tool("execute_code", {"code": code})
+    while asked.structured_content is not None and asked.structured_content["ending"] == "running":  # a kernel starting
+        asked = await on.call_tool("get_run", {"run_id": asked.structured_content["run_id"], "wait_s": 30})
+    waiting = asked.structured_content
+    assert waiting is not None and waiting["ending"] == "awaiting_input", text(asked)
+    return waiting["run_id"], waiting["question_id"]
+
+
 async def never_asked(context: object, params: object) -> ElicitResult:  # a 2026-07-28 client: the test retries by hand
     raise AssertionError("answered by the test itself")
 
@@ -67,12 +77,7 @@ async def test_send_input_on_another_replica_answers_the_input_asked_through_the
     a, b = fleet.replicas[0].url, fleet.replicas[1].url
     code = "name = input('Your name? ')\nf'hello {name}'"
     async with client(a, ALICE) as on_a:  # no elicitation: the question comes back as awaiting_input
-        asked = await on_a.call_tool("execute_code", {"code": code})
-        while asked.structured_content is not None and asked.structured_content["ending"] == "running":  # a kernel starting
-            asked = await on_a.call_tool("get_run", {"run_id": asked.structured_content["run_id"], "wait_s": 30})
-    waiting = asked.structured_content
-    assert waiting is not None and waiting["ending"] == "awaiting_input", text(asked)
-    run_id, question_id = waiting["run_id"], waiting["question_id"]
+        run_id, question_id = await asked_input(on_a, code)
 
     async with client(b, BOB) as bob_on_b:  # another token: no such run, on any replica
         refused = await bob_on_b.call_tool("send_input", {"run_id": run_id, "question_id": question_id, "text": "Mallory"})
@@ -100,12 +105,7 @@ async def test_an_answer_refused_on_the_holder_does_not_use_the_question_up_acro
     (through another replica)" and the run waits on input() until its timeout. Before the fix: refused so."""
     a = fleet.replicas[0].url
     async with client(a, ALICE) as on_a:
-        asked = await on_a.call_tool("execute_code", {"code": "name = input('Name? ')\nf'hey {name}'"})
-        while asked.structured_content is not None and asked.structured_content["ending"] == "running":  # a kernel starting
-            asked = await on_a.call_tool("get_run", {"run_id": asked.structured_content["run_id"], "wait_s": 30})
-        waiting = asked.structured_content
-        assert waiting is not None and waiting["ending"] == "awaiting_input", text(asked)
-        run_id, question_id = waiting["run_id"], waiting["question_id"]
+        run_id, question_id = await asked_input(on_a, "name = input('Name? ')\nf'hey {name}'")
         too_long = await on_a.call_tool("send_input", {"run_id": run_id, "question_id": question_id,
                                                        "text": "x" * (MAX_INPUT_CHARS + 1)})
         assert too_long.is_error and "at most" in text(too_long), text(too_long)
@@ -120,12 +120,7 @@ async def test_send_input_on_another_replica_with_wait_s_0_says_what_it_did(flee
     question it has just answered as the one the run waits on."""
     a, b = fleet.replicas[0].url, fleet.replicas[1].url
     async with client(a, ALICE) as on_a:
-        asked = await on_a.call_tool("execute_code", {"code": "name = input('Name? ')\nf'hi {name}'"})
-        while asked.structured_content is not None and asked.structured_content["ending"] == "running":  # a kernel starting
-            asked = await on_a.call_tool("get_run", {"run_id": asked.structured_content["run_id"], "wait_s": 30})
-    waiting = asked.structured_content
-    assert waiting is not None and waiting["ending"] == "awaiting_input", text(asked)
-    run_id, question_id = waiting["run_id"], waiting["question_id"]
+        run_id, question_id = await asked_input(on_a, "name = input('Name? ')\nf'hi {name}'")
     async with client(b, ALICE) as on_b:
         sent = await on_b.call_tool("send_input", {"run_id": run_id, "question_id": question_id, "text": "Ada", "wait_s": 0})
         assert not sent.is_error and "input sent" in text(sent), text(sent)
