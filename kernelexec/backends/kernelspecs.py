@@ -48,6 +48,7 @@ from kernelexec.backends.remote_startup import install_remote_startup, remote_sp
 from kernelexec.errors import KernelexecError, KernelStartError
 from kernelexec.kernel.driver import Kernel
 from kernelexec.kernel.launch import LaunchSpec, other_slot
+from kernelexec.kernel.wire import shared_context
 from kernelexec.sandbox.plan import SandboxPlan
 
 logger = logging.getLogger(__name__)
@@ -145,7 +146,8 @@ class ProvisionedKernel(Kernel):
 
     # --- the seams --------------------------------------------------------------------------------
     def create_manager(self) -> ProvisionedManager:
-        return ProvisionedManager(kernel_name=self.spec_name, kernel_spec_manager=KernelSpecManager())
+        return ProvisionedManager(kernel_name=self.spec_name, kernel_spec_manager=KernelSpecManager(),
+                                  context=shared_context())
 
     def start_kwargs(self) -> dict[str, Any]:
         """The launch environment: PATH and the server's ``KERNEL_*`` variables (remote provisioners read

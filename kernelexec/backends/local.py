@@ -11,6 +11,7 @@ from kernelexec.backends.provisioner import IPC_PORTS, KERNEL_NAME, KernelexecSp
 from kernelexec.backends.spares import Spares
 from kernelexec.kernel.driver import Kernel
 from kernelexec.kernel.launch import LaunchSpec
+from kernelexec.kernel.wire import shared_context
 from kernelexec.layout import SLOTS
 
 
@@ -48,6 +49,7 @@ def kernel_manager(spec: LaunchSpec, slot: str = SLOTS[0]) -> AsyncKernelManager
         connection_file=str(spec.dirs.connection_file_for(slot)),
         kernel_spec_manager=KernelexecSpecManager(spec.plan.for_slot(slot), ipc_prefix=prefix),
         kernel_name=KERNEL_NAME,
+        context=shared_context(),
     )
     km.ip = prefix
     # Fixed socket names <prefix>-1 … -5: jupyter_client would otherwise look for free names with one

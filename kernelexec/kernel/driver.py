@@ -42,7 +42,7 @@ from kernelexec.kernel.collector import Caps, Collector
 from kernelexec.kernel.execution import Execution, ResultRule
 from kernelexec.kernel.launch import LaunchSpec
 from kernelexec.kernel.stdin import Ask, Stdin, ToolCalls, send_to_kernel
-from kernelexec.kernel.wire import harden, receive
+from kernelexec.kernel.wire import harden, receive, shared_context
 from kernelexec.layout import SLOTS
 
 logger = logging.getLogger(__name__)
@@ -95,8 +95,8 @@ class Kernel(ABC):
         try:
             with anyio.fail_after(self.startup_timeout):
                 await km.start_kernel(**self.start_kwargs())
-                self.kc = km.client()
-                self.kc.start_channels()
+                self.kc = km.client(context=shared_context())  # not a zmq context (two threads) per kernel
+                self.kc.start_channels(hb=False, control=False)  # liveness is km.is_alive(); interrupts go by km
                 await self._wait_ready()
         except BaseException as exc:
             tail = self.log_tail()

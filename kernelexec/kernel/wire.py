@@ -142,6 +142,16 @@ def harden(session: Any) -> Any:
     return session
 
 
+def shared_context() -> Any:
+    """The one ``zmq.asyncio`` context of this process, for every kernel manager and its clients (as
+    jupyter_client's MultiKernelManager shares one). A context per kernel, jupyter_client's default for a lone
+    KernelManager, costs two threads and a handful of file descriptors each: a server with 100 sessions ran
+    200 zmq threads, and a process with the common limit of 1,024 open files hit EMFILE near 70 kernels."""
+    import zmq.asyncio
+
+    return zmq.asyncio.Context.instance()
+
+
 _SYNC_SOCKETS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 

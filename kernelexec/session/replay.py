@@ -35,7 +35,7 @@ from kernelexec.environment.overlay import prepare
 from kernelexec.environment.packages import parse_specs, pip_lines
 from kernelexec.errors import InvalidRequest, KernelexecError
 from kernelexec.kernel.stdin import TOOL_CALL_MARK
-from kernelexec.kernel.wire import harden
+from kernelexec.kernel.wire import harden, shared_context
 from kernelexec.sandbox.probe import kernel_reach
 from kernelexec.session.compare import comparable, differences
 from kernelexec.session.record_meta import CellMeta, RecordedInput, read_cell_meta, read_notebook_meta
@@ -128,7 +128,7 @@ class _Replayer:
         km = self.kernel.km
         assert km is not None  # replay runs in the session's started kernel
         wire = harden(WireSession(key=km.session.key, signature_scheme=km.session.signature_scheme))
-        kc = km.client(session=wire)
+        kc = km.client(session=wire, context=shared_context())
         kc.start_channels()
         await kc.wait_for_ready(timeout=self.settings.startup_timeout)
         kc.allow_stdin = True  # input()/getpass(): answered from the record, or asked (--ask); see _serve_stdin
