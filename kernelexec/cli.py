@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
 
         sys.exit(run_hook(args))
     settings = _settings(args)
+    raise_open_files_limit()
     install_excepthook()
     install_logging(logging.WARNING, sys.stderr)  # every log line escaped: kernels and notebooks write into them
     if settings.tools_config:  # code mode: every brokered tool call is a log line (server, tool, arguments, outcome, time)
@@ -195,6 +196,25 @@ def main(argv: list[str] | None = None) -> None:
                                                          install=args.install, ask=args.ask, live_tools=args.live_tools)))
     except (StoreError, FleetRefused) as exc:
         sys.exit(safe(f"kernelexec: {exc}"))
+
+
+def raise_open_files_limit() -> int:
+    """Lift this process's soft limit of open files to its hard limit (as servers do; the sandbox gives each
+    kernel its own ``--max-open-files``); returns the limit now in force. A server holds a few descriptors
+    per session (the kernel's sockets, its record, the client's connection): the common soft limit of 1,024
+    would turn the hundredth session into ``EMFILE``."""
+    import resource
+
+    infinity = resource.RLIM_INFINITY
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == infinity or (hard != infinity and soft >= hard):
+        return soft
+    wanted = hard if hard != infinity else max(soft, 1 << 20)  # Linux's fs.nr_open is 1,048,576 by default
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    except (ValueError, OSError):
+        return soft
+    return wanted
 
 
 async def _serve(settings: Settings) -> None:

@@ -48,6 +48,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     support.WEAKEN = config.getoption("--weaken", None)
+    from kernelexec.cli import raise_open_files_limit
+
+    raise_open_files_limit()  # each worker hosts servers, as `kernelexec serve` does: the same limit as theirs
     # one real PostgreSQL for each process that runs tests (xdist: each worker), a database per server
     if config.getoption("--store", "sqlite") == "postgres" and runs_tests(config):
         from .pg import running_postgres
