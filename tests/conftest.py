@@ -109,6 +109,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             session.exitstatus = 1
 
 
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Each failure's reason on one line, whole, after everything else (.ci/run shows these lines last): pytest's
+    own short summary cuts it to the terminal's width, and a CI log's tail is what the next person sees."""
+    for report in terminalreporter.stats.get("failed", []) + terminalreporter.stats.get("error", []):
+        crash = getattr(report.longrepr, "reprcrash", None)
+        why = crash.message if crash is not None else str(report.longrepr).strip().splitlines()[-1:]
+        terminalreporter.write_line(f"kernelexec failed: {report.nodeid} ({report.when}): "
+                                    + " | ".join(str(why).splitlines())[:3000])
+
+
 def worker_unit(nodeid: str) -> str:
     """The unit one pytest-xdist worker runs whole: a module, so that its shared server (``harness`` and the
     module-scoped fixtures like it) starts once and its tests never overlap one another; the red team as one
