@@ -98,6 +98,6 @@ def test_the_readme_fits_on_a_screen() -> None:
 def test_the_readme_keeps_its_two_commands() -> None:
     """The first block sets up and starts the server on a fresh machine; the second runs the whole suite."""
     blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
-    assert blocks[0].split("\n")[:3] == ["python3 -m venv .venv && . .venv/bin/activate", "pip install -e .", "kernelexec serve"], blocks[0]
+    assert blocks[0].split("\n")[:3] == ["python3 -m venv .venv && . .venv/bin/activate", "pip install .", "kernelexec serve"], blocks[0]
     assert blocks[1].strip() == "bash .ci/run", blocks[1]
     assert (REPO / ".ci/run").is_file()
