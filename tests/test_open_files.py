@@ -52,6 +52,22 @@ async def test_sessions_share_one_zmq_context_so_threads_do_not_grow_with_kernel
         assert per_kernel <= 18, f"{per_kernel:.1f} file descriptors per kernel"
 
 
+async def test_closed_sessions_give_their_descriptors_back(short_tmp: Path) -> None:
+    """With one context for every kernel, a socket left open is never reclaimed by a context's end: six sessions
+    opened, half of them with a kernel killed by ``os._exit`` and restarted, then closed, leave the count flat."""
+    async with serving(make_settings(short_tmp, pool_size=0, restart_spares=0)) as h:
+        counts = []
+        for i in range(6):
+            s = await h.new_session()
+            await h.run("x = 1", session=s)
+            if i % 2:
+                await h.client.call_tool("execute_code", {"code": "import os; os._exit(1)", "session": s})
+                assert (await h.run("result = 3", session=s))["result"] == 3
+            assert not (await h.call("close_session", session=s)).is_error
+            counts.append(len(os.listdir("/proc/self/fd")))
+        assert max(counts[2:]) <= counts[1], f"open descriptors after each closed session: {counts}"
+
+
 def _soft_nofile(pid: int) -> int:
     limits = Path(f"/proc/{pid}/limits").read_text()
     found = re.search(r"^Max open files\s+(\d+)\s+(\d+)", limits, re.M)
