@@ -200,9 +200,9 @@ def main(argv: list[str] | None = None) -> None:
 
 def raise_open_files_limit() -> int:
     """Lift this process's soft limit of open files to its hard limit (as servers do; the sandbox gives each
-    kernel its own ``--max-open-files``); returns the limit now in force. A server holds a few descriptors
-    per session (the kernel's sockets, its record, the client's connection): the common soft limit of 1,024
-    would turn the hundredth session into ``EMFILE``."""
+    kernel its own ``--max-open-files``); returns the limit now in force. A server holds about 15 descriptors
+    per session (its kernel's sockets, log and record; docs/operator.md): the common soft limit of 1,024 would
+    turn some 65th session into ``EMFILE``."""
     import resource
 
     infinity = resource.RLIM_INFINITY
