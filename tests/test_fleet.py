@@ -149,6 +149,42 @@ async def test_output_printed_before_and_after_the_sigkill_is_collected_and_what
     await assert_recorded_once(fleet, handle, code)
 
 
+def peak_rss_mb(pid: int) -> float:
+    """A process's peak resident memory (VmHWM), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmHWM for {pid}")
+
+
+async def test_a_flood_the_cell_sends_during_a_takeover_is_held_within_a_cap_and_the_answer_says_what_was_dropped(
+        fleet: Fleet) -> None:
+    """A hostile cell (it holds the session key) floods IOPub past the kernel's own output cap once its replica is
+    SIGKILLed, with rich outputs (Jupyter Server's IOPub data rate limit counts only streams): the gateway keeps all
+    of it for the dead replica's connection and replays it to the one that takes over, which holds a reclaimed
+    request's messages until it collects them (``GatewayChannelsClient._hold``). That hold is capped like a cell's
+    output (``HOLD_CAP``): the taking replica's peak memory grows less than the flood, the answer still comes (value,
+    end) and says how much was dropped. Before: every held message kept, and the peak grew by 564 MB."""
+    code = ("import time\ntime.sleep(2)\nk_ = get_ipython().kernel\nparent_ = k_.get_parent()\n"
+            "for _ in range(100):\n"
+            "    k_.session.send(k_.iopub_socket, 'display_data', {'data': {'text/plain': 'x' * 1_000_000}, 'metadata': {}},\n"
+            "                    parent=parent_)\n"
+            "result = 7")
+    handle, run_id = await killed_mid_cell(fleet, "killed-flood", code)
+    taker = fleet.replicas[1]
+    before = peak_rss_mb(taker.proc.pid)
+    await anyio.sleep(6)  # the flood is sent and kept by the gateway; the cell ends
+    async with Client(taker.url) as on_b:
+        with anyio.fail_after(90):
+            done = await on_b.call_tool("get_run", {"run_id": run_id, "wait_s": 60})
+    said = text_of(done)
+    assert not done.is_error and done.structured_content is not None, said[-2000:]
+    assert done.structured_content["result"] == 7, done.structured_content
+    grew = peak_rss_mb(taker.proc.pid) - before
+    assert grew < 100, f"the taking replica's peak memory grew by {grew:.0f} MB for a 100 MB flood"
+    assert "dropped" in said and "took the session over" in said, said[-2000:]
+
+
 async def test_a_takeover_that_cannot_attach_in_time_keeps_the_busy_kernel_and_says_the_run_lost(fleet: Fleet) -> None:
     """The killed replica's cell runs longer than the taking replica's --startup-timeout (the gateway answers a new
     connection only once the kernel is idle): the attach fails, the run is said lost with why, and the kernel is let

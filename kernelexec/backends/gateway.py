@@ -267,6 +267,7 @@ class GatewayKernel(Kernel):
         # a fleet's takeover: the channels' session id of the replica that stopped mid-cell, and its requests' msg_ids
         # (the gateway replays that connection's buffered messages to a reconnect with the same id: ``collect``)
         self.reclaim: tuple[str, frozenset[str]] | None = None
+        self.held_dropped: dict[str, tuple[int, int]] = {}  # msg_id: messages and bytes a takeover did not hold
         self._starting = False  # in start(): a failed attach lets the kernel go (shutdown)
         self.url = url or self.url
         self.token = token if token is not None else self.token
@@ -327,6 +328,7 @@ class GatewayKernel(Kernel):
                 await anyio.sleep(0.05)
         whole = kc.whole_reclaimed()
         kc.release_reclaimed()
+        self.held_dropped = dict(kc.dropped)
         return whole
 
     def start_kwargs(self) -> dict[str, Any]:

@@ -290,6 +290,10 @@ class Session:
                 ex.notes.append(f"the replica that ran this cell ({stopped}) {how}; this replica collected its answer from "
                                 "the gateway" + ("" if ended[msg_id] else
                                                  ": what the cell printed before then went to that replica and is not here"))
+                dropped, size = getattr(kernel, "held_dropped", {}).get(msg_id, (0, 0))
+                if dropped:
+                    ex.notes.append(f"{dropped} messages ({size / 1e6:.1f} MB) the cell sent while this replica took the "
+                                    "session over were dropped: more than a takeover holds (gateway_channels.HOLD_CAP)")
                 await anyio.to_thread.run_sync(self.record, ex, timeout)
                 finished = Finished(ex, layers=kernel.spec.plan.layers)
             if self.collected is not None:
