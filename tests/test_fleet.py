@@ -210,6 +210,49 @@ async def test_a_takeover_that_cannot_attach_in_time_keeps_the_busy_kernel_and_s
     impatient.proc.wait(30)
 
 
+async def test_a_cell_past_its_timeout_when_its_replica_was_sigkilled_is_stopped_by_the_next_holder(fleet: Fleet) -> None:
+    """A cell asked with timeout 5 s loops for ever; its replica is SIGKILLed after the call yields, so no replica
+    counts its timeout. The taking replica cannot attach while the cell runs (the gateway answers its kernel_info
+    only once the kernel is idle): it interrupts the kernel at the cell's own start + timeout (``Run.sent``'s
+    ``sent_at``, ``GatewayKernel.start``), attaches, and collects the answer as timed out. Before: the attach failed
+    (--startup-timeout 4), the run was said lost, and the kernel was still busy with the cell 20 s after it started."""
+    impatient = fleet.start("impatient-timeout", "--startup-timeout", "4")
+    victim = fleet.start("killed-timeout")
+    handle = (await call(victim.url, "k = 0"))["session"]
+    async with Client(victim.url) as client:
+        going = await client.call_tool("execute_code", {"code": "import time\nwhile True:\n    time.sleep(0.1)",
+                                                        "session": handle, "timeout": 5})
+    started = time.monotonic()
+    running = going.structured_content
+    assert running is not None and running.get("ending") == "running", going.content
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait(10)
+    fleet.replicas.remove(victim)
+    store = await open_store(fleet.store, fleet.base)
+    try:
+        kernel_id = (await store.get_session(handle, owner=None)).gateway_kernel_id  # type: ignore[union-attr]
+    finally:
+        await store.close()
+    try:
+        async with Client(impatient.url) as client:
+            with anyio.fail_after(40):
+                while True:
+                    got = await client.call_tool("get_run", {"run_id": running["run_id"], "wait_s": 5})
+                    if got.is_error or (got.structured_content or {}).get("ending") != "running":
+                        break
+        await anyio.sleep(max(0.0, started + 20 - time.monotonic()))  # the 5 s timeout, 15 s ago
+        state = fleet.gateway.api(f"/api/kernels/{kernel_id}")["execution_state"]
+        assert state != "busy", "the cell still runs 20 s after it started with a 5 s timeout"
+        said = text_of(got)
+        assert not got.is_error and got.structured_content is not None, said
+        assert got.structured_content["ending"] == "interrupted" and "timed out after 5 s" in said, said
+    finally:
+        fleet.gateway.api(f"/api/kernels/{kernel_id}/interrupt", "POST")  # the loop ended for the tests that follow
+        fleet.replicas.remove(impatient)
+        impatient.proc.terminate()
+        impatient.proc.wait(30)
+
+
 async def test_a_run_whose_kernel_was_restarted_after_the_sigkill_stays_honestly_lost(fleet: Fleet) -> None:
     """Nothing to collect (the gateway restarted the kernel, dropping what it kept): get_run says lost, honestly,
     within the lease expiry, never ``running`` for ever."""
