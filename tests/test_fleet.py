@@ -149,6 +149,42 @@ async def test_output_printed_before_and_after_the_sigkill_is_collected_and_what
     await assert_recorded_once(fleet, handle, code)
 
 
+def peak_rss_mb(pid: int) -> float:
+    """A process's peak resident memory (VmHWM), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmHWM for {pid}")
+
+
+async def test_a_flood_the_cell_sends_during_a_takeover_is_held_within_a_cap_and_the_answer_says_what_was_dropped(
+        fleet: Fleet) -> None:
+    """A hostile cell (it holds the session key) floods IOPub past the kernel's own output cap once its replica is
+    SIGKILLed, with rich outputs (Jupyter Server's IOPub data rate limit counts only streams): the gateway keeps all
+    of it for the dead replica's connection and replays it to the one that takes over, which holds a reclaimed
+    request's messages until it collects them (``GatewayChannelsClient._hold``). That hold is capped like a cell's
+    output (``HOLD_CAP``): the taking replica's peak memory grows less than the flood, the answer still comes (value,
+    end) and says how much was dropped. Before: every held message kept, and the peak grew by 564 MB."""
+    code = ("import time\ntime.sleep(2)\nk_ = get_ipython().kernel\nparent_ = k_.get_parent()\n"
+            "for _ in range(100):\n"
+            "    k_.session.send(k_.iopub_socket, 'display_data', {'data': {'text/plain': 'x' * 1_000_000}, 'metadata': {}},\n"
+            "                    parent=parent_)\n"
+            "result = 7")
+    handle, run_id = await killed_mid_cell(fleet, "killed-flood", code)
+    taker = fleet.replicas[1]
+    before = peak_rss_mb(taker.proc.pid)
+    await anyio.sleep(6)  # the flood is sent and kept by the gateway; the cell ends
+    async with Client(taker.url) as on_b:
+        with anyio.fail_after(90):
+            done = await on_b.call_tool("get_run", {"run_id": run_id, "wait_s": 60})
+    said = text_of(done)
+    assert not done.is_error and done.structured_content is not None, said[-2000:]
+    assert done.structured_content["result"] == 7, done.structured_content
+    grew = peak_rss_mb(taker.proc.pid) - before
+    assert grew < 100, f"the taking replica's peak memory grew by {grew:.0f} MB for a 100 MB flood"
+    assert "dropped" in said and "took the session over" in said, said[-2000:]
+
+
 async def test_a_takeover_that_cannot_attach_in_time_keeps_the_busy_kernel_and_says_the_run_lost(fleet: Fleet) -> None:
     """The killed replica's cell runs longer than the taking replica's --startup-timeout (the gateway answers a new
     connection only once the kernel is idle): the attach fails, the run is said lost with why, and the kernel is let
@@ -172,6 +208,49 @@ async def test_a_takeover_that_cannot_attach_in_time_keeps_the_busy_kernel_and_s
     fleet.replicas.remove(impatient)
     impatient.proc.terminate()
     impatient.proc.wait(30)
+
+
+async def test_a_cell_past_its_timeout_when_its_replica_was_sigkilled_is_stopped_by_the_next_holder(fleet: Fleet) -> None:
+    """A cell asked with timeout 5 s loops for ever; its replica is SIGKILLed after the call yields, so no replica
+    counts its timeout. The taking replica cannot attach while the cell runs (the gateway answers its kernel_info
+    only once the kernel is idle): it interrupts the kernel at the cell's own start + timeout (``Run.sent``'s
+    ``sent_at``, ``GatewayKernel.start``), attaches, and collects the answer as timed out. Before: the attach failed
+    (--startup-timeout 4), the run was said lost, and the kernel was still busy with the cell 20 s after it started."""
+    impatient = fleet.start("impatient-timeout", "--startup-timeout", "4")
+    victim = fleet.start("killed-timeout")
+    handle = (await call(victim.url, "k = 0"))["session"]
+    async with Client(victim.url) as client:
+        going = await client.call_tool("execute_code", {"code": "import time\nwhile True:\n    time.sleep(0.1)",
+                                                        "session": handle, "timeout": 5})
+    started = time.monotonic()
+    running = going.structured_content
+    assert running is not None and running.get("ending") == "running", going.content
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait(10)
+    fleet.replicas.remove(victim)
+    store = await open_store(fleet.store, fleet.base)
+    try:
+        kernel_id = (await store.get_session(handle, owner=None)).gateway_kernel_id  # type: ignore[union-attr]
+    finally:
+        await store.close()
+    try:
+        async with Client(impatient.url) as client:
+            with anyio.fail_after(40):
+                while True:
+                    got = await client.call_tool("get_run", {"run_id": running["run_id"], "wait_s": 5})
+                    if got.is_error or (got.structured_content or {}).get("ending") != "running":
+                        break
+        await anyio.sleep(max(0.0, started + 20 - time.monotonic()))  # the 5 s timeout, 15 s ago
+        state = fleet.gateway.api(f"/api/kernels/{kernel_id}")["execution_state"]
+        assert state != "busy", "the cell still runs 20 s after it started with a 5 s timeout"
+        said = text_of(got)
+        assert not got.is_error and got.structured_content is not None, said
+        assert got.structured_content["ending"] == "interrupted" and "timed out after 5 s" in said, said
+    finally:
+        fleet.gateway.api(f"/api/kernels/{kernel_id}/interrupt", "POST")  # the loop ended for the tests that follow
+        fleet.replicas.remove(impatient)
+        impatient.proc.terminate()
+        impatient.proc.wait(30)
 
 
 async def test_a_run_whose_kernel_was_restarted_after_the_sigkill_stays_honestly_lost(fleet: Fleet) -> None:

@@ -449,3 +449,27 @@ async def test_the_stdio_listener_answers_only_its_own_host_and_refuses_a_malfor
                     r: Any = (await client.call_tool("execute_code", {"code": "import getpass\ngetpass.getpass()"})).structured_content
     assert r["result"] == "ok", r
     assert seen == {"rebound": 404, "page": 200, "fields": 403, "no_token": 403, "host": True, "sent": 200}, seen
+
+
+async def test_the_notice_that_a_page_was_typed_gives_up_on_a_stalled_client_and_frees_its_caller() -> None:
+    """The elicitation/complete notice is shielded (a drain's cancel must not lose it) and is sent over the waiting
+    call's stream, which a client that keeps it open without reading stalls: the relay's poll loop (every run's
+    asks on the replica) and a drain then waited for ever. Bounded by ``TYPED_PATIENCE`` (5 s), and a cancel from outside
+    (a drain) still ends it within that. Before: 20 s here (the stalled send's whole length)."""
+    from kernelexec.server.secret_page import typed
+
+    stalled = anyio.Event()
+    question = Question("Key: ", True, url="http://127.0.0.1:1/secret/k")
+
+    async def stuck() -> None:  # the stream's send waiting on a client that does not read
+        stalled.set()
+        await anyio.sleep(20)
+
+    question.typed = stuck
+    started = anyio.current_time()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(typed, question)
+        await stalled.wait()
+        tg.cancel_scope.cancel()  # a drain ending the task
+    took = anyio.current_time() - started
+    assert took < 10, f"the stalled notice held its caller {took:.1f} s"

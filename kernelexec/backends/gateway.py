@@ -267,6 +267,11 @@ class GatewayKernel(Kernel):
         # a fleet's takeover: the channels' session id of the replica that stopped mid-cell, and its requests' msg_ids
         # (the gateway replays that connection's buffered messages to a reconnect with the same id: ``collect``)
         self.reclaim: tuple[str, frozenset[str]] | None = None
+        self.held_dropped: dict[str, tuple[int, int]] = {}  # msg_id: messages and bytes a takeover did not hold
+        # ... and when the first of those requests is past its timeout (wall-clock: its start on the stopped replica
+        # + the timeout asked), and whether this connection had to interrupt the kernel for it (``start``)
+        self.reclaim_deadline: float | None = None
+        self.interrupted_reclaimed = False
         self._starting = False  # in start(): a failed attach lets the kernel go (shutdown)
         self.url = url or self.url
         self.token = token if token is not None else self.token
@@ -282,11 +287,41 @@ class GatewayKernel(Kernel):
         return remote_spill_ok(path, self.spec.dirs.root.name)
 
     async def start(self) -> None:
+        """Start or attach; attaching to a kernel still running a stopped replica's cell (the gateway answers a new
+        connection once the kernel is idle), that cell is interrupted at its own deadline: no replica counted its
+        timeout since its own stopped, and the attach would otherwise wait on it however long it runs."""
         self._starting = True
         try:
-            await super().start()
+            if self.attach_to is None or self.reclaim is None or self.reclaim_deadline is None:
+                await super().start()
+                return
+            failed: Exception | None = None  # raised as itself, not in the task group's ExceptionGroup
+            async with anyio.create_task_group() as watching:
+                watching.start_soon(self._interrupt_at, self.attach_to, self.reclaim_deadline)
+                try:
+                    await super().start()
+                except Exception as exc:  # noqa: BLE001 - re-raised below
+                    failed = exc
+                finally:
+                    watching.cancel_scope.cancel()
+            if failed is not None:
+                raise failed
         finally:
             self._starting = False
+
+    async def _interrupt_at(self, kernel_id: str, deadline: float) -> None:
+        """``POST /interrupt`` to the gateway kernel at ``deadline`` (wall-clock), under this replica's lease."""
+        await anyio.sleep(max(0.0, deadline - time.time()))
+        try:
+            if self.fence is not None:
+                await self.fence()
+            url = url_path_join(self.gateway.url, self.gateway.kernels_endpoint, quote(kernel_id, safe=""), "interrupt")
+            await gateway_request(self.gateway, url, "POST", {})
+        except Exception as exc:  # noqa: BLE001 - the lease lost, or the gateway refused: the attach goes on as before
+            logger.warning("interrupting remote kernel %s at a taken-over cell's deadline: %s", kernel_id, exc)
+            return
+        self.interrupted_reclaimed = True
+        self.note(f"interrupted remote kernel {kernel_id}: the cell a stopped replica left running was past its timeout")
 
     async def shutdown(self) -> None:
         """A kernel attached to (a fleet's: another replica's, maybe still busy with that replica's cell past this
@@ -327,6 +362,7 @@ class GatewayKernel(Kernel):
                 await anyio.sleep(0.05)
         whole = kc.whole_reclaimed()
         kc.release_reclaimed()
+        self.held_dropped = dict(kc.dropped)
         return whole
 
     def start_kwargs(self) -> dict[str, Any]:

@@ -34,6 +34,15 @@ except ImportError as exc:  # pragma: no cover - depends on the install
 from kernelexec.backends.gateway_http import GatewayError, failure_hint
 from kernelexec.kernel import wire
 
+# What a takeover holds of the reclaimed requests' messages until it collects them: the gateway replays all it kept
+# for the stopped replica's connection at once, and a hostile cell (it holds the session key) can send any amount
+# past the kernel's own output cap (Jupyter Server's IOPub rate limit counts streams only, and may be off). Room for
+# what a collected cell keeps of its two streams (``collector.Caps``: a little over the kernel's 1,000,000-character
+# cap each) and a few plots; past it only the messages that end a request are held (``_ENDS``, once each), the rest
+# dropped and counted: the collected answer says so (``Session.collect_orphans``).
+HOLD_CAP = 8 * 1024 * 1024
+_ENDS = {("iopub", "status"), ("iopub", "execute_result"), ("iopub", "error"), ("shell", "execute_reply")}
+
 
 class _MadeByManager(Protocol):
     """What a client reads of the ``gateway.GatewayManager`` that made it (not imported: it imports this module)."""
@@ -159,6 +168,9 @@ class GatewayChannelsClient(GatewayKernelClient):
         # from the start (wait_for_ready's and install_startup's reads would drop them) until ``release_reclaimed``
         self.reclaimed: frozenset[str] = frozenset()
         self._held: list[tuple[str, dict[str, Any]]] = []
+        self._held_bytes = 0
+        self._held_ends: set[tuple[str, str, str, str]] = set()  # past HOLD_CAP: each request's ends, once
+        self.dropped: dict[str, tuple[int, int]] = {}  # msg_id: messages and bytes not held (past HOLD_CAP)
         self._holding = threading.Lock()
 
     @property
@@ -234,7 +246,7 @@ class GatewayChannelsClient(GatewayKernelClient):
                 channel = queues.get(msg.get("channel", ""))
                 if channel is None:
                     continue
-                if self.reclaimed and self._hold(channel.channel_name, msg):
+                if self.reclaimed and self._hold(channel.channel_name, msg, len(raw)):
                     continue
                 if channel.channel_name == "iopub" and msg.get("msg_type") == "status" and not msg.get("parent_header"):
                     state = msg.get("content", {}).get("execution_state")
@@ -250,14 +262,26 @@ class GatewayChannelsClient(GatewayKernelClient):
                 channel.response_router_finished = True
                 channel.wake()
 
-    def _hold(self, name: str, msg: dict[str, Any]) -> bool:
+    def _hold(self, name: str, msg: dict[str, Any], size: int) -> bool:
+        """True if ``msg`` (``size`` bytes on the wire) belongs to a reclaimed request: held, or past HOLD_CAP
+        dropped and counted unless it is one of the request's ends not held yet."""
         parent = msg.get("parent_header")
-        if not isinstance(parent, dict) or parent.get("msg_id") not in self.reclaimed:
+        msg_id = parent.get("msg_id") if isinstance(parent, dict) else None
+        if msg_id not in self.reclaimed:
             return False
         with self._holding:
             if not self.reclaimed:  # released meanwhile: to its channel, in order after the held ones
                 return False
+            if self._held_bytes + size > HOLD_CAP:
+                state = str((msg.get("content") or {}).get("execution_state")) if msg.get("msg_type") == "status" else ""
+                end = (str(msg_id), name, str(msg.get("msg_type")), state)
+                if (name, end[2]) not in _ENDS or state not in ("", "busy", "idle") or end in self._held_ends:
+                    count, total = self.dropped.get(str(msg_id), (0, 0))
+                    self.dropped[str(msg_id)] = (count + 1, total + size)
+                    return True
+                self._held_ends.add(end)
             self._held.append((name, msg))
+            self._held_bytes += size
         return True
 
     def whole_reclaimed(self) -> dict[str, bool]:
@@ -274,6 +298,7 @@ class GatewayChannelsClient(GatewayKernelClient):
         """The held messages into their channels, in the order they came; later ones go there directly."""
         with self._holding:
             held, self._held, self.reclaimed = self._held, [], frozenset()
+            self._held_bytes, self._held_ends = 0, set()
             queues = self._channel_queues
             for name, msg in held:
                 channel = queues.get(name)

@@ -33,6 +33,7 @@ import anyio
 from kernelexec.config import Settings, state_keys
 from kernelexec.errors import InvalidRequest, KernelexecError
 from kernelexec.server.questions import STATE_SEPARATOR
+from kernelexec.server.secret_page import typed
 from kernelexec.session.runs import MAX_INPUT_CHARS, Run
 from kernelexec.store import AlreadyAnswered, AskRecord, GrantRecord, QuestionRecord, Store, StoreError
 from kernelexec.store.interface import UNFINISHED, visible
@@ -134,12 +135,8 @@ class Relay:
         except KernelexecError as exc:
             logger.info("run %s: an answer given on another replica (%s) was not taken: %s", run.id, ask.channel, exc)
             return
-        if ask.channel == "page" and question.typed is not None:  # elicitation/complete to the client waiting here
-            with anyio.CancelScope(shield=True):
-                try:
-                    await question.typed()
-                except Exception:  # noqa: BLE001 - the client may be gone: the secret is in already
-                    logger.debug("elicitation/complete not sent", exc_info=True)
+        if ask.channel == "page":  # elicitation/complete to the client waiting here
+            await typed(question)
 
     # sealing
 

@@ -260,10 +260,16 @@ async def _posted(request: Request) -> dict[str, list[str]] | HTMLResponse:
     return fields
 
 
+TYPED_PATIENCE = 5.0  # seconds the notice that a page was submitted may take to go out
+
+
 async def typed(question: Question) -> None:
-    """Tell the client the page was submitted (notifications/elicitation/complete, 2025-11-25), if it can be told."""
+    """Tell the client the page was submitted (notifications/elicitation/complete, 2025-11-25), if it can be told.
+    Shielded (the secret is in: the notice must not be lost to a cancel), but within ``TYPED_PATIENCE``: the send
+    waits on the call's stream, and a client that keeps it open without reading would otherwise hold the caller
+    (the relay's poll loop for every run of the replica, or a drain) for ever."""
     if question.typed is not None:
-        with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True), anyio.move_on_after(TYPED_PATIENCE):
             try:
                 await question.typed()
             except Exception:  # noqa: BLE001 - the client may be gone: the secret is in already

@@ -167,7 +167,9 @@ class Run:
     async def sent(self, point: dict[str, Any], code: str, timeout: float) -> None:
         """The cell's request is about to go to a kernel another replica could collect it from: said to the observers
         (the store's record, when its id was told) before it is sent."""
-        self.resume = {**point, "code": code, "timeout": timeout}
+        # sent_at (wall-clock, as replicas share it): the holder that takes the run over interrupts the cell at
+        # sent_at + timeout (GatewayKernel.start), not a fresh timeout from the takeover
+        self.resume = {**point, "code": code, "timeout": timeout, "sent_at": time.time()}
         if self.notify is not None:
             await self.notify("sent")
 

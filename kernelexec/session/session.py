@@ -228,9 +228,13 @@ class Session:
                 kernel.attach_to = self.attach_to  # a fleet's session: its kernel on the gateway, if it still lives
             if self.driver is not None and hasattr(kernel, "fence"):  # a fleet's: no restart, shutdown or interrupt
                 kernel.fence = functools.partial(self.driver.check, self.handle)  # unless its lease is still held
-            if self.reclaiming and hasattr(kernel, "reclaim"):  # its channel's buffered messages replayed to this one
+            if self.reclaiming and hasattr(kernel, "reclaim") and hasattr(kernel, "reclaim_deadline"):  # its channel's
+                # buffered messages replayed to this one, its cell interrupted at its own deadline if it still runs
                 channels = {str((r.resume or {}).get("channel")) for r in self.reclaiming}
                 kernel.reclaim = (channels.pop(), frozenset(str((r.resume or {}).get("msg_id")) for r in self.reclaiming))
+                sent = [r.resume or {} for r in self.reclaiming if (r.resume or {}).get("sent_at") is not None]
+                kernel.reclaim_deadline = min((float(resume["sent_at"]) + float(resume.get("timeout") or
+                                               self.settings.default_timeout) for resume in sent), default=None)
             try:
                 await kernel.start()
             except BaseException as exc:
@@ -281,7 +285,7 @@ class Session:
             msg_id = str(resume.get("msg_id"))
             finished: Finished | None = None
             why = "the gateway did not keep its messages (the kernel was replaced, or another connection came first)"
-            if msg_id in ended:
+            if msg_id in ended:  # its end is held: the timeout bounds only reading what was kept, not the cell again
                 timeout = float(resume.get("timeout") or self.settings.default_timeout)
                 ex = await kernel.collect(msg_id, str(resume.get("code", "")), timeout=timeout,
                                           grace=self.settings.interrupt_grace)
@@ -290,6 +294,14 @@ class Session:
                 ex.notes.append(f"the replica that ran this cell ({stopped}) {how}; this replica collected its answer from "
                                 "the gateway" + ("" if ended[msg_id] else
                                                  ": what the cell printed before then went to that replica and is not here"))
+                if getattr(kernel, "interrupted_reclaimed", False) and ex.error is not None:
+                    ex.timed_out, ex.ending = True, "interrupted"
+                    ex.notes.append(f"timed out after {timeout:.3g} s (counted from its start on the replica that "
+                                    "stopped): this replica interrupted it")
+                dropped, size = getattr(kernel, "held_dropped", {}).get(msg_id, (0, 0))
+                if dropped:
+                    ex.notes.append(f"{dropped} messages ({size / 1e6:.1f} MB) the cell sent while this replica took the "
+                                    "session over were dropped: more than a takeover holds (gateway_channels.HOLD_CAP)")
                 await anyio.to_thread.run_sync(self.record, ex, timeout)
                 finished = Finished(ex, layers=kernel.spec.plan.layers)
             if self.collected is not None:
