@@ -127,6 +127,48 @@ async def test_a_cell_flooding_input_requests_and_never_reading_replies_does_not
     assert journal.stat().st_size < 60_000, journal.stat().st_size
 
 
+# input_requests that the server answers after the kernel closed its stdin socket: the replies wait in the
+# server's socket, as when a cell that never reads them is cut by its timeout before its channel fills
+UNREAD_THEN_TIMEOUT = """\
+import signal, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+k = get_ipython().kernel
+parent, ident = k.get_parent('shell'), k._parent_ident['shell']
+for _ in range(300):
+    k.session.send(k.stdin_socket, 'input_request', {'prompt': 'x', 'password': False}, parent=parent, ident=ident)
+k.stdin_socket.close(linger=1000)
+while True:
+    time.sleep(1)
+"""
+
+# what waits on the new kernel's stdin socket that it never asked for (it reads nothing there until an input())
+UNASKED_ON_STDIN = """\
+import time
+k = get_ipython().kernel
+time.sleep(1)
+unasked = []
+while k.stdin_socket.poll(500):
+    unasked.append(k.session.recv(k.stdin_socket)[1]['content'])
+unasked[:3], len(unasked)
+"""
+
+
+async def test_replies_the_old_kernel_never_read_do_not_reach_the_kernel_of_the_restart(short_tmp: Path) -> None:
+    """A restart in place reuses the client and the kernel's ports: replies queued for the old process must not be
+    delivered to the new one, whose next input() would take the first as its answer (a stale decline: EOFError)."""
+    settings = make_settings(short_tmp, pool_size=0, restart_spares=0)
+    async with SessionManager(settings).running() as sessions:
+        async with Client(build_server(settings, sessions), mode="legacy", elicitation_callback=decline) as client:
+            s: Any = (await client.call_tool("new_session", {})).structured_content["session"]
+            r: Any = (await client.call_tool("execute_code", {"code": UNREAD_THEN_TIMEOUT, "session": s, "timeout": 5})).structured_content
+            assert r["ending"] == "restarted", r
+            assert any("got no answer" in n for n in r["notes"]), r["notes"]  # the server did answer its questions
+            r = (await client.call_tool("execute_code", {"code": UNASKED_ON_STDIN, "session": s})).structured_content
+            assert r["result"] == [[], 0], r  # before the fix: 300 stale declines ({"value": "\x04"})
+            r = (await client.call_tool("execute_code", {"code": "input('again? ')", "session": s})).structured_content
+            assert r["result"] == "yes", {k: r.get(k) for k in ("error_type", "error", "ending", "notes")}
+
+
 async def test_a_flood_of_declined_input_questions_ends_at_the_timeout_with_a_small_answer_and_record(short_tmp: Path) -> None:
     answer, latencies, took, journal = await _attack_while_timing_another_session(DECLINED_FLOOD, 5, short_tmp)
     assert took < 5 + 3 + 5, f"a 5 s cell ran {took:.1f} s"
