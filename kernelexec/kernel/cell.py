@@ -98,9 +98,10 @@ class CellRun:
         kernel, collector = self.kernel, self.collector
         next_check = time.monotonic() + kernel.liveness_every
         while True:
+            served = "ok"
             if stdin is not None:
                 served = await stdin.serve(deadline)
-                if served != "ok":
+                if served not in ("ok", "more"):
                     return served
             now = time.monotonic()
             if now >= next_check:
@@ -110,7 +111,9 @@ class CellRun:
             remaining = deadline - now
             if remaining <= 0:
                 return "timeout"
-            wait = min(remaining, POLL)
+            # a quiet IOPub is not waited on while stdin has more: at 64 messages a POLL, a kernel asking without
+            # reading the replies took 6 s to fill its channel and be found hung, longer than a cell's timeout
+            wait = 0 if served == "more" else min(remaining, POLL)
             code_mode = stdin is not None and stdin.tools is not None
             if code_mode and await stdin_first(kernel.kc, wait):
                 continue  # code mode: a tool call waits; served at the top, not after the next IOPub poll
