@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 from mcp import Client
 from mcp_types import ElicitResult
@@ -127,6 +128,48 @@ async def test_a_cell_flooding_input_requests_and_never_reading_replies_does_not
     assert journal.stat().st_size < 60_000, journal.stat().st_size
 
 
+# input_requests that the server answers after the kernel closed its stdin socket: the replies wait in the
+# server's socket, as when a cell that never reads them is cut by its timeout before its channel fills
+UNREAD_THEN_TIMEOUT = """\
+import signal, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+k = get_ipython().kernel
+parent, ident = k.get_parent('shell'), k._parent_ident['shell']
+for _ in range(300):
+    k.session.send(k.stdin_socket, 'input_request', {'prompt': 'x', 'password': False}, parent=parent, ident=ident)
+k.stdin_socket.close(linger=1000)
+while True:
+    time.sleep(1)
+"""
+
+# what waits on the new kernel's stdin socket that it never asked for (it reads nothing there until an input())
+UNASKED_ON_STDIN = """\
+import time
+k = get_ipython().kernel
+time.sleep(1)
+unasked = []
+while k.stdin_socket.poll(500):
+    unasked.append(k.session.recv(k.stdin_socket)[1]['content'])
+unasked[:3], len(unasked)
+"""
+
+
+async def test_replies_the_old_kernel_never_read_do_not_reach_the_kernel_of_the_restart(short_tmp: Path) -> None:
+    """A restart in place reuses the client and the kernel's ports: replies queued for the old process must not be
+    delivered to the new one, whose next input() would take the first as its answer (a stale decline: EOFError)."""
+    settings = make_settings(short_tmp, pool_size=0, restart_spares=0)
+    async with SessionManager(settings).running() as sessions:
+        async with Client(build_server(settings, sessions), mode="legacy", elicitation_callback=decline) as client:
+            s: Any = (await client.call_tool("new_session", {})).structured_content["session"]
+            r: Any = (await client.call_tool("execute_code", {"code": UNREAD_THEN_TIMEOUT, "session": s, "timeout": 5})).structured_content
+            assert r["ending"] == "restarted", r
+            assert any("got no answer" in n for n in r["notes"]), r["notes"]  # the server did answer its questions
+            r = (await client.call_tool("execute_code", {"code": UNASKED_ON_STDIN, "session": s})).structured_content
+            assert r["result"] == [[], 0], r  # before the fix: 300 stale declines ({"value": "\x04"})
+            r = (await client.call_tool("execute_code", {"code": "input('again? ')", "session": s})).structured_content
+            assert r["result"] == "yes", {k: r.get(k) for k in ("error_type", "error", "ending", "notes")}
+
+
 async def test_a_flood_of_declined_input_questions_ends_at_the_timeout_with_a_small_answer_and_record(short_tmp: Path) -> None:
     answer, latencies, took, journal = await _attack_while_timing_another_session(DECLINED_FLOOD, 5, short_tmp)
     assert took < 5 + 3 + 5, f"a 5 s cell ran {took:.1f} s"
@@ -221,3 +264,51 @@ async def test_a_blocking_channel_send_runs_off_the_loop_and_is_abandoned_at_its
         peer.close()
     assert isinstance(raised, KernelStalled), raised
     assert took < 2 and ticks >= 20, (took, ticks)
+
+
+async def test_a_large_kernel_message_is_verified_and_decoded_off_the_event_loop() -> None:
+    """A stream flood's 1 MiB messages each cost the event loop ~11 ms (up to 50 ms under load) of HMAC and JSON
+    decoding, and another session's calls waited behind one per turn of the loop. A large message is checked and
+    decoded in a worker thread: the loop keeps turning while it is (before: not once during the receive)."""
+    import zmq
+    import zmq.asyncio
+    from jupyter_client.channels import AsyncZMQSocketChannel
+    from jupyter_client.session import Session
+
+    from kernelexec.kernel import wire
+
+    ours = zmq.asyncio.Context.instance().socket(zmq.PAIR)
+    port = ours.bind_to_random_port("tcp://127.0.0.1")
+    kernel_ctx = zmq.Context()
+    kernel = kernel_ctx.socket(zmq.PAIR)
+    kernel.connect(f"tcp://127.0.0.1:{port}")
+    session = wire.harden(Session(key=b"k"))
+
+    class Client:  # what receive asks of a kernel client: its channel, with the socket and the session
+        iopub_channel = AsyncZMQSocketChannel(ours, session)
+
+    text = "x" * (32 << 20)
+    turns = 0
+
+    async def turning() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await anyio.lowlevel.checkpoint()
+
+    try:
+        Session(key=b"k").send(kernel, "stream", {"name": "stdout", "text": text}, parent={"msg_id": "m"})
+        assert await ours.poll(30_000), "the message never came"  # it waits whole: receive takes it at once
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(turning)
+            await anyio.lowlevel.checkpoint()
+            before = turns
+            msg = await wire.receive(Client, "iopub", 5)
+            during = turns - before
+            tg.cancel_scope.cancel()
+    finally:
+        ours.close(linger=0)
+        kernel.close(linger=0)
+        kernel_ctx.term()
+    assert len(msg["content"]["text"]) == len(text) and msg["parent_header"] == {"msg_id": "m"}
+    assert during >= 10, f"the event loop turned {during} times while a 32 MiB message was verified and decoded"

@@ -17,7 +17,6 @@ from typing import Any, Protocol
 
 import anyio
 import anyio.lowlevel
-import zmq
 
 from kernelexec.errors import KernelDied
 from kernelexec.kernel.collector import Collector
@@ -99,9 +98,10 @@ class CellRun:
         kernel, collector = self.kernel, self.collector
         next_check = time.monotonic() + kernel.liveness_every
         while True:
+            served = "ok"
             if stdin is not None:
                 served = await stdin.serve(deadline)
-                if served != "ok":
+                if served not in ("ok", "more"):
                     return served
             now = time.monotonic()
             if now >= next_check:
@@ -111,7 +111,9 @@ class CellRun:
             remaining = deadline - now
             if remaining <= 0:
                 return "timeout"
-            wait = min(remaining, POLL)
+            # a quiet IOPub is not waited on while stdin has more: at 64 messages a POLL, a kernel asking without
+            # reading the replies took 6 s to fill its channel and be found hung, longer than a cell's timeout
+            wait = 0 if served == "more" else min(remaining, POLL)
             code_mode = stdin is not None and stdin.tools is not None
             if code_mode and await stdin_first(kernel.kc, wait):
                 continue  # code mode: a tool call waits; served at the top, not after the next IOPub poll
@@ -155,9 +157,8 @@ class CellRun:
     async def _hung(self) -> str:
         """A kernel that stopped reading its channels: interrupted (the cell's end is collected), then restarted.
         Not kept: the replies it left unread (thousands, in its socket and ours) would answer its next input()s,
-        and its own stdin socket keeps our connection's place until it reads them. Our stdin socket is replaced
-        before the restart, so none of them reaches the new process."""
-        self._fresh_stdin()
+        and its own stdin socket keeps our connection's place until it reads them. The restart gives the new
+        process a new stdin socket (``Kernel.restart``), so none of them reaches it."""
         why = "the kernel stopped reading its channels"
         state = await self.escalate(why)
         if state == "interrupted":
@@ -167,15 +168,6 @@ class CellRun:
             await self.kernel.restart()
             state = "restarted"
         return state
-
-    def _fresh_stdin(self) -> None:
-        """A new stdin socket, the old one closed without linger: the replies queued to a kernel that stopped
-        reading them are dropped."""
-        kc = self.kernel.kc
-        channel = getattr(kc, "_stdin_channel", None)
-        if channel is not None and isinstance(getattr(channel, "socket", None), zmq.Socket):
-            channel.close()
-            kc._stdin_channel = None  # jupyter_client connects a new one when next asked for it
 
     async def _after_death(self, *, silent: bool = False) -> None:
         status = self.kernel.exit_status()

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO, Any, ClassVar, Protocol
 
 import anyio
+import zmq
 from jupyter_client.manager import AsyncKernelManager
 
 from kernelexec import tracing
@@ -205,11 +206,13 @@ class Kernel(ABC):
 
     async def restart(self) -> None:
         """Kill the kernel (and its process group) and start a fresh one; the startup code runs again.
-        A warm spare, if one is ready or being started, takes over instead of a cold start."""
+        A warm spare, if one is ready or being started, takes over instead of a cold start.
+        In place (the same client, the same ports), the new process gets a new stdin socket: see ``_fresh_stdin``."""
         assert self.km is not None
         self.restarts += 1
         if self.spares is not None and await self.spares.take_over():
             return
+        replaced = self._fresh_stdin()
         try:
             await self.km.restart_kernel(now=True)
             await self._wait_ready()
@@ -218,7 +221,23 @@ class Kernel(ABC):
             logger.exception("restart failed; starting a new kernel")
             await self.shutdown()
             await self.start()
+        if replaced:
+            _ = self.kc.stdin_channel  # connected now, before a cell's first input() (a question sent before it is lost)
         await self._drain()
+
+    def _fresh_stdin(self) -> bool:
+        """Close the client's stdin socket without linger; ``restart`` connects a new one to the new process.
+        Replies the server queued to the old process (a cell that asked and never read them, cut by its timeout
+        before its channel filled) would otherwise be delivered to the new one when the socket reconnects to the
+        same port, and its next input() takes whatever reply comes first (ipykernel checks neither its parent nor
+        its time): a stale ``\x04`` made it raise EOFError. The old process's unanswered questions go with it.
+        True when one was closed (a zmq client's; a gateway's channels are its own)."""
+        channel = getattr(self.kc, "_stdin_channel", None)
+        if channel is None or not isinstance(getattr(channel, "socket", None), zmq.Socket):
+            return False
+        channel.close()
+        self.kc._stdin_channel = None  # jupyter_client connects a new one when next asked for it
+        return True
 
     @property
     def spare(self) -> Kernel | None:

@@ -112,8 +112,9 @@ class Stdin:
         self._unrecorded_note: int | None = None
 
     async def serve(self, deadline: float) -> str:
-        """Serve what waits on the stdin channel: ``ok`` (drained, or a batch served), ``timeout`` (the cell's
-        deadline passed), or ``hung`` (the kernel did not take a reply: ``KernelStalled``, noted)."""
+        """Serve what waits on the stdin channel: ``ok`` (drained), ``more`` (a batch served and more waiting: the
+        caller gives IOPub its turn without waiting on it), ``timeout`` (the cell's deadline passed), or ``hung``
+        (the kernel did not take a reply: ``KernelStalled``, noted)."""
         for _ in range(BATCH):
             if time.monotonic() >= deadline:
                 return "timeout"
@@ -131,7 +132,7 @@ class Stdin:
                                      "treated as hung")
                 return "hung"
             await anyio.lowlevel.checkpoint()  # every message gives the loop a turn, however fast they come
-        return "ok"
+        return "more"
 
     async def _one(self, msg: Any) -> None:
         parent = msg.get("parent_header") if isinstance(msg, dict) else None
