@@ -456,7 +456,7 @@ async def test_the_notice_that_a_page_was_typed_gives_up_on_a_stalled_client_and
     call's stream, which a client that keeps it open without reading stalls: the relay's poll loop (every run's
     asks on the replica) and a drain then waited for ever. Bounded by ``TYPED_PATIENCE`` (5 s), and a cancel from outside
     (a drain) still ends it within that. Before: 20 s here (the stalled send's whole length)."""
-    from kernelexec.server.secret_page import typed
+    from kernelexec.server.questions import typed
 
     stalled = anyio.Event()
     question = Question("Key: ", True, url="http://127.0.0.1:1/secret/k")

@@ -13,12 +13,10 @@ our provisioner inside the sandbox; ``kernelspecs.ProvisionedKernel``, a kernels
 - **never** override: the request protocol (``execute``, ``evaluate``, ``comm``, ``send_comm``, ``comm_answer``, ``reply_to``, ``interrupt``,
   ``is_alive``, ``adopt``, ``warm``): every backend's messages go through the same checks.
 
-``Kernel.execute`` sends one request through a ``cell.CellRun``, which reads IOPub (filtered by
-``parent_header.msg_id``) and the shell reply against one monotonic deadline, and races that against
-``is_alive()`` so a dead kernel is noticed in well under a second. On timeout it escalates: SIGINT, a short
-grace, then a restart. The stdin channel (questions, code mode's calls) is ``stdin.py``'s; reading the reply,
-``report.py``'s.
-Callers hold the session lock: at most one request is ever in flight per kernel.
+``Kernel.execute`` sends one request through a ``cell.CellRun``, which reads IOPub (filtered by ``parent_header.msg_id``)
+and the shell reply against one monotonic deadline, racing ``is_alive()`` so a dead kernel is noticed in well under a
+second. On timeout it escalates: SIGINT, a short grace, then a restart. The stdin channel (questions, code mode's calls)
+is ``stdin.py``'s; reading the reply, ``report.py``'s. Callers hold the session lock: one request in flight per kernel.
 """
 
 from __future__ import annotations
@@ -33,7 +31,6 @@ from pathlib import Path
 from typing import IO, Any, ClassVar, Protocol
 
 import anyio
-import zmq
 from jupyter_client.manager import AsyncKernelManager
 
 from kernelexec import tracing
@@ -42,7 +39,7 @@ from kernelexec.kernel.cell import POLL, CellRun, OnOutput, follow_sent
 from kernelexec.kernel.collector import Caps, Collector
 from kernelexec.kernel.execution import Execution, ResultRule
 from kernelexec.kernel.launch import LaunchSpec
-from kernelexec.kernel.stdin import Ask, Stdin, ToolCalls, send_to_kernel
+from kernelexec.kernel.stdin import Ask, Stdin, ToolCalls, drop_stdin, send_to_kernel
 from kernelexec.kernel.wire import harden, receive, shared_context
 from kernelexec.layout import SLOTS
 
@@ -82,8 +79,7 @@ class Kernel(ABC):
         self._log: IO[bytes] | None = None
         self.restarts = 0
         self.tools_catalog: str | None = None  # code mode: the catalog this kernel process has (codemode/broker.py)
-        # a warm spare for the next restart, for backends whose kernels can have one (backends/spares.py)
-        self.spares: SpareKeeper | None = None
+        self.spares: SpareKeeper | None = None  # a warm spare for the next restart, where the backend has one (spares.py)
 
     # --- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -205,14 +201,13 @@ class Kernel(ABC):
             self._log = None
 
     async def restart(self) -> None:
-        """Kill the kernel (and its process group) and start a fresh one; the startup code runs again.
-        A warm spare, if one is ready or being started, takes over instead of a cold start.
-        In place (the same client, the same ports), the new process gets a new stdin socket: see ``_fresh_stdin``."""
+        """Kill the kernel (and its process group) and start a fresh one; the startup code runs again. A warm spare,
+        if ready or being started, takes over instead; in place, the new process gets a new stdin socket (drop_stdin)."""
         assert self.km is not None
         self.restarts += 1
         if self.spares is not None and await self.spares.take_over():
             return
-        replaced = self._fresh_stdin()
+        drop_stdin(self.kc)  # the replies queued to the old process must not reach the new one
         try:
             await self.km.restart_kernel(now=True)
             await self._wait_ready()
@@ -221,23 +216,7 @@ class Kernel(ABC):
             logger.exception("restart failed; starting a new kernel")
             await self.shutdown()
             await self.start()
-        if replaced:
-            _ = self.kc.stdin_channel  # connected now, before a cell's first input() (a question sent before it is lost)
         await self._drain()
-
-    def _fresh_stdin(self) -> bool:
-        """Close the client's stdin socket without linger; ``restart`` connects a new one to the new process.
-        Replies the server queued to the old process (a cell that asked and never read them, cut by its timeout
-        before its channel filled) would otherwise be delivered to the new one when the socket reconnects to the
-        same port, and its next input() takes whatever reply comes first (ipykernel checks neither its parent nor
-        its time): a stale ``\x04`` made it raise EOFError. The old process's unanswered questions go with it.
-        True when one was closed (a zmq client's; a gateway's channels are its own)."""
-        channel = getattr(self.kc, "_stdin_channel", None)
-        if channel is None or not isinstance(getattr(channel, "socket", None), zmq.Socket):
-            return False
-        channel.close()
-        self.kc._stdin_channel = None  # jupyter_client connects a new one when next asked for it
-        return True
 
     @property
     def spare(self) -> Kernel | None:
@@ -291,7 +270,9 @@ class Kernel(ABC):
             self._log.flush()
 
     async def _drain(self) -> None:
-        """Drop stale IOPub/shell messages left over from an interrupted or killed request."""
+        """Drop stale IOPub/shell messages left over from an interrupted or killed request; have a stdin socket
+        connected now, before a cell's first input() (drop_stdin's replacement: a question sent before it is lost)."""
+        _ = self.kc.stdin_channel
         for channel in (self.kc.iopub_channel, self.kc.shell_channel):
             while await channel.msg_ready():
                 await channel.get_msg(timeout=0)

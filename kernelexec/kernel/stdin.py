@@ -195,6 +195,21 @@ def _put_note(ex: Execution, index: int | None, line: str) -> int:
     return index
 
 
+def drop_stdin(kc: Any) -> bool:
+    """Close ``kc``'s stdin socket without linger, before a restart in place; the next use connects a new one to the
+    new process. Replies the server queued to the old process (a cell that asked and never read them, cut by its
+    timeout before its channel filled) would otherwise be delivered to the new one when the socket reconnects to the
+    same port, and its next input() takes whatever reply comes first (ipykernel checks neither its parent nor its
+    time): a stale ``\x04`` made it raise EOFError. True when one was closed (a zmq client's; a gateway's channels
+    are its own)."""
+    channel = getattr(kc, "_stdin_channel", None)
+    if channel is None or not isinstance(getattr(channel, "socket", None), zmq.Socket):
+        return False
+    channel.close()
+    kc._stdin_channel = None  # jupyter_client connects a new one when next asked for it
+    return True
+
+
 async def stdin_first(kc: Any, timeout: float) -> bool:
     """Wait up to ``timeout`` for IOPub or stdin, whichever comes first; True when stdin has a message.
     (A brokered tool call's round trip must not wait for an IOPub poll to end.)"""

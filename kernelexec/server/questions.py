@@ -14,10 +14,12 @@ URL-mode elicitation (``url_elicits``), it is a URL-mode elicitation to a one-ti
 POST answers it; elsewhere the cell's getpass() raises (runs.NO_SECRET_CHANNEL).
 """
 
+import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio
 from mcp.server.mcpserver import Context
 from mcp_types import ElicitRequest, ElicitRequestFormParams, ElicitRequestURLParams, InputRequiredResult
 from pydantic import BaseModel, Field
@@ -25,6 +27,8 @@ from pydantic import BaseModel, Field
 from kernelexec.display import display
 from kernelexec.session.runs import Question, Run
 from kernelexec.store import QuestionRecord
+
+logger = logging.getLogger(__name__)
 
 
 class _Answer(BaseModel):
@@ -131,6 +135,22 @@ async def on_page(ctx: Context, handle: str, question: Question) -> str | None:
     question.typed, question.sent = typed, True
     await question.answered.wait()
     return question.answer
+
+
+TYPED_PATIENCE = 5.0  # seconds the notice that a page was submitted may take to go out
+
+
+async def typed(question: Question) -> None:
+    """Tell the client the page was submitted (notifications/elicitation/complete, 2025-11-25), if it can be told.
+    Shielded (the secret is in: the notice must not be lost to a cancel), but within ``TYPED_PATIENCE``: the send
+    waits on the call's stream, and a client that keeps it open without reading would otherwise hold the caller
+    (the relay's poll loop for every run of the replica, or a drain) for ever."""
+    if question.typed is not None:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(TYPED_PATIENCE):
+            try:
+                await question.typed()
+            except Exception:  # noqa: BLE001 - the client may be gone: the secret is in already
+                logger.debug("elicitation/complete not sent", exc_info=True)
 
 
 class _Approval(BaseModel):

@@ -32,8 +32,7 @@ import anyio
 
 from kernelexec.config import Settings, state_keys
 from kernelexec.errors import InvalidRequest, KernelexecError
-from kernelexec.server.questions import STATE_SEPARATOR
-from kernelexec.server.secret_page import typed
+from kernelexec.server.questions import STATE_SEPARATOR, typed
 from kernelexec.session.runs import MAX_INPUT_CHARS, Run
 from kernelexec.store import AlreadyAnswered, AskRecord, GrantRecord, QuestionRecord, Store, StoreError
 from kernelexec.store.interface import UNFINISHED, visible

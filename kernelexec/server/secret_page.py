@@ -35,6 +35,7 @@ from starlette.responses import HTMLResponse
 from starlette.routing import Route
 
 from kernelexec.errors import KernelexecError
+from kernelexec.server.questions import typed
 from kernelexec.session.runs import MAX_INPUT_CHARS, Question, Run
 from kernelexec.store import GrantRecord, Store
 
@@ -258,22 +259,6 @@ async def _posted(request: Request) -> dict[str, list[str]] | HTMLResponse:
     if any(len(secret) > MAX_INPUT_CHARS for secret in fields.get("secret") or []):
         return too_long
     return fields
-
-
-TYPED_PATIENCE = 5.0  # seconds the notice that a page was submitted may take to go out
-
-
-async def typed(question: Question) -> None:
-    """Tell the client the page was submitted (notifications/elicitation/complete, 2025-11-25), if it can be told.
-    Shielded (the secret is in: the notice must not be lost to a cancel), but within ``TYPED_PATIENCE``: the send
-    waits on the call's stream, and a client that keeps it open without reading would otherwise hold the caller
-    (the relay's poll loop for every run of the replica, or a drain) for ever."""
-    if question.typed is not None:
-        with anyio.CancelScope(shield=True), anyio.move_on_after(TYPED_PATIENCE):
-            try:
-                await question.typed()
-            except Exception:  # noqa: BLE001 - the client may be gone: the secret is in already
-                logger.debug("elicitation/complete not sent", exc_info=True)
 
 
 class _QuietServer:
