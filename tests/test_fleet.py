@@ -296,15 +296,22 @@ async def test_an_interrupt_on_another_replica_reaches_the_replica_running_the_c
     assert 0 < after["result"] < 100, after  # the session goes on, with what the interrupted cell left
 
 
+async def paused_mid_cell(replica: Any, first: str, code: str) -> tuple[str, dict[str, Any]]:
+    """A session on ``replica`` (``first`` run in it), then ``code`` yielded as running there, then the replica
+    SIGSTOPped: its session handle and the running answer."""
+    handle = (await call(replica.url, first))["session"]
+    async with Client(replica.url) as client:
+        going = await client.call_tool("execute_code", {"code": code, "session": handle})
+    running = going.structured_content
+    assert running is not None and running.get("ending") == "running", going.content
+    replica.proc.send_signal(signal.SIGSTOP)
+    return handle, running
+
+
 async def test_a_replica_paused_past_its_lease_cannot_write_and_lets_go(fleet: Fleet) -> None:
     paused = fleet.start("paused")
     other = fleet.replicas[2]
-    handle = (await call(paused.url, "w = 1"))["session"]
-    async with Client(paused.url) as client:
-        going = await client.call_tool("execute_code", {"code": "import time\ntime.sleep(3)\nw = 100\nw", "session": handle})
-    running = going.structured_content
-    assert running is not None and running.get("ending") == "running", going.content
-    paused.proc.send_signal(signal.SIGSTOP)
+    handle, running = await paused_mid_cell(paused, "w = 1", "import time\ntime.sleep(3)\nw = 100\nw")
     try:
         await anyio.sleep(LEASE_TTL + 1)  # its lease runs out while it is stopped
         taken = await call(other.url, "w", session=handle)  # another replica takes the session over
@@ -332,12 +339,7 @@ async def test_a_paused_replica_woken_after_its_run_was_collected_elsewhere_does
     copy of the run (its lease lost, nothing recorded): that end must not be written over the collected answer."""
     paused = fleet.start("paused-collected")
     other = fleet.replicas[0]
-    handle = (await call(paused.url, "q = 1"))["session"]
-    async with Client(paused.url) as client:
-        going = await client.call_tool("execute_code", {"code": "import time\ntime.sleep(14)\nq = 50\nq + 50", "session": handle})
-    running = going.structured_content
-    assert running is not None and running.get("ending") == "running", going.content
-    paused.proc.send_signal(signal.SIGSTOP)
+    handle, running = await paused_mid_cell(paused, "q = 1", "import time\ntime.sleep(14)\nq = 50\nq + 50")
     try:
         await anyio.sleep(LEASE_TTL + 1)  # its leases run out while it is stopped
         async with Client(other.url) as client:  # the run taken over and collected there
