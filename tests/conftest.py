@@ -48,6 +48,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     support.WEAKEN = config.getoption("--weaken", None)
+    config.addinivalue_line("markers", f"{AS_SHIPPED_MARKER}: the module's servers warm their kernels as shipped (tests/conftest.py)")
     from kernelexec.cli import raise_open_files_limit
 
     raise_open_files_limit()  # each worker hosts servers, as `kernelexec serve` does: the same limit as theirs
@@ -59,6 +60,25 @@ def pytest_configure(config: pytest.Config) -> None:
         pg = stack.enter_context(running_postgres())
         config.add_cleanup(stack.close)
         support.STORE_URL = lambda: pg.url(pg.create_db())
+
+
+# The kernels of the servers the tests start import nothing ahead (KERNELEXEC_WARM_IMPORTS=[]): the shipped default
+# has every pooled kernel and restart spare import numpy, pandas and matplotlib.pyplot (~1 s of CPU each), which almost
+# no test's cells use, and which made up about a third of the suite's CPU. The modules whose subject is a warm kernel
+# as shipped (the pool, the first plot, environments' warm kernels) and those that attack or confine one (the red
+# team, the sandbox, the guard) are marked ``warm_imports_as_shipped`` and get the shipped default.
+AS_SHIPPED_MARKER = "warm_imports_as_shipped"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before a test's fixtures (a module's shared server among them) are set up: its servers' environment."""
+    as_shipped = item.get_closest_marker(AS_SHIPPED_MARKER) is not None or item.nodeid.startswith("tests/redteam/")
+    support.SERVER_ENV.clear()
+    if not as_shipped:
+        support.SERVER_ENV["KERNELEXEC_WARM_IMPORTS"] = "[]"
+    os.environ.pop("KERNELEXEC_WARM_IMPORTS", None)
+    os.environ.update(support.SERVER_ENV)
 
 
 def runs_tests(config: pytest.Config) -> bool:

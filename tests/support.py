@@ -37,6 +37,9 @@ WEAKEN: str | None = None
 # ``pytest --store postgres`` (tests/conftest.py): every server these helpers start (in memory, stdio, HTTP) keeps its
 # session store in a fresh database of the test session's real PostgreSQL instead of SQLite; None: SQLite, the default.
 STORE_URL: Callable[[], str] | None = None
+# Settings every server the tests start gets through its environment, on top of what the test gives it (the in-memory
+# servers read it from os.environ, the processes from ``clean_env``); tests/conftest.py fills it per test module.
+SERVER_ENV: dict[str, str] = {}
 
 
 def store_env() -> dict[str, str]:
@@ -143,6 +146,7 @@ def kernelexec_cmd(*args: str) -> list[str]:
 
 def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELEXEC_")}
+    env.update(SERVER_ENV)
     env.update(extra)
     return env
 
