@@ -191,18 +191,31 @@ def _kernelexec_install_warm(policy: "dict", names: "dict", sys, link_fonts) -> 
                 continue
             done.append(name)
         if "matplotlib.pyplot" in done:
-            try:  # the font cache and the renderers: a first figure, closed
-                import io
-
-                plt = sys.modules["matplotlib.pyplot"]
-                fig = plt.figure(figsize=(1, 1))
-                fig.gca().plot([0, 1])
-                for fmt in policy.get("figure_formats") or ("png",):
-                    fig.savefig(io.BytesIO(), format=fmt)
-                plt.close(fig)
+            try:  # the font cache, the renderers and the inline formatters: a first figure, formatted as a cell's is
+                first_figure(sys.modules["matplotlib.pyplot"], sys.modules.get("pandas"))
             except Exception:  # noqa: BLE001
                 pass
         return done
+
+    def first_figure(plt, pandas) -> None:
+        """A user's first plot is mostly a DataFrame's: its first ``DataFrame.plot`` imports pandas' plotting
+        backend (and importlib.metadata, for its entry points), and the inline backend formats a figure with
+        ``bbox_inches='tight'`` through IPython's display formatter: both done here once, then closed."""
+        if pandas is not None:
+            fig = pandas.DataFrame({"x": [0, 1], "y": [0, 1]}).plot(x="x", y="y").figure
+        else:
+            fig = plt.figure(figsize=(1, 1))
+            fig.gca().plot([0, 1])
+        try:
+            shell = sys.modules["IPython"].get_ipython()
+            shell.display_formatter.format(fig)  # every figure format, with the inline backend's own arguments
+        except Exception:  # noqa: BLE001 - no shell or formatter here: the renderers at least
+            import io
+
+            for fmt in policy.get("figure_formats") or ("png",):
+                fig.savefig(io.BytesIO(), format=fmt, bbox_inches="tight")
+        finally:
+            plt.close(fig)
 
     names["_kernelexec_warm"] = warm
 

@@ -100,6 +100,19 @@ async def test_the_default_session_comes_from_the_pool(pooled: Harness) -> None:
     assert r["session"] in ready and r["session"] == pooled.sessions.default_handle
 
 
+async def test_a_pooled_kernel_has_made_a_dataframes_first_plot_ahead_and_keeps_no_figure(pooled: Harness) -> None:
+    """A user's first plot is mostly a DataFrame's: its first ``DataFrame.plot`` imports pandas' plotting backend,
+    and the inline backend formats the figure through IPython's display formatter (``bbox_inches='tight'``). The
+    warm-up did neither (it saved a plain figure), so the first plot of every session paid them. The figure drawn
+    ahead is closed: the session's first cell shows nothing it did not draw."""
+    await pool_full(pooled, 2)
+    handle = await pooled.new_session()
+    a = await pooled.run("import sys, matplotlib.pyplot as plt\n"
+                         "result = ['pandas.plotting._matplotlib' in sys.modules, plt.get_fignums()]", session=handle)
+    assert a["result"] == [True, []], a
+    assert not a["outputs"], a
+
+
 async def test_the_first_call_of_a_new_server_takes_the_pools_kernel_being_warmed_not_a_cold_one(
         short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A call sent as soon as the server is up found the pool empty and started a second, cold kernel beside the
