@@ -160,36 +160,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             return worker_unit(nodeid)
 
-        def schedule(self) -> None:
-            if self.collection is None and self.collection_is_completed:  # the first call: hand out in our order
-                for node, collection in self.registered_collections.items():
-                    self.registered_collections[node] = handed_out_order(collection)
-                self.config.option.loadscopereorder = False
-            super().schedule()
-
     return WholeScopes(config, log)
-
-
-# Units that take minutes in few tests (measured in CI's main pass, -n 3: the 50-SIGKILL journal test ~150-210 s,
-# the fleet's takeovers ~260 s in all, the balancer's rolling restart and 20x50 clients ~160 s, the 75 s long run):
-# ordered by their number of tests, as xdist's loadscope orders units, they were handed out near the end of the pass
-# and made its tail. They go first, after the red team (486 tests, one unit); the rest by their number of tests.
-LONG_UNITS = ("tests/redteam", "tests/test_fleet.py", "tests/test_store_journal.py", "tests/test_fleet_lb.py",
-              "tests/test_long_runs.py", "tests/test_fleet_uploads.py")
-
-
-def handed_out_order(nodeids: list[str]) -> list[str]:
-    """``nodeids`` ordered by unit (LONG_UNITS first, then the most tests first), each unit's tests in their order."""
-    units = [worker_unit(n) for n in nodeids]
-    size: dict[str, int] = {}
-    for unit in units:
-        size[unit] = size.get(unit, 0) + 1
-
-    def rank(unit: str) -> tuple[int, int]:
-        return (0, LONG_UNITS.index(unit)) if unit in LONG_UNITS else (1, -size[unit])
-
-    order = sorted(range(len(nodeids)), key=lambda i: (rank(units[i]), i))
-    return [nodeids[i] for i in order]
 
 
 @pytest.hookimpl(wrapper=True)
