@@ -206,14 +206,8 @@ def _kernelexec_install_warm(policy: "dict", names: "dict", sys, link_fonts) -> 
         else:
             fig = plt.figure(figsize=(1, 1))
             fig.gca().plot([0, 1])
-        try:
-            shell = sys.modules["IPython"].get_ipython()
-            shell.display_formatter.format(fig)  # every figure format, with the inline backend's own arguments
-        except Exception:  # noqa: BLE001 - no shell or formatter here: the renderers at least
-            import io
-
-            for fmt in policy.get("figure_formats") or ("png",):
-                fig.savefig(io.BytesIO(), format=fmt, bbox_inches="tight")
+        try:  # every figure format, with the inline backend's own arguments
+            sys.modules["IPython"].get_ipython().display_formatter.format(fig)
         finally:
             plt.close(fig)
 
