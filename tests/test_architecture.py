@@ -25,7 +25,8 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("sandbox", {"sandbox"}),
     ("environment", {"environment"}),
     ("store", {"store"}),
-    ("base", {"__init__", "config", "errors", "layout", "host", "longtext", "terminal", "display", "tracing", "lean_schema"}),
+    ("base", {"__init__", "config", "errors", "layout", "host", "longtext", "terminal", "display", "tracing", "lean_schema",
+              "deferred_imports"}),
 ]
 SAME_RANK = {"lab": 1, "server": 1}  # side by side: neither imports the other
 
