@@ -8,6 +8,8 @@ Sections (each starts and stops its own kernels, so they do not compete for the 
 1. cold start     raw ``AsyncKernelManager.start_kernel`` + ``wait_for_ready``  vs  the ``new_session`` tool
                   (kernel started, startup code run, policy checked; no warm pool), alternating, in memory;
                   and ``new_session`` served from the warm pool when the server has one. Each kernel's idle RSS/PSS.
+   startup        spawn -> ``initialize`` answered over stdio: ``kernelexec serve`` vs a bare MCP SDK server with no
+                  tools, alternating (benchmarks/startup.py; ``python -m benchmarks.startup`` alone).
 2. round trip     ``x=1``: raw jupyter_client reply+idle (plain kernel, ipc, no history)  vs
                   ``Kernel.execute`` / ``Session.run`` (no MCP) and ``execute_code`` in memory, over stdio
                   (a ``kernelexec serve`` child) and over streamable HTTP (a session handle, one kernel).
@@ -102,6 +104,7 @@ from benchmarks.memory import bench_memory_section
 from benchmarks.overhead import bench_overhead
 from benchmarks.packages import bench_packages
 from benchmarks.recording import bench_recording
+from benchmarks.startup import bench_startup
 from benchmarks.stats import Measurement, table, to_json
 from benchmarks.store import bench_store
 
@@ -454,6 +457,7 @@ async def bench_load(plan: Plan, base: Path, out: list[Measurement]) -> None:
 
 SECTIONS = {
     "cold": [bench_cold_start],
+    "startup": [bench_startup],
     "roundtrip": [bench_raw_floor, bench_in_memory, bench_stdio, bench_http],
     "overhead": [bench_overhead],
     "cpu": [bench_cpu],
