@@ -28,7 +28,11 @@ def defer_iri_grammar() -> None:
     if spec is None:
         return  # not installed: jsonschema registers no iri checker, as before
     stand_in = _StandIn(IRI_MODULE)
-    stand_in.__spec__ = spec  # importlib.util.find_spec(name) answers from sys.modules: it still finds the real one
+    # what is known without running it: find_spec(name) answers from sys.modules, a submodule's import needs __path__
+    stand_in.__spec__ = spec
+    stand_in.__file__ = spec.origin
+    if spec.submodule_search_locations is not None:
+        stand_in.__path__ = list(spec.submodule_search_locations)
     sys.modules[IRI_MODULE] = stand_in
 
 
@@ -57,6 +61,6 @@ class _StandIn(types.ModuleType):
         return self.real().is_valid_syntax(term, value)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(name)  # importlib's and inspect's probes do not load the module
+        if name.startswith("__") and name.endswith("__") and name not in ("__all__", "__version__"):
+            raise AttributeError(name)  # probes (inspect, importlib, copy) do not load the module
         return getattr(self.real(), name)

@@ -67,3 +67,17 @@ print("second:", stand_in.is_valid_syntax("iri", "https://example.org"), stand_i
     done = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines() == ["first: simulated: the real module cannot load", "second: True False"]
+
+
+def test_its_submodules_and_other_names_import_as_before() -> None:
+    code = """
+import sys, kernelexec, jsonschema
+import rfc3987_syntax.syntax_helpers as helpers
+from rfc3987_syntax import is_valid_syntax_iri
+print(helpers.is_valid_syntax_iri("https://example.org"), is_valid_syntax_iri("no iri"),
+      sys.modules["rfc3987_syntax"].is_valid_syntax("iri", "https://example.org"),
+      type(sys.modules["rfc3987_syntax"]).__name__)
+"""
+    done = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "False", "True", "module"]
