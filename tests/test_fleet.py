@@ -527,6 +527,53 @@ def test_a_server_with_local_kernels_is_refused_from_a_fleets_store_in_one_line(
     assert "Traceback" not in done.stderr and "pw-" not in done.stderr  # no traceback, the store's password redacted
 
 
+async def _register(url: str, replica: str) -> None:
+    """A replica registration of ``replica`` in the store at ``url`` that stays live for ten minutes."""
+    store = await open_store(url, Path("/nonexistent"))
+    try:
+        assert await store.acquire_lease(f"replica:local:{replica}", replica, 600) is not None
+    finally:
+        await store.close()
+
+
+async def test_a_server_restarted_after_a_sigkill_does_not_wait_for_its_dead_predecessors_registration(
+        short_tmp: Path, postgres: Postgres) -> None:
+    """The registration of a process of this machine that no longer exists does not refuse a server, however long
+    it has left; before, the restarted server waited until it ran out (LEASE_TTL), or was refused when it did not."""
+    url = postgres.url(postgres.create_db())
+    done = subprocess.run([*kernelexec_cmd()[:1], "-I", "-c", "from kernelexec.session.fleet import replica_id; print(replica_id())"],
+                          capture_output=True, text=True, timeout=60, cwd="/")
+    dead = done.stdout.strip()
+    assert done.returncode == 0 and "@" in dead, done.stderr  # its process has exited: proven gone from this machine
+    await _register(url, dead)
+    port = free_port()
+    proc = subprocess.Popen(kernelexec_cmd("serve", "--transport", "http", "--port", str(port), "--state-dir",
+                                           str(short_tmp / "restarted"), "--pool-size", "0", "--restart-spares", "0"),
+                            env=clean_env(KERNELEXEC_STORE=url), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for_port(port, proc, timeout=60)  # refused (exits) if the dead registration counted
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+async def test_a_live_servers_registration_still_refuses_a_server_with_local_kernels(short_tmp: Path, postgres: Postgres) -> None:
+    """This test's own process stands for a live server of this machine; a registration without the proof (another
+    machine's, an older kernelexec's) or with one of another boot counts as live too. Each refuses, naming it."""
+    from kernelexec.session.fleet import replica_id
+
+    live = replica_id()
+    for replica in (live, live.partition("@")[0], live.replace("@", "@0", 1)):
+        url = postgres.url(postgres.create_db())
+        await _register(url, replica)
+        done = subprocess.run(kernelexec_cmd("serve", "--transport", "http", "--port", str(free_port()), "--state-dir",
+                                             str(short_tmp / "refused"), "--pool-size", "0"),
+                              env=clean_env(KERNELEXEC_STORE=url), capture_output=True, text=True, timeout=120)
+        lines = [line for line in done.stderr.splitlines() if line.startswith("kernelexec: ")]
+        assert done.returncode != 0 and len(lines) == 1 and "refusing to start" in lines[0], (replica, done.stderr)
+        assert f"servers ({live.partition('@')[0]})" in lines[0], lines[0]  # named by host-pid-random alone
+
+
 def test_one_server_with_local_kernels_may_use_postgresql_alone(short_tmp: Path, postgres: Postgres) -> None:
     port = free_port()
     proc = subprocess.Popen(kernelexec_cmd("serve", "--transport", "http", "--port", str(port), "--state-dir", str(short_tmp / "alone"),

@@ -56,7 +56,7 @@ def admission(kind: str, others: list[Lease], store: str) -> str | None:
     leases), or None. One line each: what to use instead."""
     if not others:
         return None
-    names = ", ".join(sorted({lease.session.split(":", 2)[2] for lease in others}))
+    names = ", ".join(sorted({_shown(lease) for lease in others}))
     local = [lease for lease in others if lease.session.startswith(f"{REPLICAS}local:")]
     if kind == "local":
         return (f"refusing to start: the store {store} is served by other kernelexec servers ({names}), and this one's "
@@ -64,14 +64,65 @@ def admission(kind: str, others: list[Lease], store: str) -> str | None:
                 "(and one --state-key-file), or give this server a store of its own")
     if local:
         return (f"refusing to start: the store {store} is served by a kernelexec server with local kernels "
-                f"({', '.join(sorted(lease.session.split(':', 2)[2] for lease in local))}), which this replica cannot reach; "
+                f"({', '.join(sorted(_shown(lease) for lease in local))}), which this replica cannot reach; "
                 "restart that server with --kernel-gateway URL, or give this one a store of its own")
     return None
 
 
+def _shown(lease: Lease) -> str:
+    """A replica's name in a message: host, pid and random part (its ``@`` proof of identity left out)."""
+    return lease.session.split(":", 2)[2].partition("@")[0]
+
+
 def replica_id() -> str:
-    """This process's name in the fleet: host, pid and a random part (a restarted replica is a new one)."""
-    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+    """This process's name in the fleet: host, pid and a random part (a restarted replica is a new one), then
+    ``@`` and what tells this process apart on its machine (``_incarnation``), when the machine says."""
+    name = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+    here = _incarnation(os.getpid())
+    return f"{name}@{here}" if here else name
+
+
+def _incarnation(pid: int) -> str | None:
+    """``<boot id>.<pid namespace>.<pid>.<start time>``: the running kernel's boot, this pid namespace, and the
+    process's start in clock ticks after boot (a reused pid has another), or None where /proc does not say."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip().replace("-", "")
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+        start = _started(pid)
+    except (OSError, ValueError):
+        return None
+    return f"{boot}.{namespace}.{pid}.{start}" if boot.isalnum() and start is not None else None
+
+
+def _started(pid: int) -> int | None:
+    with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return int(fields[19]) if len(fields) > 19 else None  # field 22 of proc(5), counted after the command name
+
+
+def gone_here(replica: str) -> bool:
+    """Whether ``replica`` (another registration's holder) was a process of this machine's running kernel and pid
+    namespace that no longer exists. Then a server restarted at once after a SIGKILL starts without waiting for its
+    predecessor's registration to run out (up to ``LEASE_TTL``); anything not proven gone counts as live."""
+    proof = replica.rpartition("@")[2] if "@" in replica else ""
+    parts = proof.split(".")
+    if len(parts) != 4 or not all(part.isalnum() for part in parts) or not parts[2].isdigit() or not parts[3].isdigit():
+        return False
+    boot, namespace, pid, start = parts[0], parts[1], int(parts[2]), int(parts[3])
+    here = _incarnation(os.getpid())
+    if here is None or here.split(".")[:2] != [boot, namespace] or pid <= 0:
+        return False  # another machine, boot or container: nothing here can tell
+    try:
+        os.kill(pid, 0)  # answers for every process of this namespace, even where /proc hides other users'
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # it exists (another user's): live
+    try:
+        return _started(pid) != start  # the pid was given to another process since
+    except (OSError, ValueError):
+        return False
 
 
 class Fleet:
@@ -98,12 +149,14 @@ class Fleet:
 
     async def join(self) -> None:
         """Register, then look: two servers starting together both see each other (and a conflict refuses both).
-        A conflict is looked at again until a dead server's registration has run out (a server restarted at once
-        after a SIGKILL finds its own previous process there), so only a live one refuses."""
+        A registration whose process is proven gone from this machine does not count (``gone_here``: a server
+        restarted at once after a SIGKILL finds its own previous process there); any other conflict is looked at
+        again until a dead server's registration has run out, so only a live one refuses."""
         self._me = await self.store.acquire_lease(self.key, self.id, LEASE_TTL)
         with anyio.move_on_after(LEASE_TTL + RENEW_EVERY):
             while True:
-                others = [lease for lease in await self.store.live_leases(REPLICAS) if lease.holder != self.id]
+                others = [lease for lease in await self.store.live_leases(REPLICAS)
+                          if lease.holder != self.id and not (lease.holder and gone_here(lease.holder))]
                 refusal = admission(self.kind, others, self.store.url)
                 if refusal is None:
                     break
