@@ -5,7 +5,8 @@ format checker as it loads, and that package compiles ~35 Earley grammars at imp
 server, CLI and JupyterLab process here, for a format none of their schemas uses (python-jsonschema/jsonschema#1428;
 rfc3987-syntax 1.1.0 is the last release). It is installed wherever ``jsonschema[format-nongpl]`` is (JupyterLab's
 jupyter_events asks for it). A stand-in module takes its place until its checker is first called, then the real one
-is imported and answers: the ``iri`` checks behave as before, only their grammar is built when first used.
+is imported and answers: the ``iri`` checks behave as before, only their grammar is built when first used. (One
+difference: a broken install of it, which jsonschema's import used to skip quietly, now fails the first iri check.)
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ class _StandIn(types.ModuleType):
         return self.real().is_valid_syntax(term, value)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") and name.endswith("__") and name not in ("__all__", "__version__"):
+        if name == "__all__":  # ``from rfc3987_syntax import *``: the real module's public names (it has no __all__)
+            real = self.real()
+            return getattr(real, "__all__", [n for n in dir(real) if not n.startswith("_")])
+        if name.startswith("__") and name.endswith("__") and name != "__version__":
             raise AttributeError(name)  # probes (inspect, importlib, copy) do not load the module
         return getattr(self.real(), name)

@@ -74,6 +74,9 @@ def test_its_submodules_and_other_names_import_as_before() -> None:
 import sys, kernelexec, jsonschema
 import rfc3987_syntax.syntax_helpers as helpers
 from rfc3987_syntax import is_valid_syntax_iri
+names = {}
+exec("from rfc3987_syntax import *", names)
+assert "is_valid_syntax" in names and "is_valid_syntax_ipath" in names, sorted(names)
 print(helpers.is_valid_syntax_iri("https://example.org"), is_valid_syntax_iri("no iri"),
       sys.modules["rfc3987_syntax"].is_valid_syntax("iri", "https://example.org"),
       type(sys.modules["rfc3987_syntax"]).__name__)

@@ -557,6 +557,45 @@ async def test_a_server_restarted_after_a_sigkill_does_not_wait_for_its_dead_pre
         proc.wait(20)
 
 
+def test_a_registration_is_proven_gone_only_for_a_process_of_this_host_that_no_longer_runs() -> None:
+    """No store needed: ids of real processes. A dead one's and a zombie's are gone; a live one's, another host's,
+    another boot's and malformed ones (which another process could have written) are not, and never raise."""
+    import sys
+
+    from kernelexec.session.fleet import gone_here, replica_id
+
+    probe = [sys.executable, "-I", "-c", "from kernelexec.session.fleet import replica_id; print(replica_id(), flush=True)"]
+    done = subprocess.run(probe, capture_output=True, text=True, timeout=60, cwd="/")
+    dead = done.stdout.strip()
+    zombie_proc = subprocess.Popen([*probe[:3], probe[3] + "\nimport sys; sys.stdin.read()"], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True, cwd="/")
+    assert zombie_proc.stdout is not None and zombie_proc.stdin is not None
+    zombie = zombie_proc.stdout.readline().strip()
+    live = replica_id()
+    try:
+        assert not gone_here(zombie)  # running
+        zombie_proc.stdin.close()
+        for _ in range(200):  # exited, not reaped: a zombie, which os.kill(pid, 0) still finds
+            with open(f"/proc/{zombie_proc.pid}/stat") as f:
+                if f.read().rpartition(")")[2].split()[0] == "Z":
+                    break
+            time.sleep(0.05)
+        assert gone_here(zombie)
+    finally:
+        zombie_proc.wait(10)
+    name, _, proof = live.rpartition("@")
+    boot, pid_ns, time_ns, pid, start = proof.split(".")
+    assert gone_here(dead) and not gone_here(live)
+    assert gone_here(f"{name}@{boot}.{pid_ns}.{time_ns}.{pid}.{int(start) + 1}")  # the pid given to a later process
+    for other in (f"elsewhere-{pid}-abcdef@{dead.rpartition('@')[2]}",  # another host's, a dead pid: a clone of this machine
+                  f"{name}@{'0' * len(boot)}.{pid_ns}.{time_ns}.{pid}.{start}",  # another boot
+                  f"{name}@{boot}.1.{time_ns}.{pid}.{start}", f"{name}@{boot}.{pid_ns}.1.{pid}.{start}",  # namespaces
+                  name, f"{name}@", f"{name}@{boot}.{pid_ns}.{time_ns}.²1.{start}",
+                  f"{name}@{boot}.{pid_ns}.{time_ns}.{10 ** 30}.{start}", f"{name}@{boot}.{pid_ns}.{time_ns}.0.{start}",
+                  f"{name}@{boot}.{pid_ns}.{time_ns}.-4.{start}", f"{name}@{boot}.{pid_ns}.{time_ns}.{pid}", ""):
+        assert not gone_here(other), other
+
+
 async def test_a_live_servers_registration_still_refuses_a_server_with_local_kernels(short_tmp: Path, postgres: Postgres) -> None:
     """This test's own process stands for a live server of this machine; a registration without the proof (another
     machine's, an older kernelexec's) or with one of another boot counts as live too. Each refuses, naming it."""

@@ -26,7 +26,7 @@ from mcp_types import CallToolResult, ElicitResult, InputRequiredResult, TextCon
 from kernelexec.errors import InvalidRequest, KernelexecError
 from kernelexec.server.questions import INPUT_KEY, STATE_SEPARATOR, resumed, stored_request
 from kernelexec.server.results import ExecuteResult
-from kernelexec.session.fleet import LEASE_TTL, REPLICAS
+from kernelexec.session.fleet import LEASE_TTL, REPLICAS, replica_name
 from kernelexec.session.runs import APPROVED, KEEP_FINISHED, Run
 from kernelexec.store import QuestionRecord, RunRecord, RunState, Store, TaskRecord
 from kernelexec.store.interface import UNFINISHED
@@ -174,7 +174,7 @@ def observer(app: App) -> Any:
 def _lost(record: RunRecord) -> str:
     if record.holder is not None and record.holder.startswith(f"{REPLICAS}gateway:"):
         return (f"run {record.id} of session {record.session} was lost: the replica of this fleet that ran it "
-                f"({record.holder.split(':', 2)[-1]}) stopped (killed, cut off, or drained past its deadline) while its cell ran "
+                f"({replica_name(record.holder)}) stopped (killed, cut off, or drained past its deadline) while its cell ran "
                 f"(started {_when(record.created)}, last recorded {_when(record.updated)}), so its answer is not known. "
                 "The cell may have finished in the session's kernel, which kept running on the gateway: its output went "
                 "to the replica that stopped and is not recorded, but whatever variables it set are in the kernel, and the "

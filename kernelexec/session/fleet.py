@@ -56,7 +56,7 @@ def admission(kind: str, others: list[Lease], store: str) -> str | None:
     leases), or None. One line each: what to use instead."""
     if not others:
         return None
-    names = ", ".join(sorted({_shown(lease) for lease in others}))
+    names = ", ".join(sorted({replica_name(lease.session) for lease in others}))
     local = [lease for lease in others if lease.session.startswith(f"{REPLICAS}local:")]
     if kind == "local":
         return (f"refusing to start: the store {store} is served by other kernelexec servers ({names}), and this one's "
@@ -64,65 +64,85 @@ def admission(kind: str, others: list[Lease], store: str) -> str | None:
                 "(and one --state-key-file), or give this server a store of its own")
     if local:
         return (f"refusing to start: the store {store} is served by a kernelexec server with local kernels "
-                f"({', '.join(sorted(_shown(lease) for lease in local))}), which this replica cannot reach; "
+                f"({', '.join(sorted(replica_name(lease.session) for lease in local))}), which this replica cannot reach; "
                 "restart that server with --kernel-gateway URL, or give this one a store of its own")
     return None
 
 
-def _shown(lease: Lease) -> str:
-    """A replica's name in a message: host, pid and random part (its ``@`` proof of identity left out)."""
-    return lease.session.split(":", 2)[2].partition("@")[0]
+def replica_name(replica: str) -> str:
+    """A replica's name in a message: host, pid and random part, from its id or its key (``replica:<kind>:<id>``),
+    without the ``@`` proof of identity (``gone_here``)."""
+    name = replica.split(":", 2)[-1]
+    return name.rpartition("@")[0] or name
 
 
 def replica_id() -> str:
     """This process's name in the fleet: host, pid and a random part (a restarted replica is a new one), then
     ``@`` and what tells this process apart on its machine (``_incarnation``), when the machine says."""
     name = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-    here = _incarnation(os.getpid())
+    here = _incarnation()
     return f"{name}@{here}" if here else name
 
 
-def _incarnation(pid: int) -> str | None:
-    """``<boot id>.<pid namespace>.<pid>.<start time>``: the running kernel's boot, this pid namespace, and the
-    process's start in clock ticks after boot (a reused pid has another), or None where /proc does not say."""
+def _incarnation() -> str | None:
+    """``<boot id>.<pid namespace>.<time namespace>.<pid>.<start time>`` of this process: the running kernel's boot,
+    the namespaces its pid and its start time are read in, and its start in clock ticks after boot (a reused pid has
+    another); None where /proc is not this process's own (another pid namespace's) or does not say."""
     try:
+        if os.readlink("/proc/self") != str(os.getpid()):
+            return None  # /proc of another pid namespace: its pids are not ours
         with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
             boot = f.read().strip().replace("-", "")
-        namespace = os.stat("/proc/self/ns/pid").st_ino
-        start = _started(pid)
+        pid_ns = os.stat("/proc/self/ns/pid").st_ino
+        time_ns = os.stat("/proc/self/ns/time").st_ino if os.path.exists("/proc/self/ns/time") else 0  # Linux < 5.6: none
+        state, start = _state_and_start("self")
     except (OSError, ValueError):
         return None
-    return f"{boot}.{namespace}.{pid}.{start}" if boot.isalnum() and start is not None else None
+    if not (boot.isascii() and boot.isalnum()) or start is None:
+        return None
+    return f"{boot}.{pid_ns}.{time_ns}.{os.getpid()}.{start}"
 
 
-def _started(pid: int) -> int | None:
+def _state_and_start(pid: str) -> tuple[str, int | None]:
+    """A process's state letter and start time (clock ticks after boot), from /proc/<pid>/stat."""
     with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return int(fields[19]) if len(fields) > 19 else None  # field 22 of proc(5), counted after the command name
+        fields = f.read().rpartition(")")[2].split()  # after the command name, which may hold spaces and parentheses
+    if len(fields) <= 19 or not fields[19].isdecimal():
+        return (fields[0] if fields else ""), None
+    return fields[0], int(fields[19])  # fields 3 and 22 of proc(5)
 
 
 def gone_here(replica: str) -> bool:
-    """Whether ``replica`` (another registration's holder) was a process of this machine's running kernel and pid
-    namespace that no longer exists. Then a server restarted at once after a SIGKILL starts without waiting for its
-    predecessor's registration to run out (up to ``LEASE_TTL``); anything not proven gone counts as live."""
-    proof = replica.rpartition("@")[2] if "@" in replica else ""
-    parts = proof.split(".")
-    if len(parts) != 4 or not all(part.isalnum() for part in parts) or not parts[2].isdigit() or not parts[3].isdigit():
+    """Whether ``replica`` (another registration's holder) was a process of this host, its running kernel's boot
+    and this pid and time namespace, that no longer runs (no such pid, a zombie, or the pid reused by a process
+    started at another time). Then a server restarted at once after a SIGKILL starts without waiting for its
+    predecessor's registration to run out (up to ``LEASE_TTL``). Anything not proven gone counts as live: another
+    host, container or boot, an older kernelexec's id (no proof), a malformed one."""
+    try:
+        return _proven_gone(replica)
+    except Exception:  # noqa: BLE001 - a registration another process wrote never stops this server's start
         return False
-    boot, namespace, pid, start = parts[0], parts[1], int(parts[2]), int(parts[3])
-    here = _incarnation(os.getpid())
-    if here is None or here.split(".")[:2] != [boot, namespace] or pid <= 0:
-        return False  # another machine, boot or container: nothing here can tell
+
+
+def _proven_gone(replica: str) -> bool:
+    name, at, proof = replica.rpartition("@")
+    parts = proof.split(".")
+    here = _incarnation()
+    if not at or here is None or len(parts) != 5 or not all(p.isascii() and p.isalnum() for p in parts):
+        return False
+    if not name.startswith(f"{socket.gethostname()}-") or parts[:3] != here.split(".")[:3]:
+        return False  # another host (a clone of this machine keeps its boot id), boot, container or time namespace
+    if not (parts[3].isdecimal() and parts[4].isdecimal()) or not 0 < int(parts[3]) < 1 << 22:
+        return False
+    pid, start = int(parts[3]), int(parts[4])
     try:
         os.kill(pid, 0)  # answers for every process of this namespace, even where /proc hides other users'
     except ProcessLookupError:
         return True
     except OSError:
         return False  # it exists (another user's): live
-    try:
-        return _started(pid) != start  # the pid was given to another process since
-    except (OSError, ValueError):
-        return False
+    state, now = _state_and_start(str(pid))
+    return state == "Z" or (now is not None and now != start)
 
 
 class Fleet:
@@ -271,8 +291,9 @@ class Fleet:
         lease, current = held
         try:
             if lease.taken_from is not None:
-                logger.warning("session %s taken over from replica %s (its lease ran out)", handle, lease.taken_from)
-                session.notice = (f"before this call: the replica that drove this session ({lease.taken_from}) stopped "
+                logger.warning("session %s taken over from replica %s (its lease ran out)", handle,
+                               replica_name(lease.taken_from))
+                session.notice = (f"before this call: the replica that drove this session ({replica_name(lease.taken_from)}) stopped "
                                   "answering, and this one took the session over; the kernel kept running on the gateway")
             if not current:  # another replica drove it since: this one's connection and copy of the record are stale
                 session.forget_kernel()
@@ -309,9 +330,11 @@ class Fleet:
                     and resume.get("channel") and resume.get("msg_id")):
                 await self.store.put_run(RunRecord(run.id, run.session, run.owner, "running", holder=self.key), fence=fence)
                 session.reclaiming.append(run)
-                logger.warning("session %s: run %s of replica %s is collected here", session.handle, run.id, run.holder)
+                logger.warning("session %s: run %s of replica %s is collected here", session.handle, run.id,
+                               replica_name(run.holder or ""))
             elif await self.store.lose_run(run.id, fence=fence):
-                logger.warning("session %s: run %s of replica %s recorded as lost", session.handle, run.id, run.holder)
+                logger.warning("session %s: run %s of replica %s recorded as lost", session.handle, run.id,
+                               replica_name(run.holder or ""))
 
     async def detach(self, session: Session) -> bool:
         """After a driving period: the kernel's id recorded (fenced), the kernel detached (it stays on the gateway),
