@@ -36,7 +36,6 @@ from kernelexec.sandbox.policy import kernel_policy
 from kernelexec.sandbox.probe import kernel_reach
 from kernelexec.session import connections
 from kernelexec.session.checkpoint_copy import copy_checkpoint
-from kernelexec.session.fleet import replica_name
 from kernelexec.session.hints import install_hint
 from kernelexec.session.recording import Recorder
 from kernelexec.session.restore import ReplayedCell, RestoreReport, cell_names, checkpoint_restore, describe_replayed, rerun
@@ -290,7 +289,8 @@ class Session:
                 timeout = float(resume.get("timeout") or self.settings.default_timeout)
                 ex = await kernel.collect(msg_id, str(resume.get("code", "")), timeout=timeout,
                                           grace=self.settings.interrupt_grace)
-                stopped = replica_name(record.holder) if record.holder else "another replica"
+                # its name without the proof of identity (fleet.replica_name; fleet imports this module)
+                stopped = record.holder.split(":", 2)[-1].partition("@")[0] if record.holder else "another replica"
                 how = "was drained and handed it over" if resume.get("handed_over") else "stopped"
                 ex.notes.append(f"the replica that ran this cell ({stopped}) {how}; this replica collected its answer from "
                                 "the gateway" + ("" if ended[msg_id] else
