@@ -25,6 +25,7 @@ import pytest
 
 from kernelexec.layout import IPYTHON_SUBDIR
 
+from .. import support
 from ..support import Harness, make_settings, start_harness
 from .runner import NOT_INSTALLED, attack_cell, install_cell
 from .world import World, digest, drain, is_kernel_of, kernel_pids, restore, still_alive
@@ -139,6 +140,14 @@ def params_for(world: World, t: Target, role: str, tag: str) -> dict[str, Any]:
     }
 
 
+def attack_timeout() -> float:
+    """Seconds an attack cell may run. A refused attack answers in about a second; 30 s leaves a loaded CI machine
+    room. Under ``--weaken`` (a layer removed, so attacks succeed) some successful attacks hang until this timeout
+    (pty.spawn, pty.fork, os.fork without bubblewrap: 30 s each), and the run exists only to show each judge goes red,
+    which tests/weakening.py enforces (a judge that passes there ends the run with status 7): 10 s."""
+    return 10.0 if support.WEAKEN is not None else 30.0
+
+
 @dataclass
 class Attack:
     answer: dict[str, Any]
@@ -154,11 +163,11 @@ async def attack(world: World, t: Target, mode: str, payload: str, tag: str, *, 
     world.inotify.events()  # forget our own earlier reads
     params = params_for(world, t, role, tag) | (extra or {})
     cell = attack_cell(textwrap.dedent(payload), params, mode)
-    answer = await t.h.run(cell, session=t.handles[role], timeout=30)
+    answer = await t.h.run(cell, session=t.handles[role], timeout=attack_timeout())
     if answer.get("result") == NOT_INSTALLED:  # a fresh kernel: install the helpers, then attack
-        installed = await t.h.run(install_cell(mode), session=t.handles[role], timeout=30)
+        installed = await t.h.run(install_cell(mode), session=t.handles[role], timeout=attack_timeout())
         assert installed["success"], installed
-        answer = await t.h.run(cell, session=t.handles[role], timeout=30)
+        answer = await t.h.run(cell, session=t.handles[role], timeout=attack_timeout())
     result = answer.get("result")
     result = result if isinstance(result, str) else json.dumps(answer.get("result"))
     if not answer.get("success"):
