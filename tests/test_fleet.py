@@ -560,6 +560,7 @@ async def test_a_server_restarted_after_a_sigkill_does_not_wait_for_its_dead_pre
 def test_a_registration_is_proven_gone_only_for_a_process_of_this_host_that_no_longer_runs() -> None:
     """No store needed: ids of real processes. A dead one's and a zombie's are gone; a live one's, another host's,
     another boot's and malformed ones (which another process could have written) are not, and never raise."""
+    import socket
     import sys
 
     from kernelexec.session.fleet import gone_here, replica_id
@@ -587,7 +588,9 @@ def test_a_registration_is_proven_gone_only_for_a_process_of_this_host_that_no_l
     boot, pid_ns, time_ns, pid, start = proof.split(".")
     assert gone_here(dead) and not gone_here(live)
     assert gone_here(f"{name}@{boot}.{pid_ns}.{time_ns}.{pid}.{int(start) + 1}")  # the pid given to a later process
-    for other in (f"elsewhere-{pid}-abcdef@{dead.rpartition('@')[2]}",  # another host's, a dead pid: a clone of this machine
+    dead_proof = dead.rpartition("@")[2]
+    for other in (f"elsewhere-{pid}-abcdef@{dead_proof}",  # another host's, a dead pid: a clone of this machine
+                  f"{socket.gethostname()}-x-{pid}-abcdef@{dead_proof}",  # a host whose name starts with this one's
                   f"{name}@{'0' * len(boot)}.{pid_ns}.{time_ns}.{pid}.{start}",  # another boot
                   f"{name}@{boot}.1.{time_ns}.{pid}.{start}", f"{name}@{boot}.{pid_ns}.1.{pid}.{start}",  # namespaces
                   name, f"{name}@", f"{name}@{boot}.{pid_ns}.{time_ns}.²1.{start}",

@@ -130,7 +130,7 @@ def _proven_gone(replica: str) -> bool:
     here = _incarnation()
     if not at or here is None or len(parts) != 5 or not all(p.isascii() and p.isalnum() for p in parts):
         return False
-    if not name.startswith(f"{socket.gethostname()}-") or parts[:3] != here.split(".")[:3]:
+    if name.rsplit("-", 2)[0] != socket.gethostname() or parts[:3] != here.split(".")[:3]:
         return False  # another host (a clone of this machine keeps its boot id), boot, container or time namespace
     if not (parts[3].isdecimal() and parts[4].isdecimal()) or not 0 < int(parts[3]) < 1 << 22:
         return False
