@@ -13,6 +13,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 from mcp import Client, StdioServerParameters
@@ -32,7 +33,7 @@ async def _initialized_in(params: StdioServerParameters) -> float:
     return elapsed * 1000
 
 
-async def bench_startup(plan: argparse.Namespace | object, base: Path, out: list[Measurement]) -> None:
+async def bench_startup(plan: Any, base: Path, out: list[Measurement]) -> None:
     rounds = getattr(plan, "cold", 10)  # the cold-start section's count: 10, or 3 with --quick
     log(f"[startup] {rounds} spawns of kernelexec serve and of a bare SDK server, alternating")
     bare = StdioServerParameters(command=sys.executable, args=["-c", BARE_SERVER], env=clean_env())
@@ -56,14 +57,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args(argv)
-    plan = argparse.Namespace(cold=args.rounds)
     out: list[Measurement] = []
-
-    async def run() -> None:
-        with short_tmp() as base:
-            await bench_startup(plan, base, out)
-
-    anyio.run(run, backend="asyncio")
+    with short_tmp() as base:
+        anyio.run(bench_startup, argparse.Namespace(cold=args.rounds), base, out, backend="asyncio")
     print(table(out))
 
 
