@@ -11,6 +11,7 @@ machine hits every row alike):
   (the client validates the structured content against the tool's output schema on every call);
 - streamable HTTP: the same against ``kernelexec serve --transport http`` (a session handle);
 - in memory: the same against a server in this process;
+- then, back to back, in memory again once the session holds a long history (IPython's ``_i<n>`` names);
 
 and the stdio server process's own CPU time per call (all its threads), which other load on the machine
 barely changes, unlike the times.
@@ -51,6 +52,7 @@ from benchmarks.stats import Measurement
 MS = "ms"
 RAW = "overhead x=1: raw BlockingKernelClient (reply+idle)"
 CODE = "x=1"
+LONG_SESSION = 5000
 
 
 def cpu_seconds(pid: int) -> float:
@@ -95,6 +97,7 @@ async def bench_overhead(plan: Any, base: Path, out: list[Measurement]) -> None:
     http: list[float] = []
     memory: list[float] = []
     server_cpu: list[float] = []
+    long_session: list[float] = []
     async with raw_kernel(base) as (km, _akc), Client(stdio_params(base / "ov-stdio")) as s_client, \
             http_server(base / "ov-http", timeout=180) as (url, _proc), Client(url) as h_client, \
             in_memory(make_settings(base)) as (m_client, _sessions):
@@ -135,6 +138,17 @@ async def bench_overhead(plan: Any, base: Path, out: list[Measurement]) -> None:
                         samples.append(elapsed * 1000)
             if server_pid is not None:
                 server_cpu.append((cpu_seconds(server_pid) - cpu_before) / calls * 1000)
+            # a long session: IPython keeps every cell's input in the namespace (_i<n>; outputs as _<n>), so the
+            # in-memory session is given LONG_SESSION cells' worth of them, then timed again
+            await m_client.call_tool("execute_code", {"code": (
+                f"get_ipython().user_ns.update({{f'_i{{n}}': 'x=1' for n in range(10**6, 10**6 + {LONG_SESSION})}})")})
+            for i in range(warmup + calls):
+                t0 = time.perf_counter()
+                result = await memory_call()
+                elapsed = time.perf_counter() - t0
+                assert not result.is_error and result.structured_content["success"], result
+                if i >= warmup:
+                    long_session.append(elapsed * 1000)
         finally:
             kc.stop_channels()
     out.append(Measurement(RAW, MS, raw, note="plain ipykernel via jupyter_client's kernel manager, ipc, no history"))
@@ -142,6 +156,9 @@ async def bench_overhead(plan: Any, base: Path, out: list[Measurement]) -> None:
                            note="mcp.Client + stdio_client, output schema validated per call: the issue's bar"))
     out.append(Measurement("overhead x=1: execute_code, SDK client over streamable HTTP", MS, http, baseline=RAW))
     out.append(Measurement("overhead x=1: execute_code, SDK client in memory", MS, memory, baseline=RAW))
+    out.append(Measurement(f"overhead x=1: execute_code in memory, a session {LONG_SESSION:,} cells long", MS,
+                           long_session, baseline=RAW,
+                           note="after the rows above, back to back: what a cell costs once the session has a long history"))
     out.append(Measurement("overhead x=1: stdio server CPU per call", MS, server_cpu,
                            note="the kernelexec serve process's user+system CPU (all its threads) over the timed calls, "
                                 "per call: what the server itself spends, much less sensitive to other load than the times"))

@@ -223,6 +223,7 @@ class Checkpointer:
         # the objects the names held after the last cell: held (not their id()s, which a new object could reuse),
         # so an object is compared by identity; a deleted one is freed at the end of the next cell
         self.seen: dict[str, Any] = {}
+        self.not_names: set[Any] = set()  # keys of the namespace that are not user names (``_user_names``)
         self.seq = 0
         self.error: str | None = None
         self.secrets: list[bytes] = []  # this kernel's getpass() answers (kernel_init): never saved
@@ -274,9 +275,18 @@ class Checkpointer:
 
     # --- which names changed -------------------------------------------------------------
     def _user_names(self) -> dict[str, Any]:
-        hidden = self.shell.user_ns_hidden
-        return {k: v for k, v in self.shell.user_ns.items()
-                if not k.startswith("_") and k not in hidden and k.isidentifier()}
+        """The user's names and their objects. IPython adds names to the namespace every cell (``_i<n>``, and
+        ``_<n>`` for an output), never user names: each is remembered once as not a name (``not_names``), so a
+        cell's scan leaves them out with one set difference in C instead of a test per key in Python, which made
+        every cell slower the more cells the session had run (~0.6 ms a cell after 3,000)."""
+        ns, hidden, not_names = self.shell.user_ns, self.shell.user_ns_hidden, self.not_names
+        names: dict[str, Any] = {}
+        for k in ns.keys() - not_names:
+            if not isinstance(k, str) or k.startswith("_") or not k.isidentifier():
+                not_names.add(k)  # never a name, whatever it is bound to later
+            elif k not in hidden:  # IPython's own (In, Out, exit): hidden can change, so asked each time
+                names[k] = ns[k]
+        return names
 
     def pre_run_cell(self, info: Any) -> None:
         """A cell starts: a save in progress stops reading objects at its next write (never waited for)."""

@@ -145,6 +145,19 @@ async def test_x_equals_1_writes_nothing_when_nothing_changed(harness: Harness) 
     assert manifest.stat().st_mtime_ns == before
 
 
+async def test_only_user_names_are_saved_and_a_key_that_is_no_name_stops_nothing(harness: Harness) -> None:
+    """The scan of a cell's names leaves out IPython's (``_i<n>``, ``_<n>``, ``In``), private ones and keys that
+    are no identifier, and keeps going past a key that is no string at all (it used to stop every later save)."""
+    s = await harness.new_session()
+    await harness.run("globals()[1] = 'an int key'\nglobals()['no name'] = 2\n_private = 3\nkept = 4\n5", session=s)
+    await harness.run("In = 'rebound'\nlater = kept + 1", session=s)
+    status = await settled(harness, s)
+    assert status["error"] is None, status
+    assert {"kept", "later"} <= set(status["saved"]), status
+    named = set(status["saved"]) | set(status["unsaved"])
+    assert not {n for n in named if n.startswith("_") or not n.isidentifier() or n == "In"}, status
+
+
 SLOW = """
 import time
 class Slow:
