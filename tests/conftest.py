@@ -48,7 +48,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     support.WEAKEN = config.getoption("--weaken", None)
-    config.addinivalue_line("markers", f"{AS_SHIPPED_MARKER}: the module's servers warm their kernels as shipped (tests/conftest.py)")
+    config.addinivalue_line("markers", f"{AS_SHIPPED_MARKER}: the module's servers keep and warm their kernels as shipped (tests/conftest.py)")
     from kernelexec.cli import raise_open_files_limit
 
     raise_open_files_limit()  # each worker hosts servers, as `kernelexec serve` does: the same limit as theirs
@@ -62,12 +62,18 @@ def pytest_configure(config: pytest.Config) -> None:
         support.STORE_URL = lambda: pg.url(pg.create_db())
 
 
-# The kernels of the servers the tests start import nothing ahead (KERNELEXEC_WARM_IMPORTS=[]): the shipped default
-# has every pooled kernel and restart spare import numpy, pandas and matplotlib.pyplot (~1 s of CPU each), which almost
-# no test's cells use (without them the main pass took 1,312 s instead of 1,553 s at -n 2). The modules whose subject is a warm kernel
-# as shipped (the pool, the first plot, environments' warm kernels) and those that attack or confine one (the red
-# team, the sandbox, the guard) are marked ``warm_imports_as_shipped`` and get the shipped default.
-AS_SHIPPED_MARKER = "warm_imports_as_shipped"
+# The servers the tests start keep only the kernels their tests use: their kernels import nothing ahead
+# (KERNELEXEC_WARM_IMPORTS=[]), and they keep no warm pool and no restart spares (KERNELEXEC_POOL_SIZE=0,
+# KERNELEXEC_RESTART_SPARES=0). As shipped, every pooled kernel and spare imports numpy, pandas and matplotlib.pyplot
+# (~1 s of CPU each; without it the main pass took 1,312 s instead of 1,553 s at -n 2), and each server starts a
+# pooled kernel, a second one once a session takes the first, and a spare for its session: kernels almost no test
+# uses (without them one main pass at -n 3 took 1,519 s of CPU instead of 1,676 s, its kernels and their bubblewrap
+# wrappers 2,206 processes instead of 2,457). A test that needs a pool or a spare asks for it in its settings
+# (settings given beat the environment). The modules whose subject is the kernel as shipped (the pool, the first
+# plot, environments' warm kernels) and those that attack or confine one (the red team, the sandbox, the guard) are
+# marked ``kernels_as_shipped`` and get the shipped defaults.
+AS_SHIPPED_MARKER = "kernels_as_shipped"
+LEAN_KERNELS = {"KERNELEXEC_WARM_IMPORTS": "[]", "KERNELEXEC_POOL_SIZE": "0", "KERNELEXEC_RESTART_SPARES": "0"}
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -76,8 +82,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     as_shipped = item.get_closest_marker(AS_SHIPPED_MARKER) is not None or item.nodeid.startswith("tests/redteam/")
     support.SERVER_ENV.clear()
     if not as_shipped:
-        support.SERVER_ENV["KERNELEXEC_WARM_IMPORTS"] = "[]"
-    os.environ.pop("KERNELEXEC_WARM_IMPORTS", None)
+        support.SERVER_ENV.update(LEAN_KERNELS)
+    for name in LEAN_KERNELS:
+        os.environ.pop(name, None)
     os.environ.update(support.SERVER_ENV)
 
 

@@ -29,7 +29,7 @@ from .conftest import clean_env, kernelexec_cmd, make_settings, serving
 from .support import pyenv_python
 
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = [pytest.mark.anyio, pytest.mark.warm_imports_as_shipped]
+pytestmark = [pytest.mark.anyio, pytest.mark.kernels_as_shipped]
 
 
 def need(minor: str) -> str:

@@ -12,7 +12,7 @@ import pytest
 from .conftest import make_settings, serving
 from .support import until
 
-pytestmark = [pytest.mark.anyio, pytest.mark.warm_imports_as_shipped]
+pytestmark = [pytest.mark.anyio, pytest.mark.kernels_as_shipped]
 
 # the cell imports matplotlib itself (a session without warm imports) and says how matplotlib got its font list
 IMPORT_AND_TELL = """\

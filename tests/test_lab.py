@@ -56,7 +56,8 @@ class Lab:
 
 @pytest.fixture(scope="module")
 async def session(short_tmp: Path) -> AsyncIterator[tuple[Harness, str]]:
-    harness, cm = await start_harness(make_settings(short_tmp))
+    # a pooled kernel (its folder hidden from Lab's file browser) and a restart spare (Lab keeps the kernel id)
+    harness, cm = await start_harness(make_settings(short_tmp, pool_size=1, restart_spares=1))
     try:
         handle = await harness.new_session()
         await harness.run("shared = 'set over MCP'", session=handle)

@@ -19,7 +19,7 @@ from kernelexec.sandbox.policy import CODE_MODE_MODULES, STRICT_IMPORTS, kernel_
 
 from .conftest import Harness, make_settings, serving
 
-pytestmark = [pytest.mark.anyio, pytest.mark.warm_imports_as_shipped]
+pytestmark = [pytest.mark.anyio, pytest.mark.kernels_as_shipped]
 
 
 @pytest.fixture(scope="module")

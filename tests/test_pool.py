@@ -15,7 +15,7 @@ from kernelexec.kernel.driver import Kernel
 
 from .conftest import Harness, make_settings, serving
 
-pytestmark = [pytest.mark.anyio, pytest.mark.warm_imports_as_shipped]
+pytestmark = [pytest.mark.anyio, pytest.mark.kernels_as_shipped]
 
 
 @pytest.fixture(scope="module")

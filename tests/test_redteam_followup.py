@@ -14,7 +14,7 @@ import pytest
 
 from .conftest import make_settings, serving
 
-pytestmark = [pytest.mark.anyio, pytest.mark.warm_imports_as_shipped]
+pytestmark = [pytest.mark.anyio, pytest.mark.kernels_as_shipped]
 
 
 def _sdist_with_in_tree_backend(canary: Path) -> bytes:

@@ -21,7 +21,7 @@ from kernelexec.sandbox.probe import probe
 
 from .conftest import Harness, clean_env, kernelexec_cmd, make_settings, serving
 
-pytestmark = [pytest.mark.anyio, pytest.mark.warm_imports_as_shipped]
+pytestmark = [pytest.mark.anyio, pytest.mark.kernels_as_shipped]
 
 
 def require_full_machine() -> None:
