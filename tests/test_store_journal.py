@@ -184,40 +184,103 @@ def _check_files(session_dir: Path, answered: list[str]) -> None:
     assert _subsequence(answered, sources(notebook_cells(session_dir)))  # valid nbformat (notebook_cells validates)
 
 
-# A server process whose imports are done before its turn comes (they take seconds on a loaded box): it waits for
-# one line on stdin, then runs the real ``kernelexec serve`` (cli.main) like ``python -m kernelexec``. The next one is
-# started while the current one runs, so 50 kills fit in the test's time.
-PREWARMED = ("import sys\nimport kernelexec.cli, kernelexec.server.build, kernelexec.session.manager, uvicorn\n"
-             "sys.stdin.readline()\nkernelexec.cli.main(sys.argv[1:])")
+# Every round's server is forked, when its turn comes, from one process that did kernelexec's imports once (a
+# zygote): a fresh process running the real ``kernelexec serve`` (cli.main, as ``python -m kernelexec`` does), killed
+# with SIGKILL like any. Only the imports are not paid again: started afresh, 50 servers cost ~65 s of CPU in them.
+# The zygote starts no thread and no event loop before it forks; each server gets SIGCHLD back (the zygote ignores
+# it, so that the servers it forks are reaped as they die), /dev/null as stdin, the log as stdout and stderr.
+ZYGOTE = """
+import json, os, signal, sys
+import kernelexec.cli, kernelexec.server.build, kernelexec.session.manager, uvicorn
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+for line in sys.stdin:
+    argv, log = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        null, out = os.open(os.devnull, os.O_RDONLY), os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        os.dup2(null, 0), os.dup2(out, 1), os.dup2(out, 2)
+        sys.argv = ["kernelexec", *argv]
+        code = 1
+        try:
+            kernelexec.cli.main(argv)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    print(pid, flush=True)
+"""
 
 
-class Prewarmed:
-    def __init__(self, state: Path, tokens: Path, log: Path, store: dict[str, str]) -> None:
+class Zygote:
+    """The process the test's servers are forked from (``ZYGOTE``), with the run's environment (its store)."""
+
+    def __init__(self, store: dict[str, str]) -> None:
         import subprocess
         import sys
 
-        from .support import clean_env, free_port
+        from .support import clean_env
+
+        self.proc = subprocess.Popen([sys.executable, "-c", ZYGOTE], env=clean_env(**store), stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE)
+
+    def fork(self, argv: list[str], log: Path) -> int:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps([argv, str(log)]).encode() + b"\n")
+        self.proc.stdin.flush()
+        return int(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(15)
+
+
+class Forked:
+    """One round's server: forked from the zygote, serving HTTP on a port of its own once ``go`` returns."""
+
+    def __init__(self, zygote: Zygote, state: Path, tokens: Path, log: Path) -> None:
+        import os
+
+        from .support import free_port
 
         self.port = free_port()
-        with log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", PREWARMED, "serve", "--transport", "http", "--port", str(self.port), "--state-dir",
-                 str(state), "--auth-token-file", str(tokens), "--yield-after", "1", "--restart-spares", "0", "--pool-size", "0"],
-                env=clean_env(**store), stdin=subprocess.PIPE, stdout=out, stderr=out)
+        self.pid = zygote.fork(["serve", "--transport", "http", "--port", str(self.port), "--state-dir", str(state),
+                                "--auth-token-file", str(tokens), "--yield-after", "1", "--restart-spares", "0",
+                                "--pool-size", "0"], log)
+        self.pidfd = os.pidfd_open(self.pid)  # not our child: its end is seen through a pidfd, never a reused pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        """None while the server runs (``support.wait_for_port`` asks)."""
+        import select
+
+        if self.returncode is None and self.pidfd >= 0 and select.select([self.pidfd], [], [], 0)[0]:
+            self.returncode = -1  # its status went to the zygote, which ignores it
+        return self.returncode
 
     def go(self) -> str:
         from .support import wait_for_port
 
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(b"go\n")
-        self.proc.stdin.flush()
-        wait_for_port(self.port, self.proc, timeout=120)
+        wait_for_port(self.port, self, timeout=120)  # type: ignore[arg-type]
         return f"http://127.0.0.1:{self.port}/mcp"
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(15)
+        import os
+        import select
+
+        if self.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)  # the pidfd says it has not ended, so the pid is still its own
+            if not select.select([self.pidfd], [], [], 15)[0]:
+                raise TimeoutError(f"server {self.pid} outlived SIGKILL by 15 s")
+            self.returncode = -signal.SIGKILL
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
 
 
 @pytest.mark.slow
@@ -243,10 +306,10 @@ async def test_sigkill_at_random_points_loses_no_answered_cell(short_tmp: Path) 
     handle = ""
     kills = 0
     store = store_env()  # one database for every server of this test
-    following = Prewarmed(state, tokens, log, store)
+    zygote = Zygote(store)
     try:
         while kills < KILLS:
-            server, following = following, Prewarmed(state, tokens, log, store)
+            server = Forked(zygote, state, tokens, log)
             try:
                 url = server.go()
                 alice = Raw(url, ALICE)
@@ -276,8 +339,12 @@ async def test_sigkill_at_random_points_loses_no_answered_cell(short_tmp: Path) 
                 with sqlite3.connect(state / "kernelexec.db") as db:
                     assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
             assert _subsequence(answered, stored), (kills, [a for a in answered if a not in stored])
-        following.go()
-        _check_files(state / "sessions" / handle, answered)
+        last = Forked(zygote, state, tokens, log)
+        try:
+            last.go()
+            _check_files(state / "sessions" / handle, answered)
+        finally:
+            last.kill()
     finally:
-        following.kill()
+        zygote.close()
     assert len(answered) > KILLS, answered  # the kills landed among answered cells, not only before them
