@@ -11,18 +11,22 @@ import json
 import logging
 import sys
 from collections.abc import Iterator, Set
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelexec import __version__
-from kernelexec.config import Settings, load_settings
 from kernelexec.errors import KernelexecError
 from kernelexec.terminal import install_excepthook, install_logging, safe
+
+if TYPE_CHECKING:  # imported where used: `kernelexec hook` runs on every tool call and needs no settings (~0.18 s)
+    from kernelexec.config import Settings
 
 # Settings that belong to one command only.
 _SERVE_ONLY = {"transport", "host", "port", "metrics_port"}
 
 
 def _add_settings_flags(parser: argparse.ArgumentParser, skip: Set[str] = frozenset()) -> None:
+    from kernelexec.config import Settings
+
     group = parser.add_argument_group("settings (also KERNELEXEC_<NAME> environment variables or a TOML file)")
     defaults = Settings.model_construct()
     for name, field in Settings.model_fields.items():
@@ -50,6 +54,8 @@ def _add_settings_flags(parser: argparse.ArgumentParser, skip: Set[str] = frozen
 
 
 def _settings(args: argparse.Namespace) -> Settings:
+    from kernelexec.config import Settings, load_settings
+
     overrides = {k: v for k, v in vars(args).items() if k in Settings.model_fields and v is not None}
     try:
         return load_settings(**overrides)
