@@ -32,11 +32,13 @@ import stat
 import sys
 import threading
 import types
+from itertools import filterfalse
 from typing import Any
 
 MANIFEST = "manifest.json"
 COMM_TARGET = "kernelexec.checkpoint"  # a fork's relay: the server's comm messages, the bytes as binary buffers
 _SKIP_TYPES = (types.ModuleType,)
+_GONE = object()
 
 
 class _Pickler(pickle.Pickler):
@@ -276,16 +278,21 @@ class Checkpointer:
     # --- which names changed -------------------------------------------------------------
     def _user_names(self) -> dict[str, Any]:
         """The user's names and their objects. IPython adds names to the namespace every cell (``_i<n>``, and
-        ``_<n>`` for an output), never user names: each is remembered once as not a name (``not_names``), so a
-        cell's scan leaves them out with one set difference in C instead of a test per key in Python, which made
-        every cell slower the more cells the session had run (~0.6 ms a cell after 3,000)."""
+        ``_<n>`` for an output), never user names: each is remembered once as not a name (``not_names``) and passed
+        over in C (``filterfalse`` with the set's own membership test), where every key used to be tested in Python,
+        which made each cell slower the longer the session (~0.5 ms a cell after 5,000). Only exact ``str`` keys are
+        remembered: a key that is no string (``globals()[1] = ...``) or a ``str`` subclass is tested each time (read
+        through ``str``'s own methods) and never kept alive here."""
         ns, hidden, not_names = self.shell.user_ns, self.shell.user_ns_hidden, self.not_names
         names: dict[str, Any] = {}
-        for k in ns.keys() - not_names:
-            if not isinstance(k, str) or k.startswith("_") or not k.isidentifier():
-                not_names.add(k)  # never a name, whatever it is bound to later
+        for k in filterfalse(not_names.__contains__, ns):
+            if not isinstance(k, str) or str.startswith(k, "_") or not str.isidentifier(k):
+                if type(k) is str:
+                    not_names.add(k)  # never a name, whatever it is bound to later
             elif k not in hidden:  # IPython's own (In, Out, exit): hidden can change, so asked each time
-                names[k] = ns[k]
+                value = ns.get(k, _GONE)  # a thread of the user's may delete it meanwhile
+                if value is not _GONE:
+                    names[k] = value
         return names
 
     def pre_run_cell(self, info: Any) -> None:

@@ -24,7 +24,9 @@ BOB = "bob-token-0123456789abcdef00"
 def server(short_tmp: Path) -> Iterator[str]:
     tokens = short_tmp / "tokens"
     tokens.write_text(f"# one per line\n{ALICE}\n{BOB}\n")
-    with http_server(short_tmp / "auth", "--auth-token-file", str(tokens), "--max-sessions-per-token", "2") as url:
+    # a warm pool as shipped: a token's sessions mostly come from it, and the owner is bound when one is taken
+    with http_server(short_tmp / "auth", "--auth-token-file", str(tokens), "--max-sessions-per-token", "2",
+                     "--pool-size", "1") as url:
         yield url
 
 

@@ -187,17 +187,22 @@ def _check_files(session_dir: Path, answered: list[str]) -> None:
 # Every round's server is forked, when its turn comes, from one process that did kernelexec's imports once (a
 # zygote): a fresh process running the real ``kernelexec serve`` (cli.main, as ``python -m kernelexec`` does), killed
 # with SIGKILL like any. Only the imports are not paid again: started afresh, 50 servers cost ~65 s of CPU in them.
-# The zygote starts no thread and no event loop before it forks; each server gets SIGCHLD back (the zygote ignores
-# it, so that the servers it forks are reaped as they die), /dev/null as stdin, the log as stdout and stderr.
+# The zygote forks with no thread but its own (checked) and no event loop; each server gets /dev/null as stdin and the
+# log as stdout and stderr. A dead server stays a zombie until the next request (the zygote reaps then), so the test's
+# pidfd of it can never name a reused pid.
 ZYGOTE = """
-import json, os, signal, sys
+import json, os, sys, threading
 import kernelexec.cli, kernelexec.server.build, kernelexec.session.manager, uvicorn
-signal.signal(signal.SIGCHLD, signal.SIG_IGN)
 for line in sys.stdin:
     argv, log = json.loads(line)
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+    assert threading.active_count() == 1, threading.enumerate()
     pid = os.fork()
     if pid == 0:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         null, out = os.open(os.devnull, os.O_RDONLY), os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         os.dup2(null, 0), os.dup2(out, 1), os.dup2(out, 2)
         sys.argv = ["kernelexec", *argv]
@@ -206,11 +211,14 @@ for line in sys.stdin:
             kernelexec.cli.main(argv)
             code = 0
         except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
+            code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
+            if not isinstance(exc.code, (int, type(None))):
+                print(exc.code, file=sys.stderr)
         except BaseException:
             import traceback
             traceback.print_exc()
         finally:
+            sys.stdout.flush(), sys.stderr.flush()
             os._exit(code)
     print(pid, flush=True)
 """
@@ -232,12 +240,24 @@ class Zygote:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(json.dumps([argv, str(log)]).encode() + b"\n")
         self.proc.stdin.flush()
-        return int(self.proc.stdout.readline())
+        line = self.proc.stdout.readline()
+        if not line.strip():
+            raise RuntimeError(f"the zygote exited with {self.proc.wait(15)} (its error is in the test's output)")
+        return int(line)
 
     def close(self) -> None:
         assert self.proc.stdin is not None
         self.proc.stdin.close()
         self.proc.wait(15)
+
+
+def _ended(pidfd: int, timeout: float) -> bool:
+    """Whether the process of ``pidfd`` has ended (a pidfd is readable once it has), waiting up to ``timeout`` s."""
+    import select
+
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(timeout * 1000))
 
 
 class Forked:
@@ -252,15 +272,13 @@ class Forked:
         self.pid = zygote.fork(["serve", "--transport", "http", "--port", str(self.port), "--state-dir", str(state),
                                 "--auth-token-file", str(tokens), "--yield-after", "1", "--restart-spares", "0",
                                 "--pool-size", "0"], log)
-        self.pidfd = os.pidfd_open(self.pid)  # not our child: its end is seen through a pidfd, never a reused pid
+        self.pidfd = os.pidfd_open(self.pid)  # not our child, and not reaped before the zygote's next fork
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
         """None while the server runs (``support.wait_for_port`` asks)."""
-        import select
-
-        if self.returncode is None and self.pidfd >= 0 and select.select([self.pidfd], [], [], 0)[0]:
-            self.returncode = -1  # its status went to the zygote, which ignores it
+        if self.returncode is None and _ended(self.pidfd, 0):
+            self.returncode = -1  # its status goes to the zygote (the log says why it ended)
         return self.returncode
 
     def go(self) -> str:
@@ -271,16 +289,16 @@ class Forked:
 
     def kill(self) -> None:
         import os
-        import select
 
+        if self.pidfd < 0:
+            return
         if self.poll() is None:
-            os.kill(self.pid, signal.SIGKILL)  # the pidfd says it has not ended, so the pid is still its own
-            if not select.select([self.pidfd], [], [], 15)[0]:
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            if not _ended(self.pidfd, 15):
                 raise TimeoutError(f"server {self.pid} outlived SIGKILL by 15 s")
             self.returncode = -signal.SIGKILL
-        if self.pidfd >= 0:
-            os.close(self.pidfd)
-            self.pidfd = -1
+        os.close(self.pidfd)
+        self.pidfd = -1
 
 
 @pytest.mark.slow

@@ -229,7 +229,7 @@ async def test_unknown_run_is_a_clear_error(h: Harness) -> None:
 # --- session limits ------------------------------------------------------------------------------------
 
 async def test_session_limit_is_a_clear_error(short_tmp: Path) -> None:
-    async with serving(make_settings(short_tmp, max_sessions=2)) as harness:
+    async with serving(make_settings(short_tmp, max_sessions=2, pool_size=1)) as harness:  # refused from the pool too
         a = await harness.new_session()
         await harness.new_session()
         refused = await harness.call("new_session")
@@ -361,7 +361,8 @@ async def test_kernels_go_when_the_server_is_killed(short_tmp: Path) -> None:
     from .conftest import clean_env, kernelexec_cmd
 
     state = short_tmp / "lifeline"
-    cmd = kernelexec_cmd("serve", "--state-dir", str(state))
+    # as shipped: a pooled kernel refilled and a restart spare launched around the call, killed with the server
+    cmd = kernelexec_cmd("serve", "--state-dir", str(state), "--pool-size", "1", "--restart-spares", "1")
     async with Client(StdioServerParameters(command=cmd[0], args=cmd[1:], env=clean_env())) as client:
         r = await client.call_tool("execute_code", {"code": "1"})
         assert r.structured_content["success"]

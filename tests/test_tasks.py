@@ -38,7 +38,7 @@ def server(short_tmp: Path) -> Iterator[str]:
     tokens = short_tmp / "tokens"
     tokens.write_text(f"{ALICE}\n{BOB}\n")
     with http_server(short_tmp / "tasks", "--auth-token-file", str(tokens), "--yield-after", "1",
-                     "--restart-spares", "0") as url:
+                     "--restart-spares", "0", "--pool-size", "1") as url:  # pooled sessions, owners bound on taking
         yield url
 
 

@@ -28,7 +28,8 @@ BOB = "bob-token-0123456789abcdef00"
 def server(short_tmp: Path) -> Iterator[str]:
     tokens = short_tmp / "tokens"
     tokens.write_text(f"{ALICE}\n{BOB}\n")
-    with http_server(short_tmp / "upload", "--auth-token-file", str(tokens)) as url:
+    # a warm pool as shipped: the owner of a pooled session is bound when one is taken
+    with http_server(short_tmp / "upload", "--auth-token-file", str(tokens), "--pool-size", "1") as url:
         yield url
 
 
