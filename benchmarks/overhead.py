@@ -88,6 +88,16 @@ def drain(kc: Any) -> None:
             pass
 
 
+async def timed_call(call: Any, samples: list[float] | None) -> None:
+    """One ``execute_code`` call, checked; its time in ms appended to ``samples`` (None: a warm-up call)."""
+    t0 = time.perf_counter()
+    result = await call()
+    elapsed = time.perf_counter() - t0
+    assert not result.is_error and result.structured_content["success"], result
+    if samples is not None:
+        samples.append(elapsed * 1000)
+
+
 async def bench_overhead(plan: Any, base: Path, out: list[Measurement]) -> None:
     """The ``overhead`` section: raw, stdio, streamable HTTP and in-memory ``x=1``, interleaved."""
     calls, warmup = plan.calls, plan.warmup
@@ -130,12 +140,7 @@ async def bench_overhead(plan: Any, base: Path, out: list[Measurement]) -> None:
                 if i >= warmup:
                     raw.append(elapsed * 1000)
                 for fn, samples in rows:
-                    t0 = time.perf_counter()
-                    result = await fn()
-                    elapsed = time.perf_counter() - t0
-                    assert not result.is_error and result.structured_content["success"], result
-                    if i >= warmup:
-                        samples.append(elapsed * 1000)
+                    await timed_call(fn, samples if i >= warmup else None)
             if server_pid is not None:
                 server_cpu.append((cpu_seconds(server_pid) - cpu_before) / calls * 1000)
             # a long session: IPython keeps every cell's input in the namespace (_i<n>; outputs as _<n>), so the
@@ -143,12 +148,7 @@ async def bench_overhead(plan: Any, base: Path, out: list[Measurement]) -> None:
             await m_client.call_tool("execute_code", {"code": (
                 f"get_ipython().user_ns.update({{f'_i{{n}}': 'x=1' for n in range(10**6, 10**6 + {LONG_SESSION})}})")})
             for i in range(warmup + calls):
-                t0 = time.perf_counter()
-                result = await memory_call()
-                elapsed = time.perf_counter() - t0
-                assert not result.is_error and result.structured_content["success"], result
-                if i >= warmup:
-                    long_session.append(elapsed * 1000)
+                await timed_call(memory_call, long_session if i >= warmup else None)
         finally:
             kc.stop_channels()
     out.append(Measurement(RAW, MS, raw, note="plain ipykernel via jupyter_client's kernel manager, ipc, no history"))
