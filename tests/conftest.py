@@ -172,14 +172,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-    """A failing test's report carries the tail of every kernel gateway's log that is up (a gateway that drops a
-    kernel says why only there)."""
+    """A failing test's report carries every kernel gateway's that is up: its kernels' deaths and restarts, and its
+    log's tail (a gateway that drops a kernel says why only there)."""
     report = yield
     if report.failed and report.when == "call":
         from .gateways import RUNNING
 
         for gateway in RUNNING:
-            report.sections.append((f"{gateway.kind} log ({gateway.url})", gateway.log_tail()))
+            report.sections.append((f"{gateway.kind} log ({gateway.url})", gateway.report()))
     return report
 
 

@@ -30,6 +30,7 @@ KINDS = ("jupyter_server", "kernel_gateway", "enterprise_gateway")
 RUNNING: list[Gateway] = []  # the gateways up now: a failing test's report carries their logs (tests/conftest.py)
 ROOT = Path(__file__).resolve().parent.parent
 EG_REQUIREMENTS = ROOT / "tests" / "enterprise-gateway.txt"
+DEATH_WORDS = ("KernelRestarter", "died, removing", "Error:", "Kernel shutdown:")  # Gateway.report
 
 
 @dataclass
@@ -52,6 +53,16 @@ class Gateway:
             return self.log.read_bytes()[-size:].decode(errors="replace")
         except OSError as exc:
             return f"(no log: {exc})"
+
+    def report(self, size: int = 4000) -> str:
+        """For a failing test: the log's lines about kernels dying, restarted or dropped (the reason a test's kernel
+        vanished, long scrolled out of the tail under load), then its tail."""
+        try:
+            lines = self.log.read_text(errors="replace").splitlines()
+        except OSError as exc:
+            return f"(no log: {exc})"
+        deaths = [line for line in lines if any(word in line for word in DEATH_WORDS)][-30:]
+        return "\n".join(["kernel deaths and restarts:", *deaths, "", "the log's tail:", self.log_tail(size)])
 
     def kernel_ids(self) -> set[str]:
         return {k["id"] for k in self.api("/api/kernels")}
@@ -87,40 +98,52 @@ def _command(kind: str, port: int, token: str, root: Path, *, strict: bool) -> l
             "--EnterpriseGatewayApp.list_kernels=True", *([] if strict else ["--EnterpriseGatewayApp.unauthorized_users=nobody"])]
 
 
-def _kernelspec(root: Path) -> Path:
-    """A ``python3`` kernelspec running this environment's ipykernel (Enterprise Gateway's own has none)."""
+PYTHON3 = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]  # this environment's ipykernel
+
+
+def _kernelspecs(root: Path, specs: dict[str, list[str]]) -> Path:
+    """A ``share`` directory for ``JUPYTER_PATH`` holding a kernelspec of each name running its command."""
     share = root / "share"
-    spec = share / "kernels" / "python3"
-    spec.mkdir(parents=True)
-    (spec / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "Python 3 (kernelexec tests)", "language": "python"}))
+    for name, argv in specs.items():
+        spec = share / "kernels" / name
+        spec.mkdir(parents=True)
+        (spec / "kernel.json").write_text(json.dumps({
+            "argv": argv, "display_name": f"{name} (kernelexec tests)", "language": "python"}))
     return share
 
 
-def start_gateway(kind: str, base: Path, tries: int = 3, *, strict: bool = False) -> Gateway:
-    """Started on a free port; again on another if something took that port first (other tests run alongside)."""
+def start_gateway(kind: str, base: Path, tries: int = 3, *, strict: bool = False,
+                  kernelspecs: dict[str, list[str]] | None = None, args: tuple[str, ...] = ()) -> Gateway:
+    """Started on a free port; again on another if something took that port first (other tests run alongside).
+    ``kernelspecs``: more kernels the gateway offers, by name (argv with ``{connection_file}``); ``args``: more of
+    its command line."""
     for attempt in range(tries):
         try:
-            return _start_once(kind, base, strict=strict)
+            return _start_once(kind, base, strict=strict, kernelspecs=kernelspecs or {}, args=args)
         except RuntimeError as exc:
             if "already in use" not in str(exc) or attempt == tries - 1:
                 raise
     raise AssertionError("unreachable")
 
 
-def _start_once(kind: str, base: Path, *, strict: bool) -> Gateway:
+def _start_once(kind: str, base: Path, *, strict: bool, kernelspecs: dict[str, list[str]], args: tuple[str, ...]) -> Gateway:
     port, token = free_port(), secrets.token_hex(16)
     root = Path(tempfile.mkdtemp(prefix=kind[:2], dir=base))
     (root / "tmp").mkdir()
-    # TMPDIR: the remote kernels' session directories land here and go with the test's temp dir
-    # (the gateways pass their kernels only PATH and the variables they are told to)
+    # TMPDIR: the remote kernels' session directories land here and go with the test's temp dir; IPYTHONDIR: their
+    # IPython profile (the history database every kernel writes at start and after each cell) is this gateway's own,
+    # not shared with every other test's and the developer's (the gateways pass their kernels only PATH and the
+    # variables they are told to)
+    passed = "TMPDIR,IPYTHONDIR"
     env = clean_env(JUPYTER_RUNTIME_DIR=str(root / "runtime"), JUPYTER_CONFIG_DIR=str(root / "config"),
-                    TMPDIR=str(root / "tmp"), KG_ENV_PROCESS_WHITELIST="TMPDIR", EG_ENV_PROCESS_WHITELIST="TMPDIR")
-    if kind == "enterprise_gateway":
-        env["JUPYTER_PATH"] = str(_kernelspec(root))
+                    TMPDIR=str(root / "tmp"), IPYTHONDIR=str(root / "ipython"), KG_ENV_PROCESS_WHITELIST=passed,
+                    EG_ENV_PROCESS_WHITELIST=passed)
+    if kind == "enterprise_gateway":  # Enterprise Gateway's own kernelspecs have no plain python3
+        kernelspecs = {"python3": PYTHON3, **kernelspecs}
         env.pop("VIRTUAL_ENV", None)
-    cmd = _command(kind, port, token, root, strict=strict)
+    if kernelspecs:
+        env["JUPYTER_PATH"] = str(_kernelspecs(root, kernelspecs))
+    cmd = [*_command(kind, port, token, root, strict=strict), *args]
     log = root / "server.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
@@ -154,9 +177,10 @@ def stop_gateway(gateway: Gateway) -> None:
 
 
 @contextmanager
-def running_gateway(kind: str, base: Path, *, strict: bool = False) -> Iterator[Gateway]:
-    """``strict``: Enterprise Gateway with its default authorization (root refused)."""
-    gateway = start_gateway(kind, base, strict=strict)
+def running_gateway(kind: str, base: Path, *, strict: bool = False, kernelspecs: dict[str, list[str]] | None = None,
+                    args: tuple[str, ...] = ()) -> Iterator[Gateway]:
+    """``strict``: Enterprise Gateway with its default authorization (root refused); the rest as ``start_gateway``."""
+    gateway = start_gateway(kind, base, strict=strict, kernelspecs=kernelspecs, args=args)
     try:
         yield gateway
     finally:

@@ -29,6 +29,7 @@ from kernelexec.layout import SessionDirs
 from kernelexec.sandbox.policy import kernel_policy
 from kernelexec.server.build import build_server
 from kernelexec.session.manager import SessionManager
+from kernelexec.session.session import Session
 
 from .conftest import Harness, free_port, make_settings
 from .conftest import serving as harness_for
@@ -267,6 +268,77 @@ async def test_startup_code_failing_remotely_fails_closed(gw: Gateway, short_tmp
     with pytest.raises(KernelStartError, match="startup code"):
         await kernel.start()
     assert gw.kernel_ids() == before  # the half-started kernel was deleted
+
+
+# A kernel that exits during its first ``deaths`` launches, each alive long enough for the gateway's WebSocket
+# handshake to send its kernel_info_request to that launch's ports; then this environment's ipykernel
+DIES_AT_START = """import os, sys, time
+marks, deaths, connection_file = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+launch = len(os.listdir(marks))
+open(os.path.join(marks, str(launch)), "x").close()
+if launch < deaths:
+    time.sleep(2)
+    sys.exit(1)
+os.execv(sys.executable, [sys.executable, "-m", "ipykernel_launcher", "-f", connection_file])
+"""
+
+
+@pytest.fixture(scope="module")
+def restarting_gateway(short_tmp: Path) -> Iterator[tuple[Gateway, dict[str, Path]]]:
+    """A Jupyter Server that restarts a dead kernel once (then drops it), offering kernels that die at start:
+    ``dies-once`` (its restart, on new ports, runs) and ``dies-twice`` (the gateway gives up on it)."""
+    marks = {name: short_tmp / f"{name}-launches" for name in ("dies-once", "dies-twice")}
+    for path in marks.values():
+        path.mkdir()
+    specs = {name: [sys.executable, "-c", DIES_AT_START, str(marks[name]), str(deaths), "{connection_file}"]
+             for name, deaths in (("dies-once", 1), ("dies-twice", 2))}
+    with running_gateway("jupyter_server", short_tmp, kernelspecs=specs,
+                         args=("--KernelRestarter.restart_limit=1",)) as gateway:
+        yield gateway, marks
+
+
+def kernel_named(gateway: Gateway, base: Path, name: str, handle: str) -> GatewayKernel:
+    settings = make_settings(base, kernel_gateway=gateway.url, kernel_gateway_token=gateway.token)
+    spec = Session(handle, settings).launch_spec()
+    return GatewayKernel(spec, startup_timeout=60, url=gateway.url, token=gateway.token, kernel_name=name)
+
+
+@pytest.mark.slow
+async def test_a_kernel_the_gateway_restarts_during_the_handshake_is_the_one_used(
+        restarting_gateway: tuple[Gateway, dict[str, Path]], short_tmp: Path) -> None:
+    """The kernel dies while Jupyter Server holds the WebSocket handshake on its kernel_info_request, and the
+    gateway restarts it on new ports: the restarted kernel is the session's, reached by the same handshake or a new
+    one (``GatewayChannelsClient.connect``), and not taken for lost (no second kernel is started)."""
+    gateway, marks = restarting_gateway
+    kernel = kernel_named(gateway, short_tmp, "dies-once", "diesonce1")
+    try:
+        await kernel.start()
+        assert await kernel.evaluate("6 * 7", timeout=30) == "42"
+        assert sorted(os.listdir(marks["dies-once"])) == ["0", "1"]  # one death, one restart: the same kernel
+        assert kernel.kernel_id in gateway.kernel_ids()
+    finally:
+        await kernel.shutdown()
+
+
+@pytest.mark.slow
+async def test_a_kernel_the_gateway_gives_up_on_during_its_start_is_replaced_once(
+        restarting_gateway: tuple[Gateway, dict[str, Path]], short_tmp: Path) -> None:
+    """Dead at its launch and at the gateway's one restart, the kernel is dropped by the gateway before it ever
+    answered, while the WebSocket handshake waits on it: nothing ran there, so a new kernel is started (its launch
+    runs) instead of failing the call. Before, the handshake waited out its 40 s and the start failed "kernel exited
+    during startup ... the gateway no longer knows it" (CI at 8c430d5: one of 20 clients' first call; the gateway's
+    log, kept in a rerun, showed why: the kernel's shell port taken, and every restart on the same ports)."""
+    gateway, marks = restarting_gateway
+    kernel = kernel_named(gateway, short_tmp, "dies-twice", "diestwice1")
+    try:
+        await kernel.start()
+        assert await kernel.evaluate("6 * 7", timeout=30) == "42"
+        assert sorted(os.listdir(marks["dies-twice"])) == ["0", "1", "2"]  # two deaths, then the new kernel's launch
+        log = kernel.log_tail(10_000)
+        assert "was lost before it answered" in log and "restarts failed" in log, log
+        assert gateway.kernel_ids() == {kernel.kernel_id}
+    finally:
+        await kernel.shutdown()
 
 
 async def test_close_session_deletes_the_remote_kernel(remote: Harness, gw: Gateway) -> None:

@@ -67,6 +67,15 @@ _ALIVE_EVERY = 1.0  # seconds between REST checks of the kernel's model (the Web
 
 
 # --- the manager -----------------------------------------------------------------------------------
+def _why_gone(model: dict[str, Any] | None) -> str | None:
+    """What the gateway's model of a kernel (None: a 404) says of its death, if anything."""
+    if model is None:
+        return "the gateway no longer knows it (deleted, culled, or its restarts failed)"
+    if model.get("execution_state") == "dead":
+        return "the gateway reports it dead"
+    return None
+
+
 class GatewayManager(GatewayKernelManager):
     """jupyter_server's ``GatewayKernelManager``, with every REST call going to ``gateway`` (not the
     singleton), a liveness check that notices deaths, and no local resources to clean up."""
@@ -84,6 +93,7 @@ class GatewayManager(GatewayKernelManager):
         self.note = note or (lambda text: None)  # writes a line to the session's kernel.log
         self.gone: str | None = None  # why the remote kernel is known dead or replaced
         self.attached = False  # started by attaching to a kernel the gateway already ran (a fleet's)
+        self.answered = False  # the kernel answered its kernel_info_request (GatewayKernel.install_startup)
         self._checked = 0.0
         self._clients: weakref.WeakSet[GatewayChannelsClient] = weakref.WeakSet()
         self.reclaim: tuple[str, frozenset[str]] | None = None  # GatewayKernel.reclaim, applied to an attached kernel's client
@@ -228,16 +238,28 @@ class GatewayManager(GatewayKernelManager):
             except GatewayError as exc:
                 logger.warning("checking remote kernel %s: %s", self.kernel_id, exc)
                 return True  # the gateway is unreachable for a moment: not evidence of death
-            if model is None:
-                self.gone = "the gateway no longer knows it (deleted or culled)"
-            elif model.get("execution_state") == "dead":
-                self.gone = "the gateway reports it dead"
-            if self.gone:
+            why = _why_gone(model)
+            if why:  # never cleared here: the reader thread may have set it (a restarting status) meanwhile
+                self.gone = why
                 self.note(f"remote kernel {self.kernel_id}: {self.gone}")
-                return False
-        return True
+        return self.gone is None
 
     _async_is_alive = is_alive  # jupyter_client's wait_for_ready asks the parent through this name
+
+    async def gone_while_waiting(self) -> str | None:
+        """Why the kernel is gone, asked over REST while its WebSocket handshake waits (``GatewayChannelsClient.connect``):
+        deleted, or given up on after failed restarts (Jupyter Server then drops it), or reported dead. None while
+        the gateway has it, or cannot be asked (a moment's outage is no evidence)."""
+        try:
+            model = await self.refresh_model()
+        except GatewayError as exc:
+            logger.warning("checking remote kernel %s: %s", self.kernel_id, exc)
+            return None
+        why = _why_gone(model)
+        if why:
+            self.gone = why
+            self.note(f"remote kernel {self.kernel_id}: {why}")
+        return why
 
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
         """No local process, ports or connection file."""
@@ -273,6 +295,7 @@ class GatewayKernel(Kernel):
         self.reclaim_deadline: float | None = None
         self.interrupted_reclaimed = False
         self._starting = False  # in start(): a failed attach lets the kernel go (shutdown)
+        self._made: GatewayManager | None = None  # the last manager create_manager made (start: was its kernel lost?)
         self.url = url or self.url
         self.token = token if token is not None else self.token
         self.kernel_name = kernel_name or self.kernel_name
@@ -293,7 +316,7 @@ class GatewayKernel(Kernel):
         self._starting = True
         try:
             if self.attach_to is None or self.reclaim is None or self.reclaim_deadline is None:
-                await super().start()
+                await self._start_replacing_a_lost_one()
                 return
             failed: Exception | None = None  # raised as itself, not in the task group's ExceptionGroup
             async with anyio.create_task_group() as watching:
@@ -308,6 +331,23 @@ class GatewayKernel(Kernel):
                 raise failed
         finally:
             self._starting = False
+
+    async def _start_replacing_a_lost_one(self) -> None:
+        """``Kernel.start``; when the gateway lost the kernel it started before the kernel ever answered, a new one,
+        once: no cell ran there, so nothing is lost. jupyter_client restarts a kernel on the TCP ports it first
+        picked, so a kernel whose port another process took before it bound dies at every restart the gateway tries
+        (``Address already in use``), and the gateway then drops it (CI at 8c430d5); a new kernel picks new ports.
+        A kernel attached to (a fleet's, with variables) is never silently replaced here."""
+        try:
+            await super().start()
+        except KernelStartError:
+            lost = self._made
+            if lost is None or lost.attached or lost.answered or not lost.gone:
+                raise
+            replaced = f"remote kernel {lost.kernel_id} was lost before it answered ({lost.gone})"
+            logger.warning("%s: starting a new one", replaced)
+            await super().start()
+            self.note(f"{replaced}: kernel {self.kernel_id} replaced it")  # the log closed with the lost one
 
     async def _interrupt_at(self, kernel_id: str, deadline: float) -> None:
         """``POST /interrupt`` to the gateway kernel at ``deadline`` (wall-clock), under this replica's lease."""
@@ -336,6 +376,7 @@ class GatewayKernel(Kernel):
         manager = GatewayManager(gateway=self.gateway, note=self.note)
         manager.fence = self.fence
         manager.reclaim = self.reclaim
+        self._made = manager
         return manager
 
     def resume_point(self, msg_id: str) -> dict[str, Any] | None:
@@ -387,6 +428,7 @@ class GatewayKernel(Kernel):
     async def install_startup(self) -> None:
         """Run kernelexec's startup code in the remote kernel (a silent execute); fail closed. A kernel attached
         to already runs it (its policy answers): nothing is sent again."""
+        cast(GatewayManager, self._manager()).answered = True  # Kernel._wait_ready calls this once the kernel answered
         if self.attached:
             report = await self.evaluate("_kernelexec_policy()", timeout=self.startup_timeout)
             if isinstance(report, dict) and report.get("active"):

@@ -41,6 +41,10 @@ from kernelexec.kernel import wire
 # cap each) and a few plots; past it only the messages that end a request are held (``_ENDS``, once each), the rest
 # dropped and counted: the collected answer says so (``Session.collect_orphans``).
 HOLD_CAP = 8 * 1024 * 1024
+# How long one WebSocket handshake may wait for Jupyter Server to hear the kernel answer before the gateway is asked
+# whether it still has the kernel (``connect``): a kernel answers within a few seconds of its launch even on a loaded
+# 2-core machine
+HANDSHAKE_ATTEMPT = 10.0
 _ENDS = {("iopub", "status"), ("iopub", "execute_result"), ("iopub", "error"), ("shell", "execute_reply")}
 
 
@@ -48,6 +52,8 @@ class _MadeByManager(Protocol):
     """What a client reads of the ``gateway.GatewayManager`` that made it (not imported: it imports this module)."""
 
     gateway: GatewayClient
+
+    async def gone_while_waiting(self) -> str | None: ...
 
 
 def _frame(payload: bytes, key: bytes) -> memoryview:
@@ -183,7 +189,15 @@ class GatewayChannelsClient(GatewayKernelClient):
         self._channels_stopped = False
 
     async def connect(self) -> None:
-        """Open the WebSocket (again, if it was lost) and start the reader thread."""
+        """Open the WebSocket (again, if it was lost) and start the reader thread.
+
+        Jupyter Server completes the handshake only once the kernel answers the ``kernel_info_request`` it sends
+        then, and a kernel that dies at its launch and at every restart the gateway tries is dropped while the
+        handshake still waits: it then waited out the whole ``connect_timeout`` (40 s) on a kernel that no longer
+        existed (CI at 8c430d5; tests/test_gateway.py's ``dies-twice``). So one handshake waits at most
+        ``HANDSHAKE_ATTEMPT``; the gateway is then asked whether it still has the kernel: if not, the wait ends
+        there (``GatewayKernel`` may start a new one); if so, a new handshake is made (closing the old one lets
+        Jupyter Server send a fresh request). ``Kernel.start``'s startup timeout bounds the attempts."""
         if self.channel_socket is not None and not self.lost:
             return
         self._close_socket()
@@ -201,16 +215,29 @@ class GatewayChannelsClient(GatewayKernelClient):
             sslopt.update(cert_reqs=ssl.CERT_NONE, check_hostname=False)
         import websocket
 
-        try:
-            sock = await anyio.to_thread.run_sync(partial(
-                websocket.create_connection, url, timeout=gateway.connect_timeout, header=header,
-                sslopt=sslopt, enable_multithread=True,
-                # websocket-client checks UTF-8 byte by byte in Python without wsaccel: ~1 s per MB, which made
-                # a fork's 4 MiB checkpoint piece take 5 s; wire.loads decodes (replacing what is not UTF-8)
-                skip_utf8_validation=True,
-            ))
-        except (OSError, websocket.WebSocketException) as exc:
-            raise GatewayError(f"gateway WebSocket {url.split('?')[0]} failed: {exc}{failure_hint(getattr(exc, 'status_code', None))}") from exc
+        handshake = partial(
+            websocket.create_connection, url, timeout=min(gateway.connect_timeout, HANDSHAKE_ATTEMPT), header=header,
+            sslopt=sslopt, enable_multithread=True,
+            # websocket-client checks UTF-8 byte by byte in Python without wsaccel: ~1 s per MB, which made
+            # a fork's 4 MiB checkpoint piece take 5 s; wire.loads decodes (replacing what is not UTF-8)
+            skip_utf8_validation=True,
+        )
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                sock = await anyio.to_thread.run_sync(handshake)
+                break
+            except (websocket.WebSocketTimeoutException, TimeoutError) as exc:
+                gone = await cast(_MadeByManager, self.parent).gone_while_waiting()
+                if gone is not None:
+                    raise GatewayError(f"gateway WebSocket {url.split('?')[0]} failed: remote kernel {self.kernel_id} "
+                                       f"{gone} while its handshake waited", 404) from exc
+                self.log.warning("gateway WebSocket of kernel %s: no handshake within %.0f s (attempt %d); the "
+                                 "gateway still has the kernel, so it is made again", self.kernel_id,
+                                 HANDSHAKE_ATTEMPT, attempts)
+            except (OSError, websocket.WebSocketException) as exc:
+                raise GatewayError(f"gateway WebSocket {url.split('?')[0]} failed: {exc}{failure_hint(getattr(exc, 'status_code', None))}") from exc
         sock.settimeout(None)  # the reader blocks until a message or close, however long the kernel idles
         loop = asyncio.get_running_loop()
         self.channel_socket = sock
