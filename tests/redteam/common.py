@@ -156,6 +156,16 @@ class Attack:
     mode: str = ""
 
 
+def whole_result(path: Path) -> str:
+    """A result the answer cut, whole from its ``result_file`` (a string result is kept there as JSON)."""
+    text = path.read_text(errors="replace")
+    try:
+        decoded = json.loads(text)
+    except ValueError:
+        return text
+    return decoded if isinstance(decoded, str) else text
+
+
 async def attack(world: World, t: Target, mode: str, payload: str, tag: str, *, category: str, name: str,
                  extra: dict[str, Any] | None = None, role: str | None = None) -> Attack:
     """Send one attack cell from session ``role`` (default: the session kept for ``mode``)."""
@@ -170,6 +180,8 @@ async def attack(world: World, t: Target, mode: str, payload: str, tag: str, *, 
         answer = await t.h.run(cell, session=t.handles[role], timeout=attack_timeout())
     result = answer.get("result")
     result = result if isinstance(result, str) else json.dumps(answer.get("result"))
+    if answer.get("result_file"):  # past the answer's cap: judged whole (a long /proc listing cut before the server's line judged nothing)
+        result = whole_result(Path(answer["result_file"]))
     if not answer.get("success"):
         result = f"cell failed: {answer.get('error')} ending={answer.get('ending')} {answer.get('restart_reason') or ''}"
     if mode == "os" and result.startswith("DISARM FAILED"):  # a failure, never a skip: os mode that does not run judges nothing

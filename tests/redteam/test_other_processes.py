@@ -41,7 +41,7 @@ OTHER_PROCESSES: dict[str, Any] = {
                     seen[d] = open('/proc/%s/cmdline' % d, 'rb').read()[:200]
                 except OSError as e:
                     seen[d] = repr(e)
-        out = seen
+        out = {d: c for d, c in seen.items() if c}  # (the host's kernel threads have none: room for the rest)
     """,
     "proc-listing-scandir-cwd-links": """
         os = M('os'); out = {}
