@@ -327,6 +327,35 @@ async def test_the_oom_killer_past_the_cgroup_cap_is_reported_and_the_next_call_
         await follow_up_works(harness, s)
 
 
+async def test_a_kernels_memory_cgroup_allows_no_swap_past_its_cap(short_tmp: Path) -> None:
+    """The cap is the kernel's whole memory: read from the kernel's own /proc/<pid>/cgroup, memory+swap equals the
+    memory limit (v1) or swap is 0 (v2). Before, a kernel at its cap could page out to the host's swap."""
+    from kernelexec.sandbox.probe import probe
+
+    if probe().cgroup is None:
+        pytest.fail("needs a writable cgroup hierarchy (run as root, as CI does)")
+    async with serving(make_settings(short_tmp, memory_mb=256, pool_size=0)) as harness:
+        s = await harness.new_session()
+        await harness.run("1", session=s)
+        kernel = harness.sessions.sessions[s].kernel
+        inner = [pid for pid in pids_with(str(kernel.connection_file))
+                 if any(a.endswith(b"kernel_main.py") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:5])]
+        assert len(inner) == 1, inner
+        found = {}
+        for line in Path(f"/proc/{inner[0]}/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if "kernelexec" in path and (not controllers or "memory" in controllers.split(",")):
+                base = Path("/sys/fs/cgroup", *([controllers.split(",")[0]] if controllers else []), path.lstrip("/"))
+                found = {f.name: f.read_text().strip() for f in base.iterdir() if f.name in (
+                    "memory.max", "memory.swap.max", "memory.limit_in_bytes", "memory.memsw.limit_in_bytes")}
+        cap = str((256 + 512) * 1024 * 1024)
+        assert found.get("memory.max", found.get("memory.limit_in_bytes")) == cap, found
+        if "memory.max" in found:
+            assert found.get("memory.swap.max", "0") == "0", found  # (absent: the host accounts no swap)
+        else:
+            assert found.get("memory.memsw.limit_in_bytes", cap) == cap, found
+
+
 async def test_every_kernel_holds_the_servers_lifeline(h: Harness) -> None:
     """Kernels exit when the server is gone, however it went: each holds the read end of a pipe only the
     server can keep open, and a thread waiting on it. (bubblewrap's --die-with-parent alone misses a server

@@ -125,8 +125,14 @@ class SandboxPlan:
             path.mkdir(parents=True, exist_ok=True)
             for name, value in self.cgroup_limits.items():
                 target = path / name
-                if target.exists():
+                if not target.exists():
+                    continue
+                try:
                     target.write_text(value)
+                except OSError:
+                    if name not in SWAP_LIMITS:
+                        raise
+                    logger.warning("cannot limit swap in %s", path)  # the memory cap itself holds
 
     def remove_cgroups(self) -> None:
         for d in self.cgroup_dirs:
@@ -376,6 +382,11 @@ def _bwrap_args(f: Features, read_paths: list[str], write_paths: list[str], cwd:
     return args
 
 
+# No swap past the memory cap (v2, v1): a kernel at its cap would otherwise page out to the host's swap and slow
+# every other process instead of being OOM-killed. Present only where the kernel accounts swap: written when there.
+SWAP_LIMITS = ("memory.swap.max", "memory.memsw.limit_in_bytes")
+
+
 def _cgroups(kind: str, key: str, settings: Settings) -> tuple[list[str], dict[str, str]]:
     mb = 1024 * 1024
     limits: dict[str, str] = {}
@@ -384,6 +395,7 @@ def _cgroups(kind: str, key: str, settings: Settings) -> tuple[list[str], dict[s
     if kind == "v2":
         if hard:
             limits["memory.max"] = str(hard)
+            limits[SWAP_LIMITS[0]] = "0"  # the cap is the kernel's whole memory: past it an OOM kill, not the host's swap
         if settings.max_processes:
             limits["pids.max"] = str(settings.max_processes)
         return [str(CGROUP_ROOT / "kernelexec" / key)], limits
@@ -391,6 +403,7 @@ def _cgroups(kind: str, key: str, settings: Settings) -> tuple[list[str], dict[s
     if hard:
         dirs.append(str(CGROUP_ROOT / "memory" / "kernelexec" / key))
         limits["memory.limit_in_bytes"] = str(hard)
+        limits[SWAP_LIMITS[1]] = str(hard)  # memory + swap, after the memory limit (it may not be below it)
     if settings.max_processes:
         dirs.append(str(CGROUP_ROOT / "pids" / "kernelexec" / key))
         limits["pids.max"] = str(settings.max_processes)

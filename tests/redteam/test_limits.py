@@ -58,7 +58,8 @@ LIMITS: dict[str, Any] = {
         where += [['memory', '/kernelexec/' + handle], ['pids', '/kernelexec/' + handle], ['', '/kernelexec/' + handle]]
         for controllers, path in where:  # v1 and v2
             base = '/sys/fs/cgroup/' + (controllers.split(',')[0] + '/' if controllers else '')
-            for name, value in (('memory.limit_in_bytes', '-1'), ('memory.max', 'max'), ('pids.max', 'max')):
+            for name, value in (('memory.limit_in_bytes', '-1'), ('memory.max', 'max'), ('pids.max', 'max'),
+                                ('memory.memsw.limit_in_bytes', '-1'), ('memory.swap.max', 'max')):
                 try:
                     open(base + path.lstrip('/') + '/' + name, 'w').write(value)
                 except OSError as e:
@@ -96,7 +97,7 @@ def _live_pids(t: Target, mode: str, *, restarted_ok: bool = False) -> list[int]
     return pids
 
 
-_CGROUP_FILES = ("memory.limit_in_bytes", "memory.max", "pids.max")
+_CGROUP_FILES = ("memory.limit_in_bytes", "memory.max", "pids.max", "memory.memsw.limit_in_bytes", "memory.swap.max")
 
 
 def _cgroup_values(t: Target, mode: str) -> dict[str, str]:
