@@ -271,7 +271,7 @@ async def test_startup_code_failing_remotely_fails_closed(gw: Gateway, short_tmp
 
 
 # A kernel that exits during its first ``deaths`` launches, each alive long enough for the gateway's WebSocket
-# handshake to send its kernel_info_request to that launch's ports; then this environment's ipykernel
+# handshake to send its kernel_info_request meanwhile; then this environment's ipykernel
 DIES_AT_START = """import os, sys, time
 marks, deaths, connection_file = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 launch = len(os.listdir(marks))
@@ -286,7 +286,7 @@ os.execv(sys.executable, [sys.executable, "-m", "ipykernel_launcher", "-f", conn
 @pytest.fixture(scope="module")
 def restarting_gateway(short_tmp: Path) -> Iterator[tuple[Gateway, dict[str, Path]]]:
     """A Jupyter Server that restarts a dead kernel once (then drops it), offering kernels that die at start:
-    ``dies-once`` (its restart, on new ports, runs) and ``dies-twice`` (the gateway gives up on it)."""
+    ``dies-once`` (its restart runs) and ``dies-twice`` (the gateway gives up on it)."""
     marks = {name: short_tmp / f"{name}-launches" for name in ("dies-once", "dies-twice")}
     for path in marks.values():
         path.mkdir()
@@ -307,8 +307,8 @@ def kernel_named(gateway: Gateway, base: Path, name: str, handle: str) -> Gatewa
 async def test_a_kernel_the_gateway_restarts_during_the_handshake_is_the_one_used(
         restarting_gateway: tuple[Gateway, dict[str, Path]], short_tmp: Path) -> None:
     """The kernel dies while Jupyter Server holds the WebSocket handshake on its kernel_info_request, and the
-    gateway restarts it on new ports: the restarted kernel is the session's, reached by the same handshake or a new
-    one (``GatewayChannelsClient.connect``), and not taken for lost (no second kernel is started)."""
+    gateway restarts it: the restarted kernel is the session's, reached by that handshake, and not taken for lost
+    (no second kernel is started)."""
     gateway, marks = restarting_gateway
     kernel = kernel_named(gateway, short_tmp, "dies-once", "diesonce1")
     try:

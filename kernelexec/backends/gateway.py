@@ -333,20 +333,26 @@ class GatewayKernel(Kernel):
             self._starting = False
 
     async def _start_replacing_a_lost_one(self) -> None:
-        """``Kernel.start``; when the gateway lost the kernel it started before the kernel ever answered, a new one,
-        once: no cell ran there, so nothing is lost. jupyter_client restarts a kernel on the TCP ports it first
-        picked, so a kernel whose port another process took before it bound dies at every restart the gateway tries
-        (``Address already in use``), and the gateway then drops it (CI at 8c430d5); a new kernel picks new ports.
-        A kernel attached to (a fleet's, with variables) is never silently replaced here."""
+        """``Kernel.start``; when the kernel it started was lost before it ever answered (the gateway dropped it,
+        reported it dead or restarted it, or its WebSocket closed), a new one, once, within what is left of the one
+        start-up timeout: no cell ran there, so nothing is lost. jupyter_client restarts a kernel on the TCP ports it
+        first picked, so a kernel whose port another process took before it bound dies at every restart the gateway
+        tries (``Address already in use``), and the gateway then drops it (CI at 8c430d5); a new kernel picks new
+        ports. A kernel attached to (a fleet's, with variables) is never silently replaced here."""
+        deadline = time.monotonic() + self.startup_timeout  # one start-up budget for both
         try:
             await super().start()
         except KernelStartError:
-            lost = self._made
-            if lost is None or lost.attached or lost.answered or not lost.gone:
+            lost, left = self._made, deadline - time.monotonic()
+            if lost is None or lost.attached or lost.answered or not lost.gone or left < 1:
                 raise
             replaced = f"remote kernel {lost.kernel_id} was lost before it answered ({lost.gone})"
             logger.warning("%s: starting a new one", replaced)
-            await super().start()
+            budget, self.startup_timeout = self.startup_timeout, left
+            try:
+                await super().start()
+            finally:
+                self.startup_timeout = budget
             self.note(f"{replaced}: kernel {self.kernel_id} replaced it")  # the log closed with the lost one
 
     async def _interrupt_at(self, kernel_id: str, deadline: float) -> None:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import queue
+import socket
 import struct
 import threading
 import time
@@ -41,10 +42,9 @@ from kernelexec.kernel import wire
 # cap each) and a few plots; past it only the messages that end a request are held (``_ENDS``, once each), the rest
 # dropped and counted: the collected answer says so (``Session.collect_orphans``).
 HOLD_CAP = 8 * 1024 * 1024
-# How long one WebSocket handshake may wait for Jupyter Server to hear the kernel answer before the gateway is asked
-# whether it still has the kernel (``connect``): a kernel answers within a few seconds of its launch even on a loaded
-# 2-core machine
-HANDSHAKE_ATTEMPT = 10.0
+# How often the gateway is asked whether it still has a kernel while the WebSocket handshake waits on the kernel's
+# first answer (``connect``): a kernel answers within a few seconds of its launch even on a loaded 2-core machine
+HANDSHAKE_CHECK = 5.0
 _ENDS = {("iopub", "status"), ("iopub", "execute_result"), ("iopub", "error"), ("shell", "execute_reply")}
 
 
@@ -194,10 +194,12 @@ class GatewayChannelsClient(GatewayKernelClient):
         Jupyter Server completes the handshake only once the kernel answers the ``kernel_info_request`` it sends
         then, and a kernel that dies at its launch and at every restart the gateway tries is dropped while the
         handshake still waits: it then waited out the whole ``connect_timeout`` (40 s) on a kernel that no longer
-        existed (CI at 8c430d5; tests/test_gateway.py's ``dies-twice``). So one handshake waits at most
-        ``HANDSHAKE_ATTEMPT``; the gateway is then asked whether it still has the kernel: if not, the wait ends
-        there (``GatewayKernel`` may start a new one); if so, a new handshake is made (closing the old one lets
-        Jupyter Server send a fresh request). ``Kernel.start``'s startup timeout bounds the attempts."""
+        existed (CI at 8c430d5; tests/test_gateway.py's ``dies-twice``). So while the one handshake waits (bounded
+        by ``connect_timeout`` as before), the gateway is asked every ``HANDSHAKE_CHECK`` s whether it still has the
+        kernel, and when it does not, the handshake's socket is shut and the wait ends there (``GatewayKernel`` may
+        start a new one). The handshake is never abandoned and made again while the kernel lives: Jupyter Server
+        counts an abandoned one as a disconnect without a connect, and with its count below zero it no longer
+        buffers the kernel's messages for the next connection (what a fleet's takeover collects) nor culls it."""
         if self.channel_socket is not None and not self.lost:
             return
         self._close_socket()
@@ -215,29 +217,26 @@ class GatewayChannelsClient(GatewayKernelClient):
             sslopt.update(cert_reqs=ssl.CERT_NONE, check_hostname=False)
         import websocket
 
-        handshake = partial(
-            websocket.create_connection, url, timeout=min(gateway.connect_timeout, HANDSHAKE_ATTEMPT), header=header,
-            sslopt=sslopt, enable_multithread=True,
-            # websocket-client checks UTF-8 byte by byte in Python without wsaccel: ~1 s per MB, which made
-            # a fork's 4 MiB checkpoint piece take 5 s; wire.loads decodes (replacing what is not UTF-8)
-            skip_utf8_validation=True,
-        )
-        attempts = 0
-        while True:
-            attempts += 1
+        # websocket-client checks UTF-8 byte by byte in Python without wsaccel: ~1 s per MB, which made a fork's
+        # 4 MiB checkpoint piece take 5 s; wire.loads decodes (replacing what is not UTF-8)
+        sock = websocket.WebSocket(sslopt=sslopt, enable_multithread=True, skip_utf8_validation=True)
+        sock.settimeout(gateway.connect_timeout)
+        gone: list[str] = []
+        failed: Exception | None = None
+        async with anyio.create_task_group() as watching:
+            watching.start_soon(self._shut_if_gone, sock, gone)
             try:
-                sock = await anyio.to_thread.run_sync(handshake)
-                break
-            except (websocket.WebSocketTimeoutException, TimeoutError) as exc:
-                gone = await cast(_MadeByManager, self.parent).gone_while_waiting()
-                if gone is not None:
-                    raise GatewayError(f"gateway WebSocket {url.split('?')[0]} failed: remote kernel {self.kernel_id} "
-                                       f"{gone} while its handshake waited", 404) from exc
-                self.log.warning("gateway WebSocket of kernel %s: no handshake within %.0f s (attempt %d); the "
-                                 "gateway still has the kernel, so it is made again", self.kernel_id,
-                                 HANDSHAKE_ATTEMPT, attempts)
+                await anyio.to_thread.run_sync(partial(sock.connect, url, header=header))
             except (OSError, websocket.WebSocketException) as exc:
-                raise GatewayError(f"gateway WebSocket {url.split('?')[0]} failed: {exc}{failure_hint(getattr(exc, 'status_code', None))}") from exc
+                failed = exc
+            watching.cancel_scope.cancel()
+        where = f"gateway WebSocket {url.split('?')[0]} failed"
+        if gone:
+            if failed is None:  # made in the same instant the kernel was found gone
+                sock.shutdown()
+            raise GatewayError(f"{where}: remote kernel {self.kernel_id} {gone[0]} while its handshake waited", 404) from failed
+        if failed is not None:
+            raise GatewayError(f"{where}: {failed}{failure_hint(getattr(failed, 'status_code', None))}") from failed
         sock.settimeout(None)  # the reader blocks until a message or close, however long the kernel idles
         loop = asyncio.get_running_loop()
         self.channel_socket = sock
@@ -250,6 +249,22 @@ class GatewayChannelsClient(GatewayKernelClient):
         self.response_router = threading.Thread(target=self._route_responses, args=(sock, self._channel_queues),
                                                 name=f"gateway-ws-{self.kernel_id[:8]}", daemon=True)
         self.response_router.start()
+
+    async def _shut_if_gone(self, sock: Any, gone: list[str]) -> None:
+        """While ``connect``'s handshake waits: every ``HANDSHAKE_CHECK`` s, ask the gateway for the kernel; once it
+        is gone, say why in ``gone`` and shut the handshake's socket (again until the handshake ends: its TCP
+        connection may not be made yet)."""
+        while not gone:
+            await anyio.sleep(HANDSHAKE_CHECK)
+            why = await cast(_MadeByManager, self.parent).gone_while_waiting()
+            if why:
+                gone.append(why)
+        while True:
+            raw = sock.sock
+            if raw is not None:
+                with contextlib.suppress(OSError):
+                    raw.shutdown(socket.SHUT_RDWR)  # wakes the blocked read, where close() alone would not
+            await anyio.sleep(0.2)
 
     async def wait_for_ready(self, timeout: float | None = None) -> None:
         await self.connect()
