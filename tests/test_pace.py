@@ -170,6 +170,41 @@ async def test_replies_the_old_kernel_never_read_do_not_reach_the_kernel_of_the_
             assert r["result"] == "yes", {k: r.get(k) for k in ("error_type", "error", "ending", "notes")}
 
 
+# A few questions asked without reading the answers (far under the channel's high-water mark, so never "hung"),
+# then the cell ends by itself: what a flood on a slow machine looks like when its timeout comes first
+FEW_UNREAD = """\
+k = get_ipython().kernel
+parent, ident = k.get_parent('shell'), k._parent_ident['shell']
+for _ in range(50):
+    k.session.send(k.stdin_socket, 'input_request', {'prompt': 'x', 'password': False}, parent=parent, ident=ident)
+import time
+time.sleep(1)
+'ended'
+"""
+
+
+async def test_a_kernel_that_asks_again_before_its_answer_is_sent_is_not_kept_after_its_cell(short_tmp: Path) -> None:
+    """CI at 022b0a5 (a slower machine): FREEZER's flood had sent only 898 questions by its 8 s timeout, under the
+    channel's high-water mark, so it was never "hung"; the interrupt ended it and the kernel was kept with its
+    replies unread. A kernel that asks again before the answer to its last question was even sent does not read its
+    replies (input() waits for each): it is restarted once the cell ends, however it ends, and the next input() is
+    answered by its own reply."""
+    settings = make_settings(short_tmp, pool_size=0, restart_spares=0)
+    async with SessionManager(settings).running() as sessions:
+        async with Client(build_server(settings, sessions), mode="legacy", elicitation_callback=decline) as client:
+            s: Any = (await client.call_tool("new_session", {})).structured_content["session"]
+            r: Any = (await client.call_tool("execute_code", {"code": FEW_UNREAD, "session": s, "timeout": 30})).structured_content
+            assert r["result"] == "ended" and r["ending"] == "restarted", r  # before: "completed", the kernel kept
+            assert "asked again before the answer" in r["restart_reason"], r
+            assert any("stopped reading the server's replies" in n for n in r["notes"]), r["notes"]
+            r = (await client.call_tool("execute_code", {"code": UNASKED_ON_STDIN, "session": s})).structured_content
+            assert r["result"] == [[], 0], r
+            r = (await client.call_tool("execute_code", {"code": "input('again? ')", "session": s})).structured_content
+            assert r["result"] == "yes", {k: r.get(k) for k in ("error_type", "error", "ending", "notes")}
+            r = (await client.call_tool("execute_code", {"code": "[input('again? ') for _ in range(3)]", "session": s})).structured_content
+            assert r["result"] == ["yes"] * 3 and r["ending"] == "completed", r  # questions asked one at a time: kept
+
+
 async def test_a_flood_of_declined_input_questions_ends_at_the_timeout_with_a_small_answer_and_record(short_tmp: Path) -> None:
     answer, latencies, took, journal = await _attack_while_timing_another_session(DECLINED_FLOOD, 5, short_tmp)
     assert took < 5 + 3 + 5, f"a 5 s cell ran {took:.1f} s"

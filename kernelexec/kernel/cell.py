@@ -90,6 +90,9 @@ class CellRun:
             await self._after_death(silent=not self.collector.began)
         elif state == "idle":
             await self._finish(deadline=time.monotonic() + max(self.grace, 5.0))
+        if state in ("idle", "interrupted") and self.stdin is not None and self.stdin.overlapped:
+            await self._restart_unread("the kernel stopped reading the server's replies to its questions (it asked "
+                                       "again before the answer to the last was sent): the cell ended")
 
     async def collect(self, deadline: float, on_output: OnOutput | None, stdin: Stdin | None = None) -> str:
         """Read IOPub until the request's idle status: returns ``idle``, ``timeout``, ``dead`` or ``hung`` (the
@@ -162,12 +165,15 @@ class CellRun:
         why = "the kernel stopped reading its channels"
         state = await self.escalate(why)
         if state == "interrupted":
-            self.ex.ending = "restarted"
-            self.ex.restart_reason = (f"{why} (a hung kernel): the interrupt ended the cell, and the kernel was restarted "
-                                      "so that nothing it left unread answers a later call (variables lost)")
-            await self.kernel.restart()
-            state = "restarted"
+            state = await self._restart_unread(f"{why} (a hung kernel): the interrupt ended the cell")
         return state
+
+    async def _restart_unread(self, why: str) -> str:
+        """Not kept: a kernel left with replies it never read (``_hung``; ``Stdin.overlapped``)."""
+        self.ex.ending = "restarted"
+        self.ex.restart_reason = f"{why}, and the kernel was restarted so that nothing it left unread answers a later call (variables lost)"
+        await self.kernel.restart()
+        return "restarted"
 
     async def _after_death(self, *, silent: bool = False) -> None:
         status = self.kernel.exit_status()

@@ -110,6 +110,10 @@ class Stdin:
         self.unrecorded = 0
         self._more_note: int | None = None  # the index in ex.notes of the counted line, once there is one
         self._unrecorded_note: int | None = None
+        # The kernel asked again before our answer to its last question was even sent: it does not read its replies
+        # (input() waits for each), and it must not be kept after the cell with them unread (CellRun.follow)
+        self.overlapped = False
+        self._queued_at_reply = False  # a message already waited when the last reply went out
 
     async def serve(self, deadline: float) -> str:
         """Serve what waits on the stdin channel: ``ok`` (drained), ``more`` (a batch served and more waiting: the
@@ -125,8 +129,9 @@ class Stdin:
             except Exception:  # noqa: BLE001 - a message that would not decode: nothing to answer
                 await anyio.lowlevel.checkpoint()
                 continue
+            queued, self._queued_at_reply = self._queued_at_reply, False
             try:
-                await self._one(msg)
+                await self._one(msg, queued)
             except KernelStalled as exc:
                 self.ex.notes.append(f"{exc}: it stopped reading the server's replies to its questions, so it was "
                                      "treated as hung")
@@ -134,12 +139,18 @@ class Stdin:
             await anyio.lowlevel.checkpoint()  # every message gives the loop a turn, however fast they come
         return "more"
 
-    async def _one(self, msg: Any) -> None:
+    async def _one(self, msg: Any, queued: bool = False) -> None:
+        """Answer one of the cell's questions or tool calls; ``queued``: it was already waiting when our last reply
+        went out (the stdin channel is read in order, so it was asked before that reply existed)."""
         parent = msg.get("parent_header") if isinstance(msg, dict) else None
         content = msg.get("content") if isinstance(msg, dict) else None
         if (not isinstance(parent, dict) or parent.get("msg_id") != self.msg_id or msg.get("msg_type") != "input_request"
                 or not isinstance(content, dict)):
             return
+        if queued and not self.overlapped:
+            self.overlapped = True
+            self.ex.notes.append("the kernel asked again before the answer to its last question was sent: it stopped "
+                                 "reading the server's replies, so it is restarted after this cell (variables lost)")
         metadata = msg.get("metadata")
         if isinstance(metadata, dict) and TOOL_CALL_MARK in metadata:
             reply = (await self.tools(metadata[TOOL_CALL_MARK]) if self.tools is not None
@@ -156,6 +167,7 @@ class Stdin:
         self._record(prompt, password, answer)
 
     async def _reply(self, value: str) -> None:
+        self._queued_at_reply = await waiting(self.kc.stdin_channel)
         await send_to_kernel(self.kc.stdin_channel, self.kc.session.msg("input_reply", {"value": value}))
 
     def _record(self, prompt: str, password: bool, answer: str | None, refusal: str | None = None) -> None:
