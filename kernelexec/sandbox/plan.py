@@ -123,6 +123,10 @@ class SandboxPlan:
                     except OSError:
                         logger.warning("cannot enable memory/pids controllers under %s", parent)
             path.mkdir(parents=True, exist_ok=True)
+            memsw = path / SWAP_LIMITS[1]
+            if SWAP_LIMITS[1] in self.cgroup_limits and memsw.exists():  # v1: a reused cgroup's smaller memory+swap
+                with contextlib.suppress(OSError):                       # limit would refuse a larger memory limit
+                    memsw.write_text("-1")
             for name, value in self.cgroup_limits.items():
                 target = path / name
                 if not target.exists():

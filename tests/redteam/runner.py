@@ -24,7 +24,7 @@ The helpers are installed once per kernel (``install_cell``, into ``builtins``, 
 them); each attack is then one short cell (``attack_cell``). Each payload is Python source that may use ``M(name)`` (a module), ``P`` (the attack's parameters)
 and the helpers in ``LIB``, and binds ``out`` to what it obtained. The cell's ``result`` is
 ``"completed: <repr(out)>"`` or ``"stopped: <exception>"`` (prefixed ``[no hooks]`` in os mode). ``repr(out)`` is cut
-at 16,000 characters (the sub-interpreter's answer goes through a pipe read only after it wrote: under its 64 KiB);
+at 16,000 characters, marked `` [cut]`` (the sub-interpreter's answer goes through a pipe read only after it wrote: under its 64 KiB);
 past the answer's ``result_chars`` the judges read the whole from ``result_file`` (common.attack). At 4,000, a
 ``/proc`` listing on a busy machine was cut before the server's line, and its judge judged nothing.
 """
@@ -71,7 +71,7 @@ def __kxrt_attack(PAYLOAD, P):
     ns = {'M': M, 'P': P, '__builtins__': bi, '__name__': '__main__'}
     try:
         exec(PAYLOAD, ns)
-        return 'completed: ' + repr(ns.get('out'))[:16000]
+        return 'completed: ' + (lambda r: r[:16000] + (' [cut]' if len(r) > 16000 else ''))(repr(ns.get('out')))
     except BaseException as e:
         return 'stopped: %s: %s' % (type(e).__name__, str(e)[:600])
 __builtins__._kxrt_guard = __kxrt_attack
@@ -84,7 +84,7 @@ P = _ast.literal_eval(P)
 ns = {'M': _il.import_module, 'P': P, '__builtins__': _b, '__name__': '__main__'}
 try:
     exec(PAYLOAD, ns)
-    r = 'completed: ' + repr(ns.get('out'))[:16000]
+    r = 'completed: ' + (lambda r: r[:16000] + (' [cut]' if len(r) > 16000 else ''))(repr(ns.get('out')))
 except BaseException as e:
     r = 'stopped: %s: %s' % (type(e).__name__, str(e)[:600])
 _os.write(FD, ('[no hooks] ' + r).encode())
@@ -151,7 +151,7 @@ def __kxrt_attack(PAYLOAD, P, SUB):
         ns = {'M': M, 'P': P, '__builtins__': bi, '__name__': '__main__'}
         try:
             exec(PAYLOAD, ns)
-            return '[hook disarmed] completed: ' + repr(ns.get('out'))[:16000]
+            return '[hook disarmed] completed: ' + (lambda r: r[:16000] + (' [cut]' if len(r) > 16000 else ''))(repr(ns.get('out')))
         except BaseException as e:
             return '[hook disarmed] stopped: %s: %s' % (type(e).__name__, str(e)[:600])
     # (3) a sub-interpreter through the public C API (Py_NewInterpreter, PyThreadState_Swap, PyRun_SimpleString,
