@@ -196,6 +196,7 @@ async def test_a_kernel_that_asks_again_before_its_answer_is_sent_is_not_kept_af
             r: Any = (await client.call_tool("execute_code", {"code": FEW_UNREAD, "session": s, "timeout": 30})).structured_content
             assert r["result"] == "ended" and r["ending"] == "restarted", r  # before: "completed", the kernel kept
             assert "asked again before the answer" in r["restart_reason"], r
+            assert r["error_type"] == "KernelRestarted" and r["error"].startswith("KernelRestarted: "), r  # not a timeout
             assert any("stopped reading the server's replies" in n for n in r["notes"]), r["notes"]
             r = (await client.call_tool("execute_code", {"code": UNASKED_ON_STDIN, "session": s})).structured_content
             assert r["result"] == [[], 0], r

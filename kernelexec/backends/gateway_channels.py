@@ -155,6 +155,15 @@ class _Channel(ChannelQueue):
             self._on_lost()
 
 
+def _shut(sock: Any) -> None:
+    """Shut a websocket-client socket's connection, from any thread: wakes a read blocked on it (close() alone would
+    not). The plain socket's shutdown, not TLS's: SSLSocket.shutdown unwraps under a worker's read."""
+    raw = sock.sock
+    if raw is not None:
+        with contextlib.suppress(OSError):
+            socket.socket.shutdown(raw, socket.SHUT_RDWR)
+
+
 class GatewayChannelsClient(GatewayKernelClient):
     """jupyter_server's ``GatewayKernelClient``, for one gateway and a long-lived server.
 
@@ -226,8 +235,12 @@ class GatewayChannelsClient(GatewayKernelClient):
         async with anyio.create_task_group() as watching:
             watching.start_soon(self._shut_if_gone, sock, gone)
             try:
-                await anyio.to_thread.run_sync(partial(sock.connect, url, header=header))
-            except (OSError, websocket.WebSocketException) as exc:
+                # abandoned when cancelled (Kernel.start's deadline): its socket is shut so that it ends at once
+                await anyio.to_thread.run_sync(partial(sock.connect, url, header=header), abandon_on_cancel=True)
+            except anyio.get_cancelled_exc_class():
+                _shut(sock)
+                raise
+            except (OSError, ValueError, websocket.WebSocketException) as exc:  # ValueError: a TLS socket shut mid-read
                 failed = exc
             watching.cancel_scope.cancel()
         where = f"gateway WebSocket {url.split('?')[0]} failed"
@@ -256,15 +269,17 @@ class GatewayChannelsClient(GatewayKernelClient):
         connection may not be made yet)."""
         while not gone:
             await anyio.sleep(HANDSHAKE_CHECK)
-            why = await cast(_MadeByManager, self.parent).gone_while_waiting()
+            try:
+                why = await cast(_MadeByManager, self.parent).gone_while_waiting()
+            except Exception as exc:  # noqa: BLE001 - a garbled answer is no evidence of death: asked again later
+                self.log.warning("checking remote kernel %s during its handshake: %r", self.kernel_id, exc)
+                continue
             if why:
                 gone.append(why)
         while True:
-            raw = sock.sock
-            if raw is not None:
-                with contextlib.suppress(OSError):
-                    raw.shutdown(socket.SHUT_RDWR)  # wakes the blocked read, where close() alone would not
+            _shut(sock)
             await anyio.sleep(0.2)
+
 
     async def wait_for_ready(self, timeout: float | None = None) -> None:
         await self.connect()

@@ -45,6 +45,7 @@ STALL_S = 2.0  # a reply the kernel leaves unaccepted this long (its channel ful
 BATCH = 64  # stdin messages served before the IOPub loop (liveness, output) has its turn again
 INPUTS_KEPT = 20  # questions recorded per cell (``ex.inputs``, replayed in order); the rest are counted in one note
 PROMPT_KEPT = 200  # characters of a prompt in the record
+OVERLAPS = 3  # questions asked before the answer to the previous one was sent: the kernel does not read its answers
 
 
 class KernelStalled(Exception):
@@ -110,8 +111,11 @@ class Stdin:
         self.unrecorded = 0
         self._more_note: int | None = None  # the index in ex.notes of the counted line, once there is one
         self._unrecorded_note: int | None = None
-        # The kernel asked again before our answer to its last question was even sent: it does not read its replies
-        # (input() waits for each), and it must not be kept after the cell with them unread (CellRun.follow)
+        # The kernel asked again before our answer to its last question was even sent, OVERLAPS times: it does not
+        # read its replies (input() waits for each), and it must not be kept after the cell with them unread
+        # (CellRun.follow). One is forgiven: a cell that catches the interrupt and asks again before the interrupt's
+        # decline goes out, or two threads asking at once (ipykernel's input() drops a stale reply itself).
+        self.overlaps = 0
         self.overlapped = False
         self._queued_at_reply = False  # a message already waited when the last reply went out
 
@@ -127,6 +131,7 @@ class Stdin:
             try:
                 msg = await self.kc.get_stdin_msg(timeout=0)
             except Exception:  # noqa: BLE001 - a message that would not decode: nothing to answer
+                self._queued_at_reply = False  # (it was the message that waited)
                 await anyio.lowlevel.checkpoint()
                 continue
             queued, self._queued_at_reply = self._queued_at_reply, False
@@ -147,7 +152,8 @@ class Stdin:
         if (not isinstance(parent, dict) or parent.get("msg_id") != self.msg_id or msg.get("msg_type") != "input_request"
                 or not isinstance(content, dict)):
             return
-        if queued and not self.overlapped:
+        self.overlaps += queued
+        if self.overlaps >= OVERLAPS and not self.overlapped:
             self.overlapped = True
             self.ex.notes.append("the kernel asked again before the answer to its last question was sent: it stopped "
                                  "reading the server's replies, so it is restarted after this cell (variables lost)")

@@ -240,6 +240,8 @@ def _as_bytes(mime: str, value: Any) -> bytes:
 
 
 def _ending_type(ex: Execution) -> str:
+    if ex.ending == "restarted" and not ex.timed_out:  # a hung kernel, or one that never read its answers
+        return "KernelRestarted"
     return {"interrupted": "TimeoutError", "restarted": "TimeoutError", "kernel_died": "KernelDied"}.get(ex.ending, "Error")
 
 
@@ -253,6 +255,8 @@ def _one_line(ex: Execution, error: CellError | None) -> str | None:
         return f"TimeoutError: the code ran longer than its timeout ({how})"
     if ex.cancelled:
         return "CancelledError: the call was cancelled"
+    if ex.ending == "restarted":  # not by its timeout: the cell's own error first, else why
+        return error.one_line() if error is not None else f"KernelRestarted: {ex.restart_reason}"
     if ex.ending == "kernel_died":
         return f"KernelDied: {ex.restart_reason}"
     return f"{ex.ending}"
