@@ -113,7 +113,7 @@ class Stdin:
         self._unrecorded_note: int | None = None
         # The kernel asked again before our answer to its last question was even sent, OVERLAPS times: it does not
         # read its replies (input() waits for each), and it must not be kept after the cell with them unread
-        # (CellRun.follow). One is forgiven: a cell that catches the interrupt and asks again before the interrupt's
+        # (CellRun.follow). Fewer are forgiven: a cell that catches the interrupt and asks again before the interrupt's
         # decline goes out, or two threads asking at once (ipykernel's input() drops a stale reply itself).
         self.overlaps = 0
         self.overlapped = False
