@@ -280,7 +280,6 @@ class GatewayChannelsClient(GatewayKernelClient):
             _shut(sock)
             await anyio.sleep(0.2)
 
-
     async def wait_for_ready(self, timeout: float | None = None) -> None:
         await self.connect()
         await AsyncKernelClient.wait_for_ready(self, timeout=timeout)
