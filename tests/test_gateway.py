@@ -273,10 +273,10 @@ async def test_startup_code_failing_remotely_fails_closed(gw: Gateway, short_tmp
 # A kernel that exits during its first ``deaths`` launches, each alive long enough for the gateway's WebSocket
 # handshake to send its kernel_info_request meanwhile; then this environment's ipykernel
 DIES_AT_START = """import os, sys, time
-marks, deaths, connection_file = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+marks, dying, connection_file = sys.argv[1], {int(n) for n in sys.argv[2].split(",")}, sys.argv[3]
 launch = len(os.listdir(marks))
 open(os.path.join(marks, str(launch)), "x").close()
-if launch < deaths:
+if launch in dying:
     time.sleep(2)
     sys.exit(1)
 os.execv(sys.executable, [sys.executable, "-m", "ipykernel_launcher", "-f", connection_file])
@@ -285,13 +285,15 @@ os.execv(sys.executable, [sys.executable, "-m", "ipykernel_launcher", "-f", conn
 
 @pytest.fixture(scope="module")
 def restarting_gateway(short_tmp: Path) -> Iterator[tuple[Gateway, dict[str, Path]]]:
-    """A Jupyter Server that restarts a dead kernel once (then drops it), offering kernels that die at start:
-    ``dies-once`` (its restart runs) and ``dies-twice`` (the gateway gives up on it)."""
-    marks = {name: short_tmp / f"{name}-launches" for name in ("dies-once", "dies-twice")}
+    """A Jupyter Server that restarts a dead kernel once (then drops it), offering kernels that die at some launches:
+    ``dies-once`` (at its first; its restart runs), ``dies-twice`` (at its first two: the gateway gives up on it) and
+    ``dies-on-restart`` (at the two after its first, as a kernel whose port was taken while it restarted)."""
+    dying = {"dies-once": "0", "dies-twice": "0,1", "dies-on-restart": "1,2"}
+    marks = {name: short_tmp / f"{name}-launches" for name in dying}
     for path in marks.values():
         path.mkdir()
-    specs = {name: [sys.executable, "-c", DIES_AT_START, str(marks[name]), str(deaths), "{connection_file}"]
-             for name, deaths in (("dies-once", 1), ("dies-twice", 2))}
+    specs = {name: [sys.executable, "-c", DIES_AT_START, str(marks[name]), launches, "{connection_file}"]
+             for name, launches in dying.items()}
     with running_gateway("jupyter_server", short_tmp, kernelspecs=specs,
                          args=("--KernelRestarter.restart_limit=1",)) as gateway:
         yield gateway, marks
@@ -337,6 +339,26 @@ async def test_a_kernel_the_gateway_gives_up_on_during_its_start_is_replaced_onc
         log = kernel.log_tail(10_000)
         assert "was lost before it answered" in log and "restarts failed" in log, log
         assert gateway.kernel_ids() == {kernel.kernel_id}
+    finally:
+        await kernel.shutdown()
+
+
+@pytest.mark.slow
+async def test_a_kernel_the_gateway_gives_up_on_while_it_restarts_is_replaced(
+        restarting_gateway: tuple[Gateway, dict[str, Path]], short_tmp: Path) -> None:
+    """A restart in place that dies at its launch and at the gateway's one restart (jupyter_client restarts on the
+    same cached ports, so a port taken meanwhile kills every one): the gateway gives up on the kernel, and
+    ``Kernel.restart`` falls back to a new kernel (new ports) that works."""
+    gateway, marks = restarting_gateway
+    kernel = kernel_named(gateway, short_tmp, "dies-on-restart", "diesrestart1")
+    try:
+        await kernel.start()
+        first = kernel.kernel_id
+        assert await kernel.evaluate("6 * 7", timeout=30) == "42"
+        await kernel.restart()
+        assert await kernel.evaluate("6 * 7", timeout=30) == "42"
+        assert sorted(os.listdir(marks["dies-on-restart"])) == ["0", "1", "2", "3"]  # two deaths, then a new kernel
+        assert kernel.kernel_id != first and gateway.kernel_ids() == {kernel.kernel_id}
     finally:
         await kernel.shutdown()
 
