@@ -67,15 +67,6 @@ _ALIVE_EVERY = 1.0  # seconds between REST checks of the kernel's model (the Web
 
 
 # --- the manager -----------------------------------------------------------------------------------
-def _why_gone(model: dict[str, Any] | None) -> str | None:
-    """What the gateway's model of a kernel (None: a 404) says of its death, if anything."""
-    if model is None:
-        return "the gateway no longer knows it (deleted, culled, or its restarts failed)"
-    if model.get("execution_state") == "dead":
-        return "the gateway reports it dead"
-    return None
-
-
 class GatewayManager(GatewayKernelManager):
     """jupyter_server's ``GatewayKernelManager``, with every REST call going to ``gateway`` (not the
     singleton), a liveness check that notices deaths, and no local resources to clean up."""
@@ -233,32 +224,29 @@ class GatewayManager(GatewayKernelManager):
         now = time.monotonic()
         if now - self._checked >= _ALIVE_EVERY:
             self._checked = now
-            try:
-                model = await self.refresh_model()
-            except GatewayError as exc:
-                logger.warning("checking remote kernel %s: %s", self.kernel_id, exc)
-                return True  # the gateway is unreachable for a moment: not evidence of death
-            why = _why_gone(model)
-            if why:  # never cleared here: the reader thread may have set it (a restarting status) meanwhile
-                self.gone = why
-                self.note(f"remote kernel {self.kernel_id}: {self.gone}")
+            await self.check_model()
         return self.gone is None
 
     _async_is_alive = is_alive  # jupyter_client's wait_for_ready asks the parent through this name
 
-    async def gone_while_waiting(self) -> str | None:
-        """Why the kernel is gone, asked over REST while its WebSocket handshake waits (``GatewayChannelsClient.connect``):
-        deleted, or given up on after failed restarts (Jupyter Server then drops it), or reported dead. None while
-        the gateway has it, or cannot be asked (a moment's outage is no evidence)."""
+    async def check_model(self) -> str | None:
+        """Why the kernel is gone, by its REST model (``is_alive``, and while its WebSocket handshake waits:
+        ``GatewayChannelsClient.connect``): deleted, or given up on after failed restarts (Jupyter Server then drops
+        it), or reported dead. None while the gateway has it, or cannot be asked (a moment's outage is no evidence).
+        ``gone`` is set, never cleared here: the reader thread may have set it (a restarting status) meanwhile."""
         try:
             model = await self.refresh_model()
         except GatewayError as exc:
             logger.warning("checking remote kernel %s: %s", self.kernel_id, exc)
             return None
-        why = _why_gone(model)
-        if why:
-            self.gone = why
-            self.note(f"remote kernel {self.kernel_id}: {why}")
+        if model is None:
+            why = "the gateway no longer knows it (deleted, culled, or its restarts failed)"
+        elif model.get("execution_state") == "dead":
+            why = "the gateway reports it dead"
+        else:
+            return None
+        self.gone = why
+        self.note(f"remote kernel {self.kernel_id}: {why}")
         return why
 
     async def _async_cleanup_resources(self, restart: bool = False) -> None:

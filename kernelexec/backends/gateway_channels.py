@@ -53,7 +53,7 @@ class _MadeByManager(Protocol):
 
     gateway: GatewayClient
 
-    async def gone_while_waiting(self) -> str | None: ...
+    async def check_model(self) -> str | None: ...
 
 
 def _frame(payload: bytes, key: bytes) -> memoryview:
@@ -270,7 +270,7 @@ class GatewayChannelsClient(GatewayKernelClient):
         while not gone:
             await anyio.sleep(HANDSHAKE_CHECK)
             try:
-                why = await cast(_MadeByManager, self.parent).gone_while_waiting()
+                why = await cast(_MadeByManager, self.parent).check_model()
             except Exception as exc:  # noqa: BLE001 - a garbled answer is no evidence of death: asked again later
                 self.log.warning("checking remote kernel %s during its handshake: %r", self.kernel_id, exc)
                 continue

@@ -116,8 +116,12 @@ class Stdin:
         # (CellRun.follow). Fewer are forgiven: a cell that catches the interrupt and asks again before the interrupt's
         # decline goes out, or two threads asking at once (ipykernel's input() drops a stale reply itself).
         self.overlaps = 0
-        self.overlapped = False
         self._queued_at_reply = False  # a message already waited when the last reply went out
+
+    @property
+    def overlapped(self) -> bool:
+        """The kernel does not read its answers (``overlaps``): not kept after the cell (``CellRun.follow``)."""
+        return self.overlaps >= OVERLAPS
 
     async def serve(self, deadline: float) -> str:
         """Serve what waits on the stdin channel: ``ok`` (drained), ``more`` (a batch served and more waiting: the
@@ -153,8 +157,7 @@ class Stdin:
                 or not isinstance(content, dict)):
             return
         self.overlaps += queued
-        if self.overlaps >= OVERLAPS and not self.overlapped:
-            self.overlapped = True
+        if queued and self.overlaps == OVERLAPS:
             self.ex.notes.append("the kernel asked again before the answer to its last question was sent: it stopped "
                                  "reading the server's replies, so it is restarted after this cell (variables lost)")
         metadata = msg.get("metadata")

@@ -65,13 +65,16 @@ _FIND_SYS = r'''
         return m
 '''
 
+# what a payload obtained, as its answer says it: ``repr(out)`` cut at 16,000 characters and marked (see above)
+_OUT = "(lambda r: r[:16000] + (' [cut]' if len(r) > 16000 else ''))(repr(ns.get('out')))"
+
 GUARD_TEMPLATE = r'''
 def __kxrt_attack(PAYLOAD, P):
 ''' + _FIND_SYS + r'''
     ns = {'M': M, 'P': P, '__builtins__': bi, '__name__': '__main__'}
     try:
         exec(PAYLOAD, ns)
-        return 'completed: ' + (lambda r: r[:16000] + (' [cut]' if len(r) > 16000 else ''))(repr(ns.get('out')))
+        return 'completed: ' + ''' + _OUT + r'''
     except BaseException as e:
         return 'stopped: %s: %s' % (type(e).__name__, str(e)[:600])
 __builtins__._kxrt_guard = __kxrt_attack
@@ -84,7 +87,7 @@ P = _ast.literal_eval(P)
 ns = {'M': _il.import_module, 'P': P, '__builtins__': _b, '__name__': '__main__'}
 try:
     exec(PAYLOAD, ns)
-    r = 'completed: ' + (lambda r: r[:16000] + (' [cut]' if len(r) > 16000 else ''))(repr(ns.get('out')))
+    r = 'completed: ' + ''' + _OUT + r'''
 except BaseException as e:
     r = 'stopped: %s: %s' % (type(e).__name__, str(e)[:600])
 _os.write(FD, ('[no hooks] ' + r).encode())
@@ -151,7 +154,7 @@ def __kxrt_attack(PAYLOAD, P, SUB):
         ns = {'M': M, 'P': P, '__builtins__': bi, '__name__': '__main__'}
         try:
             exec(PAYLOAD, ns)
-            return '[hook disarmed] completed: ' + (lambda r: r[:16000] + (' [cut]' if len(r) > 16000 else ''))(repr(ns.get('out')))
+            return '[hook disarmed] completed: ' + ''' + _OUT + r'''
         except BaseException as e:
             return '[hook disarmed] stopped: %s: %s' % (type(e).__name__, str(e)[:600])
     # (3) a sub-interpreter through the public C API (Py_NewInterpreter, PyThreadState_Swap, PyRun_SimpleString,
