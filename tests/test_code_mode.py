@@ -106,6 +106,7 @@ async def served(short_tmp: Path, config_dir: Path, remote_port: int) -> AsyncIt
     human = Human()
     async with SessionManager(settings).running() as sessions:
         async with Client(build_server(settings, sessions), mode="legacy", elicitation_callback=human) as client:
+            await client.call_tool("execute_code", {"code": "import mcp_tools"})  # each test stands alone (-k, --dist load)
             yield Served(client, human, sessions, settings)
 
 

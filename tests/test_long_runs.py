@@ -59,6 +59,24 @@ async def _progress_of_a_silent_cell(client: Client, seconds: int) -> list[tuple
     return seen
 
 
+async def test_a_line_printed_before_a_long_silence_reaches_the_client_during_the_silence(short_tmp: Path) -> None:
+    """Progress goes out at most every half second; a line held back by that goes out once the half second
+    has passed, not with the next output, which a working cell may not print for minutes."""
+    async with serving(make_settings(short_tmp, pool_size=0, restart_spares=0)) as h:
+        await h.client.call_tool("execute_code", {"code": "import time"})  # the kernel started: the line comes at once
+        seen: list[tuple[float, str | None]] = []
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            seen.append((time.monotonic(), message))
+
+        r = await h.client.call_tool("execute_code", {"code": "print('loading the model', flush=True)\ntime.sleep(4)\n'loaded'"},
+                                     progress_callback=on_progress)
+        ended = time.monotonic()
+        assert r.structured_content["result"] == "loaded", r  # type: ignore[index]
+        told = [at for at, message in seen if message and "loading the model" in message]
+        assert told and told[0] < ended - 2, (seen, ended)
+
+
 @pytest.mark.slow
 async def test_a_silent_25_s_cell_sends_heartbeats_over_streamable_http(short_tmp: Path) -> None:
     with http_server(short_tmp / "hb", "--pool-size", "0", "--restart-spares", "0", "--yield-after", "0") as url:

@@ -130,34 +130,44 @@ HEARTBEAT = 10.0  # seconds: a working call sends progress at least this often (
 
 class _Progress:
     """Forwards output tails as progress notifications, at most every ``interval`` seconds, and a
-    heartbeat when a cell prints nothing (``beat``). Without a progress token the SDK sends nothing."""
+    heartbeat when a cell prints nothing (``beat``). A tail held back by the interval goes out once the
+    interval has passed (the waiting call's ``beat``), not only with the next output: a cell that prints
+    once and then works shows that line. Without a progress token the SDK sends nothing."""
 
     def __init__(self, ctx: Context, interval: float = 0.5) -> None:
         self.ctx = ctx
         self.interval = interval
         self.chars = 0
         self.tail = ""
+        self.unsent = False  # output came since the last notification
+        self.wake: Callable[[], None] | None = None  # the waiting call's (Run.stir): it sends a held-back tail in time
         self.started = self.last = time.monotonic()
 
     async def __call__(self, name: str, text: str) -> None:
         self.chars += len(text)
         self.tail = live_tail(self.tail, text)
+        held, self.unsent = self.unsent, True
+        await self._send_tail()
+        if self.unsent and not held and self.wake is not None:
+            self.wake()  # held back: the waiting call wakes to send it when due (once per held tail, not per output)
+
+    async def _send_tail(self) -> None:
         now = time.monotonic()
-        if now - self.last >= self.interval:
-            self.last = now
+        if self.unsent and now - self.last >= self.interval:
+            self.last, self.unsent = now, False
             await self.ctx.report_progress(self.chars, None, display(self.tail))
 
+    def due(self) -> float:
+        """Seconds until ``beat`` has something to send: the held-back tail's turn, else the heartbeat's."""
+        wait = self.interval if self.unsent else HEARTBEAT - 0.5
+        return max(0.0, self.last + wait - time.monotonic())
+
     async def beat(self) -> None:
+        await self._send_tail()
         now = time.monotonic()
         if now - self.last >= HEARTBEAT - 0.5:
             self.last = now
             await self.ctx.report_progress(self.chars, None, f"still running ({now - self.started:.0f} s)")
-
-    async def beating(self) -> None:
-        """Heartbeats until cancelled."""
-        while True:
-            await anyio.sleep(HEARTBEAT / 2)
-            await self.beat()
 
 
 @dataclass
@@ -340,6 +350,7 @@ class App:
         """Wait up to ``patience`` for a run: its answer, or the run (still going, or waiting for input).
         ``cancel``: the call started the run, so the call cancelled cancels the cell."""
         progress = progress or _Progress(ctx)
+        progress.wake = started.stir
         if cancel:  # only the call that started the run may ask its client directly (Run.asker)
             started.listener = progress
         try:
@@ -347,7 +358,7 @@ class App:
                 # a secret typed on its page is waited for like output: there is nothing for the call to answer
                 while True:
                     while not started.done.is_set() and (started.awaiting is None or started.on_page is not None):
-                        await started.settled(HEARTBEAT / 2)
+                        await started.settled(min(HEARTBEAT / 2, progress.due()))
                         await progress.beat()
                     # it waits on a question: in a fleet, an answer given on another replica may be on its way
                     if started.done.is_set() or not await self.relay.deliver_pending(started):

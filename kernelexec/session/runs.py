@@ -382,13 +382,14 @@ class Run:
         return question, text
 
     def stir(self) -> None:
-        """Wake whoever waits in ``settled`` (done, posted or a question's answer changed)."""
+        """Wake whoever waits in ``settled`` (done, posted or a question's answer changed, or the waiting call's
+        progress holds back output it must send later)."""
         self.stirred.set()
         self.stirred = anyio.Event()
 
     async def settled(self, wait_s: float) -> None:
-        """Wait up to ``wait_s`` until the run finishes or asks a question. (One event waited on, not a task group
-        of one waiter per event: this is every call's wait for its cell.)"""
+        """Wait up to ``wait_s`` until the run finishes, asks a question or is stirred; the caller looks again.
+        (One event waited on, not a task group of one waiter per event: this is every call's wait for its cell.)"""
         question = self.question
         on_page = question is not None and question.url is not None and question.sent and not question.answered.is_set()
         # a secret typed on its page: nothing for a call to answer, so its answer is waited for, not a question
@@ -397,8 +398,7 @@ class Run:
             await anyio.lowlevel.checkpoint()  # settled already: the run's own task still gets its turn (a caller loops)
             return
         with anyio.move_on_after(wait_s):
-            while not self.done.is_set() and not until.is_set():
-                await self.stirred.wait()
+            await self.stirred.wait()
 
     @property
     def on_page(self) -> Question | None:
