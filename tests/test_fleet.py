@@ -36,6 +36,12 @@ __all__ = ["fleet", "gateway", "postgres"]  # fixtures
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
+# seconds a replica may take to take over a session once its dead holder's lease ran out: its gateway kernel attached,
+# the killed run's answer collected, the call run (0.3-1.3 s on an idle machine: the 1.5 s allowed before, counted from
+# the SIGKILL, left as little as 0.2 s for a loaded one)
+TAKEOVER_S = 4.0
+
+
 async def test_one_sessions_calls_alternate_across_replicas_with_its_variables_and_one_record(fleet: Fleet) -> None:
     a, b, c = fleet.replicas[:3]
     first = await call(a.url, "x = 1\nimport os\npid = os.getpid()\nx")
@@ -66,10 +72,19 @@ async def test_a_replica_sigkilled_while_it_runs_a_cell_is_replaced_within_the_l
     victim.proc.wait(10)
     fleet.replicas.remove(victim)
     killed = time.monotonic()
+    store = await open_store(fleet.store, fleet.base)
+    try:  # the dead holder's lease as it last renewed it (every second): when the survivor may take the session
+        lease = await store.current_lease(handle)
+        runs_out = time.monotonic() - killed + (max(0.0, lease.expires - time.time()) if lease is not None else 0.0)
+    finally:
+        await store.close()
     after = await call(survivor.url, "y", session=handle)
     took = time.monotonic() - killed
     assert after["result"] == 42, after  # the cell kept running on the gateway's kernel and finished there
-    assert took < LEASE_TTL + 1.5, f"the next call took {took:.1f} s after the SIGKILL"
+    # within the lease's expiry (LEASE_TTL at most), then the takeover's own work: the gateway kernel attached, the
+    # killed run's answer collected, the call run (TAKEOVER_S)
+    assert lease is None or runs_out <= LEASE_TTL + 0.5, f"the killed replica's lease ran out {runs_out:.1f} s after the SIGKILL"
+    assert took < runs_out + TAKEOVER_S, f"the next call took {took:.1f} s after the SIGKILL, its lease ran out after {runs_out:.1f} s"
     assert "took the session over" in (after.get("restart_reason") or ""), after
     async with Client(survivor.url) as client:  # the killed replica's run: collected by the replica that took over
         collected = await client.call_tool("get_run", {"run_id": running["run_id"], "wait_s": 0})

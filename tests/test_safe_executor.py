@@ -263,7 +263,10 @@ async def test_a_builtin_replaced_between_cells_by_a_thread_is_put_back(harness:
     planted = await harness.call("run_python", session=session,
                                  code="import builtins, threading\nthreading.Timer(0.3, setattr, (builtins, 'divmod', lambda a, b: 'planted')).start()")
     assert not planted.is_error, planted.content
-    await anyio.sleep(1.0)
-    assert (await harness.run("result = divmod(7, 2)", session=session))["result"] == "planted"  # control: the thread did rebind it
+    # control: the thread did rebind it (waited for, not slept on: its 0.3 s timer may fire late on a busy machine;
+    # execute_code cells put nothing back, so they can look)
+    with anyio.fail_after(30):
+        while (await harness.run("result = divmod(7, 2)", session=session))["result"] != "planted":
+            await anyio.sleep(0.1)
     assert (await harness.call("run_python", code="divmod(7, 2)", session=session)).structured_content["result"] == [3, 1]
     assert (await harness.run("result = divmod(7, 2)", session=session))["result"] == [3, 1]
