@@ -130,6 +130,25 @@ async def test_an_unanswered_question_ends_at_the_cells_timeout(short_tmp: Path)
             assert r["result"] == 4, r
 
 
+
+async def test_a_warm_kernels_question_unanswered_at_the_timeout_ends_by_its_eof_error_not_an_interrupt(short_tmp: Path) -> None:
+    """The question is declined at the cell's own deadline, the moment its timeout would interrupt it: the cell gets
+    the EOFError it was sent and ends by it, before any interrupt (on a warm kernel the two came within
+    milliseconds, and a KeyboardInterrupt could land first)."""
+    settings = make_settings(short_tmp, pool_size=0, restart_spares=0)
+    async with SessionManager(settings).running() as sessions:
+        async with Client(build_server(settings, sessions), mode="legacy") as client:
+            await client.call_tool("execute_code", {"code": "0"})  # warm: the run starts as its cell is sent
+            for _ in range(4):
+                r: Any = (await client.call_tool("execute_code", {"code": "input('q? ')", "timeout": 1})).structured_content
+                assert r["ending"] == "awaiting_input", r
+                await anyio.sleep(1.2)  # nobody answers
+                done: Any = (await client.call_tool("get_run", {"run_id": r["run_id"], "wait_s": 30})).structured_content
+                assert done["error_type"] == "EOFError" and done["ending"] == "completed", done
+                assert any("timeout" in n for n in done["notes"]), done
+            r = (await client.call_tool("execute_code", {"code": "2 + 2"})).structured_content
+            assert r["result"] == 4, r
+
 async def test_interrupt_stops_a_cell_waiting_for_input(short_tmp: Path) -> None:
     settings = make_settings(short_tmp, pool_size=0, restart_spares=0)
     async with SessionManager(settings).running() as sessions:
