@@ -28,7 +28,6 @@ from kernelexec.kernel.wire import receive
 logger = logging.getLogger(__name__)
 
 POLL = 0.2  # seconds between liveness checks while waiting on output
-EOF_GRACE = 1.0  # seconds a cell whose question was declined at its timeout has to end by that EOFError, uninterrupted
 OnOutput = Callable[[str, str], Awaitable[None]]  # (stream name, text) for progress reporting
 
 
@@ -82,10 +81,6 @@ class CellRun:
             except KernelStalled as exc:
                 self.ex.notes.append(f"{exc}: the request could not be sent, so the kernel was treated as hung")
                 state = "hung"
-        if state == "timeout" and self.stdin is not None and time.monotonic() - self.stdin.declined_at < EOF_GRACE:
-            # it waited on a question declined at its timeout (the two come together): it ends by the EOFError it was
-            # sent, as documented, rather than by an interrupt racing it; a cell that goes on past it is interrupted
-            state = await self.collect(time.monotonic() + EOF_GRACE, self.on_output)
         if state == "timeout":
             self.ex.timed_out = True
             state = await self.escalate(f"timed out after {timeout:.3g} s")

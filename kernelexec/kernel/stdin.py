@@ -8,7 +8,6 @@ because it is its own small protocol, and the mark is shared with replay and sta
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -108,7 +107,6 @@ class Stdin:
     def __init__(self, kc: Any, msg_id: str, ask: Ask | None, ex: Execution, tools: ToolCalls | None = None) -> None:
         self.kc, self.msg_id, self.ask, self.ex, self.tools = kc, msg_id, ask, ex, tools
         self.declined = 0
-        self.declined_at = -math.inf  # monotonic time of the last question answered with EOFError (CellRun.follow)
         self.refused = False
         self.unrecorded = 0
         self._more_note: int | None = None  # the index in ex.notes of the counted line, once there is one
@@ -175,8 +173,6 @@ class Stdin:
             self._record(prompt, password, None, refusal=answer.message)
             return
         await self._reply("\x04" if answer is None else answer)  # ipykernel raises EOFError for \x04
-        if answer is None:
-            self.declined_at = time.monotonic()
         self._record(prompt, password, answer)
 
     async def _reply(self, value: str) -> None:

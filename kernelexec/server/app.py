@@ -141,6 +141,7 @@ class _Progress:
         self.tail = ""
         self.unsent = False  # output came since the last notification
         self.wake: Callable[[], None] | None = None  # the waiting call's (Run.stir): it sends a held-back tail in time
+        self.failed = False  # a send failed: no more (beat)
         self.started = self.last = time.monotonic()
 
     async def __call__(self, name: str, text: str) -> None:
@@ -159,15 +160,24 @@ class _Progress:
 
     def due(self) -> float:
         """Seconds until ``beat`` has something to send: the held-back tail's turn, else the heartbeat's."""
+        if self.failed:
+            return HEARTBEAT / 2  # nothing to send any more: the call only watches its run
         wait = self.interval if self.unsent else HEARTBEAT - 0.5
         return max(0.0, self.last + wait - time.monotonic())
 
     async def beat(self) -> None:
-        await self._send_tail()
-        now = time.monotonic()
-        if now - self.last >= HEARTBEAT - 0.5:
-            self.last = now
-            await self.ctx.report_progress(self.chars, None, f"still running ({now - self.started:.0f} s)")
+        """The waiting call's turn: the held-back tail when due, else a heartbeat when due. A send that fails stops
+        the notifications, never the call or its cell (as ``Run.on_output`` treats the output's own)."""
+        if self.failed:
+            return
+        try:
+            await self._send_tail()
+            now = time.monotonic()
+            if now - self.last >= HEARTBEAT - 0.5:
+                self.last = now
+                await self.ctx.report_progress(self.chars, None, f"still running ({now - self.started:.0f} s)")
+        except Exception:  # noqa: BLE001 - a client gone mid-call never stops the cell
+            self.failed = True
 
 
 @dataclass

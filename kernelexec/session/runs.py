@@ -55,6 +55,10 @@ APPROVED = "approve"  # the answer that approves a tool call (Question.approval)
 QUESTIONS_PER_MINUTE = 5  # a cell cannot make the client ask more often; the rest get EOFError
 MAX_INPUT_CHARS = 1_000_000  # one answer to input()
 KEEP_QUESTIONS = 32  # a run's last questions remembered, so that a late or second answer is told why it is refused
+# A question unanswered this long before its cell's timeout (at most half the timeout) is declined: the cell ends by
+# the EOFError it is sent, as documented, and the timeout's interrupt does not race it (on a warm kernel the two
+# came within milliseconds, and a KeyboardInterrupt could land first).
+QUESTION_MARGIN = 1.0
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +150,7 @@ class Run:
     tail: str = ""
     listener: Callable[[str, str], Awaitable[None]] | None = None  # the waiting call's progress, while it waits
     scope: anyio.CancelScope | None = None
-    deadline: float = math.inf  # the cell's timeout: a question unanswered by then is declined
+    deadline: float = math.inf  # a question unanswered by then is declined: QUESTION_MARGIN before the cell's timeout
     question: Question | None = None  # the cell's input() waiting for an answer
     posted: anyio.Event = field(default_factory=anyio.Event)  # set while a question waits
     stirred: anyio.Event = field(default_factory=anyio.Event)  # set, then replaced, when done, posted or answered is
@@ -471,7 +475,7 @@ class RunRegistry:
         self.check_budget(session)
         run = Run(id="run-" + secrets.token_urlsafe(9), session=session, listener=listener, scope=anyio.CancelScope(),
                   wait_for_input=wait_for_input, elicit_retry=elicit_retry, open_page=open_page, url_retry=url_retry, ask_page=ask_page)
-        run.deadline = run.started + timeout
+        run.deadline = run.started + timeout - min(QUESTION_MARGIN, timeout / 2)  # (the cell's counts from its send)
         run.notify = functools.partial(self._notify, run)
         self._runs[run.id] = run
         self._prune(session.owner)
