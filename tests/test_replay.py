@@ -105,6 +105,28 @@ async def test_restore_starts_after_a_plain_restart_and_reports_cells_that_fail_
     assert r["result"] == ["yes", False, False]
 
 
+async def test_a_server_stopped_just_after_a_cell_keeps_that_cells_checkpoint(short_tmp: Path) -> None:
+    """A deploy: the server stops (gracefully) the moment a call was answered, while the kernel still saves that
+    cell's variables (a save starts once the answer is out). The stop waits for the save, so the revived session
+    loads them; before, the kernel was killed mid-save and the cell was run again (side effects twice)."""
+    settings = make_settings(short_tmp, pool_size=0)
+    first, cm = await start_harness(settings)
+    try:
+        kept = await first.new_session()
+        await first.run("blob = list(range(10_000_000))\nruns = len(open('ran', 'a').write('x') * [0])", session=kept)  # ~1 s to save
+    finally:
+        await first.client.__aexit__(None, None, None)
+        await cm.__aexit__(None, None, None)
+    second, cm = await start_harness(settings)
+    try:
+        r = await second.run("len(blob), open('ran').read()", session=kept)
+        assert r["result"] == [10_000_000, "x"], r  # loaded, not run again (it would have appended a second x)
+        assert "restored blob, runs from the checkpoint" in r["restart_reason"], r
+    finally:
+        await second.client.__aexit__(None, None, None)
+        await cm.__aexit__(None, None, None)
+
+
 async def test_a_handle_outlives_its_server_and_a_closed_one_does_not(short_tmp: Path) -> None:
     settings = make_settings(short_tmp, pool_size=0)
     first, cm = await start_harness(settings)

@@ -165,7 +165,7 @@ class SessionManager:
             try:
                 if session.driver is not None:
                     session.forget_kernel()  # a fleet's kernel stays on the gateway for the other replicas
-                await session.stop_kernel()
+                await session.stop_kernel(saves_first=True)  # revived by a later server: from its whole checkpoint
             except Exception:
                 logger.exception("closing session %s", session.handle)
             session.release()  # a later server (or manager) may revive it

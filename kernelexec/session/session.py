@@ -77,6 +77,9 @@ def _claim(root: Path, handle: str) -> int:
 # killed before its next call refilled it) lacks it, so the replica that attaches refills it from the checkpoint.
 NAMESPACE_MARK = "__import__('sys').__dict__.setdefault('_kernelexec_namespace', True)"
 NAMESPACE_HELD = "__import__('sys').__dict__.get('_kernelexec_namespace') is True"
+# Seconds a kernel stopped while its variables are wanted again (the server stopping, an idle kernel) is given to
+# finish saving its last cell's (a save starts once the answer is out): else the next kernel runs that cell again.
+SAVES_WAIT = 10.0
 
 
 async def _holds_namespace(kernel: Kernel) -> bool:
@@ -591,8 +594,11 @@ class Session:
             report, self.restored, self.notice = self.restored, None, None
         return report
 
-    async def stop_kernel(self) -> None:
-        """Shut the kernel down (idle reaping, close); the directory and notebook stay."""
+    async def stop_kernel(self, *, saves_first: bool = False) -> None:
+        """Shut the kernel down (idle reaping, close); the directory and notebook stay. ``saves_first``: its
+        variables are wanted again (the server stopping, an idle kernel), so a save under way is waited for."""
+        if saves_first and self.kernel is not None and not self.busy and self.settings.checkpoint_mb > 0:
+            await self._let_saves_finish(self.kernel)
         kernel, self.kernel = self.kernel, None
         self._epoch = None
         self.reserved = False
@@ -600,6 +606,15 @@ class Session:
             connections.withdraw(self.settings.state_dir, self.handle)
             self._published = None
             await kernel.shutdown()
+
+    async def _let_saves_finish(self, kernel: Kernel) -> None:
+        """Up to SAVES_WAIT for the kernel's checkpoint to hold every change so far (its status waits for the saves);
+        a kernel that does not answer in time (or has no checkpoint) is stopped all the same."""
+        with anyio.move_on_after(SAVES_WAIT):
+            try:
+                await kernel.evaluate("_kernelexec_checkpoint_status()", timeout=SAVES_WAIT)
+            except Exception as exc:  # noqa: BLE001 - the kernel's answer is untrusted and never stops a stop
+                logger.info("session %s: its kernel's last save was not confirmed before it stopped: %s", self.handle, exc)
 
     def adopt(self, owner: str | None) -> None:
         """A pooled session is handed to its first caller: bind it to the caller's principal."""
