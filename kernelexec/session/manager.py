@@ -161,11 +161,16 @@ class SessionManager:
 
     async def aclose(self) -> None:
         await self.pool.close()
-        for session in list(self.sessions.values()):
+        sessions = list(self.sessions.values())
+        for session in sessions:
+            if session.driver is not None:
+                session.forget_kernel()  # a fleet's kernel stays on the gateway for the other replicas
+        async with anyio.create_task_group() as tg:  # revived by a later server: from whole checkpoints, waited for at once
+            for session in sessions:
+                tg.start_soon(session.finish_saves)
+        for session in sessions:
             try:
-                if session.driver is not None:
-                    session.forget_kernel()  # a fleet's kernel stays on the gateway for the other replicas
-                await session.stop_kernel(saves_first=True)  # revived by a later server: from its whole checkpoint
+                await session.stop_kernel()
             except Exception:
                 logger.exception("closing session %s", session.handle)
             session.release()  # a later server (or manager) may revive it

@@ -77,8 +77,8 @@ def _claim(root: Path, handle: str) -> int:
 # killed before its next call refilled it) lacks it, so the replica that attaches refills it from the checkpoint.
 NAMESPACE_MARK = "__import__('sys').__dict__.setdefault('_kernelexec_namespace', True)"
 NAMESPACE_HELD = "__import__('sys').__dict__.get('_kernelexec_namespace') is True"
-# Seconds a kernel stopped while its variables are wanted again (the server stopping, an idle kernel) is given to
-# finish saving its last cell's (a save starts once the answer is out): else the next kernel runs that cell again.
+# Seconds a stopping server gives its kernels, all at once, to finish saving their last cells' variables
+# (Session.finish_saves): else the session revived by the next server runs such a cell again.
 SAVES_WAIT = 10.0
 
 
@@ -594,11 +594,8 @@ class Session:
             report, self.restored, self.notice = self.restored, None, None
         return report
 
-    async def stop_kernel(self, *, saves_first: bool = False) -> None:
-        """Shut the kernel down (idle reaping, close); the directory and notebook stay. ``saves_first``: its
-        variables are wanted again (the server stopping, an idle kernel), so a save under way is waited for."""
-        if saves_first and self.kernel is not None and not self.busy and self.settings.checkpoint_mb > 0:
-            await self._let_saves_finish(self.kernel)
+    async def stop_kernel(self) -> None:
+        """Shut the kernel down (idle reaping, close); the directory and notebook stay."""
         kernel, self.kernel = self.kernel, None
         self._epoch = None
         self.reserved = False
@@ -607,9 +604,14 @@ class Session:
             self._published = None
             await kernel.shutdown()
 
-    async def _let_saves_finish(self, kernel: Kernel) -> None:
-        """Up to SAVES_WAIT for the kernel's checkpoint to hold every change so far (its status waits for the saves);
-        a kernel that does not answer in time (or has no checkpoint) is stopped all the same."""
+    async def finish_saves(self) -> None:
+        """Before the server stops the kernel of a session a later server revives: up to SAVES_WAIT for its checkpoint
+        to hold every change so far (its status waits for the saves; a save starts once a cell's answer is out, so
+        a stop right after a call killed it mid-save and the revived session ran that cell again). A busy kernel, or
+        one that does not answer in time (or has no checkpoint), is stopped all the same. Never raises."""
+        kernel = self.kernel
+        if kernel is None or self.busy or self.settings.checkpoint_mb <= 0:
+            return
         with anyio.move_on_after(SAVES_WAIT):
             try:
                 await kernel.evaluate("_kernelexec_checkpoint_status()", timeout=SAVES_WAIT)

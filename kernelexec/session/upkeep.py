@@ -63,7 +63,7 @@ class Upkeep:
                 async with session.driving(wait=False) as driven:
                     if not driven or session.kernel is None:
                         continue
-                    await session.stop_kernel(saves_first=True)
+                    await session.stop_kernel()
                     session.notice = (f"before this call: the session was idle for more than {timeout:g} s, so its kernel "
                                       "was shut down (--idle-timeout); this call runs in a fresh kernel and earlier variables are lost")
 
