@@ -129,13 +129,13 @@ async def test_a_server_stopped_just_after_a_cell_keeps_that_cells_checkpoint(sh
 
 
 @pytest.mark.slow
-async def test_kernels_that_never_confirm_their_saves_hold_a_stopping_server_10_s_at_most_together(short_tmp: Path) -> None:
-    """The wait for the last saves is bounded (SAVES_WAIT) and taken by every kernel at once: two kernels whose
-    checkpoint status never answers (rebound to sleep by their cells) stop the server in ~10 s, not 20, or forever."""
+async def test_kernels_that_never_confirm_their_saves_hold_a_stopping_server_10_s_together_not_in_turn(short_tmp: Path) -> None:
+    """The wait for the last saves is bounded (SAVES_WAIT) and taken by every kernel at once: three kernels whose
+    checkpoint status never answers (rebound to sleep by their cells) stop the server in ~10 s (then their shutdown), not 30 and more, or forever."""
     settings = make_settings(short_tmp, pool_size=0)
     first, cm = await start_harness(settings)
     try:
-        for _ in range(2):
+        for _ in range(3):
             s = await first.new_session()
             r = await first.run("import time\nx = 1\n_kernelexec_checkpoint_status = lambda: time.sleep(600)", session=s)
             assert r["success"], r
@@ -144,7 +144,7 @@ async def test_kernels_that_never_confirm_their_saves_hold_a_stopping_server_10_
         began = time.monotonic()
         await cm.__aexit__(None, None, None)
         took = time.monotonic() - began
-    assert 9 < took < 18, f"the server took {took:.1f} s to stop"
+    assert 9 < took < 25, f"the server took {took:.1f} s to stop"  # ~10 s, then the kernels stopped; in turn, 30 and more
 
 
 async def test_a_handle_outlives_its_server_and_a_closed_one_does_not(short_tmp: Path) -> None:

@@ -32,7 +32,7 @@ from kernelexec.session.pool import WarmPool
 from kernelexec.session.reconcile import reconcile
 from kernelexec.session.recording import JournalSink, mark_closed
 from kernelexec.session.runs import Finished, RunRegistry
-from kernelexec.session.session import Session
+from kernelexec.session.session import SAVES_WAIT, Session
 from kernelexec.session.upkeep import Upkeep
 from kernelexec.store import Fence, RunRecord, SessionRecord, StaleLease, Store, StoreError, open_store
 
@@ -165,15 +165,19 @@ class SessionManager:
         for session in sessions:
             if session.driver is not None:
                 session.forget_kernel()  # a fleet's kernel stays on the gateway for the other replicas
-        async with anyio.create_task_group() as tg:  # revived by a later server: from whole checkpoints, waited for at once
+        try:
+            if any(session.kernel is not None for session in sessions):
+                logger.info("waiting up to %g s for the kernels' last checkpoint saves", SAVES_WAIT)
+            async with anyio.create_task_group() as tg:  # revived by a later server: from whole checkpoints, all at once
+                for session in sessions:
+                    tg.start_soon(session.finish_saves)
+        finally:
             for session in sessions:
-                tg.start_soon(session.finish_saves)
-        for session in sessions:
-            try:
-                await session.stop_kernel()
-            except Exception:
-                logger.exception("closing session %s", session.handle)
-            session.release()  # a later server (or manager) may revive it
+                try:
+                    await session.stop_kernel()
+                except Exception:
+                    logger.exception("closing session %s", session.handle)
+                session.release()  # a later server (or manager) may revive it
 
     def live_count(self) -> int:
         return sum(1 for s in self.sessions.values() if s.reserved and not s.closed)

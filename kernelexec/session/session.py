@@ -607,16 +607,26 @@ class Session:
     async def finish_saves(self) -> None:
         """Before the server stops the kernel of a session a later server revives: up to SAVES_WAIT for its checkpoint
         to hold every change so far (its status waits for the saves; a save starts once a cell's answer is out, so
-        a stop right after a call killed it mid-save and the revived session ran that cell again). A busy kernel, or
-        one that does not answer in time (or has no checkpoint), is stopped all the same. Never raises."""
+        a stop right after a call killed it mid-save and the revived session ran that cell again). Under the
+        session's lock, so that it is the kernel's one request in flight: a session in use is not waited for, nor
+        a kernel that does not answer in time (or has no checkpoint); each is stopped all the same. Never raises."""
         kernel = self.kernel
         if kernel is None or self.busy or self.settings.checkpoint_mb <= 0:
             return
-        with anyio.move_on_after(SAVES_WAIT):
-            try:
+        try:
+            self.lock.acquire_nowait()
+        except anyio.WouldBlock:
+            return
+        try:
+            with anyio.move_on_after(SAVES_WAIT) as waited:
                 await kernel.evaluate("_kernelexec_checkpoint_status()", timeout=SAVES_WAIT)
-            except Exception as exc:  # noqa: BLE001 - the kernel's answer is untrusted and never stops a stop
-                logger.info("session %s: its kernel's last save was not confirmed before it stopped: %s", self.handle, exc)
+            if waited.cancelled_caught:
+                logger.warning("session %s: its kernel did not confirm its last save within %g s; stopped all the same",
+                               self.handle, SAVES_WAIT)
+        except Exception as exc:  # noqa: BLE001 - the kernel's answer is untrusted and never stops a stop
+            logger.warning("session %s: its kernel's last save was not confirmed before it stopped: %s", self.handle, exc)
+        finally:
+            self.lock.release()
 
     def adopt(self, owner: str | None) -> None:
         """A pooled session is handed to its first caller: bind it to the caller's principal."""
