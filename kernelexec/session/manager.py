@@ -163,8 +163,11 @@ class SessionManager:
         await self.pool.close()
         sessions = list(self.sessions.values())
         for session in sessions:
-            if session.driver is not None:
-                session.forget_kernel()  # a fleet's kernel stays on the gateway for the other replicas
+            try:
+                if session.driver is not None:
+                    session.forget_kernel()  # a fleet's kernel stays on the gateway for the other replicas
+            except Exception:
+                logger.exception("letting go of the kernel of session %s", session.handle)
         try:
             if any(session.kernel is not None for session in sessions):
                 logger.info("waiting up to %g s for the kernels' last checkpoint saves", SAVES_WAIT)
