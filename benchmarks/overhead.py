@@ -11,6 +11,9 @@ machine hits every row alike):
   (the client validates the structured content against the tool's output schema on every call);
 - streamable HTTP: the same against ``kernelexec serve --transport http`` (a session handle);
 - in memory: the same against a server in this process;
+- the SDK's floor: the SDK's client over stdio to the thinnest server the SDK allows around jupyter_client
+  (``benchmarks/sdk_floor.py``: one tool, a plain ipykernel through ``AsyncKernelClient``, nothing else), so the
+  stdio row's distance from it is kernelexec's own share of a call;
 - then, back to back, in memory again once the session holds a long history (IPython's ``_i<n>`` names);
 
 and the stdio server process's own CPU time per call (all its threads), which other load on the machine
@@ -35,9 +38,11 @@ if __package__ in (None, ""):
 
 import anyio
 from mcp import Client
+from mcp.client.stdio import StdioServerParameters
 
 from benchmarks.common import (
     call,
+    clean_env,
     http_server,
     in_memory,
     log,
@@ -51,6 +56,7 @@ from benchmarks.stats import Measurement
 
 MS = "ms"
 RAW = "overhead x=1: raw BlockingKernelClient (reply+idle)"
+FLOOR = "overhead x=1: the SDK's floor over stdio (one tool around AsyncKernelClient)"
 CODE = "x=1"
 LONG_SESSION = 5000
 
@@ -101,16 +107,20 @@ async def timed_call(call: Any, samples: list[float] | None) -> None:
 async def bench_overhead(plan: Any, base: Path, out: list[Measurement]) -> None:
     """The ``overhead`` section: raw, stdio, streamable HTTP and in-memory ``x=1``, interleaved."""
     calls, warmup = plan.calls, plan.warmup
-    log(f"[overhead] x=1 back to back: raw BlockingKernelClient, SDK client over stdio, HTTP, in memory; {calls} calls each, interleaved")
+    log(f"[overhead] x=1 back to back: raw BlockingKernelClient, SDK client over stdio, HTTP, in memory, the SDK's floor; "
+        f"{calls} calls each, interleaved")
     raw: list[float] = []
     stdio: list[float] = []
     http: list[float] = []
     memory: list[float] = []
+    floor: list[float] = []
     server_cpu: list[float] = []
     long_session: list[float] = []
     async with raw_kernel(base) as (km, _akc), Client(stdio_params(base / "ov-stdio")) as s_client, \
             http_server(base / "ov-http", timeout=180) as (url, _proc), Client(url) as h_client, \
-            in_memory(make_settings(base)) as (m_client, _sessions):
+            in_memory(make_settings(base)) as (m_client, _sessions), Client(StdioServerParameters(
+                command=sys.executable, args=[str(Path(__file__).with_name("sdk_floor.py")), str(base / "ov-floor")],
+                env=clean_env())) as f_client:
         kc = km.blocking_client()
         kc.start_channels()
         try:
@@ -127,7 +137,10 @@ async def bench_overhead(plan: Any, base: Path, out: list[Measurement]) -> None:
             async def memory_call() -> Any:
                 return await m_client.call_tool("execute_code", {"code": CODE})
 
-            rows = ((stdio_call, stdio), (http_call, http), (memory_call, memory))
+            async def floor_call() -> Any:
+                return await f_client.call_tool("execute_code", {"code": CODE})
+
+            rows = ((stdio_call, stdio), (http_call, http), (memory_call, memory), (floor_call, floor))
             server_pid = stdio_server_pid(base / "ov-stdio")
             cpu_before = 0.0
             for i in range(warmup + calls):
@@ -156,6 +169,8 @@ async def bench_overhead(plan: Any, base: Path, out: list[Measurement]) -> None:
                            note="mcp.Client + stdio_client, output schema validated per call: the issue's bar"))
     out.append(Measurement("overhead x=1: execute_code, SDK client over streamable HTTP", MS, http, baseline=RAW))
     out.append(Measurement("overhead x=1: execute_code, SDK client in memory", MS, memory, baseline=RAW))
+    out.append(Measurement(FLOOR, MS, floor, baseline=RAW,
+                           note="benchmarks/sdk_floor.py: no sandbox, record or session; the lowest ratio the stdio row can reach"))
     out.append(Measurement(f"overhead x=1: execute_code in memory, a session {LONG_SESSION:,} cells long", MS,
                            long_session, baseline=RAW,
                            note="after the rows above, back to back: what a cell costs once the session has a long history"))

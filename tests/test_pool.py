@@ -210,6 +210,9 @@ async def test_a_restart_takes_the_warm_spare(spared: Harness) -> None:
 async def test_a_dead_kernel_is_replaced_by_the_spare(spared: Harness) -> None:
     s = await spared.new_session()
     await spared.run("y = 1", session=s)
+    # its save finished (a cell waits for it): an os._exit before it lands has the restore rerun cell 1 for y rather
+    # than load it, as asserted below (the wait for the spare, ~1 s, is no bound on a loaded machine)
+    await spared.run("_kernelexec_checkpoint_status()", session=s)
     spare = await spare_ready(spared, s)
     kernel = spared.sessions.sessions[s].kernel
     spare_pid = pid_of(spare)

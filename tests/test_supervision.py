@@ -245,6 +245,9 @@ async def test_idle_kernels_are_shut_down_and_the_next_call_says_so(short_tmp: P
     async with serving(make_settings(short_tmp, idle_timeout=1)) as harness:
         s = await harness.new_session()
         await harness.run("x = 1", session=s)
+        # its save finished (a cell waits for it): the reaper does not wait for it, and a reap before it lands (1 s
+        # idle on a loaded machine) has the restore rerun cell 1 for x rather than load it, as asserted below
+        await harness.run("_kernelexec_checkpoint_status()", session=s)
         with anyio.fail_after(30):
             while harness.sessions.sessions[s].kernel is not None:
                 await anyio.sleep(0.2)
@@ -311,6 +314,9 @@ async def test_code_that_kills_its_kernel_is_never_run_twice(h: Harness) -> None
         assert r["ending"] == "kernel_died" and "exit code 3" in r["restart_reason"], r
         assert (await h.run("open('once.txt').read()", session=s))["result"] == "x"
         await h.run("import os\nos.remove('once.txt')", session=s)
+        # its save finished (a cell waits for it): a kill before it lands has the restore rerun this cell, which binds
+        # os (docs/checkpoints.md), and the file the next round writes would be removed by that rerun, not read
+        await h.run("_kernelexec_checkpoint_status()", session=s)
     await follow_up_works(h, s)
 
 

@@ -19,6 +19,7 @@ from mcp import Client
 from mcp.client import advertise
 
 from kernelexec.server.build import build_server
+from kernelexec.server.tasks import KEEP_AFTER
 from kernelexec.session.manager import SessionManager
 
 from .support import build_wheel, http_server, make_settings, package_index
@@ -124,8 +125,9 @@ async def test_a_long_cell_answers_a_task_and_tasks_get_gives_the_result_the_cal
     quick = await alice.call("execute_code", code="6 * 7", session=handle)
     assert quick.get("resultType", "complete") == "complete" and quick["structuredContent"]["result"] == 42  # no task for it
     created = await alice.call("execute_code", code="import time\nprint('begun', flush=True)\ntime.sleep(3)\nresult = 'done'",
-                               session=handle)
+                               session=handle, timeout=40)
     assert_task(created, "task", "working")
+    assert created["ttlMs"] == (40 + KEEP_AFTER) * 1000, created  # the cell's timeout, then an hour to collect it
     working = await alice.result("tasks/get", {"taskId": created["taskId"]})
     assert_task(working, "complete", "working")
     assert working["createdAt"] == created["createdAt"]

@@ -5,6 +5,9 @@ not an object. Dates stay the strings the kernel sent; parts still go through ``
 
 from __future__ import annotations
 
+import time
+
+import anyio
 import pytest
 from jupyter_client.session import Session
 
@@ -77,3 +80,19 @@ def test_buffers_come_through_as_views() -> None:
     frames[1] = kernel.sign(frames[2:6])
     got = wire.deserialize(ours, frames)
     assert [bytes(b) for b in got["buffers"]] == [b"\x00\x01"]
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_wait_does_not_wait_for_a_large_messages_decoding() -> None:
+    """A large message is decoded in a worker thread; a wait cancelled meanwhile (a stop's bounded wait for a hostile
+    kernel's huge reply) returns at once, and the decoding is abandoned, not waited for."""
+    kernel, ours = _pair()
+    frames = _frames(kernel, {"data": {"text/plain": [0.5] * 4_000_000}})  # 20 MB: about a second to decode here
+    started = time.monotonic()
+    wire.deserialize(_pair()[1], frames)  # the same work, in this thread, on a session of its own (replay history)
+    decoding = time.monotonic() - started
+    started = time.monotonic()
+    with anyio.move_on_after(0.05) as scope:
+        await wire._deserialize_off_loop(ours, frames)
+    waited = time.monotonic() - started
+    assert scope.cancelled_caught and waited < decoding / 2, f"waited {waited:.2f} s for a {decoding:.2f} s decode"

@@ -203,7 +203,7 @@ class Tasks(Extension):
             return result
         task = self.store.add(Task(
             id=secrets.token_urlsafe(18), owner=current_principal(), run=run, job=None, elicits=_elicits(ctx),
-            ttl_s=(run.deadline - run.started) + KEEP_AFTER))
+            ttl_s=run.timeout + KEEP_AFTER))
         await durable.record_task(self.app, task.id, task.owner, run.id, task.ttl_s, task.created)  # a restart keeps it
         return self._created(task)
 

@@ -150,6 +150,7 @@ class Run:
     tail: str = ""
     listener: Callable[[str, str], Awaitable[None]] | None = None  # the waiting call's progress, while it waits
     scope: anyio.CancelScope | None = None
+    timeout: float = math.inf  # the cell's timeout in seconds, as the call asked for it
     deadline: float = math.inf  # a question unanswered by then is declined: QUESTION_MARGIN before the cell's timeout
     question: Question | None = None  # the cell's input() waiting for an answer
     posted: anyio.Event = field(default_factory=anyio.Event)  # set while a question waits
@@ -474,7 +475,8 @@ class RunRegistry:
             raise KernelexecError("background runs need a running session manager")
         self.check_budget(session)
         run = Run(id="run-" + secrets.token_urlsafe(9), session=session, listener=listener, scope=anyio.CancelScope(),
-                  wait_for_input=wait_for_input, elicit_retry=elicit_retry, open_page=open_page, url_retry=url_retry, ask_page=ask_page)
+                  wait_for_input=wait_for_input, elicit_retry=elicit_retry, open_page=open_page, url_retry=url_retry, ask_page=ask_page,
+                  timeout=timeout)
         run.deadline = run.started + timeout - min(QUESTION_MARGIN, timeout / 2)  # (the cell's counts from its send)
         run.notify = functools.partial(self._notify, run)
         self._runs[run.id] = run
