@@ -204,9 +204,10 @@ class Checkpointer:
     """One kernel's checkpoints. Inactive until the server calls ``restore`` or ``reset`` (a new
     process must not overwrite the checkpoint it has not loaded).
 
-    Saving never delays an answer nor the next cell. ``post_run_cell`` only notes which objects changed (the
-    newest value of a name supersedes one still waiting) and wakes one saver thread, which starts once the kernel
-    has published the cell's idle status (the answer is out: ``watch_answers``). A save reads objects only while no
+    Saving never delays the next cell, nor an answer but by one manifest write when a cell rebinds a saved name.
+    ``post_run_cell`` notes which objects changed (the newest value of a name supersedes one still waiting), names
+    those with a saved older value unsaved in the manifest at once, and wakes one saver thread, which starts once
+    the kernel has published the cell's idle status (the answer is out: ``watch_answers``). A save reads objects only while no
     cell runs: a cell starting (``pre_run_cell``) makes the save in progress drop the file it is writing at its next
     write (``_Superseded``); the names it had not finished wait for the next quiet moment. A snapshot is therefore
     always what the namespace held between two cells, without copying it and without forking (seccomp refuses
@@ -231,6 +232,7 @@ class Checkpointer:
         self.secrets: list[bytes] = []  # this kernel's getpass() answers (kernel_init): never saved
         # the saver's state, under ``cond``: what waits to be saved, whether a cell runs, whether its answer is out
         self.cond = threading.Condition()
+        self.manifest_lock = threading.RLock()  # one manifest commit at a time: the saver's, or a cell's end's
         self.pending: dict[str, Any] = {}
         self.pending_gone: set[str] = set()
         self.in_cell = False
@@ -342,6 +344,11 @@ class Checkpointer:
                 self.pending_gone = (self.pending_gone | gone) - changed
                 self.answered = not self.watching
                 self.cond.notify_all()
+            if (changed | gone) & set(self.entries):
+                # their files hold the values from before this cell: named unsaved (or dropped, if deleted) before the
+                # answer leaves, so a death before the saver gets to them reruns this cell rather than load those (the
+                # saver may be busy with an earlier cell's names, or wait for a quiet kernel while cells keep coming)
+                self._commit()
             self._start()
         except Exception as exc:  # noqa: BLE001 - a checkpoint never breaks a cell
             self.error = repr(exc)[:300]
@@ -440,12 +447,26 @@ class Checkpointer:
         self._remove([f for f in drop if f not in written])
         return left
 
-    def _commit(self, entries: dict[str, dict[str, Any]], unsaved: dict[str, str]) -> None:
-        """The manifest written (atomically), then taken as this kernel's own."""
-        total = sum(e.get("bytes", 0) for e in entries.values())
-        manifest = {"version": 1, "vars": entries, "unsaved": unsaved, "bytes": total, "cap": self.cap}
-        self._write(MANIFEST, json.dumps(manifest).encode())
-        self.entries, self.unsaved = dict(entries), dict(unsaved)
+    def _commit(self, entries: dict[str, dict[str, Any]] | None = None, unsaved: dict[str, str] | None = None) -> None:
+        """The manifest written (atomically), then taken as this kernel's own (None: the current one again). A name a
+        cell changed since (``pending``) is never written with the file of its older value: it is named unsaved
+        (STALE) until its own save, and that file goes; one a cell deleted goes with its file. The saver and a cell's
+        end both commit, one at a time."""
+        with self.manifest_lock:
+            if entries is None or unsaved is None:
+                entries, unsaved = dict(self.entries), dict(self.unsaved)
+            with self.cond:
+                newer = set(self.pending) & set(entries)
+                deleted = self.pending_gone & set(entries)
+            dropped = newer | deleted
+            older = [e["file"] for k, e in entries.items() if k in dropped and "file" in e]
+            entries = {k: v for k, v in entries.items() if k not in dropped}
+            unsaved = {**{k: v for k, v in unsaved.items() if k not in deleted}, **{k: STALE for k in newer}}
+            total = sum(e.get("bytes", 0) for e in entries.values())
+            manifest = {"version": 1, "vars": entries, "unsaved": unsaved, "bytes": total, "cap": self.cap}
+            self._write(MANIFEST, json.dumps(manifest).encode())
+            self.entries, self.unsaved = dict(entries), dict(unsaved)
+            self._remove(older)
 
     def _atomic(self, name: str, fill: Any) -> Any:
         """``fill(fh)`` into ``name``'s temp file, then renamed onto it (a kill mid-write leaves the last good file);

@@ -215,6 +215,24 @@ async def test_a_death_before_a_save_is_done_recomputes_never_loads_the_older_va
     await harness.call("close_session", session=s)
 
 
+async def test_a_name_a_later_cell_rebinds_while_the_saver_is_busy_is_never_loaded_with_its_older_value(harness: Harness) -> None:
+    """A saved name rebound by a cell while the saver is still busy with an earlier cell's names: the manifest names it
+    unsaved before that cell's answer leaves, so a death then reruns the cell instead of loading the older value. (Before,
+    the name kept its old file in the manifest until the saver got to it: seconds here, for as long as cells keep
+    coming after a save they interrupt.) A name deleted meanwhile is not brought back either."""
+    s = await harness.new_session()
+    await harness.run("v = 1\nw = 1", session=s)
+    await settled(harness, s)
+    await harness.run(SLOW.replace("SECONDS", "30"), session=s)  # the saver dawdles in s's __reduce__
+    await anyio.sleep(0.5)  # the save of s is under way
+    await harness.run("v = 2\ndel w", session=s)
+    os.kill(pid_of(harness, s), signal.SIGKILL)
+    await anyio.sleep(0.5)
+    r = await harness.run("result = (v, 'w' in globals())", session=s, timeout=60)
+    assert r["result"] == [2, False], r
+    await harness.call("close_session", session=s)
+
+
 # --- fork ------------------------------------------------------------------------------------------------
 
 
