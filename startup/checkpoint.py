@@ -204,7 +204,8 @@ class Checkpointer:
     """One kernel's checkpoints. Inactive until the server calls ``restore`` or ``reset`` (a new
     process must not overwrite the checkpoint it has not loaded).
 
-    Saving never delays the next cell, nor an answer but by one manifest write when a cell rebinds a saved name.
+    Saving never delays the next cell, nor an answer but by one manifest write when a cell rebinds or deletes a
+    saved name.
     ``post_run_cell`` notes which objects changed (the newest value of a name supersedes one still waiting), names
     those with a saved older value unsaved in the manifest at once, and wakes one saver thread, which starts once
     the kernel has published the cell's idle status (the answer is out: ``watch_answers``). A save reads objects only while no
@@ -235,6 +236,7 @@ class Checkpointer:
         self.manifest_lock = threading.RLock()  # one manifest commit at a time: the saver's, or a cell's end's
         self.pending: dict[str, Any] = {}
         self.pending_gone: set[str] = set()
+        self.doomed: list[str] = []  # files no manifest names any more, for the saver to unlink
         self.in_cell = False
         self.cells_started = 0  # a save whose start saw another count may have read objects a cell was changing
         self.answered = True
@@ -326,7 +328,8 @@ class Checkpointer:
             found = _names(cell) if cell else (set(), set())
             old = self.seen
             new = ns
-            changed = {k for k, v in new.items() if k not in old or old[k] is not v}
+            rebound = {k for k, v in new.items() if k not in old or old[k] is not v}
+            changed = set(rebound)
             if found is None:
                 changed = set(new)  # a cell we cannot read (magics): everything may have changed
             else:
@@ -344,11 +347,14 @@ class Checkpointer:
                 self.pending_gone = (self.pending_gone | gone) - changed
                 self.answered = not self.watching
                 self.cond.notify_all()
-            if (changed | gone) & set(self.entries):
-                # their files hold the values from before this cell: named unsaved (or dropped, if deleted) before the
-                # answer leaves, so a death before the saver gets to them reruns this cell rather than load those (the
-                # saver may be busy with an earlier cell's names, or wait for a quiet kernel while cells keep coming)
-                self._commit()
+            with self.manifest_lock:  # the saver's commit either came before (its entries seen here) or sees pending
+                if rebound & set(self.entries) or gone & (set(self.entries) | set(self.unsaved)):
+                    # a saved name bound to another object, or deleted: the manifest says so before the answer leaves,
+                    # so a death before the saver gets to it reruns this cell rather than load the older value (the
+                    # saver may be busy with an earlier cell's names, or wait for a quiet kernel while cells keep
+                    # coming). Names a call or a method may have changed in place (df.head(), f(x)) wait for the saver
+                    # as before: a manifest write on most cells would cost every answer
+                    self._commit()
             self._start()
         except Exception as exc:  # noqa: BLE001 - a checkpoint never breaks a cell
             self.error = repr(exc)[:300]
@@ -375,6 +381,9 @@ class Checkpointer:
                 left = self._save_now(values, gone)
             except Exception as exc:  # noqa: BLE001 - the last good manifest stays
                 self.error = repr(exc)[:300]
+            with self.cond:
+                doomed, self.doomed = self.doomed, []
+            self._remove(doomed)
             with self.cond:
                 self.saving = False
                 self.backoff = bool(left)  # a cell stopped this save: the next one waits for a quiet kernel
@@ -450,14 +459,14 @@ class Checkpointer:
     def _commit(self, entries: dict[str, dict[str, Any]] | None = None, unsaved: dict[str, str] | None = None) -> None:
         """The manifest written (atomically), then taken as this kernel's own (None: the current one again). A name a
         cell changed since (``pending``) is never written with the file of its older value: it is named unsaved
-        (STALE) until its own save, and that file goes; one a cell deleted goes with its file. The saver and a cell's
-        end both commit, one at a time."""
+        (STALE) until its own save, and that file goes (``doomed``: the saver unlinks it); one a cell deleted goes
+        with its file. The saver and a cell's end both commit, one at a time."""
         with self.manifest_lock:
             if entries is None or unsaved is None:
                 entries, unsaved = dict(self.entries), dict(self.unsaved)
             with self.cond:
                 newer = set(self.pending) & set(entries)
-                deleted = self.pending_gone & set(entries)
+                deleted = self.pending_gone & (set(entries) | set(unsaved))
             dropped = newer | deleted
             older = [e["file"] for k, e in entries.items() if k in dropped and "file" in e]
             entries = {k: v for k, v in entries.items() if k not in dropped}
@@ -466,7 +475,9 @@ class Checkpointer:
             manifest = {"version": 1, "vars": entries, "unsaved": unsaved, "bytes": total, "cap": self.cap}
             self._write(MANIFEST, json.dumps(manifest).encode())
             self.entries, self.unsaved = dict(entries), dict(unsaved)
-            self._remove(older)
+            if older:
+                with self.cond:  # unlinked by the saver, never on a cell's answer (a GB file takes ~50 ms here)
+                    self.doomed.extend(older)
 
     def _atomic(self, name: str, fill: Any) -> Any:
         """``fill(fh)`` into ``name``'s temp file, then renamed onto it (a kill mid-write leaves the last good file);

@@ -223,8 +223,13 @@ async def test_a_name_a_later_cell_rebinds_while_the_saver_is_busy_is_never_load
     s = await harness.new_session()
     await harness.run("v = 1\nw = 1", session=s)
     await settled(harness, s)
-    await harness.run(SLOW.replace("SECONDS", "30"), session=s)  # the saver dawdles in s's __reduce__
-    await anyio.sleep(0.5)  # the save of s is under way
+    began = harness.sessions.sessions[s].dirs.work / "reduce-began"
+    slow = SLOW.replace("SECONDS", "30").replace("        first = self.n\n", "        first = self.n\n        open('reduce-began', 'w').close()\n")
+    assert slow.count("reduce-began") == 1
+    await harness.run(slow, session=s)  # the saver dawdles in s's __reduce__
+    with anyio.fail_after(30):
+        while not began.exists():  # the save of s is under way
+            await anyio.sleep(0.05)
     await harness.run("v = 2\ndel w", session=s)
     os.kill(pid_of(harness, s), signal.SIGKILL)
     await anyio.sleep(0.5)
@@ -628,3 +633,60 @@ def test_a_cell_stops_a_big_write_within_one_piece(tmp_path: Path) -> None:
         with pytest.raises(checkpoint._Superseded):
             out.write(memoryview(bytearray(40 << 20)))
     assert (tmp_path / "f.pkl").stat().st_size == 2 * checkpoint.WRITE_PIECE < 40 << 20
+
+
+def test_a_cells_end_waits_for_the_savers_commit_and_names_its_rebound_name_unsaved(tmp_path: Path) -> None:
+    """The race a review found in the first form of the fix: the saver's final commit read ``pending`` before a cell
+    rebound ``v`` and wrote ``v``'s older value after the cell's end had looked at (not yet updated) entries and
+    committed nothing. The check and the commit are now under the manifest's lock, so the cell's end waits for the
+    saver's commit and names ``v`` unsaved. Driven without a kernel: the saver is held inside its final manifest write
+    while the cell ends, then let go."""
+    import contextlib
+    import pickle
+    import threading
+    import types
+
+    checkpoint = _startup_checkpoint()
+    shell = types.SimpleNamespace(user_ns={}, user_ns_hidden={})
+    cp = checkpoint.Checkpointer(shell, {"checkpoint_dir": str(tmp_path), "checkpoint_cap": 1 << 20}, contextlib.nullcontext)
+    cp.watching = True  # saves start on the cell's idle status (``_answered``), as in a kernel
+
+    def cell(code: str) -> None:
+        exec(code, shell.user_ns)
+        shell.user_ns.pop("__builtins__", None)
+        cp.post_run_cell(types.SimpleNamespace(info=types.SimpleNamespace(raw_cell=code)))
+
+    cell("v = [1]")
+    cp.wait()
+    assert "v" in cp.entries
+    held, entered, manifest_writes = threading.Event(), threading.Event(), []
+    write = cp._write
+
+    def held_write(name: str, data: bytes) -> None:
+        if name == checkpoint.MANIFEST:
+            manifest_writes.append(1)
+            # v = [2]: the cell's end names v unsaved (1), the saver's STALE commit (2), its final one, held here (3)
+            if len(manifest_writes) == 3:
+                entered.set()
+                assert held.wait(30)
+        write(name, data)
+
+    cp._write = held_write
+    cell("v = [2]")
+    cp._answered()  # the answer is out: the saver saves v = [2]
+    assert entered.wait(30)
+    ended = threading.Thread(target=cell, args=("v = [3]",))  # the next cell ends while the saver's commit is held
+    ended.start()
+    ended.join(0.5)
+    held.set()
+    ended.join(30)
+    assert not ended.is_alive()
+    deadline = time.monotonic() + 30
+    while cp.saving:  # the saver's commit done; v = [3] waits for its answer (never sent here)
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    manifest = json.loads((tmp_path / checkpoint.MANIFEST).read_bytes())
+    if "v" in manifest["vars"]:
+        assert pickle.loads((tmp_path / manifest["vars"]["v"]["file"]).read_bytes()) == [3], manifest
+    else:
+        assert manifest["unsaved"]["v"] == checkpoint.STALE, manifest
