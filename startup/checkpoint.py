@@ -205,12 +205,12 @@ class Checkpointer:
     process must not overwrite the checkpoint it has not loaded).
 
     Saving never delays the next cell, nor an answer but by one manifest write when a cell rebinds or deletes a
-    saved name.
-    ``post_run_cell`` notes which objects changed (the newest value of a name supersedes one still waiting), names
-    those with a saved older value unsaved in the manifest at once, and wakes one saver thread, which starts once
-    the kernel has published the cell's idle status (the answer is out: ``watch_answers``). A save reads objects only while no
-    cell runs: a cell starting (``pre_run_cell``) makes the save in progress drop the file it is writing at its next
-    write (``_Superseded``); the names it had not finished wait for the next quiet moment. A snapshot is therefore
+    saved name. ``post_run_cell`` notes which objects changed (the newest value of a name supersedes one still
+    waiting), names a saved name the cell rebound unsaved in the manifest at once (and drops one it deleted), and
+    wakes one saver thread, which starts once the kernel has published the cell's idle status (the answer is out:
+    ``watch_answers``). A save reads objects only while no cell runs: a cell starting (``pre_run_cell``) makes the
+    save in progress drop the file it is writing at its next write (``_Superseded``); the names it had not finished
+    wait for the next quiet moment. A snapshot is therefore
     always what the namespace held between two cells, without copying it and without forking (seccomp refuses
     fork to guarded kernels). While a name waits, the manifest names it unsaved (``STALE``): a death then recomputes
     it from its cells instead of loading an older value."""
