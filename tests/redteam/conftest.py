@@ -16,7 +16,7 @@ import pytest
 
 from .. import support
 from .common import OUTCOMES, PROFILES, Target, open_sessions, start_target
-from .world import World, destroy_world, make_world
+from .world import World, destroy_world, make_world, world_lock
 
 # Under ``--weaken`` the attacks that succeed run with a layer missing, as root on the test machine: these few
 # would then reach beyond this test run (other people's processes, the host's init, mounts, the test's own
@@ -55,9 +55,13 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 @pytest.fixture(scope="package")
 def world() -> Iterator[World]:
-    w = make_world()
-    yield w
-    destroy_world(w)
+    """One world on the machine at a time (a lock every pytest process takes): its DNS canary is the one
+    127.0.0.1:53, and its judges look at the whole host (its hostname, its processes), where another run's attacks
+    (.ci/run's weakened red team, beside the main pass) would be judged as this run's."""
+    with world_lock():
+        w = make_world()
+        yield w
+        destroy_world(w)
     dump = os.environ.get("KXRT_REDTEAM_TALLY")
     if dump:
         Path(dump).write_text(json.dumps(OUTCOMES, indent=1))

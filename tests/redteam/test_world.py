@@ -1,10 +1,16 @@
-"""The red team's own oracle, checked without kernels: which processes count as a session's kernel."""
+"""The red team's own oracle, checked without kernels: which processes count as a session's kernel, and one world on
+the machine at a time."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
 import pytest
 
-from .world import kernel_script_index
+from .world import World, kernel_script_index
 
 K = b"/x/startup/kernel_main.py"
 
@@ -28,3 +34,13 @@ def test_a_kernel_is_found_whatever_interpreter_flags_precede_its_script(argv: l
 ])
 def test_the_wrappers_carrying_a_kernel_command_line_are_not_kernels(argv: list[bytes]) -> None:
     assert kernel_script_index(argv) is None
+
+
+def test_while_a_world_exists_another_process_cannot_make_one(world: World) -> None:
+    """The package's world holds the machine's world lock: another pytest process's world would wait (a run beside
+    this one, .ci/run's weakened red team, must not bind the DNS canary or change the host under these judges)."""
+    lock = Path(tempfile.gettempdir()) / "kernelexec-redteam-world.lock"
+    probe = ("import fcntl, sys\nwith open(sys.argv[1], 'a') as f:\n"
+             "    try:\n        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n    except BlockingIOError:\n"
+             "        sys.exit(3)\n")
+    assert subprocess.run([sys.executable, "-c", probe, str(lock)], timeout=30).returncode == 3

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import hashlib
 import os
 import secrets
@@ -21,6 +22,8 @@ import socket
 import struct
 import tempfile
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -320,6 +323,15 @@ class World:
             "var_new": str(self.var_root / f"created-{tag}"),
             "ro_new": str(self.ro_dir / f"created-{tag}"),
         }
+
+
+@contextmanager
+def world_lock() -> Iterator[None]:
+    """Held while a world exists: another pytest process's world waits for it (an exclusive ``flock``, let go
+    when its process dies, whatever way)."""
+    with open(Path(tempfile.gettempdir()) / "kernelexec-redteam-world.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def make_world() -> World:

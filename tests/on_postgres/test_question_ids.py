@@ -1,0 +1,5 @@
+"""tests/test_question_ids.py, every server's session store on PostgreSQL (tests/on_postgres/__init__.py says why)."""
+
+from . import twin
+
+twin(globals(), "test_question_ids")
