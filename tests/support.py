@@ -34,8 +34,9 @@ from kernelexec.session.manager import SessionManager
 OS_LAYERS = ("landlock", "seccomp", "bubblewrap", "netns", "cgroup")
 WEAKEN_CHOICES = (*OS_LAYERS, "uid", "guard", "off")
 WEAKEN: str | None = None
-# ``pytest --store postgres`` (tests/conftest.py): every server these helpers start (in memory, stdio, HTTP) keeps its
-# session store in a fresh database of the test session's real PostgreSQL instead of SQLite; None: SQLite, the default.
+# Set for the modules of tests/on_postgres/ (its conftest.py), and for every module under ``pytest --store postgres``
+# (tests/conftest.py): every server these helpers start (in memory, stdio, HTTP) keeps its session store in a fresh
+# database of the pytest process's real PostgreSQL instead of SQLite; None: SQLite, the default.
 STORE_URL: Callable[[], str] | None = None
 # Settings every server the tests start gets through its environment, on top of what the test gives it (the in-memory
 # servers read it from os.environ, the processes from ``clean_env``); tests/conftest.py fills it per test module.

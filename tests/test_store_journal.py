@@ -308,7 +308,8 @@ async def test_sigkill_at_random_points_loses_no_answered_cell(short_tmp: Path) 
     fifth kill lands while the revived kernel is being refilled). After each kill the store opens (SQLite's
     integrity check) and holds every cell whose answer the client received, in order; after each restart the
     journal file and the notebook hold them too, and the notebook is valid nbformat. The store is the run's
-    (``--store postgres``: a database of the real PostgreSQL, so the PostgreSQL pass kills servers writing to it)."""
+    (in tests/on_postgres/, or with ``--store postgres``: a database of the real PostgreSQL, so servers writing to it
+    are killed)."""
     import random
     import sqlite3
 
