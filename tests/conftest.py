@@ -12,7 +12,6 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,8 @@ from .support import (  # noqa: F401 - re-exported
     until,
     wait_for_port,
 )
+
+pytest_plugins = ["tests.schedule"]  # the main pass's units and their order
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -145,54 +146,6 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         why = crash.message if crash is not None else str(report.longrepr).strip().splitlines()[-1:]
         terminalreporter.write_line(f"kernelexec failed: {report.nodeid} ({report.when}): "
                                     + " | ".join(str(why).splitlines())[:3000])
-
-
-def worker_unit(nodeid: str) -> str:
-    """The unit one pytest-xdist worker runs whole: a module, so that its shared server (``harness`` and the
-    module-scoped fixtures like it) starts once and its tests never overlap one another; the red team as one
-    unit, since its ``world`` and ``targets`` are package-scoped (and the world's DNS canary, 127.0.0.1:53,
-    can be bound by one process only)."""
-    path = nodeid.split("::", 1)[0]
-    return "tests/redteam" if path.startswith("tests/redteam/") else path
-
-
-# The units that take much longer than their count of tests says, with their seconds in a fresh clone's main pass on
-# four workers (2f7d386, docs/ci.md). Handed out first, longest first: ordered by count alone (xdist's loadscope order)
-# a unit of a few long tests started last and ran alone after every other worker was done. The red team comes first
-# whatever its length: .ci/run's weakened red team, beside the main pass, waits for its world (tests/redteam/world.py).
-LONG_UNITS = {
-    "tests/redteam": 10_000, "tests/test_fleet.py": 279, "tests/test_gateway.py": 188, "tests/test_fleet_lb.py": 161,
-    "tests/test_long_runs.py": 132, "tests/on_postgres/test_long_runs.py": 126, "tests/test_replay.py": 115,
-    "tests/test_store_journal.py": 98, "tests/test_checkpoint.py": 93, "tests/on_postgres/test_checkpoint.py": 86,
-    "tests/test_claims.py": 82, "tests/on_postgres/test_store_journal.py": 75, "tests/test_supervision.py": 74,
-    "tests/test_pool.py": 65, "tests/test_environments.py": 58, "tests/test_packages.py": 56,
-    "tests/test_fleet_uploads.py": 55, "tests/test_fleet_relay.py": 52, "tests/test_code_mode.py": 47,
-    "tests/test_pace.py": 46, "tests/test_inspector.py": 45, "tests/test_budgets.py": 42, "tests/test_secret_page.py": 41,
-}
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The units in the order the workers should take them (``LONG_UNITS`` first, then the rest by count of tests,
-    largest first), each unit's tests kept together and in their own order."""
-    counts = Counter(worker_unit(item.nodeid) for item in items)
-    items.sort(key=lambda item: (-LONG_UNITS.get(unit := worker_unit(item.nodeid), 0), -counts[unit], unit))
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``-n N --dist loadscope`` (.ci/run) hands out ``worker_unit`` units whole (xdist's own loadscope would split a
-    module's test classes apart and the red team into its modules), in the order of the collection (above)."""
-    if config.getoption("dist") != "loadscope":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    config.option.loadscopereorder = False  # the collection's order, not xdist's by count alone
-
-    class WholeScopes(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return worker_unit(nodeid)
-
-    return WholeScopes(config, log)
 
 
 @pytest.hookimpl(wrapper=True)
