@@ -473,7 +473,13 @@ class Checkpointer:
             unsaved = {**{k: v for k, v in unsaved.items() if k not in deleted}, **{k: STALE for k in newer}}
             total = sum(e.get("bytes", 0) for e in entries.values())
             manifest = {"version": 1, "vars": entries, "unsaved": unsaved, "bytes": total, "cap": self.cap}
-            self._write(MANIFEST, json.dumps(manifest).encode())
+            try:
+                self._write(MANIFEST, json.dumps(manifest).encode())
+            except OSError:
+                # the manifest on disk still names the older files (a full disk): they go now, so that a death loads
+                # none of them, and a restore names those names as not loaded
+                self._remove(older)
+                raise
             self.entries, self.unsaved = dict(entries), dict(unsaved)
             if older:
                 with self.cond:  # unlinked by the saver, never on a cell's answer (a GB file takes ~50 ms here)
@@ -552,17 +558,18 @@ class Checkpointer:
         with self.cond:
             self.pending, self.pending_gone = {}, set()
         self.wait()
-        old = [e["file"] for e in self.entries.values() if "file" in e]
-        self.entries, self.unsaved, self.seen, self.exported = {}, {}, {}, {}
-        self.active = True
-        if self.dir:
-            try:
-                self._write(MANIFEST, json.dumps({"version": 1, "vars": {}, "unsaved": {}, "bytes": 0}).encode())
-                with self.bypass():
-                    old += [f for f in os.listdir(self.dir) if f.endswith((".pkl", ".tmp", ".part"))]
-                self._remove(sorted(set(old)))
-            except OSError as exc:
-                self.error = repr(exc)[:300]
+        with self.manifest_lock:  # as every manifest write: one at a time
+            old = [e["file"] for e in self.entries.values() if "file" in e]
+            self.entries, self.unsaved, self.seen, self.exported = {}, {}, {}, {}
+            self.active = True
+            if self.dir:
+                try:
+                    self._write(MANIFEST, json.dumps({"version": 1, "vars": {}, "unsaved": {}, "bytes": 0}).encode())
+                    with self.bypass():
+                        old += [f for f in os.listdir(self.dir) if f.endswith((".pkl", ".tmp", ".part"))]
+                    self._remove(sorted(set(old)))
+                except OSError as exc:
+                    self.error = repr(exc)[:300]
         return {"reset": True}
 
     def restore(self, names: list[str] | None = None) -> dict[str, Any]:

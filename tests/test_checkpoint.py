@@ -690,3 +690,45 @@ def test_a_cells_end_waits_for_the_savers_commit_and_names_its_rebound_name_unsa
         assert pickle.loads((tmp_path / manifest["vars"]["v"]["file"]).read_bytes()) == [3], manifest
     else:
         assert manifest["unsaved"]["v"] == checkpoint.STALE, manifest
+
+
+def test_a_rebound_names_older_file_goes_when_the_manifest_cannot_be_written(tmp_path: Path) -> None:
+    """A full disk at a cell's end: the manifest that should name a rebound ``v`` unsaved cannot be written, and the
+    one on disk still names ``v``'s older file. That file goes, so a death never loads the older value: a restore
+    names ``v`` as not loaded. Driven without a kernel; the disk is full for the manifest's write alone."""
+    import contextlib
+    import errno
+    import types
+
+    checkpoint = _startup_checkpoint()
+    shell = types.SimpleNamespace(user_ns={}, user_ns_hidden={})
+    cp = checkpoint.Checkpointer(shell, {"checkpoint_dir": str(tmp_path), "checkpoint_cap": 1 << 20}, contextlib.nullcontext)
+    cp.watching = True
+
+    def cell(code: str) -> None:
+        exec(code, shell.user_ns)
+        shell.user_ns.pop("__builtins__", None)
+        cp.post_run_cell(types.SimpleNamespace(info=types.SimpleNamespace(raw_cell=code)))
+
+    cell("v = [1]")
+    cp._answered()
+    cp.wait()
+    older = cp.entries["v"]["file"]
+    assert (tmp_path / older).exists()
+    write = cp._write
+
+    def full_disk(name: str, data: bytes) -> None:
+        if name == checkpoint.MANIFEST:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write(name, data)
+
+    cp._write = full_disk
+    cell("v = [2]")  # its answer never goes out here: the saver does not start on it
+    assert "ENOSPC" in cp.error or "No space" in cp.error, cp.error
+    assert json.loads((tmp_path / checkpoint.MANIFEST).read_bytes())["vars"]["v"]["file"] == older
+    assert not (tmp_path / older).exists()
+    shell.user_ns.clear()
+    restored = checkpoint.Checkpointer(shell, {"checkpoint_dir": str(tmp_path), "checkpoint_cap": 1 << 20},
+                                       contextlib.nullcontext).restore()
+    assert "v" not in restored["restored"] and "v" in restored["failed"], restored
+    assert "v" not in shell.user_ns
