@@ -635,27 +635,39 @@ def test_a_cell_stops_a_big_write_within_one_piece(tmp_path: Path) -> None:
     assert (tmp_path / "f.pkl").stat().st_size == 2 * checkpoint.WRITE_PIECE < 40 << 20
 
 
+class _KernelFree:
+    """A Checkpointer driven without a kernel: ``cell(code)`` runs code in its namespace and ends the cell as
+    IPython's ``post_run_cell`` would; saves start on ``cp._answered()``, as on a kernel's idle status."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        import contextlib
+        import types
+
+        self.checkpoint = _startup_checkpoint()
+        self.shell = types.SimpleNamespace(user_ns={}, user_ns_hidden={})
+        self.cp = self.checkpoint.Checkpointer(self.shell, {"checkpoint_dir": str(tmp_path), "checkpoint_cap": 1 << 20},
+                                               contextlib.nullcontext)
+        self.cp.watching = True
+
+    def cell(self, code: str) -> None:
+        import types
+
+        exec(code, self.shell.user_ns)
+        self.shell.user_ns.pop("__builtins__", None)
+        self.cp.post_run_cell(types.SimpleNamespace(info=types.SimpleNamespace(raw_cell=code)))
+
+
 def test_a_cells_end_waits_for_the_savers_commit_and_names_its_rebound_name_unsaved(tmp_path: Path) -> None:
     """The race a review found in the first form of the fix: the saver's final commit read ``pending`` before a cell
     rebound ``v`` and wrote ``v``'s older value after the cell's end had looked at (not yet updated) entries and
     committed nothing. The check and the commit are now under the manifest's lock, so the cell's end waits for the
     saver's commit and names ``v`` unsaved. Driven without a kernel: the saver is held inside its final manifest write
     while the cell ends, then let go."""
-    import contextlib
     import pickle
     import threading
-    import types
 
-    checkpoint = _startup_checkpoint()
-    shell = types.SimpleNamespace(user_ns={}, user_ns_hidden={})
-    cp = checkpoint.Checkpointer(shell, {"checkpoint_dir": str(tmp_path), "checkpoint_cap": 1 << 20}, contextlib.nullcontext)
-    cp.watching = True  # saves start on the cell's idle status (``_answered``), as in a kernel
-
-    def cell(code: str) -> None:
-        exec(code, shell.user_ns)
-        shell.user_ns.pop("__builtins__", None)
-        cp.post_run_cell(types.SimpleNamespace(info=types.SimpleNamespace(raw_cell=code)))
-
+    driven = _KernelFree(tmp_path)
+    checkpoint, cp, cell = driven.checkpoint, driven.cp, driven.cell
     cell("v = [1]")
     cp.wait()
     assert "v" in cp.entries
@@ -696,20 +708,10 @@ def test_a_rebound_names_older_file_goes_when_the_manifest_cannot_be_written(tmp
     """A full disk at a cell's end: the manifest that should name a rebound ``v`` unsaved cannot be written, and the
     one on disk still names ``v``'s older file. That file goes, so a death never loads the older value: a restore
     names ``v`` as not loaded. Driven without a kernel; the disk is full for the manifest's write alone."""
-    import contextlib
     import errno
-    import types
 
-    checkpoint = _startup_checkpoint()
-    shell = types.SimpleNamespace(user_ns={}, user_ns_hidden={})
-    cp = checkpoint.Checkpointer(shell, {"checkpoint_dir": str(tmp_path), "checkpoint_cap": 1 << 20}, contextlib.nullcontext)
-    cp.watching = True
-
-    def cell(code: str) -> None:
-        exec(code, shell.user_ns)
-        shell.user_ns.pop("__builtins__", None)
-        cp.post_run_cell(types.SimpleNamespace(info=types.SimpleNamespace(raw_cell=code)))
-
+    driven = _KernelFree(tmp_path)
+    checkpoint, cp, cell = driven.checkpoint, driven.cp, driven.cell
     cell("v = [1]")
     cp._answered()
     cp.wait()
@@ -727,8 +729,7 @@ def test_a_rebound_names_older_file_goes_when_the_manifest_cannot_be_written(tmp
     assert "ENOSPC" in cp.error or "No space" in cp.error, cp.error
     assert json.loads((tmp_path / checkpoint.MANIFEST).read_bytes())["vars"]["v"]["file"] == older
     assert not (tmp_path / older).exists()
-    shell.user_ns.clear()
-    restored = checkpoint.Checkpointer(shell, {"checkpoint_dir": str(tmp_path), "checkpoint_cap": 1 << 20},
-                                       contextlib.nullcontext).restore()
+    revived = _KernelFree(tmp_path)  # a new kernel's checkpointer, its namespace empty
+    restored = revived.cp.restore()
     assert "v" not in restored["restored"] and "v" in restored["failed"], restored
-    assert "v" not in shell.user_ns
+    assert "v" not in revived.shell.user_ns
