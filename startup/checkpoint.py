@@ -476,9 +476,13 @@ class Checkpointer:
             try:
                 self._write(MANIFEST, json.dumps(manifest).encode())
             except OSError:
-                # the manifest on disk still names the older files (a full disk): they go now, so that a death loads
-                # none of them, and a restore names those names as not loaded
-                self._remove(older)
+                # (a full disk) the manifest on disk still names files this one no longer does: older values of names
+                # changed since, rebound or in place. They go now (on the answer's path, but only on this failure), so
+                # that a death loads none of them and a restore names them as not loaded; this kernel's own view is
+                # the manifest it could not write, so that its status says so and its next commit writes it
+                named = {e["file"] for e in entries.values() if "file" in e}
+                self._remove(sorted(({e["file"] for e in self.entries.values() if "file" in e} - named) | set(older)))
+                self.entries, self.unsaved = dict(entries), dict(unsaved)
                 raise
             self.entries, self.unsaved = dict(entries), dict(unsaved)
             if older:

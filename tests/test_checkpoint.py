@@ -656,6 +656,19 @@ class _KernelFree:
         self.shell.user_ns.pop("__builtins__", None)
         self.cp.post_run_cell(types.SimpleNamespace(info=types.SimpleNamespace(raw_cell=code)))
 
+    def fill_disk(self) -> None:
+        """From now on the disk is full for the manifest's write (and only for it)."""
+        import errno
+
+        write = self.cp._write
+
+        def full(name: str, data: bytes) -> None:
+            if name == self.checkpoint.MANIFEST:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            write(name, data)
+
+        self.cp._write = full
+
 
 def test_a_cells_end_waits_for_the_savers_commit_and_names_its_rebound_name_unsaved(tmp_path: Path) -> None:
     """The race a review found in the first form of the fix: the saver's final commit read ``pending`` before a cell
@@ -704,12 +717,12 @@ def test_a_cells_end_waits_for_the_savers_commit_and_names_its_rebound_name_unsa
         assert manifest["unsaved"]["v"] == checkpoint.STALE, manifest
 
 
-def test_a_rebound_names_older_file_goes_when_the_manifest_cannot_be_written(tmp_path: Path) -> None:
-    """A full disk at a cell's end: the manifest that should name a rebound ``v`` unsaved cannot be written, and the
-    one on disk still names ``v``'s older file. That file goes, so a death never loads the older value: a restore
-    names ``v`` as not loaded. Driven without a kernel; the disk is full for the manifest's write alone."""
-    import errno
-
+@pytest.mark.parametrize("change", ["v = [2]", "v.append(2)"], ids=["rebound", "in-place"])
+def test_an_older_value_goes_when_the_manifest_cannot_be_written(tmp_path: Path, change: str) -> None:
+    """A full disk: the manifest that should name a changed ``v`` unsaved cannot be written, and the one on disk still
+    names ``v``'s older file. That file goes, so a death never loads the older value: a restore names ``v`` as not
+    loaded, and the kernel's own status names it unsaved. A rebound name fails at the cell's end (its commit comes
+    before the answer); one changed in place, at the saver's. Driven without a kernel."""
     driven = _KernelFree(tmp_path)
     checkpoint, cp, cell = driven.checkpoint, driven.cp, driven.cell
     cell("v = [1]")
@@ -717,18 +730,14 @@ def test_a_rebound_names_older_file_goes_when_the_manifest_cannot_be_written(tmp
     cp.wait()
     older = cp.entries["v"]["file"]
     assert (tmp_path / older).exists()
-    write = cp._write
-
-    def full_disk(name: str, data: bytes) -> None:
-        if name == checkpoint.MANIFEST:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        write(name, data)
-
-    cp._write = full_disk
-    cell("v = [2]")  # its answer never goes out here: the saver does not start on it
-    assert "ENOSPC" in cp.error or "No space" in cp.error, cp.error
+    driven.fill_disk()
+    cell(change)
+    cp._answered()
+    cp.wait()
+    assert "No space" in cp.error, cp.error
     assert json.loads((tmp_path / checkpoint.MANIFEST).read_bytes())["vars"]["v"]["file"] == older
     assert not (tmp_path / older).exists()
+    assert "v" not in cp.entries and cp.unsaved.get("v") == checkpoint.STALE, (cp.entries, cp.unsaved)
     revived = _KernelFree(tmp_path)  # a new kernel's checkpointer, its namespace empty
     restored = revived.cp.restore()
     assert "v" not in restored["restored"] and "v" in restored["failed"], restored
