@@ -15,6 +15,11 @@ def test_a_server_a_test_here_starts_keeps_its_store_on_postgresql(tmp_path: Pat
     assert support.store_env()["KERNELEXEC_STORE"].startswith("postgresql://")
 
 
+def test_a_test_here_has_a_short_tmp_of_its_own(short_tmp: Path) -> None:
+    """Not the one of tests/conftest.py, which the twins' modules use on the same worker."""
+    assert short_tmp.name.startswith("kxp"), short_tmp
+
+
 def test_each_twin_holds_every_test_and_fixture_of_its_module() -> None:
     twins = [p.stem for p in Path(__file__).parent.glob("test_*.py") if p.stem != "test_twins"]
     assert len(twins) == 7, twins
