@@ -169,16 +169,20 @@ FILE_READS: dict[str, Any] = {
             os.open(P['secret'], os.O_PATH)  # (kept open: the inventory below must not find it)
         except OSError:
             pass
-        fds = {}
+        fds, read_only = {}, set()
         for fd in os.listdir('/proc/self/fd'):
             try:
                 fds[fd] = os.readlink('/proc/self/fd/' + fd)
+                flags = [line for line in open('/proc/self/fdinfo/' + fd).read().splitlines() if line.startswith('flags:')]
+                if flags and int(flags[0].split()[1], 8) & os.O_ACCMODE == os.O_RDONLY:
+                    read_only.add(fd)
             except OSError as e:
                 fds[fd] = repr(e)
-        # the interpreter's own read-only trees are no leak: a kernel that drew a figure (every warm kernel does, at
-        # start) holds its fonts open, matplotlib caching them
+        # the interpreter's own trees, opened read-only, are no leak: a kernel that drew a figure (every warm kernel
+        # does, at start) holds its fonts open, matplotlib caching them
         sys = M('sys'); own = tuple({p.rstrip('/') + '/' for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)})
-        outside = {k: v for k, v in fds.items() if v.startswith('/') and not v.startswith((P['session_dir'], '/dev/', '/proc/') + own)}
+        outside = {k: v for k, v in fds.items() if v.startswith('/') and not v.startswith((P['session_dir'], '/dev/', '/proc/'))
+                   and not (k in read_only and v.startswith(own))}
         assert not outside, outside
         out = outside
     """,
