@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 
-from .world import World, kernel_script_index
+from .world import WORLD_LOCK, World, kernel_script_index
 
 K = b"/x/startup/kernel_main.py"
 
@@ -39,8 +37,7 @@ def test_the_wrappers_carrying_a_kernel_command_line_are_not_kernels(argv: list[
 def test_while_a_world_exists_another_process_cannot_make_one(world: World) -> None:
     """The package's world holds the machine's world lock: another pytest process's world would wait (a run beside
     this one, .ci/run's weakened red team, must not bind the DNS canary or change the host under these judges)."""
-    lock = Path(tempfile.gettempdir()) / "kernelexec-redteam-world.lock"
     probe = ("import fcntl, sys\nwith open(sys.argv[1], 'a') as f:\n"
              "    try:\n        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n    except BlockingIOError:\n"
              "        sys.exit(3)\n")
-    assert subprocess.run([sys.executable, "-c", probe, str(lock)], timeout=30).returncode == 3
+    assert subprocess.run([sys.executable, "-c", probe, str(WORLD_LOCK)], timeout=30).returncode == 3

@@ -325,11 +325,14 @@ class World:
         }
 
 
+WORLD_LOCK = Path(tempfile.gettempdir()) / "kernelexec-redteam-world.lock"
+
+
 @contextmanager
 def world_lock() -> Iterator[None]:
     """Held while a world exists: another pytest process's world waits for it (an exclusive ``flock``, let go
     when its process dies, whatever way)."""
-    with open(Path(tempfile.gettempdir()) / "kernelexec-redteam-world.lock", "a") as lock:
+    with open(WORLD_LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
