@@ -3,8 +3,8 @@ first. A plugin of tests/conftest.py.
 
 A unit is what one worker runs whole (``worker_unit``). The order is each unit's seconds in an earlier main pass
 (``tests/unit_seconds.json``; a unit not in it counts a second a test): ordered by their count of tests alone, as
-xdist's loadscope does, units of a few long tests (the 75 s cell, the 50-SIGKILL journal) started late and ran on
-after the other workers were done. ``pytest -n 4 --dist loadscope --unit-seconds tests/unit_seconds.json`` measures
+xdist's loadscope does, units of a few long tests (the 75 s cell, the 50-SIGKILL journal) could start last and run on
+after the other workers were done. ``pytest -n 5 --dist loadscope --unit-seconds tests/unit_seconds.json`` measures
 them again: each unit's setup, call and teardown time summed, as the workers report it.
 """
 
