@@ -72,7 +72,9 @@ def server_tools(source: Path = _TOOLS_SOURCE) -> tuple[str, ...]:
     try:
         import ast
 
-        tree = ast.parse(source.read_text(encoding="utf-8"))
+        from kernelexec.syntax import parse
+
+        tree = parse(source.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef) and node.name == "register":
                 for stmt in ast.walk(node):

@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("environment", {"environment"}),
     ("store", {"store"}),
     ("base", {"__init__", "config", "errors", "layout", "host", "longtext", "terminal", "display", "tracing", "lean_schema",
-              "deferred_imports"}),
+              "deferred_imports", "syntax"}),
 ]
 SAME_RANK = {"lab": 1, "server": 1}  # side by side: neither imports the other
 

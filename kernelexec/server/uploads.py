@@ -35,7 +35,6 @@ reservation lapses by itself: at its URL's expiry, and a body's also when its re
 
 from __future__ import annotations
 
-import ast
 import base64
 import hashlib
 import hmac
@@ -60,6 +59,7 @@ from kernelexec.server.secret_page import digest
 from kernelexec.session.session import Session
 from kernelexec.session.upkeep import EXPIRED_KEPT_S
 from kernelexec.store import GrantRecord, Reservation, Store
+from kernelexec.syntax import literal
 
 if TYPE_CHECKING:
     from kernelexec.server.relay import Relay
@@ -376,7 +376,7 @@ async def _evaluate(kernel: Kernel, expression: str) -> Any:
     answer = await kernel.evaluate(f"__import__('json').dumps({expression})")
     if isinstance(answer, str) and len(answer) < 10_000:
         try:
-            return json.loads(ast.literal_eval(answer))  # text/plain: the repr of the JSON string
+            return json.loads(literal(answer))  # text/plain: the repr of the JSON string
         except (ValueError, SyntaxError):
             pass
     return None

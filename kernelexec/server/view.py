@@ -17,7 +17,6 @@ Hosts without Apps get exactly the text and images they got before.
 
 from __future__ import annotations
 
-import ast
 import json
 from importlib import resources
 from typing import Annotated, Any
@@ -32,6 +31,7 @@ from kernelexec.display import display
 from kernelexec.errors import KernelexecError
 from kernelexec.server.app import App, SessionName, info, translated, variables_answer
 from kernelexec.server.results import SessionInfo, VariablesResult
+from kernelexec.syntax import literal
 
 VIEW_URI = "ui://kernelexec/run.html"
 VIEW_META: dict[str, Any] = {"ui": {"resourceUri": VIEW_URI}}
@@ -88,7 +88,7 @@ def parse_page(data: Any) -> dict[str, Any]:
     if not isinstance(data, str) or len(data) > MAX_PAGE_CHARS:
         raise ToolError("could not read the table: the kernel's answer is not a bounded string")
     try:
-        text = ast.literal_eval(data)
+        text = literal(data)
         found = json.loads(text) if isinstance(text, str) else None
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         found = None

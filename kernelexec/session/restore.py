@@ -19,6 +19,7 @@ from kernelexec.environment.packages import pip_lines
 from kernelexec.errors import InvalidRequest
 from kernelexec.lean_schema import LeanModel
 from kernelexec.session.record_meta import read_cell_meta
+from kernelexec.syntax import parse
 
 if TYPE_CHECKING:
     from kernelexec.kernel.driver import Kernel
@@ -61,7 +62,7 @@ def cell_names(source: str) -> dict[str, list[str]] | None:
     """The names a cell's top level may bind (``wrote``) and every name it reads (``read``), from its
     code's syntax (parsed, never run); None when it does not parse as Python (magics)."""
     try:
-        tree = ast.parse(source)
+        tree = parse(source)
     except (SyntaxError, ValueError):
         return None
     written, read = _names(tree)
