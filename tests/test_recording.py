@@ -87,6 +87,18 @@ async def test_kernel_death_and_restarts_are_in_the_record(harness: Harness) -> 
     assert after.outputs[0].data["text/plain"] == "2"
 
 
+async def test_a_cell_too_deep_for_an_ast_is_answered_and_recorded(harness: Harness) -> None:
+    """``1+1+…`` 100,000 times: the record reads a cell's names from its syntax tree, which is too deep to build
+    (RecursionError in the server). The cell is answered as the kernel ran it, and recorded, without names."""
+    s = await harness.new_session()
+    code = "x = " + "+".join(["1"] * 100_000)
+    answer = await harness.run(code, session=s)
+    assert "Error executing tool" not in json.dumps(answer)[:2000], json.dumps(answer)[:2000]
+    nb = await read_notebook(harness, s)
+    assert [c.source for c in nb.cells] == [code]
+    assert "names" not in nb.cells[0].metadata.kernelexec
+
+
 def _session_dir(base: Path, handle: str = "handle-1234") -> tuple[Path, Recorder]:
     session = base / "sessions" / handle
     session.mkdir(parents=True)

@@ -60,10 +60,11 @@ _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.
 
 def cell_names(source: str) -> dict[str, list[str]] | None:
     """The names a cell's top level may bind (``wrote``) and every name it reads (``read``), from its
-    code's syntax (parsed, never run); None when it does not parse as Python (magics)."""
+    code's syntax (parsed, never run); None when it does not parse as Python (magics), or its tree is too deep to
+    build (``1+1+…`` 100,000 times: RecursionError, MemoryError): the cell's record is written either way."""
     try:
         tree = parse(source)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     written, read = _names(tree)
     wrote = written - _deleted_for_good(tree)  # what it reads of its own making stays its own (read & written)
