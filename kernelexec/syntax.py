@@ -24,7 +24,12 @@ def parse(source: str) -> ast.Module:
 
 
 def literal(text: str) -> Any:
-    """``ast.literal_eval`` of text (a kernel's repr: untrusted), its parse under the same lock."""
-    with _ONE_AT_A_TIME:
-        tree = ast.parse(text.lstrip(" \t"), mode="eval")
-    return ast.literal_eval(tree)
+    """``ast.literal_eval`` of text (a kernel's repr: untrusted), its parse under the same lock. Anything but a
+    literal is a ValueError or SyntaxError, one too deep to read too (``-`` 9,000 times: MemoryError in the parser),
+    so that a caller's one ``except`` covers what a hostile kernel can send."""
+    try:
+        with _ONE_AT_A_TIME:
+            tree = ast.parse(text.lstrip(" \t"), mode="eval")
+        return ast.literal_eval(tree)
+    except (RecursionError, MemoryError) as exc:
+        raise ValueError(f"too deep to read ({type(exc).__name__})") from None
