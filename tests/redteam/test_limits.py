@@ -104,7 +104,9 @@ def _cgroup_values(t: Target, mode: str) -> dict[str, str]:
     """The memory and pids limits of the cgroups the session's kernel is in, found from the kernel's own
     /proc/<pid>/cgroup (v1 lines ``n:memory:/path``, v2 ``0::/path``), not from where the product says it
     puts them. A positive control: as root on a machine with a cgroup hierarchy the kernel must be in one
-    of kernelexec's cgroups with limits to read, or ``{} == {}`` would judge nothing."""
+    of kernelexec's cgroups with limits to read, or ``{} == {}`` would judge nothing. Keyed by controller and file,
+    not by the cgroup's path: a kernel the attack crashed is replaced by its spare, in a cgroup of its own name
+    (``<id>-s``), whose limits must be the same."""
     pids = _live_pids(t, mode, restarted_ok=True)
     if not pids:
         return {}
@@ -117,7 +119,7 @@ def _cgroup_values(t: Target, mode: str) -> dict[str, str]:
         for name in _CGROUP_FILES:
             f = base / path.lstrip("/") / name
             try:
-                values[str(f)] = f.read_text()
+                values[f"{controllers or 'unified'}/{name}"] = f.read_text()
             except OSError:
                 pass
     if os.geteuid() == 0 and any(Path("/sys/fs/cgroup", d).is_dir() for d in ("memory", "pids", "kernelexec")):
