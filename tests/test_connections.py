@@ -48,14 +48,29 @@ def test_prune_drops_a_dead_kernel_after_repeated_checks_and_keeps_a_live_one(tm
     gone = connection_file(tmp_path / "s" / "gone")
     for handle, path in (("live", live), ("dead", dead), ("gone", gone)):
         connections.publish(tmp_path, handle, path)
-    gone.unlink()  # its server shut the kernel down: the link dangles
+    gone.unlink()  # the link dangles: a spare took over and the new entry is not published yet, or the server is gone
     directory = connections.connections_dir(tmp_path)
+    assert sorted(connections.live(directory)) == ["dead", "gone", "live"]  # Lab keeps a session between two kernels
     strikes: dict[str, int] = {}
     with socket.socket(socket.AF_UNIX) as heartbeat:
         heartbeat.bind(str(tmp_path / "s" / "live" / "k-5"))
         heartbeat.listen()
         assert connections.kernel_answers(live) and not connections.kernel_answers(dead)
-        assert connections.prune(directory, strikes) == ["gone"]
-        assert connections.prune(directory, strikes) == []  # a restarting kernel is briefly unreachable
-        assert connections.prune(directory, strikes) == ["dead"]
+        for _ in range(9):  # a kernel restarting, or being replaced, is unreachable for seconds under load
+            assert connections.prune(directory, strikes) == []
+        assert sorted(connections.prune(directory, strikes)) == ["dead", "gone"]
     assert sorted(connections.live(directory)) == ["live"]
+
+
+def test_a_takeover_keeps_the_session_in_lab_and_then_shows_its_new_kernel(tmp_path: Path) -> None:
+    """The old kernel's files go before the new entry is published: Lab must see one session throughout."""
+    first = connection_file(tmp_path / "sessions" / "h")
+    directory = connections.connections_dir(tmp_path)
+    connections.publish(tmp_path, "h", first)
+    spare = first.with_name("kernel-s.json")
+    spare.write_text(first.read_text())
+    first.unlink()  # the replaced kernel cleaned up
+    assert connections.live(directory) == {"h": directory / "h.json"}
+    assert connections.prune(directory, {}, limit=2) == []
+    connections.publish(tmp_path, "h", spare)
+    assert connections.live(directory) == {"h": directory / "h.s.json"}

@@ -78,11 +78,14 @@ def kernel_answers(connection_file: Path, timeout: float = 0.5) -> bool:
         return False
 
 
-def prune(directory: Path, strikes: dict[str, int], limit: int = 3) -> list[str]:
+def prune(directory: Path, strikes: dict[str, int], limit: int = 10) -> list[str]:
     """Remove entries whose kernel failed ``limit`` checks in a row; return their handles.
 
-    Called periodically: one failed check is not enough, since a kernel being restarted by its
-    server is briefly unreachable. A dangling link (the kernel's own files are gone) goes at once.
+    Called about once a second by ``kernelexec lab``, for entries their server left behind (it was killed: a
+    server withdraws its own). One failed check is not enough: a kernel restarting in place is unreachable for
+    as long as its start takes (seconds, under load), and a warm spare's takeover leaves the old entry's link
+    dangling until the server publishes the new one. An entry pruned then would never come back (the server
+    publishes a kernel once), and Lab would lose the session.
     """
     removed: list[str] = []
     try:
@@ -94,7 +97,7 @@ def prune(directory: Path, strikes: dict[str, int], limit: int = 3) -> list[str]
             strikes.pop(entry.stem, None)
             continue
         strikes[entry.stem] = strikes.get(entry.stem, 0) + 1
-        if not entry.exists() or strikes[entry.stem] >= limit:
+        if strikes[entry.stem] >= limit:
             entry.unlink(missing_ok=True)
             strikes.pop(entry.stem, None)
             removed.append(entry.stem)
@@ -102,9 +105,11 @@ def prune(directory: Path, strikes: dict[str, int], limit: int = 3) -> list[str]
 
 
 def live(directory: Path) -> dict[str, Path]:
-    """Handle → connection file of every published kernel (not checked for liveness)."""
+    """Handle → connection file of every published kernel (not checked for liveness). A dangling entry counts: its
+    session is between two kernels (a spare's takeover), not gone."""
     try:
-        return {p.stem.split(".")[0]: p for p in sorted(directory.iterdir()) if p.suffix == ".json" and p.is_file()}
+        return {p.stem.split(".")[0]: p for p in sorted(directory.iterdir())
+                if p.suffix == ".json" and (p.is_file() or p.is_symlink())}
     except OSError:
         return {}
 
