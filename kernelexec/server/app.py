@@ -370,8 +370,11 @@ class App:
                     while not started.done.is_set() and (started.awaiting is None or started.on_page is not None):
                         await started.settled(min(HEARTBEAT / 2, progress.due()))
                         await progress.beat()
+                    if started.done.is_set():
+                        break
                     # it waits on a question: in a fleet, an answer given on another replica may be on its way
-                    if started.done.is_set() or not await self.relay.deliver_pending(started):
+                    await self.relay.deliver_pending(started)
+                    if started.awaiting is not None and started.on_page is None:
                         break
         except BaseException:
             if cancel and not started.done.is_set():

@@ -65,6 +65,7 @@ class Relay:
         self._keys = [_key(key, SEAL_INFO) for key in keys]
         self._signing = [_key(key, SIGN_INFO) for key in keys]
         self._polling = False
+        self._taking = anyio.Lock()  # asks taken and applied as one step: a look never misses one taken meanwhile
         self.on_cancel: list[Callable[[Run], None]] = []  # told before a run is cancelled from elsewhere (tasks.py)
 
     @property
@@ -87,28 +88,30 @@ class Relay:
             store = self.store
             if not runs or store is None:
                 continue
-            try:
-                asks = await store.take_asks(list(runs))
-            except KernelexecError as exc:
-                logger.warning("reading the asks for this replica's runs: %s", exc)
-                continue
-            for ask in asks:
-                await self.deliver(runs[ask.run_id], ask)
+            async with self._taking:
+                try:
+                    asks = await store.take_asks(list(runs))
+                except KernelexecError as exc:
+                    logger.warning("reading the asks for this replica's runs: %s", exc)
+                    continue
+                for ask in asks:
+                    await self.deliver(runs[ask.run_id], ask)
 
-    async def deliver_pending(self, run: Run) -> bool:
+    async def deliver_pending(self, run: Run) -> None:
         """Apply now, not at the next poll, what was asked of ``run`` so far: before this replica answers that its run
-        waits on a question, an answer given on another replica (already taken there) is applied. True if any was."""
+        waits on a question, an answer given on another replica (already taken there) is applied. An answer the poll
+        has taken and not yet applied is waited for: taken from the store, it is nowhere else to be seen."""
         store = self.store
         if store is None:
-            return False
-        try:
-            asks = await store.take_asks([run.id])
-        except KernelexecError as exc:
-            logger.warning("reading the asks for run %s: %s", run.id, exc)
-            return False
-        for ask in asks:
-            await self.deliver(run, ask)
-        return bool(asks)
+            return
+        async with self._taking:
+            try:
+                asks = await store.take_asks([run.id])
+            except KernelexecError as exc:
+                logger.warning("reading the asks for run %s: %s", run.id, exc)
+                return
+            for ask in asks:
+                await self.deliver(run, ask)
 
     async def deliver(self, run: Run, ask: AskRecord) -> None:
         """Apply an ask as this replica's own call would; what is refused is logged (never the text) and dropped."""
