@@ -85,9 +85,6 @@ def main() -> None:
         # in a PID namespace our parent is its init: ipykernel's parent poller would exit at once;
         # bubblewrap's --die-with-parent and the lifeline below tie our lifetime to the server instead
         os.environ.pop("JPY_PARENT_PID", None)
-    lifeline = os.environ.pop("KERNELEXEC_LIFELINE", "")
-    if lifeline.isdigit():
-        watch_lifeline(int(lifeline))
     if options.get("deny_exec"):
         # The pre-exec wrapper needed one execve to start us; from here on nothing may replace the
         # kernel with another program (still single-threaded, so the filter covers every thread).
@@ -100,6 +97,9 @@ def main() -> None:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         module.deny_exec()
+    lifeline = os.environ.pop("KERNELEXEC_LIFELINE", "")
+    if lifeline.isdigit():  # the kernel's first thread: after the filter above, which then held the only thread
+        watch_lifeline(int(lifeline))
     if options.get("no_iopub_pipe"):
         from ipykernel import iostream
 

@@ -181,6 +181,7 @@ def apply_landlock(rules: dict[str, list[str]], abi: int) -> None:
 
 # --- seccomp (libseccomp through ctypes) -----------------------------------------------------------
 SCMP_ACT_ALLOW = 0x7FFF0000
+SCMP_FLTATR_CTL_TSYNC = 4
 SCMP_CMP_NE, SCMP_CMP_LT, SCMP_CMP_LE, SCMP_CMP_EQ, SCMP_CMP_GE, SCMP_CMP_GT, SCMP_CMP_MASKED_EQ = 1, 2, 3, 4, 5, 6, 7
 CLONE_THREAD = 0x00010000
 AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
@@ -214,6 +215,11 @@ def apply_seccomp(deny_fork: bool, sockets: str, only: list[str] | None = None) 
     if not ctx:
         fail("seccomp_init failed")
     ctx = ctypes.c_void_p(ctx)
+    # every thread of the process, not only the caller: the kernel's no-execve filter goes on once the kernel runs, and
+    # a thread already running without it would run anything a signal handler or a callback made it run
+    rc = lib.seccomp_attr_set(ctx, SCMP_FLTATR_CTL_TSYNC, ctypes.c_uint32(1))
+    if rc < 0:
+        fail(f"seccomp thread sync: {os.strerror(-rc)}")
 
     def deny(name: str, err: int = errno.EPERM, *cmps: tuple[int, int, int, int]) -> None:
         nr = lib.seccomp_syscall_resolve_name(name.encode())

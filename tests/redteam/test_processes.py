@@ -130,6 +130,27 @@ SUBPROCESS: dict[str, Any] = {
         t = threading.Thread(target=os.execv, args=('/bin/sh', ['sh', '-c', P['shcmd']]))
         t.start(); t.join(5)
     """,
+    "execve-from-a-thread-started-before-the-exec-filter": """
+        # main interpreter (a C signal handler that runs Python in another thread of the kernel)
+        # the kernel's no-execve filter goes on once the kernel runs; a thread already running then would not have it
+        ct = M('ctypes'); os = M('os'); sys = M('sys'); time = M('time')
+
+        def filters(task):
+            return open('/proc/self/task/%s/status' % task).read().split('Seccomp_filters:')[1].split()[0]
+
+        mine = filters(os.getpid())
+        others = [int(t) for t in os.listdir('/proc/self/task') if int(t) != os.getpid()]
+        fewer = [t for t in others if filters(t) != mine]
+
+        def run_there(signum):
+            os.execve(sys.executable, [sys.executable, '-c', 'open(%r, "w")' % P['marker']], {})
+        handler = ct.CFUNCTYPE(None, ct.c_int)(run_there)
+        c = ct.CDLL(None, use_errno=True)
+        c.signal(12, handler)  # SIGUSR2, handled in whichever thread it is sent to
+        c.syscall(234, os.getpid(), (fewer or others)[0], 12)  # tgkill: to that thread
+        time.sleep(3)
+        out = 'threads with fewer seccomp filters than this one: %s' % fewer
+    """,
     "pickle-reduce-os.system": """
         pickle = M('pickle'); os = M('os')
         class Evil:
