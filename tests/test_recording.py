@@ -18,6 +18,7 @@ from kernelexec.kernel.execution import Execution
 from kernelexec.session.recording import Recorder, cell_record, rebuild_stale
 
 from .conftest import Harness, clean_env, kernelexec_cmd
+from .support import store_env
 
 pytestmark = pytest.mark.anyio
 
@@ -171,9 +172,10 @@ def test_recording_cost_does_not_grow_with_the_notebook(tmp_path: Path) -> None:
 
 
 # --- a server killed mid-session -------------------------------------------------------------------
-def stdio_params(state: Path) -> StdioServerParameters:
+def stdio_params(state: Path, store: dict[str, str]) -> StdioServerParameters:
+    """``kernelexec serve`` on ``state``, its session store the run's (``store_env()``, one for every server on it)."""
     cmd = kernelexec_cmd("serve", "--state-dir", str(state))
-    return StdioServerParameters(command=cmd[0], args=cmd[1:], env=clean_env())
+    return StdioServerParameters(command=cmd[0], args=cmd[1:], env=clean_env(**store))
 
 
 def server_pid(state: Path) -> int:
@@ -200,8 +202,8 @@ async def wait_until(predicate, timeout: float = 30) -> None:  # type: ignore[no
 
 @pytest.mark.slow
 async def test_a_killed_server_loses_only_the_cell_in_flight_and_its_session_comes_back(short_tmp: Path) -> None:
-    state = short_tmp / "killed"
-    async with Client(stdio_params(state)) as client:
+    state, store = short_tmp / "killed", store_env()
+    async with Client(stdio_params(state, store)) as client:
         first = await client.call_tool("execute_code", {"code": "x = 20"})
         handle = first.structured_content["session"]
         await client.call_tool("execute_code", {"code": "1 / 0", "session": handle})
@@ -234,7 +236,7 @@ async def test_a_killed_server_loses_only_the_cell_in_flight_and_its_session_com
     nbformat.validate(nb)
     assert [c.source for c in nb.cells] == ["x = 20", "1 / 0", "y = x + 1"]
 
-    async with Client(stdio_params(state)) as client:
+    async with Client(stdio_params(state, store)) as client:
         await client.list_tools()  # the server is up; the notebook is still the same
         nb = nbformat.read(session_dir / "notebook.ipynb", as_version=4)
         nbformat.validate(nb)

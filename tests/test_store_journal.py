@@ -67,6 +67,7 @@ async def answered(client: Raw, result: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.slow
+@pytest.mark.own_store  # on SQLite and on PostgreSQL by its own parameter: its twin in tests/on_postgres/ would repeat both
 async def test_every_cell_is_in_the_store_journal_and_the_files_follow_it(short_tmp: Path, store_env: dict[str, str]) -> None:
     base = Path(tempfile.mkdtemp(prefix="j", dir=short_tmp))
     state, tokens, log = base / "state", base / "tokens", base / "server.log"
@@ -110,11 +111,14 @@ async def test_every_cell_is_in_the_store_journal_and_the_files_follow_it(short_
 async def test_revival_trusts_the_store_not_session_json(short_tmp: Path) -> None:
     """session.json is the server's own file (not kernel-writable, layout.py), but the server no longer takes an
     owner or a working directory from it: a session.json rewritten to hand the session to another token, or
-    one left for a handle the store never had, revives nothing."""
+    one left for a handle the store never had, revives nothing. The store is the run's (tests/on_postgres/)."""
+    from .support import store_env
+
     base = Path(tempfile.mkdtemp(prefix="t", dir=short_tmp))
     state, tokens, log = base / "state", base / "tokens", base / "server.log"
     tokens.write_text(f"{ALICE}\n{BOB}\n")
-    with serving(state, tokens, log) as (url, proc):
+    on_store = store_env()  # one database for both servers
+    with serving(state, tokens, log, **on_store) as (url, proc):
         alice = Raw(url, ALICE)
         handle = (await alice.call("new_session"))["structuredContent"]["session"]
         await answered(alice, await alice.call("execute_code", code="secret = 'alice'", session=handle))
@@ -122,7 +126,7 @@ async def test_revival_trusts_the_store_not_session_json(short_tmp: Path) -> Non
         await alice.call("close_session", session=closed)
         proc.send_signal(signal.SIGKILL)
         proc.wait(15)
-    store = await open_store(None, state)
+    store = await open_store(on_store.get("KERNELEXEC_STORE"), state)
     try:
         record = await store.get_session(handle, owner=None)
         assert record is None  # alice's: nobody else's
@@ -145,7 +149,7 @@ async def test_revival_trusts_the_store_not_session_json(short_tmp: Path) -> Non
     closed_meta = json.loads(closed_file.read_text())
     assert closed_meta.pop("closed", None)
     closed_file.write_text(json.dumps(closed_meta))
-    with serving(state, tokens, log) as (url, proc):
+    with serving(state, tokens, log, **on_store) as (url, proc):
         alice, bob = Raw(url, ALICE), Raw(url, BOB)
         refused = await bob.call("execute_code", code="result = secret", session=handle)
         assert refused["isError"] is True and "unknown" in text(refused), refused

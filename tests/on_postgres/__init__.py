@@ -18,4 +18,10 @@ def twin(namespace: dict[str, Any], source: str) -> None:
     whose ``namespace`` this is, so that pytest collects it there too. Not ``import *``: that skips ``_names`` and
     follows ``__all__``, which would leave fixtures behind."""
     module = importlib.import_module(f"tests.{source}")
-    namespace.update({name: value for name, value in vars(module).items() if not name.startswith("__")})
+    namespace.update({name: value for name, value in vars(module).items() if not name.startswith("__") and not own_store(value)})
+
+
+def own_store(value: Any) -> bool:
+    """A test marked ``own_store``: it picks its stores itself (a parameter over both), or touches none, so that its
+    twin would only repeat it."""
+    return any(mark.name == "own_store" for mark in getattr(value, "pytestmark", ()))
