@@ -196,6 +196,30 @@ def test_the_default_count_cap_is_a_thousand_and_an_error_counts() -> None:
     assert ex.notes == ["the server dropped 2 rich output beyond 1,000 per cell"]
 
 
+def test_streams_taking_turns_make_a_bounded_number_of_outputs() -> None:
+    """stdout and stderr alternating one character at a time (a cell flushing both in turn, or one sending stream
+    messages itself) made a stream output object per character: within the per-stream head cap (1,100,000
+    characters each) that was ~2.2 million objects for one cell, ~780 MB in the server before the notebook and
+    the journal held them again (200,000 messages: 160 MB of server memory, a 10 MB notebook). The text is all
+    kept; past the cap it joins each stream's last output."""
+    turns = 200_000
+    messages = [out("stdout" if i % 2 else "stderr", "o" if i % 2 else "e") for i in range(turns)]
+    ex, _ = collect(messages)
+    assert len(ex.outputs) <= 1_002, f"{len(ex.outputs):,} outputs for one cell"
+    assert (ex.stdout, ex.stderr) == ("o" * (turns // 2), "e" * (turns // 2))
+    assert "".join(o["text"] for o in ex.outputs if o["name"] == "stdout") == ex.stdout
+    assert any("took turns past 1,000 stream outputs" in n for n in ex.notes), ex.notes
+
+
+def test_past_the_stream_output_cap_text_joins_its_stream_and_a_clear_starts_over() -> None:
+    caps = Caps(max_stream_outputs=4)
+    ex, _ = collect([out("stdout", "a"), out("stderr", "b")] * 3, caps)
+    assert ex.outputs == [stream_out("stdout", "a"), stream_out("stderr", "b"), stream_out("stdout", "aa"), stream_out("stderr", "bb")]
+    # the cap counts the stream outputs the cell holds: clear_output empties them (a progress loop goes on as before)
+    ex, _ = collect([out("stdout", "a"), out("stderr", "b")] * 4 + [clear(), out("stdout", "c"), out("stderr", "d"), out("stdout", "e")], caps)
+    assert ex.outputs == [stream_out("stdout", "c"), stream_out("stderr", "d"), stream_out("stdout", "e")]
+
+
 def test_one_rich_output_over_the_size_cap_is_dropped() -> None:
     ex, _ = collect([display({"text/plain": "x" * 11}), display({"text/plain": "x" * 10})], Caps(max_output_bytes=10))
     assert ex.outputs == [rich({"text/plain": "x" * 10})]

@@ -202,3 +202,32 @@ def test_the_door_refuses_oversized_parts_and_non_finite_numbers() -> None:
         wire.loads(b'"' + b"x" * wire.MAX_PART_BYTES + b'"')
     assert wire.loads(b'{"a": 1e999, "b": -1e999, "c": NaN, "d": 1.5}') == {"a": None, "b": None, "c": None, "d": 1.5}
     assert wire.loads(b'{"k\\ud800": "\\ud83d\\ude00 \\udfff"}') == {"k\ufffd": "\U0001f600 \ufffd"}
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="open: libzmq receives a whole multipart message into the server's memory before "
+                   "anything of kernelexec sees it, and ZMQ_MAXMSGSIZE bounds one frame, not their number")
+async def test_one_message_of_many_frames_does_not_grow_the_server_by_what_the_kernel_never_held(short_tmp: Path) -> None:
+    """A cell reaches its kernel's own IOPub socket (``get_ipython().kernel.iopub_thread.socket``, no guard in the
+    way) and sends one multipart message whose frames all point at the same 64 MiB buffer (``copy=False``): the
+    kernel holds 64 MiB, libzmq in the server receives and allocates every frame (16 here: 1 GiB) before
+    ``wire.deserialize`` can refuse anything; ``MAX_PART_BYTES`` is checked after that, on bytes already in memory.
+    Nothing bounds the number of frames (zmq's high-water mark counts whole messages), so one cell of any profile
+    can make the server of every session allocate until the host's OOM killer steps in (measured: +1,087 MB for
+    this 1 GiB message, freed once it was dropped; 300 frames would be 19 GiB)."""
+    state = short_tmp / "frames"
+    async with Client(stdio_params(state)) as client:
+        first = await client.call_tool("execute_code", {"code": "1"})
+        assert first.structured_content["success"], first.structured_content
+        pid = server_pid(state)
+        before = _hwm_kb(pid)
+        code = ("t = get_ipython().kernel.iopub_thread\nbuf = bytearray(64 << 20)\n"
+                "frames = [b'x'] + [memoryview(buf)] * 16\n"
+                "t.schedule(lambda: t.socket.send_multipart(frames, copy=False))\n'sent'")
+        sent = await client.call_tool("execute_code", {"code": code, "timeout": 120})
+        assert sent.structured_content["result"] == "sent", sent.structured_content
+        after = await client.call_tool("execute_code", {"code": "1 + 1"})  # its answer comes after the big message
+        assert after.structured_content["result"] == 2
+        await anyio.sleep(2)
+        growth_mb = (_hwm_kb(pid) - before) / 1024
+    assert growth_mb < 300, f"the server's high-water mark grew {growth_mb:.0f} MB for a kernel holding 64 MiB"

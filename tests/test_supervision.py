@@ -365,31 +365,78 @@ async def test_a_kernels_memory_cgroup_allows_no_swap_past_its_cap(short_tmp: Pa
 
 
 async def test_every_kernel_holds_the_servers_lifeline(h: Harness) -> None:
-    """Kernels exit when the server is gone, however it went: each holds the read end of a pipe only the
-    server can keep open, and a thread waiting on it. (bubblewrap's --die-with-parent alone misses a server
-    that dies in the instant a kernel is being launched, e.g. a warm spare during shutdown.)"""
-    from kernelexec.kernel.launch import lifeline
-
+    """Kernels exit when the server is gone, however it went: each holds the read end of a pipe of its own whose
+    write end only the server holds, and a thread waiting on it. (bubblewrap's --die-with-parent alone misses a
+    server that dies in the instant a kernel is being launched, e.g. a warm spare during shutdown.)"""
     s = await h.new_session()
     await h.run("1", session=s)
     kernel = h.sessions.sessions[s].kernel
     inner = [pid for pid in pids_with(str(kernel.connection_file))  # the kernel itself, not its wrappers
              if any(a.endswith(b"kernel_main.py") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:5])]
     assert len(inner) == 1, inner
-    pid = inner[0]
-    ours = os.readlink(f"/proc/self/fd/{lifeline()}")
-    held = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
-    assert ours.startswith("pipe:") and ours in held
-    fd = next(int(n) for n in os.listdir(f"/proc/{pid}/fd") if os.readlink(f"/proc/{pid}/fd/{n}") == ours)
-    waiting = []  # a thread blocked in read(fd): x86-64 syscall 0, first argument the fd
-    for task in os.listdir(f"/proc/{pid}/task"):
-        fields = Path(f"/proc/{pid}/task/{task}/syscall").read_text().split()
-        if fields[:2] == ["0", hex(fd)]:
-            waiting.append(task)
     if os.uname().machine == "x86_64":
-        assert len(waiting) == 1, waiting
+        ends = _pipe_ends(_lifeline_of(inner[0]))  # a thread of the kernel waits on a pipe this server holds
+        assert ends == {os.getpid(): ["w"], inner[0]: ["r"]}, ends  # only the server may write, only this kernel reads
     r = await h.run("import os\n'KERNELEXEC_LIFELINE' in os.environ", session=s)
     assert r["result"] is False  # taken out of the environment before user code runs
+
+
+def _pipe_ends(inode: str) -> dict[int, list[str]]:
+    """Every process holding pipe ``inode`` ('pipe:[N]'): pid -> the access of each of its descriptors ('r', 'w')."""
+    held: dict[int, list[str]] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == inode:
+                    flags = next(int(line.split()[1], 8) for line in Path(f"/proc/{pid}/fdinfo/{fd}").read_text().splitlines()
+                                 if line.startswith("flags:"))
+                    held.setdefault(int(pid), []).append("w" if flags & os.O_ACCMODE == os.O_WRONLY else "r")
+        except OSError:
+            continue
+    return held
+
+
+def _lifeline_of(pid: int) -> str:
+    """The pipe a kernel's lifeline thread waits on (blocked in read(fd): x86-64 syscall 0, first argument the fd)."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        fields = Path(f"/proc/{pid}/task/{task}/syscall").read_text().split()
+        if fields[:1] == ["0"] and fields[1].startswith("0x"):
+            target = os.readlink(f"/proc/{pid}/fd/{int(fields[1], 16)}")
+            if target.startswith("pipe:") and target in {os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                                                          if os.path.exists(f"/proc/self/fd/{fd}")}:
+                return target
+    raise AssertionError(f"kernel {pid} has no thread waiting on a pipe this server holds")
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="finds the lifeline thread by its x86-64 read() syscall")
+async def test_a_kernel_that_reopens_its_lifeline_for_writing_keeps_no_other_kernel_alive(short_tmp: Path) -> None:
+    """A kernel under the server's own uid (every kernel of a non-root server; here a root server without kernel
+    uids) can open ``/proc/self/fd/<lifeline>`` for writing: a pipe's inode belongs to whoever made it, Landlock
+    governs no pipe, and seccomp no open. One pipe for every kernel made that a writer of every kernel's lifeline:
+    while that kernel lived, no kernel of the server read end-of-file when the server died (without bubblewrap's
+    --die-with-parent nothing else ends them), and it could write into every kernel's lifeline. Each kernel now
+    gets a pipe of its own: reopening it keeps only itself alive, as closing it always could (its own sandbox)."""
+    settings = make_settings(short_tmp, profile="trusted", kernel_uids=False, pool_size=0, restart_spares=0)
+    async with serving(settings) as h:
+        a, b = await h.new_session(), await h.new_session()
+        for s in (a, b):
+            assert (await h.run("1", session=s))["success"]
+        kernels = {}
+        for s in (a, b):
+            conn = str(h.sessions.sessions[s].kernel.connection_file)
+            inner = [pid for pid in pids_with(conn)
+                     if any(x.endswith(b"kernel_main.py") for x in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:5])]
+            assert len(inner) == 1, inner
+            kernels[s] = inner[0]
+        theirs = _lifeline_of(kernels[b])
+        mine = _lifeline_of(kernels[a])
+        code = ("import os\ndef link(fd):\n    try:\n        return os.readlink('/proc/self/fd/' + fd)\n    except OSError:\n"
+                f"        return ''\nmine = [fd for fd in os.listdir('/proc/self/fd') if link(fd) == {mine!r}]\n"
+                "held = [os.open('/proc/self/fd/' + fd, os.O_WRONLY | os.O_NONBLOCK) for fd in mine]\nlen(held)")
+        opened = await h.run(code, session=a)
+        assert opened["success"] and opened["result"] >= 1, (opened["error"], opened["stderr"])  # kernel A holds a writer of its own lifeline
+        writers = [pid for pid, access in _pipe_ends(theirs).items() if "w" in access]
+        assert writers == [os.getpid()], f"kernel B's lifeline has writers besides the server: {writers} (kernel A: {kernels[a]})"
 
 
 async def test_kernels_go_when_the_server_is_killed(short_tmp: Path) -> None:

@@ -18,6 +18,7 @@ from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Dict, Unicode
 
+from kernelexec.kernel.launch import LIFELINE_ENV, LIFELINE_WANTED, Lifeline
 from kernelexec.layout import startup_file
 from kernelexec.sandbox.plan import SandboxPlan
 
@@ -33,6 +34,8 @@ class SandboxProvisioner(LocalProvisioner):
     plan = Dict(config=True, help="The SandboxPlan of this kernel's slot, as a dict (see kernelexec.sandbox.plan)")
     ipc_prefix = Unicode("", config=True, help="This kernel's ipc socket prefix (<session>/ipc/<slot>); empty: tcp")
 
+    _lifeline: Lifeline | None = None  # this provisioner's running kernel's own lifeline (launch.Lifeline)
+
     @property
     def sandbox(self) -> SandboxPlan:
         return SandboxPlan(**self.plan)
@@ -47,14 +50,35 @@ class SandboxProvisioner(LocalProvisioner):
         env = dict(kwargs.get("env") or {})
         env["KERNELEXEC_SANDBOX"] = json.dumps(sandbox.wrapper)
         env["KERNELEXEC_KERNEL"] = json.dumps(sandbox.kernel_options)
+        if env.get(LIFELINE_ENV) == LIFELINE_WANTED:  # every launch its own pipe (a restart too: pre_launch again)
+            self._close_lifeline()
+            self._lifeline = Lifeline()
+            env[LIFELINE_ENV] = str(self._lifeline.read)
+            kwargs["pass_fds"] = (*kwargs.get("pass_fds", ()), self._lifeline.read)
         kwargs["env"] = env
         kwargs["cmd"] = sandbox.wrap(kwargs["cmd"])
         return kwargs
 
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
+        try:
+            return await super().launch_kernel(cmd, **kwargs)
+        except BaseException:
+            self._close_lifeline()
+            raise
+        finally:
+            if self._lifeline is not None:
+                self._lifeline.launched()
+
     async def cleanup(self, restart: bool = False) -> None:
         await super().cleanup(restart=restart)
+        self._close_lifeline()  # the kernel is gone (cleanup follows its end): nothing waits on it
         if not restart:
             self.sandbox.remove_cgroups()
+
+    def _close_lifeline(self) -> None:
+        lifeline, self._lifeline = self._lifeline, None
+        if lifeline is not None:
+            lifeline.close()
 
 
 def _clear_ipc_dir(prefix: Path) -> None:

@@ -11,7 +11,10 @@ kernel (a cell holds the session key and can send anything):
 - The server keeps its own per-cell caps, whatever the kernel's cap did: each stream keeps at most
   ``stream_keep`` characters at its head and ``STREAM_TAIL`` at its tail in memory, the whole text
   streamed to a spill file (up to ``spill_cap``); rich outputs are limited in number and size.
-  Text is gathered as chunk lists and joined once, so a flood costs linear time and bounded memory.
+  Text is gathered as chunk lists and joined once, so a flood costs linear time and bounded memory. A stream
+  output is an object of its own each time the other stream (or a rich output) came in between: past
+  ``max_stream_outputs`` of them, text joins its stream's last output instead (stdout and stderr alternating one
+  character at a time made one object per character: ~2 million in one cell, hundreds of MB in the server).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class Caps:
     stream_keep: int = 1_100_000  # characters per stream kept whole in memory (the kernel's cap forwards 1,000,000)
     spill_cap: int = 64_000_000  # characters per stream written to the server's spill file
     max_outputs: int = 1_000  # rich outputs (display_data, execute_result, error) per cell
+    max_stream_outputs: int = 1_000  # stream outputs per cell; past them text joins its stream's last output
     max_output_bytes: int = 32 * 1024 * 1024  # one rich output's data
     max_total_bytes: int = 128 * 1024 * 1024  # all rich outputs of a cell
 
@@ -195,9 +199,11 @@ class Collector:
         self.streams = {name: _Stream(name, self.caps, spill_dir / f"{tag}-{name}.txt" if spill_dir else None)
                         for name in STREAMS}
         self._parts: dict[int, list[str]] = {}  # output index -> text chunks of a stream output
+        self._last_of: dict[str, int] = {}  # stream name -> index of its last stream output
         self.rich_count = 0
         self.rich_bytes = 0
         self.dropped: dict[str, int] = {}  # why -> how many messages
+        self.joined = 0  # stream chunks joined to their stream's last output, past max_stream_outputs
 
     def _drop(self, why: str) -> None:
         self.dropped[why] = self.dropped.get(why, 0) + 1
@@ -259,9 +265,13 @@ class Collector:
             last = len(outputs) - 1
             if last >= 0 and last in self._parts and outputs[last].get("name") == name:
                 self._parts[last].append(kept)
+            elif len(self._parts) >= self.caps.max_stream_outputs and name in self._last_of:
+                self._parts[self._last_of[name]].append(kept)  # out of order from here on, never one object per chunk
+                self.joined += 1
             else:
                 outputs.append({"output_type": "stream", "name": name, "text": ""})
                 self._parts[last + 1] = [kept]
+                self._last_of[name] = last + 1
         return text
 
     def _streams_add(self, name: str, text: str) -> str:
@@ -335,6 +345,7 @@ class Collector:
         kept = [(i, o) for i, o in enumerate(self.ex.outputs) if o.get("output_type") == "error"]
         self.ex.outputs = [o for _, o in kept]
         self._parts = {}
+        self._last_of = {}
         self.display_index.clear()
 
     def finish(self) -> None:
@@ -342,6 +353,7 @@ class Collector:
         for index, parts in self._parts.items():
             self.ex.outputs[index]["text"] = "".join(parts)
         self._parts = {}
+        self._last_of = {}
         for name, stream in self.streams.items():
             text = "".join(stream.head)
             stream.close()
@@ -355,5 +367,9 @@ class Collector:
                                      f"cap; it kept the first {stream.head_len:,} and the last {len(stream.tail_text()):,}"
                                      + (f", and {stream.spilled:,} in {stream.spill_path}" if stream.spilled else ""))
             setattr(self.ex, name, text)
+        if self.joined:
+            self.ex.notes.append(f"stdout and stderr took turns past {self.caps.max_stream_outputs:,} stream outputs; the "
+                                 f"server joined {self.joined:,} later pieces to their stream's last output (their order "
+                                 "between the two streams is lost, no text)")
         for why, count in self.dropped.items():
             self.ex.notes.append(f"the server dropped {count:,} {why}" if count > 1 else f"the server dropped a {why}")

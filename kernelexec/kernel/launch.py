@@ -79,28 +79,45 @@ class LaunchSpec:
 
     def start_kwargs(self, log_file: Any) -> dict[str, Any]:
         """Keyword arguments for ``start_kernel``: fds 0/1 to /dev/null (a kernel writing to fd 1
-        must never reach the MCP stdio stream), fd 2 to the session's log file, and the lifeline."""
-        fd = lifeline()
+        must never reach the MCP stdio stream), fd 2 to the session's log file, and a lifeline asked for
+        (``LIFELINE_WANTED``: the provisioner gives each launch a pipe of its own, ``Lifeline``)."""
         return {
             "extra_arguments": kernel_arguments(),
-            "env": {**self.environment(), "KERNELEXEC_LIFELINE": str(fd)},
+            "env": {**self.environment(), LIFELINE_ENV: LIFELINE_WANTED},
             "cwd": str(self.cwd),
             "stdin": subprocess.DEVNULL,
             "stdout": subprocess.DEVNULL,
             "stderr": log_file,
-            "pass_fds": (fd,),
         }
 
 
-_lifeline: tuple[int, int] | None = None
+LIFELINE_ENV = "KERNELEXEC_LIFELINE"  # the read end's number, for startup/kernel_main.py
+LIFELINE_WANTED = "wanted"  # in the launch arguments: the provisioner puts a fresh pipe's read end in its place
 
 
-def lifeline() -> int:
-    """The read end of this server process's lifeline pipe, passed to every kernel it launches; the
-    write end is never written or closed, so kernels read end-of-file exactly when the server is gone
-    (startup/kernel_main.py then exits). Both ends are close-on-exec here: only ``pass_fds`` hands the
-    read end on, and no kernel ever holds the write end."""
-    global _lifeline
-    if _lifeline is None:
-        _lifeline = os.pipe()
-    return _lifeline[0]
+class Lifeline:
+    """One kernel process's lifeline: a pipe whose read end only that kernel holds and whose write end only
+    this server process holds, never written, closed once that kernel is gone (``close``). The kernel reads
+    end-of-file exactly when the server is gone, however it went (startup/kernel_main.py then exits).
+
+    One per launch, never shared: a kernel under the server's own uid can open ``/proc/self/fd/<read end>`` for
+    writing (a pipe's inode is its maker's; Landlock governs no pipe), and with one pipe for every kernel that
+    made it a writer of every kernel's lifeline, keeping all of them alive past the server. Now it keeps only
+    itself alive, as closing its own end always could."""
+
+    def __init__(self) -> None:
+        self.read, self.write = os.pipe()  # both close-on-exec: only pass_fds hands the read end on
+
+    def launched(self) -> None:
+        """The kernel process holds its copy of the read end: the server's goes."""
+        self._close("read")
+
+    def close(self) -> None:
+        self._close("read")
+        self._close("write")
+
+    def _close(self, end: str) -> None:
+        fd = getattr(self, end)
+        if fd >= 0:
+            setattr(self, end, -1)
+            os.close(fd)
