@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import anyio
 import pytest
 
 from .conftest import make_settings, serving
@@ -65,7 +66,25 @@ async def test_closed_sessions_give_their_descriptors_back(short_tmp: Path) -> N
                 assert (await h.run("result = 3", session=s))["result"] == 3
             assert not (await h.call("close_session", session=s)).is_error
             counts.append(len(os.listdir("/proc/self/fd")))
-        assert max(counts[2:]) <= counts[1], f"open descriptors after each closed session: {counts}"
+            if i == 1:
+                baseline = _descriptors()
+        # one released a moment after its call answered is no leak (a CI run saw one such, once); a leak stays
+        with anyio.move_on_after(10):
+            while len(now := _descriptors()) > len(baseline):
+                await anyio.sleep(0.1)
+        assert len(now) <= len(baseline), (f"open descriptors after each closed session: {counts}; kept: "
+                                           f"{sorted(set(now.values()) - set(baseline.values()))}")
+
+
+def _descriptors() -> dict[str, str]:
+    """This process's open file descriptors and what each is (a path, ``pipe:[…]``, ``socket:[…]``)."""
+    found = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            found[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # the listing's own descriptor, closed already
+    return found
 
 
 def _nofile(pid: int) -> tuple[int, int]:
