@@ -202,7 +202,7 @@ def test_streams_taking_turns_make_a_bounded_number_of_outputs() -> None:
     characters each) that was ~2.2 million objects for one cell, ~780 MB in the server before the notebook and
     the journal held them again (200,000 messages: 160 MB of server memory, a 10 MB notebook). The text is all
     kept; past the cap it joins each stream's last output."""
-    turns = 200_000
+    turns = 20_000  # twenty times the cap: one object per message would be 20,000
     messages = [out("stdout" if i % 2 else "stderr", "o" if i % 2 else "e") for i in range(turns)]
     ex, _ = collect(messages)
     assert len(ex.outputs) <= 1_002, f"{len(ex.outputs):,} outputs for one cell"
