@@ -311,24 +311,29 @@ async def test_an_interrupt_on_another_replica_reaches_the_replica_running_the_c
     assert 0 < after["result"] < 100, after  # the session goes on, with what the interrupted cell left
 
 
-async def paused_mid_cell(replica: Any, first: str, code: str) -> tuple[str, dict[str, Any]]:
+async def paused_mid_cell(replica: Any, first: str, code: str) -> tuple[str, dict[str, Any], float]:
     """A session on ``replica`` (``first`` run in it), then ``code`` yielded as running there, then the replica
-    SIGSTOPped: its session handle and the running answer."""
+    SIGSTOPped: its session handle, the running answer, and the seconds from the code's call to the pause."""
     handle = (await call(replica.url, first))["session"]
+    began = time.monotonic()
     async with Client(replica.url) as client:
         going = await client.call_tool("execute_code", {"code": code, "session": handle})
     running = going.structured_content
     assert running is not None and running.get("ending") == "running", going.content
     replica.proc.send_signal(signal.SIGSTOP)
-    return handle, running
+    return handle, running, time.monotonic() - began
 
 
 async def test_a_replica_paused_past_its_lease_cannot_write_and_lets_go(fleet: Fleet) -> None:
     paused = fleet.start("paused")
     other = fleet.replicas[2]
-    handle, running = await paused_mid_cell(paused, "w = 1", "import time\ntime.sleep(3)\nw = 100\nw")
+    # the cell outlasts the yield (1 s), the client's close and the pause by seconds, even under load (a 3 s cell once
+    # ended before the SIGSTOP landed in CI, and its replica then rightly answered it as its own); it ends in the
+    # kernel before the other replica takes over, so that nothing is left there to collect
+    handle, running, paused_at = await paused_mid_cell(paused, "w = 1", "import time\ntime.sleep(6)\nw = 100\nw")
+    assert paused_at < 5.5, f"the replica was paused {paused_at:.1f} s after the cell began: the cell may have ended"
     try:
-        await anyio.sleep(LEASE_TTL + 1)  # its lease runs out while it is stopped
+        await anyio.sleep(max(LEASE_TTL, 6 - paused_at) + 1)  # its lease runs out while it is stopped, and the cell ends
         taken = await call(other.url, "w", session=handle)  # another replica takes the session over
         assert taken["result"] == 100  # the paused replica's cell ran on in the kernel
     finally:
@@ -354,7 +359,7 @@ async def test_a_paused_replica_woken_after_its_run_was_collected_elsewhere_does
     copy of the run (its lease lost, nothing recorded): that end must not be written over the collected answer."""
     paused = fleet.start("paused-collected")
     other = fleet.replicas[0]
-    handle, running = await paused_mid_cell(paused, "q = 1", "import time\ntime.sleep(14)\nq = 50\nq + 50")
+    handle, running, _ = await paused_mid_cell(paused, "q = 1", "import time\ntime.sleep(14)\nq = 50\nq + 50")
     try:
         await anyio.sleep(LEASE_TTL + 1)  # its leases run out while it is stopped
         async with Client(other.url) as client:  # the run taken over and collected there

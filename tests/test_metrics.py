@@ -234,9 +234,11 @@ async def test_the_metrics_port_under_stdio_counts_a_busy_kernel_and_its_runs(sh
         assert done.structured_content["ending"] == "completed", done.structured_content
         refused = await client.call_tool("install_packages", {"packages": ["not a requirement!"], "session": first.structured_content["session"]})
         assert refused.is_error, refused.content
-        after = page(url, token=None).text
+        deadline = time.monotonic() + 5  # a run's end is counted by its observers just after its answer went out
+        while 'kernelexec_runs_total{ending="ok"} 2.0' not in (after := page(url, token=None).text) and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert 'kernelexec_kernels{state="idle"} 1.0' in after
-        assert 'kernelexec_runs_total{ending="ok"} 2.0' in after
+        assert 'kernelexec_runs_total{ending="ok"} 2.0' in after, [line for line in after.splitlines() if "runs_total" in line]
         assert 'kernelexec_installs_total{outcome="error"} 1.0' in after
         assert 'kernelexec_broker_calls_total{outcome="ok"} 1.0' in after
         assert 'kernelexec_broker_calls_total{outcome="error"} 1.0' in after
