@@ -88,30 +88,26 @@ class Relay:
             store = self.store
             if not runs or store is None:
                 continue
-            async with self._taking:
-                try:
-                    asks = await store.take_asks(list(runs))
-                except KernelexecError as exc:
-                    logger.warning("reading the asks for this replica's runs: %s", exc)
-                    continue
-                for ask in asks:
-                    await self.deliver(runs[ask.run_id], ask)
+            await self._apply_asks(store, runs, "this replica's runs")
 
     async def deliver_pending(self, run: Run) -> None:
         """Apply now, not at the next poll, what was asked of ``run`` so far: before this replica answers that its run
         waits on a question, an answer given on another replica (already taken there) is applied. An answer the poll
         has taken and not yet applied is waited for: taken from the store, it is nowhere else to be seen."""
         store = self.store
-        if store is None:
-            return
+        if store is not None:
+            await self._apply_asks(store, {run.id: run}, f"run {run.id}")
+
+    async def _apply_asks(self, store: Store, runs: dict[str, Run], what: str) -> None:
+        """Take ``runs``' asks from the store and apply them, as one step (``_taking``)."""
         async with self._taking:
             try:
-                asks = await store.take_asks([run.id])
+                asks = await store.take_asks(list(runs))
             except KernelexecError as exc:
-                logger.warning("reading the asks for run %s: %s", run.id, exc)
+                logger.warning("reading the asks for %s: %s", what, exc)
                 return
             for ask in asks:
-                await self.deliver(run, ask)
+                await self.deliver(runs[ask.run_id], ask)
 
     async def deliver(self, run: Run, ask: AskRecord) -> None:
         """Apply an ask as this replica's own call would; what is refused is logged (never the text) and dropped."""
