@@ -204,30 +204,38 @@ def test_the_door_refuses_oversized_parts_and_non_finite_numbers() -> None:
     assert wire.loads(b'{"k\\ud800": "\\ud83d\\ude00 \\udfff"}') == {"k\ufffd": "\U0001f600 \ufffd"}
 
 
+# A cell sends, on one of its kernel's own sockets, one message whose frames all point at one buffer (``copy=False``):
+# the kernel holds one buffer, the wire carries them all. Sent from the IOPub thread, or the cell's own stdin socket
+# (to the server's identity, which the kernel keeps for input()).
+_IOPUB = "t = get_ipython().kernel.iopub_thread\nt.schedule(lambda: t.socket.send_multipart(frames, copy=False))\n"
+_STDIN = ("k = get_ipython().kernel\nident = k._parent_ident['shell']\n"
+          "k.stdin_socket.send_multipart((ident if isinstance(ident, list) else [ident]) + frames, copy=False)\n")
+
+
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="open: libzmq receives a whole multipart message into the server's memory before "
-                   "anything of kernelexec sees it, and ZMQ_MAXMSGSIZE bounds one frame, not their number")
-async def test_one_message_of_many_frames_does_not_grow_the_server_by_what_the_kernel_never_held(short_tmp: Path) -> None:
-    """A cell reaches its kernel's own IOPub socket (``get_ipython().kernel.iopub_thread.socket``, no guard in the
-    way) and sends one multipart message whose frames all point at the same 64 MiB buffer (``copy=False``): the
-    kernel holds 64 MiB, libzmq in the server receives and allocates every frame (16 here: 1 GiB) before
-    ``wire.deserialize`` can refuse anything; ``MAX_PART_BYTES`` is checked after that, on bytes already in memory.
-    Nothing bounds the number of frames (zmq's high-water mark counts whole messages), so one cell of any profile
-    can make the server of every session allocate until the host's OOM killer steps in (measured: +1,087 MB for
-    this 1 GiB message, freed once it was dropped; 300 frames would be 19 GiB)."""
+@pytest.mark.parametrize(("send", "frame_mib", "count"), [
+    pytest.param(_IOPUB, 64, 16, id="iopub-frames-over-the-part-cap"),
+    pytest.param(_IOPUB, 40, 24, id="iopub-frames-under-the-part-cap"),
+    pytest.param(_STDIN, 40, 24, id="stdin-frames-under-the-part-cap"),
+])
+async def test_one_message_of_many_frames_does_not_grow_the_server_by_what_the_kernel_never_held(
+        short_tmp: Path, send: str, frame_mib: int, count: int) -> None:
+    """libzmq received a whole multipart message into the server's memory before anything of kernelexec saw it, and
+    ZMQ_MAXMSGSIZE bounds one frame, not their number: 16 frames of one 64 MiB buffer grew the server by 1,087 MB
+    (300 would be 19 GiB, for one cell of any profile). The server's end of a kernel's sockets is ``kernel.zmtp``
+    now, which skips a message past its bounds as the bytes come, without holding them; the session goes on."""
     state = short_tmp / "frames"
     async with Client(stdio_params(state)) as client:
         first = await client.call_tool("execute_code", {"code": "1"})
         assert first.structured_content["success"], first.structured_content
         pid = server_pid(state)
         before = _hwm_kb(pid)
-        code = ("t = get_ipython().kernel.iopub_thread\nbuf = bytearray(64 << 20)\n"
-                "frames = [b'x'] + [memoryview(buf)] * 16\n"
-                "t.schedule(lambda: t.socket.send_multipart(frames, copy=False))\n'sent'")
+        code = (f"buf = bytearray({frame_mib} << 20)\nframes = [b'x'] + [memoryview(buf)] * {count}\n"
+                f"{send}'sent'")
         sent = await client.call_tool("execute_code", {"code": code, "timeout": 120})
         assert sent.structured_content["result"] == "sent", sent.structured_content
         after = await client.call_tool("execute_code", {"code": "1 + 1"})  # its answer comes after the big message
         assert after.structured_content["result"] == 2
         await anyio.sleep(2)
         growth_mb = (_hwm_kb(pid) - before) / 1024
-    assert growth_mb < 300, f"the server's high-water mark grew {growth_mb:.0f} MB for a kernel holding 64 MiB"
+    assert growth_mb < 300, f"the server's high-water mark grew {growth_mb:.0f} MB for a kernel holding {frame_mib} MiB"

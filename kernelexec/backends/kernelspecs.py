@@ -42,10 +42,10 @@ from typing import Any, cast
 import anyio
 from jupyter_client.connect import write_connection_file
 from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
-from jupyter_client.manager import AsyncKernelManager
 
 from kernelexec.backends.remote_startup import install_remote_startup, remote_spill_ok
 from kernelexec.errors import KernelexecError, KernelStartError
+from kernelexec.kernel.channels import BoundedManager
 from kernelexec.kernel.driver import Kernel
 from kernelexec.kernel.launch import LaunchSpec, other_slot
 from kernelexec.kernel.wire import shared_context
@@ -85,7 +85,7 @@ def provisioner_of(name: str) -> str:
 _DEAD_AFTER = 3  # consecutive "not alive" answers from a remote provisioner before a kernel is called dead
 
 
-class ProvisionedManager(AsyncKernelManager):
+class ProvisionedManager(BoundedManager):
     """jupyter_client's manager, made robust for remote provisioners.
 
     * **liveness:** a locally launched kernel's process is authoritative. Otherwise the provisioner is
@@ -108,7 +108,7 @@ class ProvisionedManager(AsyncKernelManager):
         self._not_alive += 1
         return self._not_alive < _DEAD_AFTER and self.has_kernel
 
-    is_alive = _async_is_alive
+    is_alive = _async_is_alive  # type: ignore[assignment]  # async, as AsyncKernelManager has it
 
     async def _async_interrupt_kernel(self) -> None:
         if not self.has_kernel:
@@ -116,7 +116,7 @@ class ProvisionedManager(AsyncKernelManager):
         self._connect_control_socket()
         self.session.send(self._control_socket, self.session.msg("interrupt_request", content={}))
 
-    interrupt_kernel = _async_interrupt_kernel
+    interrupt_kernel = _async_interrupt_kernel  # type: ignore[assignment]  # async, as AsyncKernelManager has it
 
 
 @functools.cache

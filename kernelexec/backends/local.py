@@ -9,6 +9,7 @@ from jupyter_client.manager import AsyncKernelManager
 
 from kernelexec.backends.provisioner import IPC_PORTS, KERNEL_NAME, KernelexecSpecManager
 from kernelexec.backends.spares import Spares
+from kernelexec.kernel.channels import BoundedManager
 from kernelexec.kernel.driver import Kernel
 from kernelexec.kernel.launch import LaunchSpec
 from kernelexec.kernel.wire import shared_context
@@ -44,7 +45,7 @@ def kernel_manager(spec: LaunchSpec, slot: str = SLOTS[0]) -> AsyncKernelManager
     Start it with ``start_kernel(**spec.start_kwargs(log))``.
     """
     prefix = str(spec.dirs.ipc_prefix_for(slot))
-    km = AsyncKernelManager(
+    km = BoundedManager(
         transport="ipc",
         connection_file=str(spec.dirs.connection_file_for(slot)),
         kernel_spec_manager=KernelexecSpecManager(spec.plan.for_slot(slot), ipc_prefix=prefix),

@@ -19,11 +19,11 @@ import anyio
 import anyio.lowlevel
 
 from kernelexec.errors import KernelDied
+from kernelexec.kernel.channels import receive
 from kernelexec.kernel.collector import Collector
 from kernelexec.kernel.execution import Execution
 from kernelexec.kernel.report import take_reply
 from kernelexec.kernel.stdin import KernelStalled, Stdin, send_to_kernel, stdin_first
-from kernelexec.kernel.wire import receive
 
 logger = logging.getLogger(__name__)
 

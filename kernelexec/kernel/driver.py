@@ -36,11 +36,12 @@ from jupyter_client.manager import AsyncKernelManager
 from kernelexec import tracing
 from kernelexec.errors import KernelDied, KernelStartError
 from kernelexec.kernel.cell import POLL, CellRun, OnOutput, follow_sent
+from kernelexec.kernel.channels import receive
 from kernelexec.kernel.collector import Caps, Collector
 from kernelexec.kernel.execution import Execution, ResultRule
 from kernelexec.kernel.launch import LaunchSpec
 from kernelexec.kernel.stdin import Ask, Stdin, ToolCalls, drop_stdin, send_to_kernel
-from kernelexec.kernel.wire import harden, receive, shared_context
+from kernelexec.kernel.wire import harden, shared_context
 from kernelexec.layout import SLOTS
 
 logger = logging.getLogger(__name__)
@@ -395,7 +396,6 @@ class Kernel(ABC):
             return {"error": f"{value.get('ename')}: {value.get('evalue')}"}
         data = value.get("data")
         return data.get("application/json", data.get("text/plain")) if isinstance(data, dict) else None
-
 
     async def comm(self, msg_type: str, content: dict[str, Any], buffers: Sequence[bytes | memoryview] = (), *,
                    timeout: float = 10.0) -> tuple[Any, list[memoryview]]:

@@ -16,10 +16,9 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
-import zmq
 
+from kernelexec.kernel import zmtp
 from kernelexec.kernel.execution import Execution
-from kernelexec.kernel.wire import sync_socket
 
 # The reply that makes the cell's getpass() raise EOFError with the text after it (startup/kernel_init.py
 # wraps the kernel's getpass for it): a secret this client cannot be asked for, said plainly in the cell
@@ -54,27 +53,18 @@ class KernelStalled(Exception):
 
 async def send_to_kernel(channel: Any, msg: dict[str, Any], *, within: float = STALL_S) -> None:
     """The one way the server sends a message to a kernel while a cell runs: never blocks the event loop, never
-    queues without bound. A zmq channel is sent to without waiting (``DONTWAIT``); a full queue (the kernel left
-    its high-water mark of messages unread) is waited on asynchronously for ``within`` seconds, then it raises
-    ``KernelStalled``. Any other channel (a gateway's WebSocket, a blocking write) sends in a worker thread,
-    abandoned after ``within`` seconds, with the same ``KernelStalled``.
-    (jupyter_client's ``channel.send`` on a zmq.asyncio socket queues every send it cannot make at once as a
+    queues without bound. A kernel's own socket (``zmtp``) is written to once it has room: a kernel that leaves
+    ``zmtp.WRITE_HIGH`` bytes unread (or a connection down with ``zmtp.PENDING_MAX`` messages waiting) is waited on
+    asynchronously for ``within`` seconds, then it raises ``KernelStalled``. Any other channel (a gateway's WebSocket,
+    a blocking write) sends in a worker thread, abandoned after ``within`` seconds, with the same ``KernelStalled``.
+    (jupyter_client's ``channel.send`` on a zmq.asyncio socket queued every send it could not make at once as a
     pending future, without limit, to a kernel that never reads.)"""
-    import zmq.asyncio
-
     socket = getattr(channel, "socket", None)
-    if isinstance(socket, zmq.asyncio.Socket):
-        parts = [*channel.session.serialize(msg), *(msg.get("buffers") or [])]  # buffers after the signed parts
-        deadline = time.monotonic() + within
-        while True:
-            try:
-                sync_socket(socket).send_multipart(parts, flags=zmq.DONTWAIT)
-                return
-            except zmq.Again:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise KernelStalled(f"the kernel left its {channel_name(channel)} channel full for {within:g} s") from None
-                await socket.poll(max(1, int(remaining * 1000)), zmq.POLLOUT)  # type: ignore[call-arg]  # pyzmq types poll without its flags
+    if isinstance(socket, zmtp.Connection):
+        if not await socket.wait_writable(within):
+            raise KernelStalled(f"the kernel left its {channel_name(channel)} channel full for {within:g} s")
+        channel.session.send(socket, msg)  # buffers after the signed parts
+        return
     sent = False
 
     def send() -> None:
@@ -217,16 +207,16 @@ def _put_note(ex: Execution, index: int | None, line: str) -> int:
 
 
 def drop_stdin(kc: Any) -> bool:
-    """Close ``kc``'s stdin socket without linger, before a restart in place; the next use connects a new one to the
-    new process. Replies the server queued to the old process (a cell that asked and never read them, cut by its
+    """Close ``kc``'s stdin socket at once, before a restart in place; the next use connects a new one to the new
+    process. Replies the server queued to the old process (a cell that asked and never read them, cut by its
     timeout before its channel filled) would otherwise be delivered to the new one when the socket reconnects to the
-    same port, and its next input() takes whatever reply comes first (ipykernel checks neither its parent nor its
-    time): a stale ``\x04`` made it raise EOFError. True when one was closed (a zmq client's; a gateway's channels
-    are its own)."""
+    same address, and its next input() takes whatever reply comes first (ipykernel checks neither its parent nor its
+    time): a stale ``\x04`` made it raise EOFError. True when one was closed (a kernel's own socket; a gateway's
+    channels are its own)."""
     channel = getattr(kc, "_stdin_channel", None)
-    if channel is None or not isinstance(getattr(channel, "socket", None), zmq.Socket):
+    if channel is None or not isinstance(getattr(channel, "socket", None), zmtp.Connection):
         return False
-    channel.close()
+    channel.socket.close(linger=0)
     kc._stdin_channel = None  # jupyter_client connects a new one when next asked for it
     return True
 
@@ -234,24 +224,19 @@ def drop_stdin(kc: Any) -> bool:
 async def stdin_first(kc: Any, timeout: float) -> bool:
     """Wait up to ``timeout`` for IOPub or stdin, whichever comes first; True when stdin has a message.
     (A brokered tool call's round trip must not wait for an IOPub poll to end.)"""
-    import zmq.asyncio
-
     sockets = [getattr(channel, "socket", None) for channel in (kc.iopub_channel, kc.stdin_channel)]
-    if any(not isinstance(sock, zmq.asyncio.Socket) for sock in sockets):  # another client kind: poll as before
+    iopub, stdin = sockets
+    if not (isinstance(iopub, zmtp.Connection) and isinstance(stdin, zmtp.Connection)):  # another client kind: poll
         await anyio.sleep(min(timeout, 0.01))
         return bool(await kc.stdin_channel.msg_ready())
-    poller = zmq.asyncio.Poller()
-    for sock in sockets:
-        poller.register(sock, zmq.POLLIN)
-    ready = dict(await poller.poll(timeout * 1000))
-    return sockets[1] in ready
+    await zmtp.wait_any([iopub, stdin], timeout)
+    return stdin.ready()
 
 
 async def waiting(channel: Any) -> bool:
-    """A message waits on ``channel``: zmq's EVENTS read directly (``CellRun.collect`` asks once per IOPub message,
-    and the channel's ``msg_ready``, an async poll through a future, costs six times as much); a channel
-    that is not a zmq socket (a gateway's queue) is asked through its ``msg_ready``."""
+    """A message waits on ``channel``: asked of a kernel's own socket directly (``CellRun.collect`` asks once per
+    IOPub message); a channel of another kind (a gateway's queue) is asked through its ``msg_ready``."""
     socket = getattr(channel, "socket", None)
-    if socket is not None:
-        return bool(socket.get(zmq.EVENTS) & zmq.POLLIN)
+    if isinstance(socket, zmtp.Connection):
+        return socket.ready()
     return bool(await channel.msg_ready())

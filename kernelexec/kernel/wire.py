@@ -7,22 +7,18 @@ UTF-8 writer accepts (the stdio transport, the notebook file), and ``NaN`` is no
 joined into its character), ``NaN``/``Infinity`` become ``null``, and nesting deeper than any real
 message is cut, and a part over ``MAX_PART_BYTES`` is refused before it is decoded. Local and
 provisioned kernels get it as their wire session's ``unpack``
-(``harden``), and their zmq frames are checked and decoded by ``deserialize`` (``receive``); the gateway client
+(``harden``), and their frames, read with bounds by ``zmtp``, are checked and decoded by ``deserialize``
+(``checked``, called by ``channels.receive``); the gateway client
 decodes its WebSocket frames with it (``loads_binary`` for a binary frame: a message with binary buffers, in
 Jupyter's WebSocket layout, its parts checked before any is read).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
-import os
-import queue
 import re
 import struct
-import time
-import weakref
 from collections.abc import Sequence
 from hmac import compare_digest
 from itertools import pairwise
@@ -153,86 +149,11 @@ def shared_context() -> Any:
     return zmq.asyncio.Context.instance()
 
 
-_SYNC_SOCKETS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-
-
-def sync_socket(socket: Any) -> Any:
-    """A blocking-API shadow of a ``zmq.asyncio`` socket (the same socket underneath), made once per socket:
-    non-blocking sends and receives without a future, a poller or a loop callback each."""
-    import zmq
-
-    found = _SYNC_SOCKETS.get(socket)
-    if found is None:
-        found = _SYNC_SOCKETS[socket] = zmq.Socket.shadow(socket.underlying)
-    return found
-
-
-async def receive(kc: Any, channel: str, timeout: float) -> Any:
-    """The next message on ``kc``'s ``channel`` (``iopub``, ``shell``, ``stdin``) within ``timeout`` seconds, like
-    ``kc.get_<channel>_msg(timeout=...)`` (raises ``queue.Empty``), checked and decoded by ``deserialize`` (the
-    signature, then each part through ``loads``). On a zmq channel a message that already waits is taken at once, without
-    jupyter_client's poll (a future and a loop callback per message: a cell's messages mostly come together), and
-    one that has to be waited for is waited for by ``_signalled`` (one reader on the socket's FD), then taken
-    without a future for the receive."""
-    import zmq
-    import zmq.asyncio
-
-    chan = getattr(kc, f"{channel}_channel")
-    socket = getattr(chan, "socket", None)
-    if not isinstance(socket, zmq.asyncio.Socket):  # a gateway's channels: their own client
-        return await getattr(kc, f"get_{channel}_msg")(timeout=timeout)
-    sync = sync_socket(socket)
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            frames = sync.recv_multipart(zmq.NOBLOCK)
-            break
-        except zmq.Again:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not await _signalled(sync, remaining):
-                raise queue.Empty from None
+async def checked(session: Any, frames: Sequence[bytes]) -> dict[str, Any]:
+    """One message's frames from a kernel, checked and decoded by ``deserialize``; a large one off the event loop."""
     if sum(len(frame) for frame in frames) > OFF_LOOP_BYTES:
-        return await _deserialize_off_loop(chan.session, frames)
-    return deserialize(chan.session, frames)
-
-
-_WATCH_FDS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-
-
-def _watch_fd(sync: Any) -> int:
-    """A duplicate of ``sync``'s ZMQ_FD, made once per socket (closed with it): the event loop watches this one, so
-    pyzmq's own reader on the original (its futures') is never replaced or removed."""
-    fd = _WATCH_FDS.get(sync)
-    if fd is None:
-        fd = _WATCH_FDS[sync] = os.dup(sync.FD)
-        weakref.finalize(sync, os.close, fd)
-    return fd
-
-
-async def _signalled(sync: Any, timeout: float) -> bool:
-    """Wait up to ``timeout`` seconds for ``sync``'s socket to signal (its FD readable) or to have a message; False
-    on timeout. One reader and one future on the loop, instead of pyzmq's poll (a poller, a future per socket
-    and per poll, a timer, their callbacks). ZMQ_FD is edge-triggered: ``EVENTS`` is read after the reader is
-    added, so a message that came before it is seen; a wake-up without a message makes the caller wait again."""
-    import zmq
-
-    loop = asyncio.get_running_loop()
-    woken = loop.create_future()
-
-    def wake(value: bool) -> None:
-        if not woken.done():
-            woken.set_result(value)
-
-    fd = _watch_fd(sync)
-    loop.add_reader(fd, wake, True)
-    timer = loop.call_later(timeout, wake, False)
-    try:
-        if sync.get(zmq.EVENTS) & zmq.POLLIN:
-            return True
-        return bool(await woken)
-    finally:
-        timer.cancel()
-        loop.remove_reader(fd)
+        return await _deserialize_off_loop(session, frames)
+    return deserialize(session, frames)
 
 
 def deserialize(session: Any, frames: Sequence[bytes]) -> dict[str, Any]:

@@ -1,0 +1,177 @@
+"""The server's end of a kernel's sockets (``kernel.zmtp``), against libzmq's own sockets as a kernel binds them."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from kernelexec.kernel import zmtp
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.asyncio.Context]:
+    context = zmq.asyncio.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+@pytest.fixture
+def address(short_tmp: Path) -> str:
+    return f"ipc://{short_tmp}/k-1"
+
+
+@pytest.fixture
+async def router(ctx: zmq.asyncio.Context, address: str) -> AsyncIterator[zmq.asyncio.Socket]:
+    sock = ctx.socket(zmq.ROUTER)
+    sock.bind(address)
+    yield sock
+    sock.close(linger=0)
+
+
+async def received(sock: zmq.asyncio.Socket, timeout: float = 5.0) -> list[bytes]:
+    return await asyncio.wait_for(sock.recv_multipart(), timeout)
+
+
+async def test_a_dealer_and_a_router_talk_both_ways_and_the_router_knows_its_identity(router: zmq.asyncio.Socket,
+                                                                                          address: str) -> None:
+    conn = zmtp.Connection(address, b"DEALER", b"session-1")
+    try:
+        conn.send_multipart([b"<IDS|MSG>", memoryview(b"x" * 300), b""])  # short, long and empty frames
+        assert await received(router) == [b"session-1", b"<IDS|MSG>", b"x" * 300, b""]
+        await router.send_multipart([b"session-1", b"a", b"b" * 70_000])
+        assert await conn.next(5) == [b"a", b"b" * 70_000]
+        with pytest.raises(queue.Empty):
+            await conn.next(0.05)
+    finally:
+        conn.close()
+
+
+async def test_a_sub_subscribes_to_everything_and_hears_the_pub(ctx: zmq.asyncio.Context, address: str) -> None:
+    pub = ctx.socket(zmq.XPUB)  # ipykernel's IOPub: it learns of the subscription, then sends
+    pub.bind(address)
+    conn = zmtp.Connection(address, b"SUB")
+    try:
+        assert await received(pub) == [b"\x01"]
+        await pub.send_multipart([b"kernel.1.status", b"<IDS|MSG>", b"body"])
+        assert await conn.next(5) == [b"kernel.1.status", b"<IDS|MSG>", b"body"]
+    finally:
+        conn.close()
+        pub.close(linger=0)
+
+
+async def test_what_is_sent_before_the_kernel_binds_waits_and_a_kernel_restarted_in_place_is_reconnected(
+        ctx: zmq.asyncio.Context, address: str) -> None:
+    conn = zmtp.Connection(address, b"DEALER", b"me")
+    try:
+        conn.send_multipart([b"early"])
+        await asyncio.sleep(0.3)  # refused meanwhile, tried again
+        first = ctx.socket(zmq.ROUTER)
+        first.bind(address)
+        assert await received(first) == [b"me", b"early"]
+        first.close(linger=0)  # the kernel dies; a new one binds the same address
+        await asyncio.sleep(0.2)
+        second = ctx.socket(zmq.ROUTER)
+        second.bind(address)
+        try:
+            for _ in range(50):  # until the connection is back: what is written to a dead one is lost, as with zmq
+                conn.send_multipart([b"again"])
+                try:
+                    assert await received(second, 0.1) == [b"me", b"again"]
+                    break
+                except TimeoutError:
+                    continue
+            else:
+                pytest.fail("never reconnected to the kernel restarted in place")
+        finally:
+            second.close(linger=0)
+    finally:
+        conn.close()
+    with pytest.raises(zmtp.Again):
+        conn.send_multipart([b"after close"])
+
+
+async def test_a_message_past_a_bound_is_skipped_unheld_and_the_next_one_arrives(
+        router: zmq.asyncio.Socket, address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(zmtp, "MAX_FRAME_BYTES", 1000)
+    monkeypatch.setattr(zmtp, "MAX_MESSAGE_BYTES", 3000)
+    conn = zmtp.Connection(address, b"DEALER", b"me")
+    try:
+        conn.send_multipart([b"hello"])
+        await received(router)
+        big = b"z" * (1 << 20)  # one frame over the frame bound, read over many reads of the socket
+        await router.send_multipart([b"me", b"head", big, b"tail"])
+        await router.send_multipart([b"me", *[b"y" * 900] * 4])  # each frame under, the message over
+        await router.send_multipart([b"me", *[b"w"] * (zmtp.MAX_FRAMES + 1)])  # too many frames
+        await router.send_multipart([b"me", b"ok", b"v" * 900])
+        assert await conn.next(5) == [b"ok", b"v" * 900]
+        assert conn.dropped == 3
+        assert not conn.ready()
+    finally:
+        conn.close()
+
+
+async def test_a_reader_that_falls_behind_stops_reading_until_it_takes(
+        ctx: zmq.asyncio.Context, address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(zmtp, "QUEUE_BYTES", 100_000)
+    pub = ctx.socket(zmq.XPUB)
+    pub.bind(address)
+    conn = zmtp.Connection(address, b"SUB")
+    try:
+        await received(pub)
+        for i in range(2000):  # 20 MB the server does not take
+            await pub.send_multipart([b"%d" % i, b"p" * 10_000])
+        await asyncio.sleep(0.5)
+        held = sum(size for _, size in conn._messages)  # noqa: SLF001 - what it holds
+        assert held < 100_000 + 300_000, held  # the bound, and what one read of the socket had already brought
+        while conn.take() is not None:
+            pass
+        kept = 0
+        while True:  # it reads again: what the PUB kept for it (past its high-water mark the PUB dropped)
+            try:
+                await conn.next(0.5)
+                kept += 1
+            except queue.Empty:
+                break
+        assert kept > 0
+        await pub.send_multipart([b"after", b"drained"])
+        assert (await conn.next(5))[0] == b"after"
+    finally:
+        conn.close()
+        pub.close(linger=0)
+
+
+async def test_a_peer_that_does_not_speak_zmtp_is_dropped_and_tried_again(short_tmp: Path, address: str,
+                                                                          ctx: zmq.asyncio.Context) -> None:
+    path = address.removeprefix("ipc://")
+    accepted = 0
+
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal accepted
+        accepted += 1
+        writer.write(b"HTTP/1.1 200 OK\r\n\r\n" + bytes(100))
+        await reader.read()  # until the client drops it
+        writer.close()
+
+    server = await asyncio.start_unix_server(garbage, path)
+    conn = zmtp.Connection(address, b"DEALER", b"me")
+    try:
+        await asyncio.sleep(0.5)
+        assert accepted >= 2  # dropped, and tried again
+        server.close()
+        await server.wait_closed()
+        Path(path).unlink(missing_ok=True)
+        router = ctx.socket(zmq.ROUTER)
+        router.bind(address)
+        conn.send_multipart([b"now"])
+        assert (await received(router))[-1] == b"now"
+        router.close(linger=0)
+    finally:
+        conn.close()
