@@ -175,3 +175,18 @@ async def test_a_peer_that_does_not_speak_zmtp_is_dropped_and_tried_again(short_
         router.close(linger=0)
     finally:
         conn.close()
+
+
+async def test_a_socket_nobody_reads_drops_what_comes(router: zmq.asyncio.Socket, address: str) -> None:
+    """A manager's control socket only sends (shutdown, interrupt): what a kernel sends to it is never held."""
+    conn = zmtp.Connection(address, b"DEALER", b"manager", listen=False)
+    try:
+        conn.send_multipart([b"shutdown_request"])
+        assert await received(router) == [b"manager", b"shutdown_request"]
+        for _ in range(100):
+            await router.send_multipart([b"manager", b"r" * 100_000])
+        await router.send_multipart([b"manager", b"last"])
+        await asyncio.sleep(0.5)
+        assert not conn.ready() and not conn._messages  # noqa: SLF001 - what it holds
+    finally:
+        conn.close()
