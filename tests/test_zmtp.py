@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -190,3 +192,44 @@ async def test_a_socket_nobody_reads_drops_what_comes(router: zmq.asyncio.Socket
         assert not conn.ready() and not conn._messages  # noqa: SLF001 - what it holds
     finally:
         conn.close()
+
+
+async def test_a_flood_of_empty_frames_leaves_the_event_loop_its_turns(address: str) -> None:
+    """One read of the socket is 256 KiB: 131,072 empty one-frame messages, ~0.5 s of parsing in one go, while every
+    other session waited. At most ``FRAMES_PER_TURN`` frames are parsed between two turns of the loop; what they
+    hold is counted at what it costs (``MESSAGE_COST``), not at their empty bytes."""
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)  # the kernel, in a thread of its own: its sends wait when the pipe is full
+    router.router_mandatory = 1
+    router.bind(address)
+
+    greeted = threading.Event()
+
+    def flood() -> None:
+        router.recv_multipart()
+        greeted.set()
+        for _ in range(200_000):
+            router.send_multipart([b"me", b""])
+
+    sender = threading.Thread(target=flood, daemon=True)
+    sender.start()
+    conn = zmtp.Connection(address, b"DEALER", b"me")
+    try:
+        conn.send_multipart([b"hello"])
+        while not greeted.is_set():
+            await asyncio.sleep(0.01)
+        time.sleep(1)  # the loop busy elsewhere: the flood fills the socket's buffer, read in 256 KiB reads after it
+        most, last, seen = 0, 0, 0
+        deadline = time.monotonic() + 120
+        while seen < 200_000 and time.monotonic() < deadline:  # one turn of the loop per step
+            await asyncio.sleep(0)
+            seen = len(conn._messages)  # noqa: SLF001 - what it holds
+            most, last = max(most, seen - last), seen
+        assert seen == 200_000
+        assert most <= 2_000, most  # one turn's frames (``FRAMES_PER_TURN``); a whole read parsed at once is ~131,000
+        assert conn._queued >= 200_000 * zmtp.MESSAGE_COST  # noqa: SLF001
+    finally:
+        conn.close()
+        sender.join(10)
+        router.close(linger=0)
+        context.term()

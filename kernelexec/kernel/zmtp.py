@@ -32,6 +32,12 @@ MAX_MESSAGE_BYTES = MAX_PART_BYTES + 16 * 1024 * 1024  # one message: its larges
 MAX_FRAMES = 16 + MAX_BUFFERS  # identities, the delimiter, the signature, four JSON parts, the buffers
 MAX_COMMAND_BYTES = 64 * 1024  # READY, PING: a few properties
 QUEUE_BYTES = 64 * 1024 * 1024  # unread messages one connection holds before it stops reading
+# What a held message costs in objects besides its bytes (its list, tuple, each frame's bytes object): a flood of
+# empty messages is counted at what it holds, not at nothing
+MESSAGE_COST, FRAME_COST = 128, 64
+# Frames parsed in one turn of the event loop: a read of the socket (256 KiB) of empty frames is 131,072 of them,
+# ~0.5 s of parsing; past this many the rest waits for the loop's next turn, the socket unread meanwhile
+FRAMES_PER_TURN = 1000
 PENDING_MAX = 1000  # messages sent while a connection is down (zmq's default high-water mark)
 WRITE_HIGH = 16 * 1024 * 1024  # bytes the loop buffers for a kernel before a send waits (``Connection.writable``)
 RECONNECT_S = 0.1  # libzmq's default reconnect interval
@@ -102,6 +108,7 @@ class _Wire(asyncio.Protocol):
         self.skip = 0  # bytes of the frame being dropped still to come
         self.skip_last = False  # the frame being dropped ends its message
         self.write_paused = False
+        self.backlog = False  # bytes read and not yet parsed (``FRAMES_PER_TURN``): the socket is not read meanwhile
 
     # --- asyncio.Protocol ----------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
@@ -131,35 +138,55 @@ class _Wire(asyncio.Protocol):
                 self.skipping = False
         if view:
             self.buf += view
-            try:
-                self._parse()
-            except ProtocolError:
-                self.abort()
+            self._turn()
+
+    def _turn(self) -> None:
+        """Parse up to ``FRAMES_PER_TURN`` frames; if more bytes wait, read nothing more until the next turn parsed them."""
+        try:
+            done = self._parse()
+        except ProtocolError:
+            self.abort()
+            return
+        if self.transport is None or self.transport.is_closing():
+            return
+        if not done:
+            if not self.backlog:
+                self.backlog = True
+                self.transport.pause_reading()
+            asyncio.get_running_loop().call_soon(self._turn)
+        elif self.backlog:
+            self.backlog = False
+            if self.owner._reading:  # noqa: SLF001 - unless its reader has too much unread
+                self.transport.resume_reading()
 
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()
 
     # --- the protocol ----------------------------------------------------------------------
-    def _parse(self) -> None:
-        buf, pos = self.buf, 0
+    def _parse(self) -> bool:
+        """Parse what was read, up to ``FRAMES_PER_TURN`` frames: True when all of it was (or waits for more bytes)."""
+        buf, pos, budget = self.buf, 0, FRAMES_PER_TURN
         try:
             while True:
                 avail = len(buf) - pos
                 if self.state == "greeting":
                     if avail < _GREETING_BYTES:
-                        return
+                        return True
                     self._greeting(bytes(buf[pos:pos + _GREETING_BYTES]))
                     pos += _GREETING_BYTES
                     continue
                 if avail < 2:
-                    return
+                    return True
+                if budget == 0:
+                    return False
+                budget -= 1
                 flags = buf[pos]
                 if flags & ~(_MORE | _LONG | _COMMAND):
                     raise ProtocolError(f"a frame with flags {flags:#x}")
                 if flags & _LONG:
                     if avail < 9:
-                        return
+                        return True
                     (size,), head = struct.unpack_from("!Q", buf, pos + 1), 9
                 else:
                     size, head = buf[pos + 1], 2
@@ -167,7 +194,7 @@ class _Wire(asyncio.Protocol):
                     if size > MAX_COMMAND_BYTES:
                         raise ProtocolError(f"a command of {size:,} bytes")
                     if avail < head + size:
-                        return
+                        return True
                     self._command(bytes(buf[pos + head:pos + head + size]))
                     pos += head + size
                     continue
@@ -182,12 +209,12 @@ class _Wire(asyncio.Protocol):
                     pos += head + take
                     if take < size:  # the rest of this frame is dropped as it comes (data_received)
                         self.skip, self.skip_last = size - take, not flags & _MORE
-                        return
+                        return True
                     if not flags & _MORE:
                         self.skipping = False
                     continue
                 if avail < head + size:
-                    return
+                    return True
                 self.frames.append(bytes(memoryview(buf)[pos + head:pos + head + size]))  # one copy, not two
                 self.size += size
                 pos += head + size
@@ -301,8 +328,9 @@ class Connection:
     def _arrived(self, frames: list[bytes], size: int) -> None:
         if not self.listen:
             return
-        self._messages.append((frames, size))
-        self._queued += size
+        cost = size + MESSAGE_COST + FRAME_COST * len(frames)
+        self._messages.append((frames, cost))
+        self._queued += cost
         if self._queued > QUEUE_BYTES and self._wire is not None and self._wire.transport is not None:
             self._wire.transport.pause_reading()
             self._reading = False
@@ -323,8 +351,9 @@ class Connection:
         self._queued -= size
         if not self._reading and self._queued <= QUEUE_BYTES // 2 and self._wire is not None:
             assert self._wire.transport is not None
-            self._wire.transport.resume_reading()
             self._reading = True
+            if not self._wire.backlog:  # else its next turn resumes reading
+                self._wire.transport.resume_reading()
         return frames
 
     async def next(self, timeout: float | None = None) -> list[bytes]:
