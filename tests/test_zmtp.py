@@ -233,3 +233,22 @@ async def test_a_flood_of_empty_frames_leaves_the_event_loop_its_turns(address: 
         sender.join(10)
         router.close(linger=0)
         context.term()
+
+
+async def test_what_waits_for_a_kernel_that_never_answers_is_bounded_in_bytes(short_tmp: Path, address: str) -> None:
+    """A kernel that binds its socket and never greets: what is sent meanwhile waits, up to ``PENDING_BYTES`` (a fork's
+    relay sends 8 MiB buffers: a thousand of them would be 8 GB), and a bounded send then says the kernel is stalled."""
+    silent = await asyncio.start_unix_server(lambda reader, writer: None, address.removeprefix("ipc://"))
+    conn = zmtp.Connection(address, b"DEALER", b"me")
+    try:
+        chunk = bytes(8 << 20)
+        sent = 0
+        with pytest.raises(zmtp.Again):
+            for _ in range(100):
+                conn.send_multipart([b"relay", chunk])
+                sent += 1
+        assert sent * len(chunk) <= zmtp.PENDING_BYTES + len(chunk)
+        assert not conn.writable() and not await conn.wait_writable(0.2)
+    finally:
+        conn.close()
+        silent.close()

@@ -11,7 +11,8 @@ until they are taken (the kernel's side then waits, or its PUB drops, as at zmq'
 The protocol is ZMTP 3.0 with the NULL mechanism (rfc.zeromq.org/spec/23), which libzmq 4 speaks with any peer
 that offers it: a 64-byte greeting each way, a READY command naming the socket types, then frames. A connection is
 kept up as libzmq keeps a connected socket: refused or lost, it is tried again every ``RECONNECT_S`` (a kernel
-restarted in place binds the same addresses), and what is sent meanwhile waits for it (``PENDING_MAX`` messages).
+restarted in place binds the same addresses), and what is sent meanwhile waits for it (``PENDING_MAX`` messages,
+``PENDING_BYTES``).
 Only the kinds jupyter_client connects are spoken: DEALER (shell, stdin, control) and SUB (IOPub).
 """
 
@@ -39,6 +40,7 @@ MESSAGE_COST, FRAME_COST = 128, 64
 # ~0.5 s of parsing; past this many the rest waits for the loop's next turn, the socket unread meanwhile
 FRAMES_PER_TURN = 1000
 PENDING_MAX = 1000  # messages sent while a connection is down (zmq's default high-water mark)
+PENDING_BYTES = 64 * 1024 * 1024  # and their bytes (a fork's relay sends 8 MiB buffers)
 WRITE_HIGH = 16 * 1024 * 1024  # bytes the loop buffers for a kernel before a send waits (``Connection.writable``)
 RECONNECT_S = 0.1  # libzmq's default reconnect interval
 
@@ -50,7 +52,8 @@ GREETING = b"\xff" + bytes(8) + b"\x7f" + bytes([3, 0]) + b"NULL".ljust(20, b"\0
 
 
 class Again(Exception):
-    """A send that cannot be queued now (zmq's ``EAGAIN``): the connection is down and ``PENDING_MAX`` messages wait."""
+    """A send that cannot be queued now (zmq's ``EAGAIN``): the connection is down and ``PENDING_MAX`` messages (or
+    ``PENDING_BYTES``) wait, or it is closed."""
 
 
 class ProtocolError(Exception):
@@ -248,7 +251,8 @@ class _Wire(asyncio.Protocol):
             self.state = "open"
             self.owner._opened(self)  # noqa: SLF001
         elif name == b"PING" and len(rest) >= 2 and self.transport is not None:
-            self.transport.write(_command(b"PONG", rest[2:]))
+            if not self.write_paused:  # a peer that pings and never reads gets no more answers (libzmq's are optional)
+                self.transport.write(_command(b"PONG", rest[2:]))
         elif name == b"ERROR" or self.state != "open":
             raise ProtocolError(f"the peer sent {name!r}")
 
@@ -274,7 +278,8 @@ class Connection:
         self.closed = False
         self._messages: deque[tuple[list[bytes], int]] = deque()
         self._queued = 0  # bytes in ``_messages``
-        self._pending: deque[list[bytes | memoryview]] = deque()  # sent while down
+        self._pending: deque[list[bytes]] = deque()  # sent while down
+        self._pending_bytes = 0
         self._waiters: set[asyncio.Future[None]] = set()  # for a message
         self._writers: set[asyncio.Future[None]] = set()  # for room to write
         self._wire: _Wire | None = None  # open, handshake done
@@ -317,6 +322,7 @@ class Connection:
             wire.write([b"\x01"])  # subscribed to every topic (ZMTP 3.0's form, which libzmq 4 reads from any peer)
         while self._pending:
             wire.write(self._pending.popleft())
+        self._pending_bytes = 0
         if not self._reading:
             self._reading = True  # a new connection reads until it has too much again
         self._wake_writers()
@@ -381,20 +387,22 @@ class Connection:
             return False
         if self._wire is not None:
             return not self._wire.write_paused
-        return len(self._pending) < PENDING_MAX
+        return len(self._pending) < PENDING_MAX and self._pending_bytes < PENDING_BYTES
 
     def send_multipart(self, frames: Sequence[bytes | memoryview], flags: int = 0, copy: bool = True,
                        track: bool = False) -> None:
         """Send one message, never waiting (``Session.send`` calls this): written, or queued while the connection is
-        down; ``Again`` when ``PENDING_MAX`` messages wait already. A closed connection drops it, as zmq raises."""
+        down; ``Again`` when ``PENDING_MAX`` messages (``PENDING_BYTES``) wait already, or it is closed (zmq raises too)."""
         if self.closed:
             raise Again(f"{self!r}")
         if self._wire is not None:
             self._wire.write(frames)
-        elif len(self._pending) < PENDING_MAX:
-            self._pending.append([bytes(f) for f in frames])  # the caller's buffers may change before it is up
+        elif len(self._pending) < PENDING_MAX and self._pending_bytes < PENDING_BYTES:
+            copied = [bytes(f) for f in frames]  # the caller's buffers may change before it is up
+            self._pending.append(copied)
+            self._pending_bytes += sum(len(f) for f in copied)
         else:
-            raise Again(f"{PENDING_MAX} messages wait for {self.url}")
+            raise Again(f"{len(self._pending)} messages ({self._pending_bytes:,} bytes) wait for {self.url}")
 
     async def wait_writable(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for ``writable``; its answer."""
@@ -428,6 +436,7 @@ class Connection:
             else:
                 wire.transport.close()
         self._pending.clear()
+        self._pending_bytes = 0
         self._wake_writers()
 
 
