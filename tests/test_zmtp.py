@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 import time
@@ -252,3 +253,41 @@ async def test_what_waits_for_a_kernel_that_never_answers_is_bounded_in_bytes(sh
     finally:
         conn.close()
         silent.close()
+
+
+def _ready(socket_type: bytes) -> bytes:
+    """A peer's greeting and READY, as raw bytes (the kernel is free to write anything to its own socket)."""
+    return zmtp.GREETING + zmtp._command(b"READY", zmtp._property(b"Socket-Type", socket_type))  # noqa: SLF001
+
+
+async def test_closing_a_connection_in_its_handshake_closes_its_socket(address: str) -> None:
+    """A kernel that accepts and does not greet yet: ``close`` dropped only an open connection, so this one stayed
+    up, and when the peer greeted after the ``close`` it came alive on the closed ``Connection``, holding up to
+    ``QUEUE_BYTES`` of what the peer sent, which nobody would ever take."""
+    ends: list[bytes] = []
+    accepted, closed = asyncio.Event(), asyncio.Event()
+
+    async def late(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.set()
+        await closed.wait()
+        with contextlib.suppress(OSError):
+            writer.write(_ready(b"ROUTER") + b"".join(bytes(p) for p in zmtp.encode([b"x" * 100_000])) * 10)
+            await writer.drain()
+        with contextlib.suppress(OSError):
+            await reader.read()  # our greeting, then EOF (or a reset) once the connection is dropped
+        ends.append(b"end")
+        writer.close()
+
+    server = await asyncio.start_unix_server(late, address.removeprefix("ipc://"))
+    conn = zmtp.Connection(address, b"DEALER", b"me")
+    try:
+        await asyncio.wait_for(accepted.wait(), 5)
+        await asyncio.sleep(0.1)
+        conn.close()
+        closed.set()
+        await asyncio.sleep(0.5)
+        assert conn._wire is None and not conn._messages, conn._queued  # noqa: SLF001 - what it holds
+        assert ends, "the connection stayed open after close()"
+    finally:
+        conn.close()
+        server.close()

@@ -283,6 +283,7 @@ class Connection:
         self._waiters: set[asyncio.Future[None]] = set()  # for a message
         self._writers: set[asyncio.Future[None]] = set()  # for room to write
         self._wire: _Wire | None = None  # open, handshake done
+        self._link: _Wire | None = None  # the connection made, in whatever state (``close`` drops it too)
         self._reading = True
         self._loop = asyncio.get_running_loop()
         self._task = self._loop.create_task(self._keep_up())
@@ -312,11 +313,15 @@ class Connection:
             if self.closed:
                 wire.abort()
                 return
+            self._link = wire
             await wire.lost
             if not self.closed:
                 await asyncio.sleep(RECONNECT_S)
 
     def _opened(self, wire: _Wire) -> None:
+        if self.closed:  # its handshake ended after ``close``
+            wire.abort()
+            return
         self._wire = wire
         if self.socket_type == b"SUB":
             wire.write([b"\x01"])  # subscribed to every topic (ZMTP 3.0's form, which libzmq 4 reads from any peer)
@@ -430,11 +435,14 @@ class Connection:
         self.closed = True
         self._task.cancel()
         wire, self._wire = self._wire, None
+        link, self._link = self._link, None
         if wire is not None and wire.transport is not None:
             if linger == 0:
                 wire.transport.abort()
             else:
                 wire.transport.close()
+        if link is not None and link is not wire:  # still in its handshake: nothing of ours to flush
+            link.abort()
         self._pending.clear()
         self._pending_bytes = 0
         self._wake_writers()
