@@ -291,3 +291,31 @@ async def test_closing_a_connection_in_its_handshake_closes_its_socket(address: 
     finally:
         conn.close()
         server.close()
+
+
+async def test_a_closed_connection_whose_peer_never_reads_lets_go_after_its_linger(address: str) -> None:
+    """``close`` flushes what was written for ``linger`` ms, as zmq does (jupyter_client sets 1000), then drops it: a
+    kernel that lives on and never reads (a replay's second client is closed, the session's kernel stays) held the
+    closed connection open, its socket and its written bytes, for as long as it lived."""
+    async def deaf(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(_ready(b"ROUTER"))
+        await asyncio.sleep(30)  # never reads
+
+    server = await asyncio.start_unix_server(deaf, address.removeprefix("ipc://"))
+    conn = zmtp.Connection(address, b"DEALER", b"me")
+    try:
+        for _ in range(100):
+            if conn._wire is not None:  # noqa: SLF001
+                break
+            await asyncio.sleep(0.02)
+        assert conn._wire is not None  # noqa: SLF001
+        lost = asyncio.Event()
+        conn._lost = lambda wire: lost.set()  # type: ignore[method-assign]  # its connection_lost
+        for _ in range(40):
+            conn.send_multipart([b"x" * 1_000_000])
+        conn.linger = 200
+        conn.close()
+        await asyncio.wait_for(lost.wait(), 2)  # its socket closed, what it held let go
+    finally:
+        conn.close()
+        server.close()

@@ -272,7 +272,7 @@ class Connection:
         if socket_type not in _PEERS:
             raise ValueError(f"a {socket_type!r} socket is not spoken here")
         self.url, self.socket_type, self.identity = url, socket_type, identity
-        self.linger = 1000  # jupyter_client sets it on a zmq socket; here ``close`` flushes what was written
+        self.linger = 1000  # ms: jupyter_client sets it on a zmq socket; ``close`` flushes what was written this long
         self.dropped = 0  # messages over a bound, skipped unread
         self.listen = listen
         self.closed = False
@@ -429,18 +429,22 @@ class Connection:
 
     # --- the end ----------------------------------------------------------------------------------
     def close(self, linger: int | None = None) -> None:
-        """Stop keeping the connection up; what was written is flushed by the loop (``linger=0``: dropped)."""
+        """Stop keeping the connection up; what was written is flushed by the loop for ``linger`` ms (the socket's
+        ``linger`` when None; 0: dropped at once; negative: for as long as it takes), as zmq's ``close``."""
         if self.closed:
             return
         self.closed = True
         self._task.cancel()
         wire, self._wire = self._wire, None
         link, self._link = self._link, None
+        linger = self.linger if linger is None else linger
         if wire is not None and wire.transport is not None:
             if linger == 0:
                 wire.transport.abort()
             else:
-                wire.transport.close()
+                wire.transport.close()  # flushed, for ``linger`` ms (zmq's: a peer that never reads keeps nothing)
+                if linger > 0:
+                    self._loop.call_later(linger / 1000, wire.transport.abort)
         if link is not None and link is not wire:  # still in its handshake: nothing of ours to flush
             link.abort()
         self._pending.clear()
