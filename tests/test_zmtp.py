@@ -319,3 +319,49 @@ async def test_a_closed_connection_whose_peer_never_reads_lets_go_after_its_ling
     finally:
         conn.close()
         server.close()
+
+
+def _ready(socket_type: bytes) -> bytes:
+    """A peer's greeting and READY, as raw bytes (the kernel is free to write anything to its own socket)."""
+    return zmtp.GREETING + zmtp._command(b"READY", zmtp._property(b"Socket-Type", socket_type))  # noqa: SLF001
+
+
+async def test_taking_a_full_queue_in_a_loop_leaves_the_event_loop_its_turns(address: str) -> None:
+    """The queue is bounded in bytes (``QUEUE_BYTES``), not in messages as libzmq's high-water mark (1,000) bounded
+    it: a cell that floods its IOPub faster than the server decodes, then hangs, leaves ~100,000 small signed messages
+    on a connection that outlives the restart in place, and the loops that take what waits after it (jupyter_client's
+    ``wait_for_ready``, ``Kernel._drain``; ``Channel.get_msgs``) took them all in one go, since ``next`` never waited
+    for a message that was there: ~3.5 s of decoding in which no other session ran. Each ``next`` lets the loop have
+    a turn."""
+    count = 20_000
+
+    async def flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(_ready(b"PUB") + b"\0\0" * count)  # empty one-frame messages
+        await reader.read()
+
+    server = await asyncio.start_unix_server(flood, address.removeprefix("ipc://"))
+    conn = zmtp.Connection(address, b"SUB")
+    turns = 0
+
+    async def other_session() -> None:
+        nonlocal turns
+        while True:
+            await asyncio.sleep(0)
+            turns += 1
+
+    try:
+        for _ in range(200):
+            if len(conn._messages) == count:  # noqa: SLF001 - what it holds
+                break
+            await asyncio.sleep(0.02)
+        assert len(conn._messages) == count  # noqa: SLF001
+        other = asyncio.create_task(other_session())
+        await asyncio.sleep(0)
+        turns = 0
+        for _ in range(count):
+            await conn.next(0)
+        other.cancel()
+        assert turns >= count // 2, turns  # one turn of the loop per message taken (none: all in one go)
+    finally:
+        conn.close()
+        server.close()
