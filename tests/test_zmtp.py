@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 import time
@@ -252,3 +253,115 @@ async def test_what_waits_for_a_kernel_that_never_answers_is_bounded_in_bytes(sh
     finally:
         conn.close()
         silent.close()
+
+
+def _ready(socket_type: bytes) -> bytes:
+    """A peer's greeting and READY, as raw bytes (the kernel is free to write anything to its own socket)."""
+    return zmtp.GREETING + zmtp._command(b"READY", zmtp._property(b"Socket-Type", socket_type))  # noqa: SLF001
+
+
+async def test_closing_a_connection_in_its_handshake_closes_its_socket(address: str) -> None:
+    """A kernel that accepts and does not greet yet: ``close`` dropped only an open connection, so this one stayed
+    up, and when the peer greeted after the ``close`` it came alive on the closed ``Connection``, holding up to
+    ``QUEUE_BYTES`` of what the peer sent, which nobody would ever take."""
+    ends: list[bytes] = []
+    accepted, closed = asyncio.Event(), asyncio.Event()
+
+    async def late(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.set()
+        await closed.wait()
+        with contextlib.suppress(OSError):
+            writer.write(_ready(b"ROUTER") + b"".join(bytes(p) for p in zmtp.encode([b"x" * 100_000])) * 10)
+            await writer.drain()
+        with contextlib.suppress(OSError):
+            await reader.read()  # our greeting, then EOF (or a reset) once the connection is dropped
+        ends.append(b"end")
+        writer.close()
+
+    server = await asyncio.start_unix_server(late, address.removeprefix("ipc://"))
+    conn = zmtp.Connection(address, b"DEALER", b"me")
+    try:
+        await asyncio.wait_for(accepted.wait(), 5)
+        await asyncio.sleep(0.1)
+        conn.close()
+        closed.set()
+        await asyncio.sleep(0.5)
+        assert conn._wire is None and not conn._messages, conn._queued  # noqa: SLF001 - what it holds
+        assert ends, "the connection stayed open after close()"
+    finally:
+        conn.close()
+        server.close()
+
+
+async def test_a_closed_connection_whose_peer_never_reads_lets_go_after_its_linger(address: str) -> None:
+    """``close`` flushes what was written for ``linger`` ms, as zmq does (jupyter_client sets 1000), then drops it: a
+    kernel that lives on and never reads (a replay's second client is closed, the session's kernel stays) held the
+    closed connection open, its socket and its written bytes, for as long as it lived."""
+    async def deaf(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(_ready(b"ROUTER"))
+        await asyncio.sleep(30)  # never reads
+
+    server = await asyncio.start_unix_server(deaf, address.removeprefix("ipc://"))
+    conn = zmtp.Connection(address, b"DEALER", b"me")
+    try:
+        for _ in range(100):
+            if conn._wire is not None:  # noqa: SLF001
+                break
+            await asyncio.sleep(0.02)
+        assert conn._wire is not None  # noqa: SLF001
+        lost = asyncio.Event()
+        conn._lost = lambda wire: lost.set()  # type: ignore[method-assign]  # its connection_lost
+        for _ in range(40):
+            conn.send_multipart([b"x" * 1_000_000])
+        conn.linger = 200
+        conn.close()
+        await asyncio.wait_for(lost.wait(), 2)  # its socket closed, what it held let go
+    finally:
+        conn.close()
+        server.close()
+
+
+def _ready(socket_type: bytes) -> bytes:
+    """A peer's greeting and READY, as raw bytes (the kernel is free to write anything to its own socket)."""
+    return zmtp.GREETING + zmtp._command(b"READY", zmtp._property(b"Socket-Type", socket_type))  # noqa: SLF001
+
+
+async def test_taking_a_full_queue_in_a_loop_leaves_the_event_loop_its_turns(address: str) -> None:
+    """The queue is bounded in bytes (``QUEUE_BYTES``), not in messages as libzmq's high-water mark (1,000) bounded
+    it: a cell that floods its IOPub faster than the server decodes, then hangs, leaves ~100,000 small signed messages
+    on a connection that outlives the restart in place, and the loops that take what waits after it (jupyter_client's
+    ``wait_for_ready``, ``Kernel._drain``; ``Channel.get_msgs``) took them all in one go, since ``next`` never waited
+    for a message that was there: ~3.5 s of decoding in which no other session ran. Each ``next`` lets the loop have
+    a turn."""
+    count = 20_000
+
+    async def flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(_ready(b"PUB") + b"\0\0" * count)  # empty one-frame messages
+        await reader.read()
+
+    server = await asyncio.start_unix_server(flood, address.removeprefix("ipc://"))
+    conn = zmtp.Connection(address, b"SUB")
+    turns = 0
+
+    async def other_session() -> None:
+        nonlocal turns
+        while True:
+            await asyncio.sleep(0)
+            turns += 1
+
+    try:
+        for _ in range(200):
+            if len(conn._messages) == count:  # noqa: SLF001 - what it holds
+                break
+            await asyncio.sleep(0.02)
+        assert len(conn._messages) == count  # noqa: SLF001
+        other = asyncio.create_task(other_session())
+        await asyncio.sleep(0)
+        turns = 0
+        for _ in range(count):
+            await conn.next(0)
+        other.cancel()
+        assert turns >= count // 2, turns  # one turn of the loop per message taken (none: all in one go)
+    finally:
+        conn.close()
+        server.close()

@@ -272,7 +272,7 @@ class Connection:
         if socket_type not in _PEERS:
             raise ValueError(f"a {socket_type!r} socket is not spoken here")
         self.url, self.socket_type, self.identity = url, socket_type, identity
-        self.linger = 1000  # jupyter_client sets it on a zmq socket; here ``close`` flushes what was written
+        self.linger = 1000  # ms: jupyter_client sets it on a zmq socket; ``close`` flushes what was written this long
         self.dropped = 0  # messages over a bound, skipped unread
         self.listen = listen
         self.closed = False
@@ -283,6 +283,7 @@ class Connection:
         self._waiters: set[asyncio.Future[None]] = set()  # for a message
         self._writers: set[asyncio.Future[None]] = set()  # for room to write
         self._wire: _Wire | None = None  # open, handshake done
+        self._link: _Wire | None = None  # the connection made, in whatever state (``close`` drops it too)
         self._reading = True
         self._loop = asyncio.get_running_loop()
         self._task = self._loop.create_task(self._keep_up())
@@ -312,11 +313,15 @@ class Connection:
             if self.closed:
                 wire.abort()
                 return
+            self._link = wire
             await wire.lost
             if not self.closed:
                 await asyncio.sleep(RECONNECT_S)
 
     def _opened(self, wire: _Wire) -> None:
+        if self.closed:  # its handshake ended after ``close``
+            wire.abort()
+            return
         self._wire = wire
         if self.socket_type == b"SUB":
             wire.write([b"\x01"])  # subscribed to every topic (ZMTP 3.0's form, which libzmq 4 reads from any peer)
@@ -363,7 +368,12 @@ class Connection:
         return frames
 
     async def next(self, timeout: float | None = None) -> list[bytes]:
-        """The next message's frames, waiting up to ``timeout`` seconds (None: for ever); ``queue.Empty`` after that."""
+        """The next message's frames, waiting up to ``timeout`` seconds (None: for ever); ``queue.Empty`` after that.
+        The loop has a turn first, even when one waits: what waits is bounded in bytes, not in messages (libzmq's
+        high-water mark held 1,000), and a loop that takes a full queue of small messages (~100,000, seconds of
+        decoding: jupyter_client's ``wait_for_ready`` and ``Kernel._drain`` after a restart in place) must not hold
+        the loop while it does."""
+        await asyncio.sleep(0)
         frames = self.take()
         if frames is None:
             if not await wait_any([self], timeout):
@@ -424,17 +434,24 @@ class Connection:
 
     # --- the end ----------------------------------------------------------------------------------
     def close(self, linger: int | None = None) -> None:
-        """Stop keeping the connection up; what was written is flushed by the loop (``linger=0``: dropped)."""
+        """Stop keeping the connection up; what was written is flushed by the loop for ``linger`` ms (the socket's
+        ``linger`` when None; 0: dropped at once; negative: for as long as it takes), as zmq's ``close``."""
         if self.closed:
             return
         self.closed = True
         self._task.cancel()
         wire, self._wire = self._wire, None
+        link, self._link = self._link, None
+        linger = self.linger if linger is None else linger
         if wire is not None and wire.transport is not None:
             if linger == 0:
                 wire.transport.abort()
             else:
-                wire.transport.close()
+                wire.transport.close()  # flushed, for ``linger`` ms (zmq's: a peer that never reads keeps nothing)
+                if linger > 0:
+                    self._loop.call_later(linger / 1000, wire.transport.abort)
+        if link is not None and link is not wire:  # still in its handshake: nothing of ours to flush
+            link.abort()
         self._pending.clear()
         self._pending_bytes = 0
         self._wake_writers()
