@@ -242,25 +242,21 @@ async def _ticks_during(send: Any) -> tuple[BaseException | None, int, float]:
     return (raised[0] if raised else None), ticks, time.monotonic() - started
 
 
-async def test_a_zmq_channel_the_kernel_never_reads_is_a_stall_not_a_frozen_loop() -> None:
-    """The local backends' transport: jupyter_client's own channel on a real DEALER whose ROUTER never reads
-    (jupyter_client's ``channel.send`` would block the loop here: Session.send shadows the socket as a sync one)."""
+async def test_a_kernel_socket_the_kernel_never_reads_is_a_stall_not_a_frozen_loop() -> None:
+    """The local backends' transport: the server's end of a kernel's socket (``kernel.zmtp``) to libzmq's own ROUTER,
+    which never reads: the loop's write buffer fills to ``zmtp.WRITE_HIGH``, then a send waits, then it is a stall."""
     import zmq
-    import zmq.asyncio
-    from jupyter_client.channels import AsyncZMQSocketChannel
     from jupyter_client.session import Session
 
+    from kernelexec.kernel import channels, zmtp
     from kernelexec.kernel.stdin import KernelStalled, send_to_kernel
 
-    ctx = zmq.asyncio.Context()
+    ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
     router.set(zmq.RCVHWM, 10)
     port = router.bind_to_random_port("tcp://127.0.0.1")
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.set(zmq.SNDHWM, 10)
-    dealer.connect(f"tcp://127.0.0.1:{port}")
     session = Session(key=b"k")
-    channel = AsyncZMQSocketChannel(dealer, session)
+    channel = channels.Channel(zmtp.Connection(f"tcp://127.0.0.1:{port}", b"DEALER", b"server"), session)
     try:
         async def flood() -> None:
             for _ in range(100_000):
@@ -268,7 +264,7 @@ async def test_a_zmq_channel_the_kernel_never_reads_is_a_stall_not_a_frozen_loop
 
         raised, ticks, took = await _ticks_during(flood)
     finally:
-        dealer.close(linger=0)
+        channel.socket.close(linger=0)
         router.close(linger=0)
         ctx.term()
     assert isinstance(raised, KernelStalled), raised

@@ -227,7 +227,7 @@ async def test_a_flood_of_empty_frames_leaves_the_event_loop_its_turns(address: 
             seen = len(conn._messages)  # noqa: SLF001 - what it holds
             most, last = max(most, seen - last), seen
         assert seen == 200_000
-        assert most <= 2_000, most  # one turn's frames (``FRAMES_PER_TURN``); a whole read parsed at once is ~131,000
+        assert most <= 3_000, most  # a turn may hold two slices of ``FRAMES_PER_TURN`` (a read, a backlog turn); unbounded: 6,000+
         assert conn._queued >= 200_000 * zmtp.MESSAGE_COST  # noqa: SLF001
     finally:
         conn.close()

@@ -129,7 +129,7 @@ class _Replayer:
         assert km is not None  # replay runs in the session's started kernel
         wire = harden(WireSession(key=km.session.key, signature_scheme=km.session.signature_scheme))
         kc = km.client(session=wire, context=shared_context())
-        kc.start_channels(hb=False)  # liveness is the manager's; a heartbeat would be one more socket read by libzmq
+        kc.start_channels(hb=False, control=False)  # liveness and interrupts are the manager's: no socket nobody reads
         await kc.wait_for_ready(timeout=self.settings.startup_timeout)
         kc.allow_stdin = True  # input()/getpass(): answered from the record, or asked (--ask); see _serve_stdin
         self.client.km, self.client.kc = km, kc
