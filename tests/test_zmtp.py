@@ -365,3 +365,12 @@ async def test_taking_a_full_queue_in_a_loop_leaves_the_event_loop_its_turns(add
     finally:
         conn.close()
         server.close()
+
+
+async def test_closing_ends_a_wait_for_a_message_even_one_without_a_timeout(router: zmq.asyncio.Socket, address: str) -> None:
+    conn = zmtp.Connection(address, b"DEALER", b"me")
+    waiting = asyncio.ensure_future(conn.next(None))
+    await asyncio.sleep(0.1)
+    conn.close()
+    with pytest.raises(queue.Empty):
+        await asyncio.wait_for(waiting, 5)

@@ -455,6 +455,9 @@ class Connection:
         self._pending.clear()
         self._pending_bytes = 0
         self._wake_writers()
+        for waiter in self._waiters:  # a wait for a message ends (``queue.Empty``), even one without a timeout
+            if not waiter.done():
+                waiter.set_result(None)
 
 
 async def wait_any(connections: Sequence[Connection], timeout: float | None) -> Connection | None:
