@@ -32,7 +32,7 @@ MAX_FRAME_BYTES = MAX_PART_BYTES  # one part: more is refused by wire.loads anyw
 MAX_MESSAGE_BYTES = MAX_PART_BYTES + 16 * 1024 * 1024  # one message: its largest part and room for its buffers
 MAX_FRAMES = 16 + MAX_BUFFERS  # identities, the delimiter, the signature, four JSON parts, the buffers
 MAX_COMMAND_BYTES = 64 * 1024  # READY, PING: a few properties
-QUEUE_BYTES = 64 * 1024 * 1024  # unread messages one connection holds before it stops reading
+QUEUE_BYTES = 16 * 1024 * 1024  # unread messages one connection holds before it stops reading (one larger still comes whole)
 # What a held message costs in objects besides its bytes (its list, tuple, each frame's bytes object): a flood of
 # empty messages is counted at what it holds, not at nothing
 MESSAGE_COST, FRAME_COST = 128, 64
