@@ -439,6 +439,8 @@ class Connection:
         if self.closed:
             return
         self.closed = True
+        if self._loop.is_closed():  # at exit (a manager's ``__del__``): the loop closed its sockets with it
+            return
         self._task.cancel()
         wire, self._wire = self._wire, None
         link, self._link = self._link, None
