@@ -199,10 +199,8 @@ async def test_a_flood_of_empty_frames_leaves_the_event_loop_its_turns(address: 
     is 256 KiB, 131,072 of them, ~0.5 s of parsing in one go while every other session waited. At most
     ``FRAMES_PER_TURN`` frames are parsed between two turns of the loop; what they hold is counted at what it costs
     (``MESSAGE_COST``), not at their empty bytes."""
-    ready = zmtp._command(b"READY", zmtp._property(b"Socket-Type", b"ROUTER"))  # noqa: SLF001 - the protocol's own
-
     async def kernel(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(zmtp.GREETING + ready + b"\x00\x00" * 200_000)
+        writer.write(_ready(b"ROUTER") + b"\x00\x00" * 200_000)
         await writer.drain()
         await reader.read()
 
@@ -309,11 +307,6 @@ async def test_a_closed_connection_whose_peer_never_reads_lets_go_after_its_ling
     finally:
         conn.close()
         server.close()
-
-
-def _ready(socket_type: bytes) -> bytes:
-    """A peer's greeting and READY, as raw bytes (the kernel is free to write anything to its own socket)."""
-    return zmtp.GREETING + zmtp._command(b"READY", zmtp._property(b"Socket-Type", socket_type))  # noqa: SLF001
 
 
 async def test_taking_a_full_queue_in_a_loop_leaves_the_event_loop_its_turns(address: str) -> None:
