@@ -313,7 +313,7 @@ async def test_taking_a_full_queue_in_a_loop_leaves_the_event_loop_its_turns(add
     """The queue is bounded in bytes (``QUEUE_BYTES``), not in messages as libzmq's high-water mark (1,000) bounded
     it: a cell that floods its IOPub faster than the server decodes, then hangs, leaves ~100,000 small signed messages
     on a connection that outlives the restart in place, and the loops that take what waits after it (jupyter_client's
-    ``wait_for_ready``, ``Kernel._drain``; ``Channel.get_msgs``) took them all in one go, since ``next`` never waited
+    ``wait_for_ready``, ``channels.drain``; ``Channel.get_msgs``) took them all in one go, since ``next`` never waited
     for a message that was there: ~3.5 s of decoding in which no other session ran. Each ``next`` lets the loop have
     a turn."""
     count = 20_000
@@ -357,3 +357,29 @@ async def test_closing_ends_a_wait_for_a_message_even_one_without_a_timeout(rout
     conn.close()
     with pytest.raises(queue.Empty):
         await asyncio.wait_for(waiting, 5)
+
+
+async def test_draining_after_a_restart_drops_a_message_that_does_not_decode(router: zmq.asyncio.Socket,
+                                                                              address: str) -> None:
+    """What waits on shell when a restart drains it may be anything the old kernel sent: one that does not decode is
+    dropped with the rest, and the restart goes on (it raised out of the restart before)."""
+    from types import SimpleNamespace
+
+    from jupyter_client.session import Session
+
+    from kernelexec.kernel import channels, wire
+
+    session = wire.harden(Session(key=b"k"))
+    shell = channels.Channel(zmtp.Connection(address, b"DEALER", b"me"), session)
+    try:
+        shell.socket.send_multipart([b"hello"])
+        await received(router)
+        await router.send_multipart([b"me", b"not a message"])
+        session.send(zmq.Socket.shadow(router.underlying), "status", {"execution_state": "idle"}, ident=[b"me"])
+        while len(shell.socket._messages) < 2:  # noqa: SLF001 - both wait
+            await asyncio.sleep(0.01)
+        kc = SimpleNamespace(stdin_channel=None, iopub_channel=shell, shell_channel=shell)
+        await channels.drain(kc)
+        assert not shell.socket.ready()
+    finally:
+        shell.stop()

@@ -8,6 +8,7 @@ jupyter_client's. The heartbeat is never connected: liveness is the manager's ``
 
 from __future__ import annotations
 
+import contextlib
 import queue
 from typing import Any
 
@@ -38,6 +39,17 @@ async def receive(kc: Any, channel: str, timeout: float) -> Any:
     if not isinstance(conn, zmtp.Connection):  # a gateway's channels: their own client
         return await getattr(kc, f"get_{channel}_msg")(timeout=timeout)
     return await wire.checked(chan.session, await conn.next(timeout))
+
+
+async def drain(kc: Any) -> None:
+    """Drop the IOPub and shell messages left over from an interrupted or killed request, one that would not decode
+    too (it must not fail the restart it follows); have a stdin socket connected now, before a cell's first input()
+    (drop_stdin's replacement: a question sent before it is lost)."""
+    _ = kc.stdin_channel
+    for channel in (kc.iopub_channel, kc.shell_channel):
+        while await channel.msg_ready():
+            with contextlib.suppress(Exception):  # taken before it is decoded: dropped all the same
+                await channel.get_msg(timeout=0)
 
 
 class Channel:

@@ -36,7 +36,7 @@ from jupyter_client.manager import AsyncKernelManager
 from kernelexec import tracing
 from kernelexec.errors import KernelDied, KernelStartError
 from kernelexec.kernel.cell import POLL, CellRun, OnOutput, follow_sent
-from kernelexec.kernel.channels import receive
+from kernelexec.kernel.channels import drain, receive
 from kernelexec.kernel.collector import Caps, Collector
 from kernelexec.kernel.execution import Execution, ResultRule
 from kernelexec.kernel.launch import LaunchSpec
@@ -217,7 +217,7 @@ class Kernel(ABC):
             logger.exception("restart failed; starting a new kernel")
             await self.shutdown()
             await self.start()
-        await self._drain()
+        await drain(self.kc)
 
     @property
     def spare(self) -> Kernel | None:
@@ -269,14 +269,6 @@ class Kernel(ABC):
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
             self._log.write(f"{stamp} {text}\n".encode())
             self._log.flush()
-
-    async def _drain(self) -> None:
-        """Drop stale IOPub/shell messages left over from an interrupted or killed request; have a stdin socket
-        connected now, before a cell's first input() (drop_stdin's replacement: a question sent before it is lost)."""
-        _ = self.kc.stdin_channel
-        for channel in (self.kc.iopub_channel, self.kc.shell_channel):
-            while await channel.msg_ready():
-                await channel.get_msg(timeout=0)
 
     # --- running code ----------------------------------------------------------------------
     async def execute(

@@ -371,7 +371,7 @@ class Connection:
         """The next message's frames, waiting up to ``timeout`` seconds (None: for ever); ``queue.Empty`` after that.
         The loop has a turn first, even when one waits: what waits is bounded in bytes, not in messages (libzmq's
         high-water mark held 1,000), and a loop that takes a full queue of small messages (~100,000, seconds of
-        decoding: jupyter_client's ``wait_for_ready`` and ``Kernel._drain`` after a restart in place) must not hold
+        decoding: jupyter_client's ``wait_for_ready`` and ``channels.drain`` after a restart in place) must not hold
         the loop while it does."""
         await asyncio.sleep(0)
         frames = self.take()
