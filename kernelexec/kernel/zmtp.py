@@ -328,8 +328,7 @@ class Connection:
         while self._pending:
             wire.write(self._pending.popleft())
         self._pending_bytes = 0
-        if not self._reading:
-            self._reading = True  # a new connection reads until it has too much again
+        self._reading = True  # a new connection reads until it has too much again
         self._wake_writers()
 
     def _lost(self, wire: _Wire) -> None:
@@ -381,13 +380,6 @@ class Connection:
             frames = self.take()
             if frames is None:
                 raise queue.Empty
-        return frames
-
-    def recv_multipart(self, flags: int = 0, copy: bool = True) -> list[bytes]:
-        """zmq's non-blocking receive, for code that asks a socket (``Again`` when none waits)."""
-        frames = self.take()
-        if frames is None:
-            raise Again("no message waits")
         return frames
 
     # --- sending ----------------------------------------------------------------------------------
