@@ -15,6 +15,7 @@ import os
 import secrets
 import shutil
 import socket
+import sys
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,6 +129,9 @@ def params_for(world: World, t: Target, role: str, tag: str) -> dict[str, Any]:
         "mem_addr": id(world.mem_secret) + 32,  # PyBytesObject data in this (the server's) process
         "mem_len": len(world.mem_secret),
         "session_dir": str(me),
+        # where the kernel's interpreter lives (the server's, as the test's): read-only fds there are no leak. Told, not
+        # read in the kernel: os mode's sub-interpreter reports the base install as sys.prefix, never the venv
+        "interpreter_trees": sorted({sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}),
         "ipython_dir": str(me / IPYTHON_SUBDIR),  # IPYTHONDIR (launch.py): where IPython reads start-up files
         "marker": str(me / "work" / f"spawned-{tag}"),
         "shcmd": f"echo spawned > {me / 'work' / f'spawned-{tag}'}",

@@ -180,7 +180,7 @@ FILE_READS: dict[str, Any] = {
                 fds[fd] = repr(e)
         # the interpreter's own trees, opened read-only, are no leak: a kernel that drew a figure (every warm kernel
         # does, at start) holds its fonts open, matplotlib caching them
-        sys = M('sys'); own = tuple({p.rstrip('/') + '/' for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)})
+        own = tuple(p.rstrip('/') + '/' for p in P['interpreter_trees'])
         outside = {k: v for k, v in fds.items() if v.startswith('/') and not v.startswith((P['session_dir'], '/dev/', '/proc/'))
                    and not (k in read_only and v.startswith(own))}
         assert not outside, outside
