@@ -111,7 +111,9 @@ async def run_cells(url: str) -> None:
         session = first.structured_content["session"]
         held = await client.call_tool("execute_code", {"code": "block = b'm' * (64 * 2**20)", "session": session})
         assert not held.is_error, held.content  # its answer over HTTP says what it cost (test_cell_cost.py: how much)
-        assert held.structured_content["peak_memory_mb"] >= first.structured_content["peak_memory_mb"] + 64
+        # a high-water mark (VmHWM): the first answer's may sit above the resting memory the 64 MiB land on (by what
+        # the start freed again; 0.6 MiB once under a loaded CI), so "first + 64" is not a bound; 8 MiB of room is
+        assert held.structured_content["peak_memory_mb"] >= first.structured_content["peak_memory_mb"] + 64 - 8
         assert 0 <= held.structured_content["cpu_seconds"] < 5
         failed = await client.call_tool("execute_code", {"code": "1/0", "session": session})
         assert failed.structured_content["error_type"] == "ZeroDivisionError"
