@@ -238,4 +238,10 @@ async def test_one_message_of_many_frames_does_not_grow_the_server_by_what_the_k
         assert after.structured_content["result"] == 2
         await anyio.sleep(2)
         growth_mb = (_hwm_kb(pid) - before) / 1024
+        last = await client.call_tool("execute_code", {"code": "3"})
     assert growth_mb < 300, f"the server's high-water mark grew {growth_mb:.0f} MB for a kernel holding {frame_mib} MiB"
+    # nothing skipped silently: the answer of the cell during which it was skipped says so (the kernel sends it on its
+    # own thread, so it may be the next cell's); one message, said once
+    notes = [n for answer in (sent, after, last) for n in answer.structured_content["notes"] if "past the server's bounds" in n]
+    assert len(notes) == 1 and notes[0].startswith("the server dropped a kernel message"), \
+        [answer.structured_content["notes"] for answer in (sent, after, last)]

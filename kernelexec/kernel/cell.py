@@ -19,7 +19,8 @@ import anyio
 import anyio.lowlevel
 
 from kernelexec.errors import KernelDied
-from kernelexec.kernel.channels import receive
+from kernelexec.kernel import zmtp
+from kernelexec.kernel.channels import over_bounds, receive
 from kernelexec.kernel.collector import Collector
 from kernelexec.kernel.execution import Execution
 from kernelexec.kernel.report import take_reply
@@ -28,6 +29,8 @@ from kernelexec.kernel.stdin import KernelStalled, Stdin, send_to_kernel, stdin_
 logger = logging.getLogger(__name__)
 
 POLL = 0.2  # seconds between liveness checks while waiting on output
+OVER_BOUNDS = (f"kernel message past the server's bounds (a frame over {zmtp.MAX_FRAME_BYTES >> 20} MiB, a message over "
+               f"{zmtp.MAX_MESSAGE_BYTES >> 20} MiB or {zmtp.MAX_FRAMES} frames), skipped unread")
 OnOutput = Callable[[str, str], Awaitable[None]]  # (stream name, text) for progress reporting
 
 
@@ -59,6 +62,7 @@ class CellRun:
         self.grace = grace
         self.on_output = on_output
         self.stdin = stdin
+        self.sockets = over_bounds(kernel.kc)  # as the request starts: a restart meanwhile makes new ones
 
     async def run(self, request: Any, started: float, timeout: float) -> None:
         """The request sent, its IOPub read until idle (``timeout`` seconds from ``started``, a monotonic time); a
@@ -90,6 +94,11 @@ class CellRun:
             await self._after_death(silent=not self.collector.began)
         elif state == "idle":
             await self._finish(deadline=time.monotonic() + max(self.grace, 5.0))
+        # messages the sockets skipped past their bounds, since the last answer that said so (on the kernel's own
+        # threads they may come between two cells): nothing a kernel sends is left out silently
+        skipped = sum(conn.take_dropped() for conn in {*self.sockets, *over_bounds(self.kernel.kc)})
+        if skipped:
+            self.collector.drop(OVER_BOUNDS, skipped)
         if state in ("idle", "interrupted") and self.stdin is not None and self.stdin.overlapped:
             await self._restart_unread("the kernel stopped reading the server's replies to its questions (it asked "
                                        "again before the answer to the last was sent): the cell ended")

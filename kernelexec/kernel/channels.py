@@ -41,6 +41,18 @@ async def receive(kc: Any, channel: str, timeout: float) -> Any:
     return await wire.checked(chan.session, await conn.next(timeout))
 
 
+def over_bounds(kc: Any) -> list[zmtp.Connection]:
+    """``kc``'s shell, IOPub and stdin connections as made so far (each counts the messages it skipped past its
+    bounds, ``Connection.dropped``); none for a gateway's channels, which bound their own frames."""
+    found = []
+    for name in ("shell", "iopub", "stdin"):
+        channel = getattr(kc, f"_{name}_channel", None)
+        conn = getattr(channel, "socket", None)
+        if isinstance(conn, zmtp.Connection):
+            found.append(conn)
+    return found
+
+
 async def drain(kc: Any) -> None:
     """Drop the IOPub and shell messages left over from an interrupted or killed request, one that would not decode
     too (it must not fail the restart it follows); have a stdin socket connected now, before a cell's first input()

@@ -205,17 +205,18 @@ class Collector:
         self.dropped: dict[str, int] = {}  # why -> how many messages
         self.joined = 0  # stream chunks joined to their stream's last output, past max_stream_outputs
 
-    def _drop(self, why: str) -> None:
-        self.dropped[why] = self.dropped.get(why, 0) + 1
+    def drop(self, why: str, count: int = 1) -> None:
+        """``count`` messages of this cell left out, for ``why`` (said in the answer's notes)."""
+        self.dropped[why] = self.dropped.get(why, 0) + count
 
     def handle(self, msg: Any) -> str | None:
         """Take one message; returns the stream text it added (for progress), if any."""
         try:
             return self._handle(msg)
         except Malformed as exc:
-            self._drop(f"malformed {self._kind(msg)} message ({exc})")
+            self.drop(f"malformed {self._kind(msg)} message ({exc})")
         except Exception as exc:  # noqa: BLE001 - nothing a kernel sends may break a call
-            self._drop(f"unreadable {self._kind(msg)} message ({type(exc).__name__})")
+            self.drop(f"unreadable {self._kind(msg)} message ({type(exc).__name__})")
         return None
 
     @staticmethod
@@ -279,13 +280,13 @@ class Collector:
 
     def _room(self, size: int) -> bool:
         if self.rich_count >= self.caps.max_outputs:
-            self._drop(f"rich output beyond {self.caps.max_outputs:,} per cell")
+            self.drop(f"rich output beyond {self.caps.max_outputs:,} per cell")
             return False
         if size > self.caps.max_output_bytes:
-            self._drop(f"rich output over {self.caps.max_output_bytes:,} characters")
+            self.drop(f"rich output over {self.caps.max_output_bytes:,} characters")
             return False
         if self.rich_bytes + size > self.caps.max_total_bytes:
-            self._drop(f"rich outputs beyond {self.caps.max_total_bytes:,} characters per cell")
+            self.drop(f"rich outputs beyond {self.caps.max_total_bytes:,} characters per cell")
             return False
         return True
 
@@ -316,7 +317,7 @@ class Collector:
         indexes = self.display_index.get(display_id, []) if display_id else []
         for index in indexes:
             if size > self.caps.max_output_bytes or self.rich_bytes + size > self.caps.max_total_bytes:
-                self._drop("display update over the per-cell size cap")
+                self.drop("display update over the per-cell size cap")
                 return
             self.rich_bytes += size
             out = self.ex.outputs[index]

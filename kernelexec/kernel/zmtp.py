@@ -274,6 +274,7 @@ class Connection:
         self.url, self.socket_type, self.identity = url, socket_type, identity
         self.linger = 1000  # ms: jupyter_client sets it on a zmq socket; ``close`` flushes what was written this long
         self.dropped = 0  # messages over a bound, skipped unread
+        self._told = 0  # of them, those ``take_dropped`` returned already
         self.listen = listen
         self.closed = False
         self._messages: deque[tuple[list[bytes], int]] = deque()
@@ -349,6 +350,12 @@ class Connection:
                 waiter.set_result(None)
 
     # --- receiving ------------------------------------------------------------------------------
+    def take_dropped(self) -> int:
+        """Messages skipped past the bounds since the last call: each is told once (in a cell's answer), whenever
+        it came, also between two cells."""
+        count, self._told = self.dropped - self._told, self.dropped
+        return count
+
     def ready(self) -> bool:
         """A whole message waits."""
         return bool(self._messages)
