@@ -468,6 +468,41 @@ async def test_a_yielded_run_is_collected_on_another_replica(fleet: Fleet) -> No
     assert done.structured_content["result"] == 42 and done.structured_content["ending"] == "completed", done.structured_content
 
 
+async def test_no_replica_answers_a_run_before_the_store_holds_its_answer(fleet: Fleet) -> None:
+    """A yielded run's end is recorded in the store before its own replica answers it: a get_run on A that answered
+    while B still read ``running`` from the store was one fleet telling two stories (the run's end was set before its
+    final record was written). The test holds the run's row locked in PostgreSQL past the cell's end, so A's final
+    write waits: A's get_run must wait with it, and B reads the answer as soon as A gives it."""
+    import psycopg
+
+    a, b = fleet.replicas[0], fleet.replicas[1]
+    handle = (await call(a.url, "q = 40"))["session"]
+    async with Client(a.url) as on_a, Client(b.url) as on_b:
+        going = await on_a.call_tool("execute_code", {"code": "import time\ntime.sleep(2)\nq + 2", "session": handle})
+        running = going.structured_content
+        assert running is not None and running.get("ending") == "running", going.content
+        run_id = running["run_id"]
+        answered: list[float] = []
+
+        async def follow() -> None:
+            done = await on_a.call_tool("get_run", {"run_id": run_id, "wait_s": 20})
+            answered.append(time.monotonic())
+            assert not done.is_error and done.structured_content["result"] == 42, done.content
+
+        async with await psycopg.AsyncConnection.connect(fleet.store) as holder, anyio.create_task_group() as tg:
+            await holder.execute("SELECT 1 FROM runs WHERE id = %s FOR UPDATE", (run_id,))  # (a transaction, held)
+            tg.start_soon(follow)
+            await anyio.sleep(3.5)  # the cell ended ~2.5 s ago; its final record waits on the lock
+            said = await on_b.call_tool("get_run", {"run_id": run_id, "wait_s": 0})
+            assert said.structured_content is not None and said.structured_content["ending"] == "running", said.content
+            assert not answered, "A answered the run while the store still said running (and B said so)"
+            await holder.rollback()
+            released = time.monotonic()
+        assert answered and answered[0] >= released
+        after = await on_b.call_tool("get_run", {"run_id": run_id, "wait_s": 0})
+    assert not after.is_error and after.structured_content["result"] == 42, after.content
+
+
 async def start_then_stop(fleet: Fleet, code: str, *extra: str) -> tuple[str, float, str]:
     """A replica of its own (``extra``: its flags) starts ``code``, which yields; the replica is sent SIGTERM as a
     deploy sends it, and its healthz and exit watched: the run's id, how long it took to exit, healthz meanwhile."""

@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import math
 import time
+from collections import OrderedDict
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +51,7 @@ def error(text: str) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
 
 
+FORGET_WINDOW = 1000  # told runs whose end was recorded, remembered until their own call may forget them
 KEEP_TRIES = (0.0, 0.2, 0.5)  # seconds before each try of a told run's first record
 
 
@@ -103,7 +105,9 @@ def observer(app: App) -> Any:
         return fleet.key if fleet is not None and fleet.drives else None
 
     recorded: dict[str, anyio.Event] = {}  # runs whose id was told, until their end is recorded: set once the first record is
-    forgotten: set[str] = set()  # runs whose own call took their answer before their final record was written
+    # told runs whose end is recorded, until their own call takes the answer (``forgotten``: the copy is deleted) or
+    # the next get_run does (kept): the last FORGET_WINDOW, as a call that takes its answer does so at once
+    ended: OrderedDict[str, None] = OrderedDict()
 
     async def record(run: Run, event: str) -> None:
         store = app.sessions.store
@@ -124,11 +128,13 @@ def observer(app: App) -> Any:
                 written.set()
             app.relay.watch()  # its id goes out: another replica may be asked about it
             return
+        if event == "forgotten":  # its own call returned its answer: the store keeps no copy (kept results' budget)
+            if run.id in ended:  # told, and its end recorded (a run's end is recorded before it is done)
+                del ended[run.id]
+                await store.delete_run(run.id, holder=holder())  # not once another replica adopted it
+            return
         first_written = recorded.get(run.id)
         if first_written is None:  # never told (answered in full by its own call), or its end recorded already
-            return
-        if event == "forgotten":  # its own call returned its answer: the store keeps no copy (kept results' budget)
-            forgotten.add(run.id)  # its final record is still to come: forgotten right after it
             return
         await first_written.wait()  # every later record after the first, in order
         state: RunState
@@ -162,11 +168,11 @@ def observer(app: App) -> Any:
             if event == "finished":
                 recorded.pop(run.id, None)
                 written_questions.pop(run.id, None)
-                if run.id in forgotten:
-                    forgotten.discard(run.id)
-                    await store.delete_run(run.id, holder=holder())  # not once another replica adopted it
-                else:  # the kept finished results: the last KEEP_FINISHED per token, here as in memory
-                    await store.prune_runs(owner=run.session.owner, keep=KEEP_FINISHED)
+                ended[run.id] = None
+                while len(ended) > FORGET_WINDOW:
+                    ended.popitem(last=False)
+                # the kept finished results: the last KEEP_FINISHED per token, here as in memory
+                await store.prune_runs(owner=run.session.owner, keep=KEEP_FINISHED)
 
     return record
 

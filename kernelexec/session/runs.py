@@ -502,9 +502,11 @@ class RunRegistry:
             finally:
                 # stopped with the server (its task group cancelled) once its cell was sent: in a fleet, handed over
                 run.handed_over = self.handing_over and run.finished is None and run.failure is None and run.resume is not None
+                # told first (the store's final record), then done: no waiter here answers what another replica's
+                # get_run cannot read yet (it read ``running`` for a moment after this replica's answer)
+                await self._notify(run, "finished")
                 run.done.set()
                 run.stir()
-                await self._notify(run, "finished")
                 if unused is not None and run.finished is None and not run.scope.cancelled_caught and not any(
                         r.session is session and not r.done.is_set() for r in self._runs.values()):
                     with anyio.CancelScope(shield=True):
@@ -540,9 +542,9 @@ class RunRegistry:
         self._prune(session.owner)
         await self.keep(run)
         run.finished = finished
+        await self._notify(run, "finished")  # recorded, then done (as ``start``'s runs)
         run.done.set()
         run.stir()
-        await self._notify(run, "finished")
         return run
 
     def spawn(self, work: Callable[[], Awaitable[None]]) -> None:
