@@ -20,7 +20,7 @@ import anyio.lowlevel
 
 from kernelexec.errors import KernelDied
 from kernelexec.kernel import zmtp
-from kernelexec.kernel.channels import over_bounds, receive
+from kernelexec.kernel.channels import receive, zmtp_connections
 from kernelexec.kernel.collector import Collector
 from kernelexec.kernel.execution import Execution
 from kernelexec.kernel.report import take_reply
@@ -62,7 +62,7 @@ class CellRun:
         self.grace = grace
         self.on_output = on_output
         self.stdin = stdin
-        self.sockets = over_bounds(kernel.kc)  # as the request starts: a restart meanwhile makes new ones
+        self.sockets = zmtp_connections(kernel.kc)  # as the request starts: a restart meanwhile makes new ones
 
     async def run(self, request: Any, started: float, timeout: float) -> None:
         """The request sent, its IOPub read until idle (``timeout`` seconds from ``started``, a monotonic time); a
@@ -96,7 +96,7 @@ class CellRun:
             await self._finish(deadline=time.monotonic() + max(self.grace, 5.0))
         # messages the sockets skipped past their bounds, since the last answer that said so (on the kernel's own
         # threads they may come between two cells): nothing a kernel sends is left out silently
-        skipped = sum(conn.take_dropped() for conn in {*self.sockets, *over_bounds(self.kernel.kc)})
+        skipped = sum(conn.take_dropped() for conn in {*self.sockets, *zmtp_connections(self.kernel.kc)})
         if skipped:
             self.collector.drop(OVER_BOUNDS, skipped)
         if state in ("idle", "interrupted") and self.stdin is not None and self.stdin.overlapped:

@@ -41,7 +41,7 @@ async def receive(kc: Any, channel: str, timeout: float) -> Any:
     return await wire.checked(chan.session, await conn.next(timeout))
 
 
-def over_bounds(kc: Any) -> list[zmtp.Connection]:
+def zmtp_connections(kc: Any) -> list[zmtp.Connection]:
     """``kc``'s shell, IOPub and stdin connections as made so far (each counts the messages it skipped past its
     bounds, ``Connection.dropped``); none for a gateway's channels, which bound their own frames."""
     found = []
