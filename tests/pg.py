@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -17,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from .support import free_port
 
 PG_BIN = Path(os.environ.get("KERNELEXEC_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
 PG_USER = "kx"
@@ -39,12 +40,6 @@ class Postgres:
         with psycopg.connect(self.url(), autocommit=True) as conn:
             conn.execute(f"CREATE DATABASE {name}")
         return name
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _as_postgres_user(cmd: list[str]) -> list[str]:

@@ -123,10 +123,46 @@ async def until(predicate: Any, what: str, timeout: float = 30) -> None:
     assert predicate(), what
 
 
+PORT_SLICE = 400  # ports a process hands out, in turn, before it starts over
+
+
+def _port_slice() -> range:
+    """This process's own ports: below (or above) the kernel's ephemeral range, which every outgoing connection's
+    local end and every bind to port 0 (jupyter_client's kernel ports, ZeroMQ's) draws from, and apart from every
+    other test process's: an xdist worker's by its number, any other process (the weakened red team beside the main
+    pass, a benchmark) by its pid."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    slot = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 16 + os.getpid() % 8
+    start = low - 24 * PORT_SLICE if low - 24 * PORT_SLICE >= 1024 else high + 1
+    first = start + (slot % 24) * PORT_SLICE
+    return range(first, min(first + PORT_SLICE, 65536))
+
+
+_handed_out = 0
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now, that no other test process hands out and no ephemeral bind takes before the
+    caller's server binds it. The kernel's own choice (bind to port 0) came from the ephemeral range, where another
+    worker's server, kernel or mere outgoing connection could take it in between: a test then talked to the wrong
+    server (a JSON-RPC -32603 at initialize from another test's server that refused its token) or its server did not
+    start."""
+    global _handed_out
+    ports = _port_slice()
+    for _ in range(len(ports)):
+        port = ports[_handed_out % len(ports)]
+        _handed_out += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # in use (a server of this process still running, or a TIME_WAIT): the next one
+                continue
+            return port
+    raise RuntimeError(f"no free port in {ports}")
 
 
 def wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
@@ -185,15 +221,21 @@ def http_server(state_dir: Path, *args: str, env: dict[str, str] | None = None, 
     """``kernelexec serve --transport http`` as a real process on a free loopback port (``env`` added to its
     environment); yields its /mcp URL."""
     port = free_port()
-    proc = subprocess.Popen(
-        kernelexec_cmd("serve", "--transport", "http", "--port", str(port), "--state-dir", str(state_dir), *args),
-        env=clean_env(**store_env(), **(env or {})), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_for_port(port, proc, timeout)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        stop(proc)
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(
+            kernelexec_cmd("serve", "--transport", "http", "--port", str(port), "--state-dir", str(state_dir), *args),
+            env=clean_env(**store_env(), **(env or {})), stdout=subprocess.DEVNULL, stderr=log,
+        )
+        try:
+            wait_for_port(port, proc, timeout)
+            yield f"http://127.0.0.1:{port}/mcp"
+        except BaseException as exc:  # the server's own words go with the failure (a 500's traceback, say)
+            stop(proc)
+            log.seek(0)
+            exc.add_note("the server's stderr, its end:\n" + log.read()[-6000:].decode(errors="replace"))
+            raise
+        finally:
+            stop(proc)
 
 
 # --- a real package index on 127.0.0.1 (installs: tests/test_packages.py, benchmarks/packages.py) -----------

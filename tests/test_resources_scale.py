@@ -35,13 +35,16 @@ async def test_listing_a_working_directory_of_200k_files_is_bounded_and_off_the_
         other = await h.new_session()
         t0 = time.monotonic()
         filled = await h.run(FILL, session=crowded, timeout=600)
+        while filled["ending"] == "running":  # past the call's yield (40 s): an aged ext4 creates 200k files slowly
+            filled = (await h.call("get_run", run_id=filled["run_id"], wait_s=60)).structured_content
         print(f"fill {time.monotonic() - t0:.1f} s")
         assert filled["success"], (filled["error"], filled["traceback"][-5:])
         assert int(filled["result"]) >= FILES
         await h.run("1+1", session=other)  # warm
 
         # the loop's longest stall while the listing runs, and another session's call meanwhile
-        stalls: list[float] = []
+        stalls: list[float] = []  # the current round's
+        longest: list[float] = []  # each round's longest stall
         timings: dict[str, float] = {}
         listed: list[object] = []
         done = anyio.Event()
@@ -75,9 +78,14 @@ async def test_listing_a_working_directory_of_200k_files_is_bounded_and_off_the_
                     pair.start_soon(quick)
                 assert timings["list"] < 2.0, timings  # bounded work (was ~1.7 s of lstat on 200k entries, unbounded)
                 assert timings["quick"] < 1.5, timings
+                longest.append(max(stalls, default=0.0))
+                stalls.clear()
             done.set()
-        print(f"timings {timings}, longest loop stall {max(stalls):.3f} s")
-        assert max(stalls) < 0.5, f"event loop stalled {max(stalls):.2f} s"
+        print(f"timings {timings}, each round's longest loop stall {longest}")
+        # a listing that holds the loop stalls it in every round (~1.7 s each, before); a machine busy with other
+        # tests' processes may not run this one for a moment once in a while (1.23 s once in a full CI pass): the
+        # middle round of the three is the listing's
+        assert sorted(longest)[1] < 0.5, f"event loop stalled {longest} s"
 
         uris = [str(r.uri) for r in listed]
         work = [u for u in uris if f"/sessions/{crowded}/work/" in u]
