@@ -503,6 +503,40 @@ async def test_no_replica_answers_a_run_before_the_store_holds_its_answer(fleet:
     assert not after.is_error and after.structured_content["result"] == 42, after.content
 
 
+async def test_no_replica_reads_an_install_task_working_after_its_replica_said_completed(fleet: Fleet) -> None:
+    """An install_packages task's end is recorded before its replica says it completed (as a run's, above): the job
+    used to set its end and record it after, so A said completed while B's tasks/get still read working. The install
+    waits for the session (a background cell holds it), so it yields as a task; the job's row is held locked past its
+    end, which A must wait for. (A fleet's kernels are remote: the install ends in its own clear error.)"""
+    import psycopg
+
+    a, b = fleet.replicas[0], fleet.replicas[1]
+    on_a, on_b = Raw(a.url, "none"), Raw(b.url, "none")
+    handle = (await on_a.call("new_session"))["structuredContent"]["session"]
+    busy = await on_a.call("execute_code", code="import time\ntime.sleep(3)", session=handle, background=True)
+    assert busy["structuredContent"]["ending"] == "running", busy
+    created = await on_a.call("install_packages", packages=["kxfleetjob"], session=handle)
+    assert_task(created, "task", "working")  # waited for the session past the yield (1 s)
+    job_id = "job-" + created["taskId"]
+    async with await psycopg.AsyncConnection.connect(fleet.store) as holder, \
+            await psycopg.AsyncConnection.connect(fleet.store, autocommit=True) as watcher:
+        row = await (await holder.execute("SELECT state FROM runs WHERE id = %s FOR UPDATE", (job_id,))).fetchone()
+        assert row == ("running",), row  # (a transaction, held): the job's end cannot be written
+        with anyio.fail_after(30):  # the job ended: its end's write waits on the lock
+            while not (await (await watcher.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND application_name = 'kernelexec'"
+            )).fetchone())[0]:
+                await anyio.sleep(0.1)
+        said_a = await on_a.result("tasks/get", {"taskId": created["taskId"]})
+        said_b = await on_b.result("tasks/get", {"taskId": created["taskId"]})
+        assert (said_a["status"], said_b["status"]) == ("working", "working"), (said_a, said_b)
+        await holder.rollback()
+    done_a = await on_a.until(created["taskId"], "completed", within=30)
+    done_b = await on_b.until(created["taskId"], "completed", within=30)
+    assert done_a["result"]["isError"] and "need a local kernel" in done_a["result"]["content"][0]["text"], done_a
+    assert done_b["result"]["content"] == done_a["result"]["content"], (done_a, done_b)
+
+
 async def start_then_stop(fleet: Fleet, code: str, *extra: str) -> tuple[str, float, str]:
     """A replica of its own (``extra``: its flags) starts ``code``, which yields; the replica is sent SIGTERM as a
     deploy sends it, and its healthz and exit watched: the run's id, how long it took to exit, healthz meanwhile."""

@@ -35,7 +35,7 @@ import math
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -81,6 +81,9 @@ class Job:
     done: anyio.Event = field(default_factory=anyio.Event)
     result: CallToolResult | None = None
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    # the job's end written to the session store, awaited before ``done``: a told job (a task) is never answered
+    # completed here while another replica's tasks/get still reads it working from the store
+    record_end: Callable[[], Awaitable[None]] | None = None
 
 
 @dataclass
@@ -235,7 +238,12 @@ class Tasks(Extension):
             except Exception as exc:  # noqa: BLE001 - never lose a job silently: the failure is its result
                 job.result = CallToolResult(content=[TextContent(type="text", text=f"{type(exc).__name__}: {exc}")], is_error=True)
             finally:
-                job.done.set()
+                try:
+                    if job.record_end is not None:
+                        with anyio.CancelScope(shield=True):  # a cancelled job's end is recorded too
+                            await job.record_end()
+                finally:
+                    job.done.set()
 
         self.app.sessions.runs.spawn(work)
         with anyio.move_on_after(self.app.settings.yield_after or math.inf):
@@ -249,16 +257,21 @@ class Tasks(Extension):
         return self._created(task)
 
     async def _record_job(self, task: Task, job: Job) -> None:
-        """The job in the session store as a run record (running, then its result), and the task over it."""
+        """The job in the session store as a run record (running, then its result, written by the job before it is
+        done), and the task over it. ``record_end`` is set before the first await: the job cannot end unseen."""
         job_id = "job-" + task.id
-        await durable.record_job(self.app, job_id, task.owner, None)
-        await durable.record_task(self.app, task.id, task.owner, job_id, task.ttl_s, task.created)
+        started = anyio.Event()
 
-        async def recorded() -> None:
-            await job.done.wait()
+        async def record_end() -> None:
+            await started.wait()  # never before the running record, which would overwrite the end
             await durable.record_job(self.app, job_id, task.owner, job.result)
 
-        self.app.sessions.runs.spawn(recorded)
+        job.record_end = record_end
+        try:
+            await durable.record_job(self.app, job_id, task.owner, None)
+            await durable.record_task(self.app, task.id, task.owner, job_id, task.ttl_s, task.created)
+        finally:
+            started.set()
 
     async def _stored(self, task_id: str) -> dict[str, Any] | None:
         """A task this process does not hold (one from before a restart), read back from the session store."""
