@@ -142,7 +142,7 @@ def _port_slice() -> range:
     return range(first, min(first + PORT_SLICE, 65536))
 
 
-_handed_out = 0
+_handed_out = os.getpid()  # where in its slice a process starts: two processes sharing a slice start apart
 
 
 def free_port() -> int:
