@@ -43,6 +43,14 @@ def test_config_precedence_flag_over_env_over_toml(tmp_path: Path) -> None:
     assert (config["profile"], config["default_timeout"], config["max_sessions"]) == ("strict", 7.0, 4)
 
 
+def test_a_missing_config_file_is_refused_not_read_as_empty(tmp_path: Path) -> None:
+    """pydantic-settings reads a TOML file that is not there as empty: a typo in --config ran on the defaults."""
+    missing = tmp_path / "nope.toml"
+    for proc in (run("config", "--config", str(missing)), run("config", env=clean_env(KERNELEXEC_CONFIG=str(missing)))):
+        assert proc.returncode != 0 and not proc.stdout, proc.stdout
+        assert str(missing) in proc.stderr and "does not exist" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_bad_setting_is_a_clear_message_not_a_traceback() -> None:
     proc = run("config", "--profile", "nonsense")
     assert proc.returncode != 0 and "invalid choice" in proc.stderr
