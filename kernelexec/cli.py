@@ -184,6 +184,15 @@ def main(argv: list[str] | None = None) -> None:
         if settings.host not in LOOPBACK and not tokens:
             sys.exit(safe(f"kernelexec: refusing to listen on {settings.host} without authentication; "
                      "set --auth-token / KERNELEXEC_AUTH_TOKEN or --auth-token-file, or bind 127.0.0.1"))
+    if args.command == "serve":
+        listens = [(settings.host, settings.port, "--port")] if settings.transport == "http" else []
+        if settings.metrics_port is not None:
+            listens.append(("127.0.0.1", settings.metrics_port, "--metrics-port"))
+        for host, port, flag in listens:
+            problem = _cannot_listen(host, port)
+            if problem:  # else uvicorn logs it, exits with SystemExit(3) inside the task groups: a 70-line traceback
+                sys.exit(safe(f"kernelexec: cannot listen on {host}:{port}: {problem} (another server on that port? "
+                              f"choose another {flag})"))
     import anyio
 
     from kernelexec.session.fleet import FleetRefused
@@ -202,6 +211,26 @@ def main(argv: list[str] | None = None) -> None:
                                                          install=args.install, ask=args.ask, live_tools=args.live_tools)))
     except (StoreError, FleetRefused) as exc:
         sys.exit(safe(f"kernelexec: {exc}"))
+
+
+def _cannot_listen(host: str, port: int) -> str | None:
+    """Why a listener on ``host:port`` cannot be opened now (a port in use, a host not of this machine), or None: a
+    trial bind with the options uvicorn's own uses, before any kernel starts. A name that does not resolve is left to
+    uvicorn to report."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError:
+        return None
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                return exc.strerror or str(exc)
+    return None
 
 
 def raise_open_files_limit() -> int:

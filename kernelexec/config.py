@@ -250,6 +250,8 @@ class Settings(BaseSettings):
         toml_file = _toml_file.get() or os.environ.get("KERNELEXEC_CONFIG")
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
         if toml_file:
+            if not os.path.isfile(toml_file):  # pydantic-settings reads a missing file as empty: every setting its default
+                raise ValueError(f"the config file {toml_file} does not exist (--config / KERNELEXEC_CONFIG)")
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
         return tuple(sources)
 

@@ -43,11 +43,39 @@ def test_config_precedence_flag_over_env_over_toml(tmp_path: Path) -> None:
     assert (config["profile"], config["default_timeout"], config["max_sessions"]) == ("strict", 7.0, 4)
 
 
+def test_a_missing_config_file_is_refused_not_read_as_empty(tmp_path: Path) -> None:
+    """pydantic-settings reads a TOML file that is not there as empty: a typo in --config ran on the defaults."""
+    missing = tmp_path / "nope.toml"
+    for proc in (run("config", "--config", str(missing)), run("config", env=clean_env(KERNELEXEC_CONFIG=str(missing)))):
+        assert proc.returncode != 0 and not proc.stdout, proc.stdout
+        assert str(missing) in proc.stderr and "does not exist" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_bad_setting_is_a_clear_message_not_a_traceback() -> None:
     proc = run("config", "--profile", "nonsense")
     assert proc.returncode != 0 and "invalid choice" in proc.stderr
     proc = run("config", "--default-timeout", "-3")
     assert proc.returncode != 0 and "default_timeout" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_serve_on_a_port_in_use_says_so_in_one_line(short_tmp: Path) -> None:
+    """A second `kernelexec serve --transport http` on the same port: uvicorn's SystemExit(3) came out of the task
+    groups as a 70-line traceback after a line announcing the URL."""
+    import socket
+
+    from .support import free_port
+
+    port = free_port()
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        done = subprocess.run(kernelexec_cmd("serve", "--transport", "http", "--port", str(port), "--state-dir",
+                                             str(short_tmp / "inuse")), env=clean_env(), stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr and "--port" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and "/mcp" not in done.stderr, done.stderr
 
 
 def test_serve_refuses_a_state_dir_too_long_for_socket_paths_with_what_to_do(tmp_path: Path) -> None:
