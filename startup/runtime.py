@@ -84,6 +84,15 @@ def _noted(stmt: ast.stmt, level: int = 0) -> list[ast.stmt]:
     return [stmt]
 
 
+
+def _numpy_scalar(value: Any) -> Any:
+    """A numpy scalar as the Python number or bool it holds (``df.b.sum()`` is an ``np.int64``, which JSON does
+    not know, though ``np.float64`` is a float): ``json.dumps``'s ``default``, without importing numpy. Anything else
+    is not JSON (TypeError): the answer gives its repr."""
+    if any(c.__name__ == "generic" and c.__module__ == "numpy" for c in type(value).__mro__):
+        return value.item()  # a datetime64's or a complex's item is not JSON either: default is asked again, refuses
+    raise TypeError(f"{type(value).__qualname__} is not JSON serializable")
+
 class LastStatement:
     """An IPython AST transformer (``shell.ast_transformers``): in a cell that asked for the
     statement rule, the last top-level statement notes its value (``_noted``), and a cell that rebinds
@@ -314,7 +323,7 @@ class Runtime:
     def _encode(self, value: Any, kind: str) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": kind, "type": type(value).__qualname__}
         try:
-            text = json.dumps(value, allow_nan=False)
+            text = json.dumps(value, allow_nan=False, default=_numpy_scalar)
             out["format"] = "json"
         except (TypeError, ValueError, RecursionError):
             try:

@@ -46,6 +46,19 @@ async def test_result_is_repr_when_not_json(harness: Harness) -> None:
     assert r["result"] == "nan"
 
 
+async def test_a_numpy_scalar_result_is_its_number(harness: Harness) -> None:
+    """``df.b.sum()`` is an np.int64, which JSON does not know (np.float64 is a float): it was the string
+    "np.int64(6)". A numpy scalar is the number (or bool) it holds; what JSON has no word for stays a repr."""
+    r = await harness.run("import numpy as np\nresult = [np.int64(6), np.bool_(True), np.float32(0.5), np.uint8(255)]")
+    assert r["result"] == [6, True, 0.5, 255], r["result"]
+    r = await harness.run("np.int64(6)")
+    assert r["result"] == 6 and r["success"], r
+    r = await harness.run("np.datetime64('2026-01-02')")
+    assert r["result"] == "np.datetime64('2026-01-02')", r["result"]
+    r = await harness.run("np.complex128(1+2j)")
+    assert r["result"] == "np.complex128(1+2j)", r["result"]
+
+
 async def test_no_result_when_cell_ends_in_a_statement(harness: Harness) -> None:
     r = await harness.run("print('x')")
     assert r["result"] is None
