@@ -116,6 +116,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    try:
+        _main(argv)
+    except BrokenPipeError:  # `kernelexec config | head`: the reader left; no traceback (Python's own advice)
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush of stdout must not fail again
+        sys.exit(1)
+
+
+def _main(argv: list[str] | None) -> None:
     args_in = sys.argv[1:] if argv is None else argv
     if args_in[:1] == ["hook"]:  # the hook runs on every tool call: no settings, no heavy imports
         from kernelexec import hook
@@ -290,6 +300,9 @@ async def _serve_with(settings: Settings, sessions: Any) -> None:
         if settings.transport == "stdio":
             from kernelexec.server.stdio_pipes import run_stdio
 
+            if sys.stdin.isatty():  # started by hand in a terminal: say what it waits for
+                print(safe("kernelexec: an MCP server over stdio, waiting for a client on standard input (an MCP client "
+                           "starts it; to try it by hand: kernelexec exec \"print(1)\"); Ctrl-C stops it"), file=sys.stderr)
             await run_stdio(server)
         else:
             print(safe(f"kernelexec: MCP over streamable HTTP at http://{settings.host}:{settings.port}/mcp"), file=sys.stderr)

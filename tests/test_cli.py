@@ -89,3 +89,14 @@ def test_serve_refuses_a_state_dir_too_long_for_socket_paths_with_what_to_do(tmp
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "too long for the kernels' unix socket paths" in done.stderr and "--state-dir" in done.stderr
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path: Path) -> None:
+    """`kernelexec config | head -1`: the pipe closes under the printing command, which ended in a BrokenPipeError
+    traceback; now it exits quietly (1, as Python's own advice has it)."""
+    proc = subprocess.Popen(kernelexec_cmd("config", "--state-dir", str(tmp_path)), env=clean_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first line is written
+    err = proc.stderr.read().decode()
+    assert proc.wait(60) == 1 and "Traceback" not in err and "BrokenPipe" not in err, err

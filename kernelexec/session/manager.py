@@ -350,8 +350,8 @@ class SessionManager:
         if self.settings.effective_profile == "trusted" and not roots:
             return
         if not any(path == r or r in path.parents for r in roots):
-            raise InvalidRequest(f"working_dir {working_dir!r} is outside the allowed roots ({', '.join(map(str, roots))}); "
-                                 "see --work-roots")
+            allowed = ", ".join(map(str, roots)) or f"none: the {self.settings.effective_profile} profile needs --work-roots"
+            raise InvalidRequest(f"working_dir {working_dir!r} is outside the allowed roots ({allowed}); see --work-roots")
 
     async def discard(self, session: Session) -> None:
         """Give up a session made for a call that failed before it ran anything (a bad working_dir, a run budget,
