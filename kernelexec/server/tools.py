@@ -3,6 +3,7 @@
 import json
 from typing import Annotated, Any
 
+import anyio
 from anyio import to_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -172,8 +173,14 @@ def _session_tools(app: App) -> dict[str, Any]:
         working_dir: Annotated[str | None, Field(description="Default working directory (must lie in an allowed root)")] = None,
     ) -> SessionInfo:
         """Open a new, independent session (its own kernel) and return its handle."""
+        app.sessions.check_working_dir(working_dir)  # what can be refused before a place is reserved
         created = await app.sessions.create(owner=app.owner(), working_dir=settings.working_dir)
-        await created.open(working_dir)
+        try:
+            await created.open(working_dir)
+        except BaseException:  # its handle never went out: its place is given back (a bad working_dir, a failed start)
+            with anyio.CancelScope(shield=True):
+                await app.sessions.discard(created)
+            raise
         return info(created, "created")
 
     @translated
