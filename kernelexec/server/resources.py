@@ -133,9 +133,13 @@ def register(mcp: MCPServer, sessions: SessionManager) -> None:
             s = sessions.get(session, owner=current_principal())
         except KernelexecError as exc:
             raise ResourceNotFoundError(str(exc)) from exc
-        path = (s.dirs.outputs / name).resolve()
-        if path.parent != s.dirs.outputs.resolve() or not path.is_file():
-            raise ResourceNotFoundError(f"no file {name!r} in session {session}")
+        try:
+            path = (s.dirs.outputs / name).resolve()
+            found = path.parent == s.dirs.outputs.resolve() and path.is_file()
+        except (OSError, ValueError):  # a name no file can have (too long, a NUL): no such file either
+            found = False
+        if not found:
+            raise ResourceNotFoundError(f"no file {name[:200]!r} in session {session}")
         return path
 
     def read_work_file(session: str, name: str) -> bytes:

@@ -419,7 +419,9 @@ class SessionManager:
             # the store's record, never session.json: it is what this server (or the migration) wrote
             record = await self._stored_session(handle, owner) if known else None
             # a fleet's session may never have been on this replica: its directory is made here, its record from the store
-            here = (self.settings.sessions_dir / handle).is_dir() or (self.fleet is not None and self.fleet.drives)
+            # (only a valid handle names a directory: another, e.g. longer than a file name may be, is just unknown)
+            here = record is not None and ((self.settings.sessions_dir / handle).is_dir()
+                                           or (self.fleet is not None and self.fleet.drives))
             if record is None or not here:
                 raise
         async with self._create_lock:
