@@ -1,4 +1,5 @@
-"""Red-team round 49: findings through the real doors (MCP tools, resources, HTTP), each red before its fix."""
+"""A refused request keeps nothing and says why: no session place held by a new_session that failed, no bare
+"Error executing tool" for a handle or a file name too long for the file system (each red before its fix)."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ from kernelexec.server.render import EXTENSIONS, TEXT_EXTENSIONS
 from kernelexec.session.manager import SessionManager
 from kernelexec.session.session import Session
 
-MAX_WORK_FILE = 10 * 1024 * 1024  # largest working-directory file served as a resource
+MAX_RESOURCE_FILE = 10 * 1024 * 1024  # largest file served as a resource: its answer is encoded on the event loop
 MAX_LISTED_FILES = 200  # per directory of a session: the newest this many
 MAX_EXAMINED_ENTRIES = 5000  # per directory: a kernel can create millions; the listing looks at this many
 WORK_TEXT = TEXT_EXTENSIONS | {"csv", "py", "md", "log", "tsv"}
@@ -159,9 +159,9 @@ def register(mcp: MCPServer, sessions: SessionManager) -> None:
             st = os.fstat(fh.fileno())
             if not stat.S_ISREG(st.st_mode):
                 raise ResourceNotFoundError(f"{name!r} is not a regular file")
-            if st.st_size > MAX_WORK_FILE:
-                raise ResourceError(f"{name!r} is {st.st_size:,} bytes; resources serve at most {MAX_WORK_FILE:,}")
-            return fh.read(MAX_WORK_FILE)
+            if st.st_size > MAX_RESOURCE_FILE:
+                raise ResourceError(f"{name!r} is {st.st_size:,} bytes; resources serve at most {MAX_RESOURCE_FILE:,}")
+            return fh.read(MAX_RESOURCE_FILE)
 
     @mcp.resource("kernelexec://sessions/{session}/work/{name}", name="session-work-file",
                   description="A file the session's code wrote in its working directory")
@@ -173,8 +173,16 @@ def register(mcp: MCPServer, sessions: SessionManager) -> None:
 
     @mcp.resource("kernelexec://sessions/{session}/files/{name}", name="session-file", description="A file a session produced (plots, spilled output)")
     def read_session_file(session: str, name: str) -> str | bytes:
+        """Capped like a working-directory file: a cell can make a spilled stream as big as it likes (70 MiB of stdout
+        in a second), and eight reads of one held every other session's calls for 5 s while their answers were
+        encoded; the file stays on the server's disk, at the path its answer gave."""
         path = session_file(session, name)
-        data = path.read_bytes()
+        size = path.stat().st_size
+        if size > MAX_RESOURCE_FILE:
+            raise ResourceError(f"{name!r} is {size:,} bytes; resources serve at most {MAX_RESOURCE_FILE:,} (the whole "
+                                "file is kept on the server, at the path the answer gave)")
+        with path.open("rb") as fh:
+            data = fh.read(MAX_RESOURCE_FILE)
         if path.suffix.lstrip(".") in TEXT_EXTENSIONS:
             return data.decode(errors="replace")
         return data
