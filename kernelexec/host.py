@@ -43,8 +43,8 @@ if TYPE_CHECKING:
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Directories a cell must never create or change in a writable work root: each is read and acted on
-# by a program outside the sandbox. Missing ones get an empty placeholder directory (git, editors and
-# Claude Code ignore an empty one; git walks on up past an empty .git).
+# by a program outside the sandbox. Missing ones get an empty placeholder directory (git walks on up past
+# an empty .git, editors ignore an empty one; black and Claude Code take any .git for a project's root).
 PROTECTED_DIRS = (".git", ".claude", ".vscode", ".idea", ".direnv")
 # Files of the same kind: bound read-only where they exist. Where they do not, a placeholder would be
 # a file the tool then fails to parse; see docs/security.md for what still guards them.
