@@ -170,11 +170,12 @@ def _ppid(pid: int) -> int:
     return 0
 
 
-def kernel_pids(session_dir: Path, connection_file: Path | None = None) -> list[int]:
+def kernel_pids(session_dir: Path, connection_file: Path | None = None, *, every_session: bool = False) -> list[int]:
     """Host pids of the kernel processes of one session (``python [flags] …/kernel_main.py -f
     <session>/kernel[-<slot>].json``): every slot's (the live kernel and a warm spare), or only the one
-    whose connection file is ``connection_file``. A process forked by a kernel (same argv) is not a
-    kernel: only the topmost of a chain counts."""
+    whose connection file is ``connection_file``; with ``every_session``, ``session_dir`` is the sessions
+    directory and every session's count, also one whose directory is gone. A process forked by a kernel
+    (same argv) is not a kernel: only the topmost of a chain counts."""
     wanted = os.fsencode(connection_file) if connection_file is not None else None
     found: dict[int, bytes] = {}
     for entry in os.listdir("/proc"):
@@ -191,7 +192,7 @@ def kernel_pids(session_dir: Path, connection_file: Path | None = None) -> list[
         if conn is None:
             continue
         path = Path(os.fsdecode(conn))
-        if path.parent != session_dir or not (path.name == "kernel.json" or
+        if (path.parent.parent if every_session else path.parent) != session_dir or not (path.name == "kernel.json" or
                                               (path.name.startswith("kernel-") and path.suffix == ".json")):
             continue
         if wanted is None or conn == wanted:
