@@ -16,7 +16,7 @@ import os
 import stat
 from mimetypes import guess_type
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import quote
 
 import anyio
@@ -124,6 +124,15 @@ def listing(visible: list[tuple[str, Path, Path]]) -> list[dict[str, Any]]:
     ]
 
 
+def read_capped(fh: BinaryIO, name: str) -> bytes:
+    """An open file's bytes, refused past ``MAX_RESOURCE_FILE`` (measured on the open file, not its path)."""
+    size = os.fstat(fh.fileno()).st_size
+    if size > MAX_RESOURCE_FILE:
+        raise ResourceError(f"{name!r} is {size:,} bytes; resources serve at most {MAX_RESOURCE_FILE:,} (the whole file is "
+                            "kept on the server, at the path the answer gave)")
+    return fh.read(MAX_RESOURCE_FILE)
+
+
 def register(mcp: MCPServer, sessions: SessionManager) -> None:
     """Add the session resources to ``mcp``."""
     listing_threads: list[CapacityLimiter] = []  # listings run off the loop, at most two at a time (made on the loop)
@@ -159,9 +168,7 @@ def register(mcp: MCPServer, sessions: SessionManager) -> None:
             st = os.fstat(fh.fileno())
             if not stat.S_ISREG(st.st_mode):
                 raise ResourceNotFoundError(f"{name!r} is not a regular file")
-            if st.st_size > MAX_RESOURCE_FILE:
-                raise ResourceError(f"{name!r} is {st.st_size:,} bytes; resources serve at most {MAX_RESOURCE_FILE:,}")
-            return fh.read(MAX_RESOURCE_FILE)
+            return read_capped(fh, name)
 
     @mcp.resource("kernelexec://sessions/{session}/work/{name}", name="session-work-file",
                   description="A file the session's code wrote in its working directory")
@@ -177,12 +184,8 @@ def register(mcp: MCPServer, sessions: SessionManager) -> None:
         in a second), and eight reads of one held every other session's calls for 5 s while their answers were
         encoded; the file stays on the server's disk, at the path its answer gave."""
         path = session_file(session, name)
-        size = path.stat().st_size
-        if size > MAX_RESOURCE_FILE:
-            raise ResourceError(f"{name!r} is {size:,} bytes; resources serve at most {MAX_RESOURCE_FILE:,} (the whole "
-                                "file is kept on the server, at the path the answer gave)")
         with path.open("rb") as fh:
-            data = fh.read(MAX_RESOURCE_FILE)
+            data = read_capped(fh, name)
         if path.suffix.lstrip(".") in TEXT_EXTENSIONS:
             return data.decode(errors="replace")
         return data
