@@ -22,7 +22,8 @@ from kernelexec.store import open_store
 
 from .gateways import Gateway, start_gateway, stop_gateway
 from .pg import Postgres
-from .support import clean_env, free_port, kernelexec_cmd, wait_for_port
+from .support import clean_env, free_port, wait_for_port
+from .zygote import ForkedServer
 
 LEASE_TTL = 5.0  # session/fleet.py's
 
@@ -31,7 +32,7 @@ LEASE_TTL = 5.0  # session/fleet.py's
 class Replica:
     name: str
     url: str
-    proc: subprocess.Popen[bytes]
+    proc: ForkedServer
     log: Path
 
     def output(self) -> str:
@@ -61,9 +62,9 @@ class Fleet:
         """A replica started and listening (on ``port``: a restarted replica keeps its place behind a balancer)."""
         port = port or free_port()
         log = self.base / f"{name}.log"
-        with log.open("ab") as out:
-            proc = subprocess.Popen(kernelexec_cmd("serve", "--transport", "http", "--port", str(port), *self.args(name, *extra, gateway=gateway)),
-                                    env=clean_env(KERNELEXEC_STORE=self.store), stdout=out, stderr=out)
+        with log.open("ab") as out:  # forked from the zygote (tests/zygote.py): the same server, without its imports
+            proc = ForkedServer(["serve", "--transport", "http", "--port", str(port), *self.args(name, *extra, gateway=gateway)],
+                                env=clean_env(KERNELEXEC_STORE=self.store), stdout=out)
         replica = Replica(name, f"http://127.0.0.1:{port}/mcp", proc, log)
         self.replicas.append(replica)
         try:
@@ -95,7 +96,7 @@ class Fleet:
 
 @contextmanager
 def _resumed(replica: Replica) -> Iterator[None]:
-    os.kill(replica.proc.pid, signal.SIGCONT)  # a stopped process would not act on its SIGTERM
+    replica.proc.send_signal(signal.SIGCONT)  # a stopped process would not act on its SIGTERM
     yield
 
 

@@ -17,6 +17,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,8 @@ from kernelexec.config import Settings, load_settings
 from kernelexec.server.app import App
 from kernelexec.server.build import build_server
 from kernelexec.session.manager import SessionManager
+
+from .zygote import ForkedServer
 
 # ``pytest --weaken LAYER`` (tests/conftest.py): every in-memory server these helpers start runs with that layer
 # removed, so that the security tests can be seen to go red. LAYER: a name --disable-layers accepts, ``uid``
@@ -165,7 +168,7 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in {ports}")
 
 
-def wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+def wait_for_port(port: int, proc: subprocess.Popen[bytes] | ForkedServer, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -207,7 +210,7 @@ def pids_with(marker: str) -> list[int]:
     return found
 
 
-def stop(proc: subprocess.Popen[bytes], grace: float = 10) -> None:
+def stop(proc: subprocess.Popen[bytes] | ForkedServer, grace: float = 10) -> None:
     proc.terminate()
     try:
         proc.wait(grace)
@@ -220,15 +223,29 @@ def stop(proc: subprocess.Popen[bytes], grace: float = 10) -> None:
 def http_server(state_dir: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 30) -> Iterator[str]:
     """``kernelexec serve --transport http`` as a real process on a free loopback port (``env`` added to its
     environment); yields its /mcp URL."""
+    with served(state_dir, *args, env=env, timeout=timeout) as server:
+        yield server.url
+
+
+@dataclass
+class Served:
+    """A running HTTP server: its /mcp URL and its process."""
+
+    url: str
+    process: ForkedServer
+
+
+@contextmanager
+def served(state_dir: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 30) -> Iterator[Served]:
+    """``http_server``, with the server's process (forked from this process's zygote, tests/zygote.py: the same
+    ``kernelexec serve``, without ~1.2 s of imports each)."""
     port = free_port()
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(
-            kernelexec_cmd("serve", "--transport", "http", "--port", str(port), "--state-dir", str(state_dir), *args),
-            env=clean_env(**store_env(), **(env or {})), stdout=subprocess.DEVNULL, stderr=log,
-        )
+    with tempfile.TemporaryFile() as log, open(os.devnull, "wb") as null:
+        proc = ForkedServer(["serve", "--transport", "http", "--port", str(port), "--state-dir", str(state_dir), *args],
+                            env=clean_env(**store_env(), **(env or {})), stdout=null, stderr=log)
         try:
             wait_for_port(port, proc, timeout)
-            yield f"http://127.0.0.1:{port}/mcp"
+            yield Served(f"http://127.0.0.1:{port}/mcp", proc)
         except BaseException as exc:  # the server's own words go with the failure (a 500's traceback, say)
             stop(proc)
             log.seek(0)

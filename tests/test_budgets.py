@@ -12,7 +12,8 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from .conftest import http_server, pids_with
+from .conftest import http_server
+from .support import served
 
 pytestmark = pytest.mark.anyio
 
@@ -33,16 +34,12 @@ def tokens(short_tmp: Path) -> Path:
     return path
 
 
-def server_rss_kib(state_dir: Path) -> int:
-    """The resident memory of the ``kernelexec serve`` process of ``state_dir`` (not its kernels)."""
-    for pid in pids_with(str(state_dir)):
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            if b"serve" not in fh.read():
-                continue
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no server process found")
+def server_rss_kib(pid: int) -> int:
+    """The resident memory of the server process ``pid`` (not its kernels)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no VmRSS for {pid}")
 
 
 async def test_a_flood_of_background_runs_stops_at_the_run_budgets(short_tmp: Path, tokens: Path) -> None:
@@ -51,14 +48,14 @@ async def test_a_flood_of_background_runs_stops_at_the_run_budgets(short_tmp: Pa
     runs over several sessions stop at 32 (--max-queued-runs-per-token); the server's memory does not grow
     with the refused ones. Before the budgets all 100 were accepted (about +1 MB of server memory each)."""
     state = short_tmp / "flood"
-    with http_server(state, "--auth-token-file", str(tokens), *QUIET) as url:
-        async with client(url, ALICE) as alice:
+    with served(state, "--auth-token-file", str(tokens), *QUIET) as server:
+        async with client(server.url, ALICE) as alice:
             handle = (await alice.call_tool("new_session", {})).structured_content["session"]
             blocker = await alice.call_tool("execute_code", {"code": "import time; time.sleep(120)", "session": handle,
                                                              "background": True})
             assert not blocker.is_error, blocker.content
             big = "x = 1\n" + "#" * (1_000_000 - 16) + "\n"
-            before = server_rss_kib(state)
+            before = server_rss_kib(server.process.pid)
             accepted, refused = 1, []
             for _ in range(100):
                 result = await alice.call_tool("execute_code", {"code": big, "session": handle, "background": True})
@@ -66,7 +63,7 @@ async def test_a_flood_of_background_runs_stops_at_the_run_budgets(short_tmp: Pa
                     refused.append(result.content[0].text)
                 else:
                     accepted += 1
-            grown_mib = (server_rss_kib(state) - before) / 1024
+            grown_mib = (server_rss_kib(server.process.pid) - before) / 1024
             assert accepted == 16, (accepted, refused[:1])
             assert len(refused) == 85 and all("--max-queued-runs-per-session" in r for r in refused), refused[:1]
             assert grown_mib < 60, f"the server grew by {grown_mib:.0f} MiB for 100 attempted 1 MB runs"
@@ -78,7 +75,7 @@ async def test_a_flood_of_background_runs_stops_at_the_run_budgets(short_tmp: Pa
             assert sum(not a.is_error for a in answers) == 16, [a.content[0].text for a in answers if a.is_error][:1]
             assert all("--max-queued-runs-per-token" in a.content[0].text for a in answers if a.is_error)
 
-            async with client(url, BOB) as bob:  # another token is not held up by alice's budget
+            async with client(server.url, BOB) as bob:  # another token is not held up by alice's budget
                 done = await bob.call_tool("execute_code", {"code": "6 * 7"})
                 assert not done.is_error and done.structured_content["result"] == 42, done.content
             # (the sessions' queues end with the server: closing one waits for its queued cells)

@@ -21,6 +21,7 @@ import pytest
 from .pg import Postgres, postgres
 from .support import clean_env, free_port, kernelexec_cmd, wait_for_port
 from .test_tasks import ALICE, BOB, Raw, assert_task
+from .zygote import ForkedServer
 
 __all__ = ["postgres"]  # the session's PostgreSQL, a fixture
 
@@ -28,13 +29,13 @@ pytestmark = pytest.mark.anyio
 
 
 @contextmanager
-def serving(state_dir: Path, tokens: Path, log: Path, **env: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def serving(state_dir: Path, tokens: Path, log: Path, **env: str) -> Iterator[tuple[str, ForkedServer]]:
+    """A server on a port of its own (forked from the zygote, tests/zygote.py), its output appended to ``log``."""
     port = free_port()
     with log.open("ab") as out:
-        proc = subprocess.Popen(
-            kernelexec_cmd("serve", "--transport", "http", "--port", str(port), "--state-dir", str(state_dir), "--auth-token-file",
-                           str(tokens), "--yield-after", "1", "--restart-spares", "0", "--pool-size", "0"),
-            env=clean_env(**env), stdout=out, stderr=out)
+        proc = ForkedServer(["serve", "--transport", "http", "--port", str(port), "--state-dir", str(state_dir), "--auth-token-file",
+                             str(tokens), "--yield-after", "1", "--restart-spares", "0", "--pool-size", "0"],
+                            env=clean_env(**env), stdout=out)
     try:
         wait_for_port(port, proc)
         yield f"http://127.0.0.1:{port}/mcp", proc

@@ -33,6 +33,7 @@ from mcp_types import ElicitRequestURLParams, ElicitResult
 from kernelexec.session.runs import Question, Run
 
 from .support import clean_env, free_port, kernelexec_cmd, stop, wait_for_port
+from .zygote import ForkedServer
 
 pytestmark = pytest.mark.anyio
 
@@ -180,10 +181,10 @@ async def test_getpass_over_stdio_is_a_page_typed_in_chromium_and_reaches_only_t
 @contextmanager
 def _http_server(state: Path, log: Path, *flags: str) -> Iterator[str]:
     port = free_port()
-    with open(log, "wb") as err:
-        proc = subprocess.Popen(kernelexec_cmd("serve", "--transport", "http", "--port", str(port), "--state-dir", str(state),
-                                               "--pool-size", "0", "--restart-spares", "0", *flags),
-                                env=clean_env(), stdout=subprocess.DEVNULL, stderr=err)
+    with open(log, "wb") as err, open(os.devnull, "wb") as null:  # forked from the zygote (tests/zygote.py)
+        proc = ForkedServer(["serve", "--transport", "http", "--port", str(port), "--state-dir", str(state),
+                             "--pool-size", "0", "--restart-spares", "0", *flags],
+                            env=clean_env(), stdout=null, stderr=err)
         try:
             wait_for_port(port, proc)
             yield f"http://127.0.0.1:{port}/mcp"

@@ -20,6 +20,7 @@ from kernelexec.store import open_store
 from .pg import Postgres, postgres
 from .test_restart import serving, text
 from .test_tasks import ALICE, BOB, Raw
+from .zygote import ForkedServer
 
 __all__ = ["postgres"]
 
@@ -188,121 +189,31 @@ def _check_files(session_dir: Path, answered: list[str]) -> None:
     assert _subsequence(answered, sources(notebook_cells(session_dir)))  # valid nbformat (notebook_cells validates)
 
 
-# Every round's server is forked, when its turn comes, from one process that did kernelexec's imports once (a
-# zygote): a fresh process running the real ``kernelexec serve`` (cli.main, as ``python -m kernelexec`` does), killed
-# with SIGKILL like any. Only the imports are not paid again: started afresh, 50 servers cost ~65 s of CPU in them.
-# The zygote forks with no thread but its own (checked) and no event loop; each server gets /dev/null as stdin and the
-# log as stdout and stderr. A dead server stays a zombie until the next request (the zygote reaps then), so the test's
-# pidfd of it can never name a reused pid.
-ZYGOTE = """
-import json, os, sys, threading
-import kernelexec.cli, kernelexec.server.build, kernelexec.session.manager, uvicorn
-for line in sys.stdin:
-    argv, log = json.loads(line)
-    try:
-        while os.waitpid(-1, os.WNOHANG)[0]:
-            pass
-    except ChildProcessError:
-        pass
-    assert threading.active_count() == 1, threading.enumerate()
-    pid = os.fork()
-    if pid == 0:
-        null, out = os.open(os.devnull, os.O_RDONLY), os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        os.dup2(null, 0), os.dup2(out, 1), os.dup2(out, 2)
-        sys.argv = ["kernelexec", *argv]
-        code = 1
-        try:
-            kernelexec.cli.main(argv)
-            code = 0
-        except SystemExit as exc:
-            code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
-            if not isinstance(exc.code, (int, type(None))):
-                print(exc.code, file=sys.stderr)
-        except BaseException:
-            import traceback
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush(), sys.stderr.flush()
-            os._exit(code)
-    print(pid, flush=True)
-"""
-
-
-class Zygote:
-    """The process the test's servers are forked from (``ZYGOTE``), with the run's environment (its store)."""
-
-    def __init__(self, store: dict[str, str]) -> None:
-        import subprocess
-        import sys
-
-        from .support import clean_env
-
-        self.proc = subprocess.Popen([sys.executable, "-c", ZYGOTE], env=clean_env(**store), stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE)
-
-    def fork(self, argv: list[str], log: Path) -> int:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps([argv, str(log)]).encode() + b"\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line.strip():
-            raise RuntimeError(f"the zygote exited with {self.proc.wait(15)} (its error is in the test's output)")
-        return int(line)
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(15)
-
-
-def _ended(pidfd: int, timeout: float) -> bool:
-    """Whether the process of ``pidfd`` has ended (a pidfd is readable once it has), waiting up to ``timeout`` s."""
-    import select
-
-    poller = select.poll()
-    poller.register(pidfd, select.POLLIN)
-    return bool(poller.poll(timeout * 1000))
-
-
+# Every round's server is forked from this process's zygote (tests/zygote.py), a process that did kernelexec's imports
+# once: a fresh process running the real ``kernelexec serve`` (cli.main, as ``python -m kernelexec`` does), killed with
+# SIGKILL like any. Only the imports are not paid again: started afresh, 50 servers cost ~65 s of CPU in them.
 class Forked:
-    """One round's server: forked from the zygote, serving HTTP on a port of its own once ``go`` returns."""
+    """One round's server, serving HTTP on a port of its own once ``go`` returns; its output appended to ``log``."""
 
-    def __init__(self, zygote: Zygote, state: Path, tokens: Path, log: Path) -> None:
-        import os
-
-        from .support import free_port
+    def __init__(self, state: Path, tokens: Path, log: Path, store: dict[str, str]) -> None:
+        from .support import clean_env, free_port
 
         self.port = free_port()
-        self.pid = zygote.fork(["serve", "--transport", "http", "--port", str(self.port), "--state-dir", str(state),
-                                "--auth-token-file", str(tokens), "--yield-after", "1", "--restart-spares", "0",
-                                "--pool-size", "0"], log)
-        self.pidfd = os.pidfd_open(self.pid)  # not our child, and not reaped before the zygote's next fork
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        """None while the server runs (``support.wait_for_port`` asks)."""
-        if self.returncode is None and _ended(self.pidfd, 0):
-            self.returncode = -1  # its status goes to the zygote (the log says why it ended)
-        return self.returncode
+        with log.open("ab") as out:
+            self.process = ForkedServer(["serve", "--transport", "http", "--port", str(self.port), "--state-dir", str(state),
+                                         "--auth-token-file", str(tokens), "--yield-after", "1", "--restart-spares", "0",
+                                         "--pool-size", "0"], env=clean_env(**store), stdout=out)
 
     def go(self) -> str:
         from .support import wait_for_port
 
-        wait_for_port(self.port, self, timeout=120)  # type: ignore[arg-type]
+        wait_for_port(self.port, self.process, timeout=120)
         return f"http://127.0.0.1:{self.port}/mcp"
 
     def kill(self) -> None:
-        import os
-
-        if self.pidfd < 0:
-            return
-        if self.poll() is None:
-            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
-            if not _ended(self.pidfd, 15):
-                raise TimeoutError(f"server {self.pid} outlived SIGKILL by 15 s")
-            self.returncode = -signal.SIGKILL
-        os.close(self.pidfd)
-        self.pidfd = -1
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(15)  # TimeoutExpired: it outlived SIGKILL by 15 s
 
 
 @pytest.mark.slow
@@ -329,45 +240,41 @@ async def test_sigkill_at_random_points_loses_no_answered_cell(short_tmp: Path) 
     handle = ""
     kills = 0
     store = store_env()  # one database for every server of this test
-    zygote = Zygote(store)
-    try:
-        while kills < KILLS:
-            server = Forked(zygote, state, tokens, log)
-            try:
-                url = server.go()
-                alice = Raw(url, ALICE)
-                if not handle:
-                    handle = (await alice.call("new_session"))["structuredContent"]["session"]
-                session_dir = state / "sessions" / handle
-                _check_files(session_dir, answered)  # the start reconciled the files with the store
-                async with anyio.create_task_group() as tg:
-                    if kills % 5 == 4:  # killed while the session is revived (a kernel started, the journal rerun)
-                        tg.start_soon(_cells_until_killed, url, handle, f"r{kills}", answered)
-                    else:  # killed among cells and answers, once the revived kernel answered one
-                        warm = await answered_(alice, await alice.call("execute_code", code=f"w{kills} = 0", session=handle))
-                        assert warm.get("isError") is not True, warm
-                        answered.append(f"w{kills} = 0")
-                        tg.start_soon(_cells_until_killed, url, handle, f"c{kills}", answered)
-                    await anyio.sleep(rng.uniform(0, 0.3))
-                    server.kill()
-                    kills += 1
-            finally:
-                server.kill()
-            opened = await open_store(store.get("KERNELEXEC_STORE"), state)  # it opens; it has every answered cell
-            try:
-                stored = sources([e.record for e in await opened.journal(handle)])
-            finally:
-                await opened.close()
-            if not store:
-                with sqlite3.connect(state / "kernelexec.db") as db:
-                    assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-            assert _subsequence(answered, stored), (kills, [a for a in answered if a not in stored])
-        last = Forked(zygote, state, tokens, log)
+    while kills < KILLS:
+        server = Forked(state, tokens, log, store)
         try:
-            last.go()
-            _check_files(state / "sessions" / handle, answered)
+            url = server.go()
+            alice = Raw(url, ALICE)
+            if not handle:
+                handle = (await alice.call("new_session"))["structuredContent"]["session"]
+            session_dir = state / "sessions" / handle
+            _check_files(session_dir, answered)  # the start reconciled the files with the store
+            async with anyio.create_task_group() as tg:
+                if kills % 5 == 4:  # killed while the session is revived (a kernel started, the journal rerun)
+                    tg.start_soon(_cells_until_killed, url, handle, f"r{kills}", answered)
+                else:  # killed among cells and answers, once the revived kernel answered one
+                    warm = await answered_(alice, await alice.call("execute_code", code=f"w{kills} = 0", session=handle))
+                    assert warm.get("isError") is not True, warm
+                    answered.append(f"w{kills} = 0")
+                    tg.start_soon(_cells_until_killed, url, handle, f"c{kills}", answered)
+                await anyio.sleep(rng.uniform(0, 0.3))
+                server.kill()
+                kills += 1
         finally:
-            last.kill()
+            server.kill()
+        opened = await open_store(store.get("KERNELEXEC_STORE"), state)  # it opens; it has every answered cell
+        try:
+            stored = sources([e.record for e in await opened.journal(handle)])
+        finally:
+            await opened.close()
+        if not store:
+            with sqlite3.connect(state / "kernelexec.db") as db:
+                assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert _subsequence(answered, stored), (kills, [a for a in answered if a not in stored])
+    last = Forked(state, tokens, log, store)
+    try:
+        last.go()
+        _check_files(state / "sessions" / handle, answered)
     finally:
-        zygote.close()
+        last.kill()
     assert len(answered) > KILLS, answered  # the kills landed among answered cells, not only before them
