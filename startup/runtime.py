@@ -13,6 +13,7 @@ itself: an AST transform (``LastStatement``) makes the last statement hand its v
 from __future__ import annotations
 
 import ast
+import collections
 import copy
 import json
 import os
@@ -92,6 +93,24 @@ def _numpy_scalar(value: Any) -> Any:
     if any(c.__name__ == "generic" and c.__module__ == "numpy" for c in type(value).__mro__):
         return value.item()  # a datetime64's or a complex's item is not JSON either: default is asked again, refuses
     raise TypeError(f"{type(value).__qualname__} is not JSON serializable")
+
+
+def _as_old_server(value: Any) -> Any:
+    """``json.dumps``'s ``default`` for run_python's results: what the old safe executor's server answered for a
+    value JSON does not know (its SDK's JSON with ``fallback=str``): a set, frozenset or deque as the array of its
+    items (in iteration order), a numpy scalar as its number (``_numpy_scalar``), anything else as its ``str()`` (a class's own
+    ``__str__``; for most objects the same text as their repr), each in place inside lists and dicts."""
+    if isinstance(value, (set, frozenset, collections.deque)):
+        return list(value)
+    try:
+        return _numpy_scalar(value)
+    except TypeError:
+        pass
+    try:
+        return str(value)
+    except Exception as exc:  # noqa: BLE001 - a broken __str__: the caller falls back to the repr
+        raise TypeError(f"str() of {type(value).__qualname__} failed") from exc
+
 
 class LastStatement:
     """An IPython AST transformer (``shell.ast_transformers``): in a cell that asked for the
@@ -323,7 +342,7 @@ class Runtime:
     def _encode(self, value: Any, kind: str) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": kind, "type": type(value).__qualname__}
         try:
-            text = json.dumps(value, allow_nan=False, default=_numpy_scalar)
+            text = json.dumps(value, allow_nan=False, default=_as_old_server if kind == "statement" else _numpy_scalar)
             out["format"] = "json"
         except (TypeError, ValueError, RecursionError):
             try:
