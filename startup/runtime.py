@@ -132,6 +132,11 @@ class LastStatement:
             node.body[-1:] = _noted(copy.deepcopy(node.body[-1]))
         except Exception:  # noqa: BLE001 - the cell runs as written; its result is then None
             pass
+        if protected is not None:
+            try:
+                node = protected.unstarred(node)
+            except Exception:  # noqa: BLE001 - the cell runs as written (a star import over a tool then fails it)
+                pass
         return node
 
 

@@ -244,12 +244,23 @@ ALLOWED = [
     ("(lambda len: len + 1)(1)", 2),
     ("printed = 1\nprinter = printed + 1", 2),
     ("import collections.abc\ncollections.abc.__name__", "collections.abc"),
+    # a star import names nothing to refuse (the old executor took it): it binds the module's names, and a protected
+    # builtin it would cover (math's pow) is given back at once, with no error
+    ("from math import *\nfloor(1.5)", 1),
+    ("from math import *\npow(2, 3, 5)", 3),
+    ("try:\n    from statistics import *\nexcept ImportError:\n    pass\nmedian([3, 1, 2])", 2),
+    ("from math import *", None),
 ]
 
 
 @pytest.mark.parametrize(("code", "expected"), ALLOWED, ids=[c.replace("\n", "⏎")[:40] for c, _ in ALLOWED])
 async def test_names_that_erase_no_tool_stay_allowed(safe: Harness, code: str, expected: Any) -> None:
     assert (await run_python(safe, code))["result"] == expected
+
+
+async def test_a_star_import_leaves_the_builtins_to_later_cells(safe: Harness) -> None:
+    await run_python(safe, "from math import *")
+    assert await run_python(safe, "pow(2, 3, 5), sqrt(16)") == {"result": [3, 4.0], "logs": ""}
 
 
 async def test_execute_code_may_rebind_any_name(harness: Harness) -> None:
