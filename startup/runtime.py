@@ -98,10 +98,13 @@ def _numpy_scalar(value: Any) -> Any:
 def _as_old_server(value: Any) -> Any:
     """``json.dumps``'s ``default`` for run_python's results: what the old safe executor's server answered for a
     value JSON does not know (its SDK's JSON with ``fallback=str``): a set, frozenset or deque as the array of its
-    items (in iteration order), a numpy scalar as its number (``_numpy_scalar``), anything else as its ``str()`` (a class's own
-    ``__str__``; for most objects the same text as their repr), each in place inside lists and dicts."""
+    items (in iteration order), a date, datetime or time in ISO 8601, a numpy scalar as its number
+    (``_numpy_scalar``), anything else as its ``str()`` (a class's own ``__str__``; for most objects the same text as
+    their repr), each in place inside lists and dicts."""
     if isinstance(value, (set, frozenset, collections.deque)):
         return list(value)
+    if type(value).__module__ == "datetime" and type(value).__name__ in ("date", "datetime", "time"):
+        return value.isoformat()  # the SDK's ISO 8601: 2024-01-02T03:04:05, where str() puts a space
     try:
         return _numpy_scalar(value)
     except TypeError:

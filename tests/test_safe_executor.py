@@ -127,6 +127,7 @@ REPORTED: list[tuple[str, Any]] = [
     ("class Eq:\n    def __str__(self):\n        return 'a == b'\nresult = Eq()", "a == b"),  # smolagents' non-standard comparison
     ("class Eq:\n    def __str__(self):\n        return 'x'\n[Eq(), 1]", ["x", 1]),
     ("import datetime\ndatetime.date(2024, 1, 2)", "2024-01-02"),
+    ("import datetime\n[datetime.datetime(2024, 1, 2, 3, 4, 5), datetime.time(6, 7)]", ["2024-01-02T03:04:05", "06:07:00"]),
 ]
 
 
