@@ -55,6 +55,7 @@ def _kernelexec_boot() -> None:
         protected = load("protected")  # the old safe executor's tools, which run_python's cells keep
         runtime.keep_tools(protected)
         names[protected.REFUSE] = protected.InterpreterError
+        names[protected.STAR] = protected.star_keeper(shell)
         runtime.bypass = checkpoints.bypass = guard.install(policy)
         # the checkpoint's stop of a save in progress first (never waited for), then the runtime's start of this cell
         checkpoints.watch_answers(getattr(shell, "kernel", None))  # saves start once a cell's idle status is sent

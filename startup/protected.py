@@ -26,6 +26,7 @@ PROTECTED = frozenset({
     "iter", "divmod", "callable", "getattr", "hasattr", "setattr", "issubclass", "type", "complex",
 })
 REFUSE = "_kernelexec_refuse"  # builtins (kernel_init): the error class a refused cell raises
+STAR = "_kernelexec_star"  # builtins (kernel_init): around a star import, ``star_keeper``'s
 
 
 class InterpreterError(ValueError):
@@ -76,6 +77,57 @@ def refused(tree: ast.Module, node: ast.AST, message: str) -> ast.Module:
     for part in ast.walk(raised):
         part.lineno, part.end_lineno, part.col_offset, part.end_col_offset = line, line, 0, 0  # type: ignore[attr-defined]
     return ast.Module(body=[raised], type_ignores=tree.type_ignores)
+
+
+def unstarred(tree: ast.Module) -> ast.Module:
+    """Each ``from m import *`` of the cell (at its top level, or in the blocks there: nowhere else is it legal)
+    wrapped in ``_kernelexec_star(False)`` / ``_kernelexec_star(True)`` (``star_keeper``): the import runs as written,
+    then the names it bound over a protected builtin get that builtin back. A star import names nothing to refuse,
+    and the old executor took it (``from math import *`` then ``floor(1.5)``); whatever else it binds stays."""
+
+    def around(node: ast.stmt, after: bool) -> ast.stmt:
+        call = ast.Call(func=ast.Name(id=STAR, ctx=ast.Load()), args=[ast.Constant(value=after)], keywords=[])
+        placed = ast.If(test=ast.Constant(value=True), body=[ast.Expr(value=call)], orelse=[])  # displays nothing
+        for part in ast.walk(placed):
+            ast.copy_location(part, node)
+        return placed
+
+    def block(statements: list[ast.stmt]) -> list[ast.stmt]:
+        out: list[ast.stmt] = []
+        for node in statements:
+            if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+                out += [around(node, False), node, around(node, True)]
+                continue
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                for field in ("body", "orelse", "finalbody"):
+                    inner = getattr(node, field, None)
+                    if isinstance(inner, list) and inner:
+                        setattr(node, field, block(inner))
+                for handler in getattr(node, "handlers", None) or []:
+                    handler.body = block(handler.body)
+                for case in getattr(node, "cases", None) or []:
+                    case.body = block(case.body)
+            out.append(node)
+        return out
+
+    tree.body = block(tree.body)
+    return tree
+
+
+def star_keeper(shell: Any) -> Any:
+    """``_kernelexec_star``: ``(False)`` notes the protected builtins' names in the user namespace, ``(True)`` puts
+    back those the star import between changed. A run_python cell's only; execute_code's cells are never rewritten."""
+    noted: dict[str, Any] = {}
+
+    def star(after: bool) -> None:
+        ns = shell.user_ns
+        if not after:
+            noted.clear()
+            noted.update({name: ns.get(name, _MISSING) for name in ORIGINAL})
+            return
+        Kept._put_back(ns, noted)
+
+    return star
 
 
 # the builtins themselves, as the kernel booted with them (this file loads before any cell runs)

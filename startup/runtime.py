@@ -13,6 +13,7 @@ itself: an AST transform (``LastStatement``) makes the last statement hand its v
 from __future__ import annotations
 
 import ast
+import collections
 import copy
 import json
 import os
@@ -93,6 +94,27 @@ def _numpy_scalar(value: Any) -> Any:
         return value.item()  # a datetime64's or a complex's item is not JSON either: default is asked again, refuses
     raise TypeError(f"{type(value).__qualname__} is not JSON serializable")
 
+
+def _as_old_server(value: Any) -> Any:
+    """``json.dumps``'s ``default`` for run_python's results: what the old safe executor's server answered for a
+    value JSON does not know (its SDK's JSON with ``fallback=str``): a set, frozenset or deque as the array of its
+    items (in iteration order), a date, datetime or time in ISO 8601, a numpy scalar as its number
+    (``_numpy_scalar``), anything else as its ``str()`` (a class's own ``__str__``; for most objects the same text as
+    their repr), each in place inside lists and dicts."""
+    if isinstance(value, (set, frozenset, collections.deque)):
+        return list(value)
+    if type(value).__module__ == "datetime" and type(value).__name__ in ("date", "datetime", "time"):
+        return value.isoformat()  # the SDK's ISO 8601: 2024-01-02T03:04:05, where str() puts a space
+    try:
+        return _numpy_scalar(value)
+    except TypeError:
+        pass
+    try:
+        return str(value)
+    except Exception as exc:  # noqa: BLE001 - a broken __str__: the caller falls back to the repr
+        raise TypeError(f"str() of {type(value).__qualname__} failed") from exc
+
+
 class LastStatement:
     """An IPython AST transformer (``shell.ast_transformers``): in a cell that asked for the
     statement rule, the last top-level statement notes its value (``_noted``), and a cell that rebinds
@@ -113,6 +135,11 @@ class LastStatement:
             node.body[-1:] = _noted(copy.deepcopy(node.body[-1]))
         except Exception:  # noqa: BLE001 - the cell runs as written; its result is then None
             pass
+        if protected is not None:
+            try:
+                node = protected.unstarred(node)
+            except Exception:  # noqa: BLE001 - the cell runs as written (a star import over a tool then fails it)
+                pass
         return node
 
 
@@ -323,7 +350,7 @@ class Runtime:
     def _encode(self, value: Any, kind: str) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": kind, "type": type(value).__qualname__}
         try:
-            text = json.dumps(value, allow_nan=False, default=_numpy_scalar)
+            text = json.dumps(value, allow_nan=False, default=_as_old_server if kind == "statement" else _numpy_scalar)
             out["format"] = "json"
         except (TypeError, ValueError, RecursionError):
             try:

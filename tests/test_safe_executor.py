@@ -116,6 +116,41 @@ def test_the_cases_are_what_the_old_executor_answers() -> None:
     assert differ == []
 
 
+# values JSON does not know, as the old tool's server answered them: its MCP SDK wrote {result, logs} with pydantic's
+# JSON, ``fallback=str`` (a set as an array, an object as its str()), each in place; a numpy scalar stays its number
+REPORTED: list[tuple[str, Any]] = [
+    ("{3, 1, 2}", [1, 2, 3]),
+    ("S1 = {1, 2, 3}\nS2 = {2, 3, 4}\nS4 = S1.intersection(S2)", [2, 3]),
+    ("{x % 3 for x in range(7)}", [0, 1, 2]),
+    ("from collections import deque\ndeque([1, 2])", [1, 2]),
+    ("{'k': {4}, 'n': [(5, {6})]}", {"k": [4], "n": [[5, [6]]]}),
+    ("class Eq:\n    def __str__(self):\n        return 'a == b'\nresult = Eq()", "a == b"),  # smolagents' non-standard comparison
+    ("class Eq:\n    def __str__(self):\n        return 'x'\n[Eq(), 1]", ["x", 1]),
+    ("import datetime\ndatetime.date(2024, 1, 2)", "2024-01-02"),
+    ("import datetime\n[datetime.datetime(2024, 1, 2, 3, 4, 5), datetime.time(6, 7)]", ["2024-01-02T03:04:05", "06:07:00"]),
+]
+
+
+@pytest.mark.parametrize(("code", "expected"), REPORTED, ids=[c.replace("\n", "⏎")[:40] for c, _ in REPORTED])
+async def test_a_value_json_does_not_know_is_reported_as_the_old_server_did(safe: Harness, code: str, expected: Any) -> None:
+    assert (await run_python(safe, code))["result"] == expected
+
+
+def test_the_reported_values_are_what_the_old_server_answered() -> None:
+    """The cases above against the old tool's engine and its server's encoding (pydantic_core, which the MCP SDK uses)."""
+    executor_module = pytest.importorskip("smolagents.local_python_executor")
+    import pydantic_core
+
+    differ = []
+    for code, expected in REPORTED:
+        executor = executor_module.LocalPythonExecutor(additional_authorized_imports=[])
+        executor.send_tools({})
+        answered = json.loads(pydantic_core.to_json({"result": executor(code).output}, fallback=str))["result"]
+        if answered != expected:
+            differ.append((code, answered, expected))
+    assert differ == []
+
+
 async def test_a_def_answers_its_function_and_a_class_its_class(safe: Harness) -> None:
     assert re.fullmatch(r"<function double at 0x[0-9a-f]+>",
                         (await run_python(safe, "def double(x):\n    return 2 * x"))["result"])
@@ -210,12 +245,23 @@ ALLOWED = [
     ("(lambda len: len + 1)(1)", 2),
     ("printed = 1\nprinter = printed + 1", 2),
     ("import collections.abc\ncollections.abc.__name__", "collections.abc"),
+    # a star import names nothing to refuse (the old executor took it): it binds the module's names, and a protected
+    # builtin it would cover (math's pow) is given back at once, with no error
+    ("from math import *\nfloor(1.5)", 1),
+    ("from math import *\npow(2, 3, 5)", 3),
+    ("try:\n    from statistics import *\nexcept ImportError:\n    pass\nmedian([3, 1, 2])", 2),
+    ("from math import *", None),
 ]
 
 
 @pytest.mark.parametrize(("code", "expected"), ALLOWED, ids=[c.replace("\n", "⏎")[:40] for c, _ in ALLOWED])
 async def test_names_that_erase_no_tool_stay_allowed(safe: Harness, code: str, expected: Any) -> None:
     assert (await run_python(safe, code))["result"] == expected
+
+
+async def test_a_star_import_leaves_the_builtins_to_later_cells(safe: Harness) -> None:
+    await run_python(safe, "from math import *")
+    assert await run_python(safe, "pow(2, 3, 5), sqrt(16)") == {"result": [3, 4.0], "logs": ""}
 
 
 async def test_execute_code_may_rebind_any_name(harness: Harness) -> None:

@@ -62,7 +62,8 @@ def test_the_boot_leaves_only_its_builtins_and_imports_nothing_after_the_guard(t
                         "_kernelexec_checkpoint_reset", "_kernelexec_checkpoint_restore", "_kernelexec_checkpoint_resume",
                         "_kernelexec_checkpoint_status",
                         "_kernelexec_if", "_kernelexec_note", "_kernelexec_packages_added", "_kernelexec_policy",
-                        "_kernelexec_refuse", "_kernelexec_report", "_kernelexec_tools_catalog", "_kernelexec_variables", "_kernelexec_warm"]
+                        "_kernelexec_refuse", "_kernelexec_report", "_kernelexec_star", "_kernelexec_tools_catalog", "_kernelexec_variables",
+                        "_kernelexec_warm"]
 
 
 @pytest.mark.parametrize("step", STEPS)
