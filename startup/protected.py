@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import math
 from typing import Any
 
 _MISSING = object()
@@ -62,7 +63,7 @@ def rebinding(tree: ast.AST) -> tuple[ast.AST, str] | None:
         for name in _bound_names(node):
             # the old executor let imports bind any name; here one that binds a builtin's name would erase it,
             # while ``from math import sqrt`` (no builtin of that name here) erases nothing
-            if isinstance(node, (ast.Import, ast.ImportFrom)) and not hasattr(builtins, name):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and name not in ORIGINAL:
                 continue
             if name in PROTECTED:
                 return node, f"Cannot assign to name '{name}': doing this would erase the existing tool!"
@@ -132,6 +133,11 @@ def star_keeper(shell: Any) -> Any:
 
 # the builtins themselves, as the kernel booted with them (this file loads before any cell runs)
 ORIGINAL = {name: vars(builtins)[name] for name in PROTECTED if name in vars(builtins)}
+# the old executor's tools that are no builtin: math's functions, which its code called without an import
+# (``sqrt(16)``). A run_python cell's start gives them to the builtins (``Kept``), so a session that never runs one
+# keeps Python's builtins as they are; an import of one (``from math import sqrt``, numpy's) stays allowed.
+MATH_TOOLS = {name: getattr(math, name) for name in sorted(PROTECTED - set(ORIGINAL)) if hasattr(math, name)}
+TOOLS = {**ORIGINAL, **MATH_TOOLS}
 
 
 class Kept:
@@ -139,13 +145,14 @@ class Kept:
     ``post_run_cell``). A rebinding the AST check cannot see (``globals()['print'] = …``, ``exec``,
     ``builtins.print = …``) is undone at the cell's end, and the cell fails with the old executor's error. The
     builtins module is held to the kernel's boot (a thread's change between cells is undone when the next
-    run_python cell starts); the user namespace to the cell's start (``execute_code`` may shadow a builtin). A
-    protected name that is no builtin here (``sqrt``) is a tool nothing can erase: only the AST check refuses
-    rebinding it, as the old executor did."""
+    run_python cell starts); the user namespace to the cell's start (``execute_code`` may shadow a builtin). math's
+    tools (``MATH_TOOLS``: ``sqrt``) are given to the builtins at the first run_python cell's start and held there
+    too; in the user namespace only the AST check refuses rebinding them, as the old executor did (an import of one,
+    numpy's ``sqrt`` say, binds it)."""
 
     def __init__(self, shell: Any) -> None:
         self.shell = shell
-        self._put_back(vars(builtins), ORIGINAL)
+        self._put_back(vars(builtins), TOOLS)
         ns = shell.user_ns
         self.before = {name: ns.get(name, _MISSING) for name in ORIGINAL}
 
@@ -163,7 +170,7 @@ class Kept:
         return changed
 
     def end(self, outcome: Any) -> None:
-        erased = self._put_back(self.shell.user_ns, self.before) + self._put_back(vars(builtins), ORIGINAL)
+        erased = self._put_back(self.shell.user_ns, self.before) + self._put_back(vars(builtins), TOOLS)
         if erased and outcome is not None and outcome.success:
             try:
                 raise InterpreterError(f"Cannot assign to name '{erased[0]}': doing this would erase the existing tool!")

@@ -264,6 +264,31 @@ async def test_a_star_import_leaves_the_builtins_to_later_cells(safe: Harness) -
     assert await run_python(safe, "pow(2, 3, 5), sqrt(16)") == {"result": [3, 4.0], "logs": ""}
 
 
+async def test_maths_tools_need_no_import_as_in_the_old_executor(safe: Harness) -> None:
+    """The old executor's math tools (sqrt, floor, atan2…) were there without an import; they are here too, and an
+    import of another function by one of their names still binds it (statistics' mean as sqrt)."""
+    assert (await run_python(safe, "sqrt(16), floor(2.5), round(atan2(1, 1) * 4, 5)"))["result"] == [4.0, 2, 3.14159]
+    assert (await run_python(safe, "from statistics import mean as sqrt\nsqrt([1, 3])"))["result"] == 2
+
+
+def test_the_old_executor_has_its_maths_tools_without_an_import() -> None:
+    executor_module = pytest.importorskip("smolagents.local_python_executor")
+    executor = executor_module.LocalPythonExecutor(additional_authorized_imports=[])
+    executor.send_tools({})
+    assert executor("sqrt(16), floor(2.5), round(atan2(1, 1) * 4, 5)").output == (4.0, 2, 3.14159)
+
+
+async def test_maths_tools_come_with_run_python_and_are_kept(harness: Harness) -> None:
+    """A session that never ran run_python keeps Python's builtins as they are (a notebook's missing import fails as
+    in Jupyter); its first run_python cell gives the tools, and a cell replacing one in the builtins is refused."""
+    session = await harness.new_session()
+    assert (await harness.run("import builtins\nresult = hasattr(builtins, 'sqrt')", session=session))["result"] is False
+    assert (await harness.call("run_python", code="sqrt(4)", session=session)).structured_content["result"] == 2.0
+    refused = await harness.call("run_python", code="import builtins\nbuiltins.sqrt = abs", session=session)
+    assert refused.is_error and refused.content[0].text.splitlines()[0].endswith(ERASE.format("sqrt"))
+    assert (await harness.call("run_python", code="sqrt(9)", session=session)).structured_content["result"] == 3.0
+
+
 async def test_execute_code_may_rebind_any_name(harness: Harness) -> None:
     """The rule is run_python's, the old tool's: execute_code runs Python as Python."""
     session = await harness.new_session()
