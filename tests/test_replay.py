@@ -443,3 +443,33 @@ async def test_a_notebook_nbclient_ran_replays_as_matching(tmp_path: Path, short
     code = await replay_command(make_settings(short_tmp), str(path), output=None, profile=None)
     out = capsys.readouterr().out
     assert code == 0 and "5 cells: 5 same, 0 different" in out, out
+
+
+async def _nbclient_then_replay(folder: Path, short_tmp: Path, sources: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run ``sources`` with nbclient as Jupyter would (allow_errors), then kernelexec replay of what it wrote: the console."""
+    from nbclient import NotebookClient
+
+    from kernelexec.session.replay_cli import replay_command
+
+    folder.mkdir()
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in sources],
+                                  metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    await NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True,
+                         resources={"metadata": {"path": str(folder)}}).async_execute()
+    path = folder / "ran.ipynb"
+    nbformat.write(nb, path)
+    code = await replay_command(make_settings(short_tmp), str(path), output=None, profile=None)
+    out = capsys.readouterr().out
+    return f"exit {code}\n{out}"
+
+
+async def test_a_jupyter_notebooks_input_raises_what_it_raises_under_nbclient(
+        tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A cell kernelexec did not record has no answers and no one to ask: input() and %debug's prompt raise
+    StdinNotImplementedError, as under nbclient (not EOFError, a question beyond a recorded cell's answers)."""
+    out = await _nbclient_then_replay(tmp_path / "ask", short_tmp, [
+        "name = input('name: ')",
+        "try:\n    input('again: ')\nexcept Exception as e:\n    print(type(e).__name__)",
+    ], capsys)
+    assert out.startswith("exit 0") and "2 cells: 2 same, 0 different" in out, out
+

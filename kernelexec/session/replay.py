@@ -199,13 +199,16 @@ class _Replayer:
                 self.client.kc.stop_channels()
             await self._connect()
 
-    async def _execute(self, index: int, cell: NotebookNode, timeout: float) -> str:
-        """Run one cell through nbclient; return how it ended (completed, interrupted, restarted, kernel_died)."""
+    async def _execute(self, index: int, cell: NotebookNode, timeout: float, *, stdin: bool = True) -> str:
+        """Run one cell through nbclient; return how it ended (completed, interrupted, restarted, kernel_died).
+        Without ``stdin`` the kernel is told no one answers (input() raises StdinNotImplementedError, as under nbclient)."""
         from nbclient.exceptions import CellExecutionError, DeadKernelError
 
         state = {"ending": "completed"}
         km = self.kernel.km
         assert km is not None  # replay runs in the session's started kernel
+        assert self.client.kc is not None
+        self.client.kc.allow_stdin = stdin  # the execute_request's allow_stdin
 
         async def watchdog() -> None:
             await anyio.sleep(timeout)
@@ -298,8 +301,11 @@ class _Replayer:
         cell.source = runnable  # the kernel cannot run pip; the install was done here, as live
         self.stdin_notes = []
         self.tool_calls = RecordedCalls(list(meta.tool_calls), self.live_tools.cell(None) if self.live_tools else None)
+        # a cell kernelexec did not record (a Jupyter notebook's) asks no one, as under nbclient and papermill:
+        # input() raises StdinNotImplementedError there, not the EOFError of a question beyond a record
+        stdin = meta.recorded or self.ask is not None or self.live_tools is not None
         try:
-            ending = await self._execute(index, cell, timeout)
+            ending = await self._execute(index, cell, timeout, stdin=stdin)
         finally:
             cell.source = source
         said = self.tool_calls.summary()
