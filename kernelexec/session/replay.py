@@ -229,7 +229,7 @@ class _Replayer:
                 if state["ending"] != "restarted":
                     state["ending"] = "kernel_died"
             except Exception as exc:  # noqa: BLE001 - nbclient choked on what the kernel sent: the cell differs
-                logger.warning("replaying cell %d: %s", index + 1, exc)
+                logger.warning("replaying cell %d: %r", index + 1, exc)  # its type: some say nothing in str()
                 state["ending"] = "unreadable output"
             finally:
                 tg.cancel_scope.cancel()
