@@ -473,3 +473,14 @@ async def test_a_jupyter_notebooks_input_raises_what_it_raises_under_nbclient(
     ], capsys)
     assert out.startswith("exit 0") and "2 cells: 2 same, 0 different" in out, out
 
+
+async def test_autoreload_in_a_jupyter_notebook_says_nothing_of_kernelexecs_own_modules(
+        tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``%load_ext autoreload`` reads the source of every loaded module with a file: kernelexec's startup modules,
+    which the guard does not let a cell read, printed a traceback each on stderr; replay now matches nbclient's run."""
+    out = await _nbclient_then_replay(tmp_path / "ar", short_tmp, [
+        "%load_ext autoreload\n%autoreload 2",
+        "x = 1\nprint(x)",
+    ], capsys)
+    assert out.startswith("exit 0") and "2 cells: 2 same, 0 different" in out, out
+
