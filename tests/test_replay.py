@@ -484,3 +484,23 @@ async def test_autoreload_in_a_jupyter_notebook_says_nothing_of_kernelexecs_own_
     ], capsys)
     assert out.startswith("exit 0") and "2 cells: 2 same, 0 different" in out, out
 
+
+def test_normalise_hides_whole_microsecond_cpu_times_and_where_ipykernel_compiles_cells() -> None:
+    """%%time prints whole numbers below a millisecond ("user 14 µs"), and a warning names the cell's file in
+    ipykernel's per-kernel temp folder (its pid in the name; under kernelexec in the session's tmp/)."""
+    assert normalise("CPU times: user 263 ms, sys: 14 µs, total: 277 ms\nWall time: 1 s") == (
+        "CPU times: user <time>, sys: <time>, total: <time>\nWall time: <time>")
+    recorded = normalise("/tmp/ipykernel_17793/2608338407.py:2: UserWarning: careful")
+    assert recorded == "<ipykernel>/2608338407.py:2: UserWarning: careful"
+    assert normalise("/tmp/x/sessions/abc/tmp/ipykernel_2/2608338407.py:2: UserWarning: careful",
+                     ["/tmp/x/sessions/abc"]) == recorded
+    assert normalise('File "/var/folders/q1/T/ipykernel_5/17.py", line 1') == 'File "<ipykernel>/17.py", line 1'
+
+
+async def test_a_warning_in_a_jupyter_notebook_matches_whatever_the_kernels_pid(
+        tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = await _nbclient_then_replay(tmp_path / "warn", short_tmp, [
+        "import warnings\nwarnings.warn('careful')",
+        "%%time\nsum(range(10))",
+    ], capsys)
+    assert out.startswith("exit 0") and "2 cells: 2 same, 0 different" in out, out
