@@ -504,3 +504,15 @@ async def test_a_warning_in_a_jupyter_notebook_matches_whatever_the_kernels_pid(
         "%%time\nsum(range(10))",
     ], capsys)
     assert out.startswith("exit 0") and "2 cells: 2 same, 0 different" in out, out
+
+
+async def test_history_magics_in_a_jupyter_notebook_see_the_cells_before(
+        tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """nbclient runs its kernel with history in memory (no file); kernelexec's had history off, so %history -l printed
+    nothing. Now in memory too: the same lines."""
+    out = await _nbclient_then_replay(tmp_path / "hist", short_tmp, [
+        "x = 1\nx + 1",
+        "%history -l 1",
+        "%rerun 1",
+    ], capsys)
+    assert out.startswith("exit 0") and "3 cells: 3 same, 0 different" in out, out

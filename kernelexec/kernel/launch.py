@@ -30,10 +30,11 @@ def startup_script() -> Path:
 
 
 def kernel_arguments() -> list[str]:
-    """ipykernel flags: our startup file, and no SQLite history (the notebook is our history)."""
+    """ipykernel flags: our startup file, and history in memory only, no SQLite file (the notebook is our
+    history), as nbclient and papermill run a kernel: ``%history -l`` (the last lines) sees the cells before."""
     return [
         f"--IPKernelApp.exec_files={json.dumps([str(startup_script())])}",
-        "--HistoryManager.enabled=False",
+        "--HistoryManager.hist_file=:memory:",
         "--IPCompleter.use_jedi=False",
         "--IPKernelApp.trio_loop=False",
         # no '' (the writable working directory) on sys.path while ipykernel starts: kernel_init.py adds it after the guard
