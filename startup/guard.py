@@ -117,6 +117,7 @@ def _guard_imports(policy: dict[str, Any], profile: str, allowed: set[str] | Non
     directly from the wrappers. Also leaves ``allow_more`` in ``policy["_allow_more"]`` for kernel_init.
     """
     real_import = builtins.__import__
+    from importlib.util import find_spec  # before __import__ is wrapped
 
     def from_user_code(depth: int) -> bool:
         # Cells (and functions defined in them) run with the user namespace as globals,
@@ -127,7 +128,13 @@ def _guard_imports(policy: dict[str, Any], profile: str, allowed: set[str] | Non
     def check_import(name: str) -> None:
         top = name.partition(".")[0]
         if allowed is not None and top not in allowed:
-            raise ImportError(
+            # a module that is not there at all is ModuleNotFoundError, as without the guard (a notebook's
+            # `except ModuleNotFoundError` and Jupyter's own run agree); one that is there is refused: ImportError
+            try:
+                missing = top not in sys.modules and find_spec(top) is None  # (None there: blocked, not missing)
+            except Exception:  # noqa: BLE001 - a profile without file access cannot look: refused either way
+                missing = False
+            raise (ModuleNotFoundError if missing else ImportError)(
                 f"import of {top!r} is not allowed in the {profile!r} profile. Allowed modules: {allowed_hint}",
                 name=top,
             )

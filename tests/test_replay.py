@@ -516,3 +516,16 @@ async def test_history_magics_in_a_jupyter_notebook_see_the_cells_before(
         "%rerun 1",
     ], capsys)
     assert out.startswith("exit 0") and "3 cells: 3 same, 0 different" in out, out
+
+
+async def test_a_module_that_is_not_installed_fails_as_under_nbclient(
+        tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A module the profile does not allow and the environment does not have: ModuleNotFoundError, as without the
+    guard (PDSH's `from pandas_datareader import data`), so a notebook's `except ModuleNotFoundError` still catches
+    it; one that is installed but refused stays ImportError."""
+    out = await _nbclient_then_replay(tmp_path / "missing", short_tmp, [
+        "import no_such_module_kx",
+        "try:\n    import no_such_module_kx\nexcept ModuleNotFoundError:\n    print('fallback')",
+    ], capsys)
+    assert "cell 1    DIFFERENT" in out and "raised ModuleNotFoundError: import of 'no_such_module_kx' is not allowed" in out, out
+    assert "cell 2    same" in out, out
