@@ -451,7 +451,7 @@ async def _nbclient_then_replay(folder: Path, short_tmp: Path, sources: list[str
 
     from kernelexec.session.replay_cli import replay_command
 
-    folder.mkdir()
+    folder.mkdir(exist_ok=True)
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in sources],
                                   metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
     await NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True,
@@ -529,3 +529,20 @@ async def test_a_module_that_is_not_installed_fails_as_under_nbclient(
     ], capsys)
     assert "cell 1    DIFFERENT" in out and "raised ModuleNotFoundError: import of 'no_such_module_kx' is not allowed" in out, out
     assert "cell 2    same" in out, out
+
+
+async def test_a_notebooks_own_modules_import_beside_it_and_written_by_a_cell(
+        tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Python source in the notebook's folder is its own code: a helper beside it and one a cell writes (the
+    %%file-then-import of many tutorials) import under standard as under nbclient, as a project's code does in a
+    project environment; before, the allowlist refused both (ImportError)."""
+    folder = tmp_path / "own"
+    folder.mkdir()
+    (folder / "helper_kx.py").write_text("VALUE = 41\n")
+    out = await _nbclient_then_replay(folder, short_tmp, [
+        "import helper_kx\nhelper_kx.VALUE",
+        "with open('written_kx.py', 'w') as f:\n    f.write('def answer():\\n    return 42\\n')\n"
+        "from written_kx import answer\nanswer()",
+    ], capsys)
+    assert out.startswith("exit 0") and "2 cells: 2 same, 0 different" in out, out
+
