@@ -546,3 +546,10 @@ async def test_a_notebooks_own_modules_import_beside_it_and_written_by_a_cell(
     ], capsys)
     assert out.startswith("exit 0") and "2 cells: 2 same, 0 different" in out, out
 
+
+async def test_from_pylab_import_star_runs_as_under_nbclient(
+        tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``pylab`` is matplotlib's own top-level module (``from matplotlib.pylab import *``), as old as notebooks:
+    the standard profile refused it by its name while allowing matplotlib."""
+    out = await _nbclient_then_replay(tmp_path / "pylab", short_tmp, ["from pylab import *\nx = linspace(0, 1, 3)\nx"], capsys)
+    assert out.startswith("exit 0") and "1 cells: 1 same, 0 different" in out, out
