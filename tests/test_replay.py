@@ -553,3 +553,17 @@ async def test_from_pylab_import_star_runs_as_under_nbclient(
     the standard profile refused it by its name while allowing matplotlib."""
     out = await _nbclient_then_replay(tmp_path / "pylab", short_tmp, ["from pylab import *\nx = linspace(0, 1, 3)\nx"], capsys)
     assert out.startswith("exit 0") and "1 cells: 1 same, 0 different" in out, out
+
+
+async def test_a_pip_line_for_packages_the_environment_has_runs_the_rest_of_its_cell(
+        tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`%pip install numpy` then the imports, in one cell (many public notebooks open so): Jupyter's pip finds numpy
+    there and the imports run. Replay without --install skipped the whole cell, so every later cell failed with
+    NameError; now the rest of the cell runs (nothing installed, the index not asked) and says so."""
+    out = await _nbclient_then_replay(tmp_path / "pip", short_tmp, [
+        "%pip install -q numpy\nimport numpy as np",
+        "np.arange(3).tolist()",
+    ], capsys)
+    assert "skipped" not in out.split("installs recorded:")[-1].split("\n", 1)[-1], out
+    assert "its pip line asks only for what the environment has (numpy " in out, out
+    assert "cell 2    same" in out, out

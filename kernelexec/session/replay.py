@@ -32,7 +32,7 @@ from kernelexec.codemode.broker import Broker
 from kernelexec.codemode.recorded_calls import RecordedCalls, catalog_from_records
 from kernelexec.environment.interpreter import Environment
 from kernelexec.environment.overlay import prepare
-from kernelexec.environment.packages import parse_specs, pip_lines
+from kernelexec.environment.packages import PipRequest, parse_specs, pip_lines
 from kernelexec.errors import InvalidRequest, KernelexecError
 from kernelexec.kernel.stdin import TOOL_CALL_MARK
 from kernelexec.kernel.wire import harden, shared_context
@@ -278,6 +278,31 @@ class _Replayer:
                     self.stdin_notes.append(f"{how} {prompt[:80]!r}: unanswered when recorded; EOFError again")
             kc.input("\x04" if answer is None else answer)  # ipykernel raises EOFError for \x04
 
+    def _present(self, request: PipRequest) -> list[str] | None:
+        """"name version" for each package a pip line asks for when the kernel's environment has them all at versions
+        it accepts (so pip would install nothing and the index is asked nothing); None when one is missing, asks for
+        extras or a URL, or the line upgrades."""
+        from packaging.requirements import InvalidRequirement, Requirement
+        from packaging.version import InvalidVersion, Version
+
+        env = self.session.environment
+        if env is None or request.upgrade:
+            return None
+        markers = dict(env.markers) | {"extra": ""}
+        found = []
+        for spec in request.specs:
+            try:
+                req = Requirement(spec)
+                if req.marker is not None and not req.marker.evaluate(markers):
+                    continue  # pip leaves it out here too
+                have = env.version_of(req.name)
+                if req.extras or req.url or have is None or not req.specifier.contains(Version(have), prereleases=True):
+                    return None
+            except (InvalidRequirement, InvalidVersion):
+                return None
+            found.append(f"{req.name} {have}")
+        return found
+
     def _skip(self, index: int, cell: NotebookNode, meta: CellMeta, note: str) -> CellReport:
         """A cell not run: said on its report line and in its metadata; its recorded outputs are dropped."""
         cell.outputs, cell.execution_count = [], None
@@ -294,12 +319,19 @@ class _Replayer:
             request, runnable = pip_lines(source)
         except InvalidRequest as exc:  # refused live before anything of the cell ran: not run here either
             return self._skip(index, cell, meta, f"not run: its pip line is refused, as it is live ({exc})"[:400])
+        notes = []
         if request is not None and not self.install:
-            return self._skip(index, cell, meta, f"not run: it installs {', '.join(request.specs)[:200]}; "
-                              "replay with --install to redo installs")
+            present = self._present(request)
+            if present is None:
+                return self._skip(index, cell, meta, f"not run: it installs {', '.join(request.specs)[:200]}; "
+                                  "replay with --install to redo installs")
+            # pip would only say "Requirement already satisfied": the rest of the cell runs, as under Jupyter
+            notes.append(f"its pip line asks only for what the environment has ({', '.join(present)[:200]}): "
+                         "nothing installed, the rest of the cell ran")
+            request = None
         installed = await self._install(request.specs, upgrade=request.upgrade) if request is not None else None
         cell.source = runnable  # the kernel cannot run pip; the install was done here, as live
-        self.stdin_notes = []
+        self.stdin_notes = notes
         self.tool_calls = RecordedCalls(list(meta.tool_calls), self.live_tools.cell(None) if self.live_tools else None)
         # a cell kernelexec did not record (a Jupyter notebook's) asks no one, as under nbclient and papermill:
         # input() raises StdinNotImplementedError there, not the EOFError of a question beyond a record
@@ -363,7 +395,8 @@ async def replay_notebook(
     Always a local kernel: nbclient drives it through its kernel manager (``--kernel-gateway`` and ``--kernel-spec`` are ignored),
     in ``environment`` (default: what the current settings choose; a notebook never chooses its interpreter).
     The installs it records (``recorded_installs``) are redone only with ``install`` (within
-    --install-policy, as live); without it, a cell with pip lines is skipped and install markers are left out."""
+    --install-policy, as live); without it, a cell with pip lines is skipped (run without them when the environment has every package
+    they name) and install markers are left out."""
 
     base = Path(tempfile.mkdtemp(prefix="kxr"))
     session = None
