@@ -19,7 +19,7 @@ _NORMALISE: list[tuple[re.Pattern[str], str]] = [
     (re.compile("\u03bc"), "\u00b5"),  # %timeit prints either micro sign, by platform and IPython version
     (re.compile(r"0x[0-9a-fA-F]{4,}"), "0x…"),
     # where ipykernel compiles cells (warnings name it): a per-kernel folder of the kernel's own temp dir
-    (re.compile(r"(?:<session>)?[^\s'\"(<>]*/ipykernel_\d+/(\d+\.py)\b"), r"<ipykernel>/\1"),
+    (re.compile(r"(?:<session>)?(?:/[^\s'\"(<>/\x1b]+)*/ipykernel_\d+/(\d+\.py)\b"), r"<ipykernel>/\1"),
     (re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"), "<uuid>"),
     (re.compile(r"\b[0-9a-f]{32}\b"), "<uuid>"),  # uuid4().hex: display ids, widget and comm ids
     (re.compile(r"\b\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?"), "<datetime>"),
