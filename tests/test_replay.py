@@ -569,3 +569,10 @@ async def test_a_pip_line_for_packages_the_environment_has_runs_the_rest_of_its_
     assert "skipped" not in out.split("installs recorded:")[-1].split("\n", 1)[-1], out
     assert "its pip line asks only for what the environment has (numpy " in out, out
     assert "cell 2    same" in out, out
+
+
+async def test_getpass_getuser_answers_a_name_as_under_nbclient(
+        tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The sandbox shows no password database and the kernel's environment had no USER/LOGNAME: getuser() raised KeyError."""
+    out = await _nbclient_then_replay(tmp_path / "user", short_tmp, ["import getpass\nbool(getpass.getuser())"], capsys)
+    assert out.startswith("exit 0") and "1 cells: 1 same, 0 different" in out, out

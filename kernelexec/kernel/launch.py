@@ -62,6 +62,10 @@ class LaunchSpec:
         env = {k: os.environ[k] for k in self.env_pass if k in os.environ}
         env.update(self.secrets)  # the operator's --secret values (config.parse_secret keeps them off the names below)
         env.setdefault("PATH", os.defpath)
+        # a user name for getpass.getuser(), which reads these before the password database: the sandbox shows none,
+        # and without them it raised KeyError ('getpwuid(): uid not found') where Jupyter answers a name
+        env.setdefault("USER", "kernelexec")
+        env.setdefault("LOGNAME", env["USER"])
         env.update(
             HOME=str(self.dirs.home),
             TMPDIR=str(self.dirs.tmp),
