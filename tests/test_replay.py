@@ -495,6 +495,9 @@ def test_normalise_hides_whole_microsecond_cpu_times_and_where_ipykernel_compile
     assert normalise("/tmp/x/sessions/abc/tmp/ipykernel_2/2608338407.py:2: UserWarning: careful",
                      ["/tmp/x/sessions/abc"]) == recorded
     assert normalise('File "/var/folders/q1/T/ipykernel_5/17.py", line 1') == 'File "<ipykernel>/17.py", line 1'
+    slow = ("The slowest run took 5.83 times longer than the fastest. This could mean that an intermediate result is being "
+            "cached.\n4.1 µs ± 3.2 µs per loop (mean ± std. dev. of 7 runs, 100,000 loops each)\n")
+    assert normalise(slow) == "<timeit>\n"  # %timeit's remark on a slow run comes and goes with the load
     assert normalise("> \x1b[32m/tmp/ipykernel_15028/40.py\x1b[39m(2)") == normalise(  # %debug's coloured frame line
         "> \x1b[32m/tmp/x/sessions/abc/tmp/ipykernel_2/40.py\x1b[39m(2)", ["/tmp/x/sessions/abc"]) == "> \x1b[32m<ipykernel>/40.py\x1b[39m(2)"
 
