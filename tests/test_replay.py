@@ -579,3 +579,22 @@ async def test_getpass_getuser_answers_a_name_as_under_nbclient(
     """The sandbox shows no password database and the kernel's environment had no USER/LOGNAME: getuser() raised KeyError."""
     out = await _nbclient_then_replay(tmp_path / "user", short_tmp, ["import getpass\nbool(getpass.getuser())"], capsys)
     assert out.startswith("exit 0") and "1 cells: 1 same, 0 different" in out, out
+
+
+async def test_a_cell_tagged_skip_execution_is_reported_skipped_and_left_as_it_is(
+        tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """nbclient leaves a cell tagged skip-execution alone (its outputs too); replay did as well, but called it
+    'not run before' and marked it completed."""
+    from kernelexec.session.replay_cli import replay_command
+
+    skipped = nbformat.v4.new_code_cell("print('long')", execution_count=3, metadata={"tags": ["skip-execution"]})
+    skipped.outputs = [nbformat.v4.new_output("stream", name="stdout", text="long\n")]
+    nb = nbformat.v4.new_notebook(cells=[skipped, nbformat.v4.new_code_cell("print('ok')")])
+    path, out_path = tmp_path / "skip.ipynb", tmp_path / "out.ipynb"
+    nbformat.write(nb, path)
+    code = await replay_command(make_settings(short_tmp), str(path), output=str(out_path), profile=None)
+    out = capsys.readouterr().out
+    assert code == 0 and "cell 1    skipped" in out and "tagged skip-execution" in out, out
+    assert "1 skipped (cell 1)" in out, out
+    first = nbformat.read(out_path, as_version=4).cells[0]
+    assert first.outputs == skipped.outputs and first.metadata.kernelexec["replay_ending"] == "skipped"

@@ -310,6 +310,10 @@ class _Replayer:
         return CellReport(index + 1, first_line(cell.source), "skipped", meta.ending, "skipped", [note])
 
     async def _cell(self, index: int, cell: NotebookNode, meta: CellMeta) -> CellReport:
+        if self.client.skip_cells_with_tag in (cell.metadata.get("tags") or ()):  # nbclient leaves it as it is
+            note = f"not run: tagged {self.client.skip_cells_with_tag}, as nbclient and papermill leave it"
+            annotate(cell, replay_ending="skipped", replay_note=note)
+            return CellReport(index + 1, first_line(cell.source), "skipped", meta.ending, "skipped", [note])
         recorded_outputs = copy.deepcopy(list(cell.get("outputs", [])))
         never_ran = cell.get("execution_count") is None and not recorded_outputs and not meta.recorded
         recorded_ending = meta.ending if meta.recorded else "unknown"  # Jupyter does not record how a cell ended
