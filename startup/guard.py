@@ -117,6 +117,23 @@ def _guard_imports(policy: dict[str, Any], profile: str, allowed: set[str] | Non
     directly from the wrappers. Also leaves ``allow_more`` in ``policy["_allow_more"]`` for kernel_init.
     """
     real_import = builtins.__import__
+    from importlib.util import find_spec  # before __import__ is wrapped
+
+    # where the session may write (its working directory first): Python source there is the notebook's own code
+    own_roots = tuple(os.path.realpath(p) for p in policy.get("write_roots", ())) if policy.get("file_io") == "roots" else ()
+    realpath, inside, stdlib = os.path.realpath, _inside, frozenset(sys.stdlib_module_names)  # bound now: a cell rebinds none
+
+    def own_module(top: str) -> bool:
+        """A module of Python source in a folder the session may write: a notebook's helper beside it or one a cell
+        wrote (%%writefile), as the project's code in a project environment is (policy.py). Not a name of the stdlib
+        (a refused one stays refused), nor native code."""
+        if not own_roots or top in stdlib:
+            return False
+        try:
+            origin = getattr(find_spec(top), "origin", None)
+        except Exception:  # noqa: BLE001 - not findable: not one
+            return False
+        return isinstance(origin, str) and origin.endswith(".py") and inside(realpath(origin), own_roots)
 
     def from_user_code(depth: int) -> bool:
         # Cells (and functions defined in them) run with the user namespace as globals,
@@ -126,8 +143,14 @@ def _guard_imports(policy: dict[str, Any], profile: str, allowed: set[str] | Non
 
     def check_import(name: str) -> None:
         top = name.partition(".")[0]
-        if allowed is not None and top not in allowed:
-            raise ImportError(
+        if allowed is not None and top not in allowed and not own_module(top):
+            # a module that is not there at all is ModuleNotFoundError, as without the guard (a notebook's
+            # `except ModuleNotFoundError` and Jupyter's own run agree); one that is there is refused: ImportError
+            try:
+                missing = top not in sys.modules and find_spec(top) is None  # (None there: blocked, not missing)
+            except Exception:  # noqa: BLE001 - a profile without file access cannot look: refused either way
+                missing = False
+            raise (ModuleNotFoundError if missing else ImportError)(
                 f"import of {top!r} is not allowed in the {profile!r} profile. Allowed modules: {allowed_hint}",
                 name=top,
             )

@@ -31,6 +31,9 @@ def _kernelexec_boot() -> None:
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
         spec.loader.exec_module(module)
+        # a module without a file, for what reads loaded modules' sources (IPython's %autoreload reads every
+        # one's when loaded: the guard refuses this directory to cells, and each refusal was a traceback on stderr)
+        module.__file__ = None
         return module
 
     try:

@@ -122,6 +122,19 @@ async def test_standard_refuses_process_network_and_native_modules(harness: Harn
     assert f"import of {module!r} is not allowed" in r["error"]
 
 
+async def test_standard_imports_python_source_the_session_wrote_but_no_stdlib_name_nor_native_code(harness: Harness) -> None:
+    """A notebook's own module in its working directory imports (as a project's code does); a file there named like
+    a refused stdlib module does not unlock it, nor does a native extension module there."""
+    s = await harness.new_session()
+    r = await harness.run("open('kxown.py', 'w').write('X = 1')\nopen('pty.py', 'w').write('X = 2')\n"
+                          "import importlib.machinery\nopen('kxnative' + importlib.machinery.EXTENSION_SUFFIXES[0], 'w').write('')\n"
+                          "import kxown\nresult = kxown.X", session=s)
+    assert r["success"] and r["result"] == 1, (r["error"], r["traceback"])
+    for module in ("pty", "kxnative"):
+        r = await harness.run(f"import {module}", session=s)
+        assert r["error_type"] == "ImportError" and f"import of {module!r} is not allowed" in r["error"], (r["error"], r["traceback"])
+
+
 @pytest.mark.parametrize("module", [m for m in GUARD_BLOCKED_MODULES if importlib.util.find_spec(m) is not None])
 async def test_guarded_kernels_cannot_import_the_sub_interpreter_and_test_modules(harness: Harness, strict: Harness,
                                                                                   module: str) -> None:

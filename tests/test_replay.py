@@ -443,3 +443,158 @@ async def test_a_notebook_nbclient_ran_replays_as_matching(tmp_path: Path, short
     code = await replay_command(make_settings(short_tmp), str(path), output=None, profile=None)
     out = capsys.readouterr().out
     assert code == 0 and "5 cells: 5 same, 0 different" in out, out
+
+
+async def _nbclient_then_replay(folder: Path, short_tmp: Path, sources: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """Run ``sources`` with nbclient as Jupyter would (allow_errors), then kernelexec replay of what it wrote: the console."""
+    from nbclient import NotebookClient
+
+    from kernelexec.session.replay_cli import replay_command
+
+    folder.mkdir(exist_ok=True)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in sources],
+                                  metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    await NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True,
+                         resources={"metadata": {"path": str(folder)}}).async_execute()
+    path = folder / "ran.ipynb"
+    nbformat.write(nb, path)
+    code = await replay_command(make_settings(short_tmp), str(path), output=None, profile=None)
+    out = capsys.readouterr().out
+    return f"exit {code}\n{out}"
+
+
+async def test_a_jupyter_notebooks_input_raises_what_it_raises_under_nbclient(
+        tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A cell kernelexec did not record has no answers and no one to ask: input() and %debug's prompt raise
+    StdinNotImplementedError, as under nbclient (not EOFError, a question beyond a recorded cell's answers)."""
+    out = await _nbclient_then_replay(tmp_path / "ask", short_tmp, [
+        "name = input('name: ')",
+        "try:\n    input('again: ')\nexcept Exception as e:\n    print(type(e).__name__)",
+    ], capsys)
+    assert out.startswith("exit 0") and "2 cells: 2 same, 0 different" in out, out
+
+
+async def test_autoreload_in_a_jupyter_notebook_says_nothing_of_kernelexecs_own_modules(
+        tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``%load_ext autoreload`` reads the source of every loaded module with a file: kernelexec's startup modules,
+    which the guard does not let a cell read, printed a traceback each on stderr; replay now matches nbclient's run."""
+    out = await _nbclient_then_replay(tmp_path / "ar", short_tmp, [
+        "%load_ext autoreload\n%autoreload 2",
+        "x = 1\nprint(x)",
+    ], capsys)
+    assert out.startswith("exit 0") and "2 cells: 2 same, 0 different" in out, out
+
+
+def test_normalise_hides_whole_microsecond_cpu_times_and_where_ipykernel_compiles_cells() -> None:
+    """%%time prints whole numbers below a millisecond ("user 14 µs"), and a warning names the cell's file in
+    ipykernel's per-kernel temp folder (its pid in the name; under kernelexec in the session's tmp/)."""
+    assert normalise("CPU times: user 263 ms, sys: 14 µs, total: 277 ms\nWall time: 1 s") == (
+        "CPU times: user <time>, sys: <time>, total: <time>\nWall time: <time>")
+    recorded = normalise("/tmp/ipykernel_17793/2608338407.py:2: UserWarning: careful")
+    assert recorded == "<ipykernel>/2608338407.py:2: UserWarning: careful"
+    assert normalise("/tmp/x/sessions/abc/tmp/ipykernel_2/2608338407.py:2: UserWarning: careful",
+                     ["/tmp/x/sessions/abc"]) == recorded
+    assert normalise('File "/var/folders/q1/T/ipykernel_5/17.py", line 1') == 'File "<ipykernel>/17.py", line 1'
+    slow = ("The slowest run took 5.83 times longer than the fastest. This could mean that an intermediate result is being "
+            "cached.\n4.1 µs ± 3.2 µs per loop (mean ± std. dev. of 7 runs, 100,000 loops each)\n")
+    assert normalise(slow) == "<timeit>\n"  # %timeit's remark on a slow run comes and goes with the load
+    assert normalise("> \x1b[32m/tmp/ipykernel_15028/40.py\x1b[39m(2)") == normalise(  # %debug's coloured frame line
+        "> \x1b[32m/tmp/x/sessions/abc/tmp/ipykernel_2/40.py\x1b[39m(2)", ["/tmp/x/sessions/abc"]) == "> \x1b[32m<ipykernel>/40.py\x1b[39m(2)"
+
+
+async def test_a_warning_in_a_jupyter_notebook_matches_whatever_the_kernels_pid(
+        tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = await _nbclient_then_replay(tmp_path / "warn", short_tmp, [
+        "import warnings\nwarnings.warn('careful')",
+        "%%time\nsum(range(10))",
+    ], capsys)
+    assert out.startswith("exit 0") and "2 cells: 2 same, 0 different" in out, out
+
+
+async def test_history_magics_in_a_jupyter_notebook_see_the_cells_before(
+        tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """nbclient runs its kernel with history in memory (no file); kernelexec's had history off, so %history -l printed
+    nothing. Now in memory too: the same lines."""
+    out = await _nbclient_then_replay(tmp_path / "hist", short_tmp, [
+        "x = 1\nx + 1",
+        "%history -l 1",
+        "%rerun 1",
+    ], capsys)
+    assert out.startswith("exit 0") and "3 cells: 3 same, 0 different" in out, out
+
+
+async def test_a_module_that_is_not_installed_fails_as_under_nbclient(
+        tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A module the profile does not allow and the environment does not have: ModuleNotFoundError, as without the
+    guard (PDSH's `from pandas_datareader import data`), so a notebook's `except ModuleNotFoundError` still catches
+    it; one that is installed but refused stays ImportError."""
+    out = await _nbclient_then_replay(tmp_path / "missing", short_tmp, [
+        "import no_such_module_kx",
+        "try:\n    import no_such_module_kx\nexcept ModuleNotFoundError:\n    print('fallback')",
+    ], capsys)
+    assert "cell 1    DIFFERENT" in out and "raised ModuleNotFoundError: import of 'no_such_module_kx' is not allowed" in out, out
+    assert "cell 2    same" in out, out
+
+
+async def test_a_notebooks_own_modules_import_beside_it_and_written_by_a_cell(
+        tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Python source in the notebook's folder is its own code: a helper beside it and one a cell writes (the
+    %%file-then-import of many tutorials) import under standard as under nbclient, as a project's code does in a
+    project environment; before, the allowlist refused both (ImportError)."""
+    folder = tmp_path / "own"
+    folder.mkdir()
+    (folder / "helper_kx.py").write_text("VALUE = 41\n")
+    out = await _nbclient_then_replay(folder, short_tmp, [
+        "import helper_kx\nhelper_kx.VALUE",
+        "with open('written_kx.py', 'w') as f:\n    f.write('def answer():\\n    return 42\\n')\n"
+        "from written_kx import answer\nanswer()",
+    ], capsys)
+    assert out.startswith("exit 0") and "2 cells: 2 same, 0 different" in out, out
+
+
+async def test_from_pylab_import_star_runs_as_under_nbclient(
+        tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``pylab`` is matplotlib's own top-level module (``from matplotlib.pylab import *``), as old as notebooks:
+    the standard profile refused it by its name while allowing matplotlib."""
+    out = await _nbclient_then_replay(tmp_path / "pylab", short_tmp, ["from pylab import *\nx = linspace(0, 1, 3)\nx"], capsys)
+    assert out.startswith("exit 0") and "1 cells: 1 same, 0 different" in out, out
+
+
+async def test_a_pip_line_for_packages_the_environment_has_runs_the_rest_of_its_cell(
+        tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`%pip install numpy` then the imports, in one cell (many public notebooks open so): Jupyter's pip finds numpy
+    there and the imports run. Replay without --install skipped the whole cell, so every later cell failed with
+    NameError; now the rest of the cell runs (nothing installed, the index not asked) and says so."""
+    out = await _nbclient_then_replay(tmp_path / "pip", short_tmp, [
+        "%pip install -q numpy\nimport numpy as np",
+        "np.arange(3).tolist()",
+    ], capsys)
+    assert "skipped" not in out.split("installs recorded:")[-1].split("\n", 1)[-1], out
+    assert "its pip line asks only for what the environment has (numpy " in out, out
+    assert "cell 2    same" in out, out
+
+
+async def test_getpass_getuser_answers_a_name_as_under_nbclient(
+        tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The sandbox shows no password database and the kernel's environment had no USER/LOGNAME: getuser() raised KeyError."""
+    out = await _nbclient_then_replay(tmp_path / "user", short_tmp, ["import getpass\nbool(getpass.getuser())"], capsys)
+    assert out.startswith("exit 0") and "1 cells: 1 same, 0 different" in out, out
+
+
+async def test_a_cell_tagged_skip_execution_is_reported_skipped_and_left_as_it_is(
+        tmp_path: Path, short_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """nbclient leaves a cell tagged skip-execution alone (its outputs too); replay did as well, but called it
+    'not run before' and marked it completed."""
+    from kernelexec.session.replay_cli import replay_command
+
+    skipped = nbformat.v4.new_code_cell("print('long')", execution_count=3, metadata={"tags": ["skip-execution"]})
+    skipped.outputs = [nbformat.v4.new_output("stream", name="stdout", text="long\n")]
+    nb = nbformat.v4.new_notebook(cells=[skipped, nbformat.v4.new_code_cell("print('ok')")])
+    path, out_path = tmp_path / "skip.ipynb", tmp_path / "out.ipynb"
+    nbformat.write(nb, path)
+    code = await replay_command(make_settings(short_tmp), str(path), output=str(out_path), profile=None)
+    out = capsys.readouterr().out
+    assert code == 0 and "cell 1    skipped" in out and "tagged skip-execution" in out, out
+    assert "1 skipped (cell 1)" in out, out
+    first = nbformat.read(out_path, as_version=4).cells[0]
+    assert first.outputs == skipped.outputs and first.metadata.kernelexec["replay_ending"] == "skipped"

@@ -30,10 +30,11 @@ def startup_script() -> Path:
 
 
 def kernel_arguments() -> list[str]:
-    """ipykernel flags: our startup file, and no SQLite history (the notebook is our history)."""
+    """ipykernel flags: our startup file, and history in memory only, no SQLite file (the notebook is our
+    history), as nbclient and papermill run a kernel: ``%history -l`` (the last lines) sees the cells before."""
     return [
         f"--IPKernelApp.exec_files={json.dumps([str(startup_script())])}",
-        "--HistoryManager.enabled=False",
+        "--HistoryManager.hist_file=:memory:",
         "--IPCompleter.use_jedi=False",
         "--IPKernelApp.trio_loop=False",
         # no '' (the writable working directory) on sys.path while ipykernel starts: kernel_init.py adds it after the guard
@@ -61,6 +62,10 @@ class LaunchSpec:
         env = {k: os.environ[k] for k in self.env_pass if k in os.environ}
         env.update(self.secrets)  # the operator's --secret values (config.parse_secret keeps them off the names below)
         env.setdefault("PATH", os.defpath)
+        # a user name for getpass.getuser(), which reads these before the password database: the sandbox shows none,
+        # and without them it raised KeyError ('getpwuid(): uid not found') where Jupyter answers a name
+        env.setdefault("USER", "kernelexec")
+        env.setdefault("LOGNAME", env["USER"])
         env.update(
             HOME=str(self.dirs.home),
             TMPDIR=str(self.dirs.tmp),

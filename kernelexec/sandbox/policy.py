@@ -49,7 +49,7 @@ STANDARD_STDLIB = frozenset(
 # Third-party packages the standard profile allows when they are installed.
 DATA_STACK = frozenset(
     {
-        "numpy", "pandas", "scipy", "matplotlib", "mpl_toolkits", "matplotlib_inline", "seaborn", "sympy",
+        "numpy", "pandas", "scipy", "matplotlib", "mpl_toolkits", "matplotlib_inline", "pylab", "seaborn", "sympy",
         "mpmath", "PIL", "sklearn", "statsmodels", "networkx", "pyarrow", "polars", "dateutil", "pytz",
         "tzdata", "tabulate", "tqdm", "IPython", "openpyxl", "bs4", "lxml", "yaml", "jinja2", "plotly",
         "altair", "bokeh", "numexpr", "bottleneck", "patsy", "xarray",

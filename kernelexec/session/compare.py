@@ -18,11 +18,16 @@ _TIME_UNIT = r"(?:ns|µs|us|ms|s|sec|seconds|min)"  # µ: MICRO SIGN U+00B5 (GRE
 _NORMALISE: list[tuple[re.Pattern[str], str]] = [
     (re.compile("\u03bc"), "\u00b5"),  # %timeit prints either micro sign, by platform and IPython version
     (re.compile(r"0x[0-9a-fA-F]{4,}"), "0x…"),
+    # where ipykernel compiles cells (warnings name it): a per-kernel folder of the kernel's own temp dir
+    (re.compile(r"(?:<session>)?(?:/[^\s'\"(<>/\x1b]+)*/ipykernel_\d+/(\d+\.py)\b"), r"<ipykernel>/\1"),
     (re.compile(r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"), "<uuid>"),
     (re.compile(r"\b[0-9a-f]{32}\b"), "<uuid>"),  # uuid4().hex: display ids, widget and comm ids
     (re.compile(r"\b\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?"), "<datetime>"),
     (re.compile(rf"[\d.]+\s?{_TIME_UNIT} ± [\d.]+\s?{_TIME_UNIT} per loop \([^)]*\)"), "<timeit>"),
-    (re.compile(rf"\b(Wall time|CPU times: user|sys|total): [\d.]+\s?{_TIME_UNIT}"), r"\1: <time>"),
+    # %timeit's remark when one run was much slower (a matter of load): said some runs, not others
+    (re.compile(r"The slowest run took [\d.]+ times longer than the fastest\. This could mean that an intermediate "
+                r"result is being cached\.\n"), ""),
+    (re.compile(rf"\b(Wall time:|CPU times: user|sys:|total:) [\d.]+\s?{_TIME_UNIT}"), r"\1 <time>"),  # %%time: "user 14 µs" too
     (re.compile(rf"\b\d+\.\d+\s?{_TIME_UNIT}\b"), "<time>"),
 ]
 

@@ -30,7 +30,8 @@ def install_hint(settings: Settings, profile: Profile, error: CellError | None, 
     if error is None:
         return None
     missing = _MISSING.search(error.evalue) if error.ename == "ModuleNotFoundError" else None
-    refused = _REFUSED.search(error.evalue) if error.ename == "ImportError" else None
+    # the guard's refusal: ImportError, or ModuleNotFoundError when the module is not there either (guard.py)
+    refused = _REFUSED.search(error.evalue) if error.ename in ("ImportError", "ModuleNotFoundError") else None
     found = missing or refused
     if found is None:
         return None

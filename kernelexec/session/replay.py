@@ -32,7 +32,7 @@ from kernelexec.codemode.broker import Broker
 from kernelexec.codemode.recorded_calls import RecordedCalls, catalog_from_records
 from kernelexec.environment.interpreter import Environment
 from kernelexec.environment.overlay import prepare
-from kernelexec.environment.packages import parse_specs, pip_lines
+from kernelexec.environment.packages import PipRequest, parse_specs, pip_lines
 from kernelexec.errors import InvalidRequest, KernelexecError
 from kernelexec.kernel.stdin import TOOL_CALL_MARK
 from kernelexec.kernel.wire import harden, shared_context
@@ -199,13 +199,16 @@ class _Replayer:
                 self.client.kc.stop_channels()
             await self._connect()
 
-    async def _execute(self, index: int, cell: NotebookNode, timeout: float) -> str:
-        """Run one cell through nbclient; return how it ended (completed, interrupted, restarted, kernel_died)."""
+    async def _execute(self, index: int, cell: NotebookNode, timeout: float, *, stdin: bool = True) -> str:
+        """Run one cell through nbclient; return how it ended (completed, interrupted, restarted, kernel_died).
+        Without ``stdin`` the kernel is told no one answers (input() raises StdinNotImplementedError, as under nbclient)."""
         from nbclient.exceptions import CellExecutionError, DeadKernelError
 
         state = {"ending": "completed"}
         km = self.kernel.km
         assert km is not None  # replay runs in the session's started kernel
+        assert self.client.kc is not None
+        self.client.kc.allow_stdin = stdin  # the execute_request's allow_stdin
 
         async def watchdog() -> None:
             await anyio.sleep(timeout)
@@ -226,7 +229,7 @@ class _Replayer:
                 if state["ending"] != "restarted":
                     state["ending"] = "kernel_died"
             except Exception as exc:  # noqa: BLE001 - nbclient choked on what the kernel sent: the cell differs
-                logger.warning("replaying cell %d: %s", index + 1, exc)
+                logger.warning("replaying cell %d: %r", index + 1, exc)  # its type: some say nothing in str()
                 state["ending"] = "unreadable output"
             finally:
                 tg.cancel_scope.cancel()
@@ -275,6 +278,31 @@ class _Replayer:
                     self.stdin_notes.append(f"{how} {prompt[:80]!r}: unanswered when recorded; EOFError again")
             kc.input("\x04" if answer is None else answer)  # ipykernel raises EOFError for \x04
 
+    def _present(self, request: PipRequest) -> list[str] | None:
+        """"name version" for each package a pip line asks for when the kernel's environment has them all at versions
+        it accepts (so pip would install nothing and the index is asked nothing); None when one is missing, asks for
+        extras or a URL, or the line upgrades."""
+        from packaging.requirements import InvalidRequirement, Requirement
+        from packaging.version import InvalidVersion, Version
+
+        env = self.session.environment
+        if env is None or request.upgrade:
+            return None
+        markers = dict(env.markers) | {"extra": ""}
+        found = []
+        for spec in request.specs:
+            try:
+                req = Requirement(spec)
+                if req.marker is not None and not req.marker.evaluate(markers):
+                    continue  # pip leaves it out here too
+                have = env.version_of(req.name)
+                if req.extras or req.url or have is None or not req.specifier.contains(Version(have), prereleases=True):
+                    return None
+            except (InvalidRequirement, InvalidVersion):
+                return None
+            found.append(f"{req.name} {have}")
+        return found
+
     def _skip(self, index: int, cell: NotebookNode, meta: CellMeta, note: str) -> CellReport:
         """A cell not run: said on its report line and in its metadata; its recorded outputs are dropped."""
         cell.outputs, cell.execution_count = [], None
@@ -282,6 +310,10 @@ class _Replayer:
         return CellReport(index + 1, first_line(cell.source), "skipped", meta.ending, "skipped", [note])
 
     async def _cell(self, index: int, cell: NotebookNode, meta: CellMeta) -> CellReport:
+        if self.client.skip_cells_with_tag in (cell.metadata.get("tags") or ()):  # nbclient leaves it as it is
+            note = f"not run: tagged {self.client.skip_cells_with_tag}, as nbclient and papermill leave it"
+            annotate(cell, replay_ending="skipped", replay_note=note)
+            return CellReport(index + 1, first_line(cell.source), "skipped", meta.ending, "skipped", [note])
         recorded_outputs = copy.deepcopy(list(cell.get("outputs", [])))
         never_ran = cell.get("execution_count") is None and not recorded_outputs and not meta.recorded
         recorded_ending = meta.ending if meta.recorded else "unknown"  # Jupyter does not record how a cell ended
@@ -291,15 +323,25 @@ class _Replayer:
             request, runnable = pip_lines(source)
         except InvalidRequest as exc:  # refused live before anything of the cell ran: not run here either
             return self._skip(index, cell, meta, f"not run: its pip line is refused, as it is live ({exc})"[:400])
+        notes = []
         if request is not None and not self.install:
-            return self._skip(index, cell, meta, f"not run: it installs {', '.join(request.specs)[:200]}; "
-                              "replay with --install to redo installs")
+            present = self._present(request)
+            if present is None:
+                return self._skip(index, cell, meta, f"not run: it installs {', '.join(request.specs)[:200]}; "
+                                  "replay with --install to redo installs")
+            # pip would only say "Requirement already satisfied": the rest of the cell runs, as under Jupyter
+            notes.append(f"its pip line asks only for what the environment has ({', '.join(present)[:200]}): "
+                         "nothing installed, the rest of the cell ran")
+            request = None
         installed = await self._install(request.specs, upgrade=request.upgrade) if request is not None else None
         cell.source = runnable  # the kernel cannot run pip; the install was done here, as live
-        self.stdin_notes = []
+        self.stdin_notes = notes
         self.tool_calls = RecordedCalls(list(meta.tool_calls), self.live_tools.cell(None) if self.live_tools else None)
+        # a cell kernelexec did not record (a Jupyter notebook's) asks no one, as under nbclient and papermill:
+        # input() raises StdinNotImplementedError there, not the EOFError of a question beyond a record
+        stdin = meta.recorded or self.ask is not None or self.live_tools is not None
         try:
-            ending = await self._execute(index, cell, timeout)
+            ending = await self._execute(index, cell, timeout, stdin=stdin)
         finally:
             cell.source = source
         said = self.tool_calls.summary()
@@ -357,7 +399,8 @@ async def replay_notebook(
     Always a local kernel: nbclient drives it through its kernel manager (``--kernel-gateway`` and ``--kernel-spec`` are ignored),
     in ``environment`` (default: what the current settings choose; a notebook never chooses its interpreter).
     The installs it records (``recorded_installs``) are redone only with ``install`` (within
-    --install-policy, as live); without it, a cell with pip lines is skipped and install markers are left out."""
+    --install-policy, as live); without it, a cell with pip lines is skipped (run without them when the environment has every package
+    they name) and install markers are left out."""
 
     base = Path(tempfile.mkdtemp(prefix="kxr"))
     session = None

@@ -73,8 +73,8 @@ def installs_line(installs: list[RecordedInstall], *, install: bool, policy: str
         return f"installs recorded: {listed} — not redone: --install, but --install-policy off refuses them"
     if install:
         return f"installs recorded: {listed} — redone (--install), within --install-policy {policy}, from your index"
-    return (f"installs recorded: {listed} — not redone (a cell with pip lines is skipped); replay with --install to "
-            "redo them (within --install-policy)")
+    return (f"installs recorded: {listed} — not redone (a cell with pip lines is skipped, unless the environment has them "
+            "all); replay with --install to redo them (within --install-policy)")
 
 
 def load_notebook(path: Path) -> tuple[NotebookNode, Path, str | None]:
