@@ -2,8 +2,8 @@
 
 Loaded by ``kernel_init.py`` inside the kernel process; stdlib only, never imports kernelexec.
 
-This layer gives the model clear, early errors ("import of 'subprocess' is not allowed in the
-standard profile; allowed: ...") and stops honest mistakes. It is **not a security boundary**:
+This layer gives the model clear, early errors ("Import of subprocess is not allowed in the
+'standard' profile. Allowed modules: ...", the old safe executor's words first) and stops honest mistakes. It is **not a security boundary**:
 Python code can reach around any in-process guard (object-graph walks, ``sys.modules``,
 C extensions). The boundary is the kernel's own process and what the OS puts around it.
 
@@ -141,7 +141,9 @@ def _guard_imports(policy: dict[str, Any], profile: str, allowed: set[str] | Non
         frame = sys._getframe(depth)
         return frame.f_globals.get("__name__", "__main__") == "__main__"
 
-    def check_import(name: str) -> None:
+    def check_import(name: str, from_import: bool = False) -> None:
+        """Refuse ``name`` unless the profile allows its top-level module, in the old safe executor's words
+        ("Import of os is not allowed", "Import from os.path is not allowed"), then the profile and what it allows."""
         top = name.partition(".")[0]
         if allowed is not None and top not in allowed and not own_module(top):
             # a module that is not there at all is ModuleNotFoundError, as without the guard (a notebook's
@@ -151,13 +153,14 @@ def _guard_imports(policy: dict[str, Any], profile: str, allowed: set[str] | Non
             except Exception:  # noqa: BLE001 - a profile without file access cannot look: refused either way
                 missing = False
             raise (ModuleNotFoundError if missing else ImportError)(
-                f"import of {top!r} is not allowed in the {profile!r} profile. Allowed modules: {allowed_hint}",
+                f"Import {'from' if from_import else 'of'} {name} is not allowed in the {profile!r} profile. "
+                f"Allowed modules: {allowed_hint}",
                 name=top,
             )
 
     def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):  # noqa: A002
         if level == 0 and allowed is not None and from_user_code(2):
-            check_import(name)
+            check_import(name, bool(fromlist))
         return real_import(name, globals, locals, fromlist, level)
 
     def allow_more(names: Any) -> None:

@@ -308,6 +308,23 @@ async def test_a_builtin_replaced_through_the_builtins_module_is_put_back(harnes
     assert (await harness.call("run_python", code="len([1, 2, 3])", session=session)).structured_content["result"] == 3
 
 
+REFUSED_IMPORTS = ["import os", "from os import path", "import os.path", "from subprocess import run"]
+
+
+@pytest.mark.parametrize("code", REFUSED_IMPORTS)
+async def test_a_refused_import_is_said_in_the_old_executors_words(safe: Harness, code: str) -> None:
+    """What a check written for the old tool looks for ("Import of os is not allowed", "Import from os is not
+    allowed") is in the answer, before the profile and what it allows."""
+    executor_module = pytest.importorskip("smolagents.local_python_executor")
+    executor = executor_module.LocalPythonExecutor(additional_authorized_imports=[])
+    executor.send_tools({})
+    with pytest.raises(executor_module.InterpreterError) as raised:
+        executor(code)
+    old_words = str(raised.value).split("InterpreterError: ", 1)[-1].split(" is not allowed")[0] + " is not allowed"
+    answer = await safe.call("run_python", code=code)
+    assert answer.is_error and old_words in answer.content[0].text.splitlines()[0], (old_words, answer.content[0].text)
+
+
 def test_the_protected_names_are_the_old_executors_tools() -> None:
     executor_module = pytest.importorskip("smolagents.local_python_executor")
     from startup.protected import PROTECTED

@@ -51,7 +51,7 @@ async def test_stdio_safe_executor_preset_exposes_only_run_python_under_strict(s
         ok = await client.call_tool("run_python", {"code": "import math\nmath.sqrt(16)"})
         assert ok.structured_content == {"result": 4.0, "logs": ""}
         refused = await client.call_tool("run_python", {"code": "import os"})
-        assert refused.is_error and "import of 'os' is not allowed" in refused.content[0].text
+        assert refused.is_error and "Import of os is not allowed" in refused.content[0].text
 
 
 @pytest.fixture(scope="module")

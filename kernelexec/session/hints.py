@@ -16,7 +16,7 @@ from kernelexec.environment.packages import InstallError, check_allowed
 from kernelexec.kernel.execution import CellError
 
 _MISSING = re.compile(r"No module named '([^']+)'")
-_REFUSED = re.compile(r"import of '([^']+)' is not allowed in the '\w+' profile")
+_REFUSED = re.compile(r"Import (?:of|from) (\S+) is not allowed in the '\w+' profile")  # startup/guard.py's words
 # import names whose distribution is named otherwise (the common ones)
 DISTRIBUTIONS = {
     "PIL": "pillow", "sklearn": "scikit-learn", "skimage": "scikit-image", "yaml": "pyyaml", "cv2": "opencv-python-headless",
