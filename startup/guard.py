@@ -121,19 +121,26 @@ def _guard_imports(policy: dict[str, Any], profile: str, allowed: set[str] | Non
 
     # where the session may write (its working directory first): Python source there is the notebook's own code
     own_roots = tuple(os.path.realpath(p) for p in policy.get("write_roots", ())) if policy.get("file_io") == "roots" else ()
+    # installed code, even where it lies in a work root (a .venv, kernelexec's own checkout): never the notebook's own
+    installed = tuple(os.path.realpath(p) for p in (*policy.get("installed_roots", ()), *policy.get("readonly_roots", ())))
     realpath, inside, stdlib = os.path.realpath, _inside, frozenset(sys.stdlib_module_names)  # bound now: a cell rebinds none
 
     def own_module(top: str) -> bool:
         """A module of Python source in a folder the session may write: a notebook's helper beside it or one a cell
-        wrote (%%writefile), as the project's code in a project environment is (policy.py). Not a name of the stdlib
-        (a refused one stays refused), nor native code."""
-        if not own_roots or top in stdlib:
+        wrote (%%writefile), a package of them (a namespace one too), as the project's code in a project environment
+        is (policy.py). Not a name of the stdlib (a refused one stays refused) nor kernelexec's, not native code, not
+        installed code (a package in a .venv under the working directory)."""
+        if not own_roots or top in stdlib or top.startswith("_kernelexec"):
             return False
         try:
-            origin = getattr(find_spec(top), "origin", None)
+            spec = find_spec(top)
         except Exception:  # noqa: BLE001 - not findable: not one
             return False
-        return isinstance(origin, str) and origin.endswith(".py") and inside(realpath(origin), own_roots)
+        origin = getattr(spec, "origin", None)
+        places = [origin] if isinstance(origin, str) and origin.endswith(".py") else []
+        if origin is None:  # a namespace package: its folders
+            places = [p for p in getattr(spec, "submodule_search_locations", None) or () if isinstance(p, str)]
+        return bool(places) and all(inside(realpath(p), own_roots) and not inside(realpath(p), installed) for p in places)
 
     def from_user_code(depth: int) -> bool:
         # Cells (and functions defined in them) run with the user namespace as globals,

@@ -135,6 +135,20 @@ async def test_standard_imports_python_source_the_session_wrote_but_no_stdlib_na
         assert r["error_type"] == "ImportError" and f"Import of {module} is not allowed" in r["error"], (r["error"], r["traceback"])
 
 
+async def test_a_package_of_the_notebooks_own_code_imports_a_namespace_one_too(harness: Harness) -> None:
+    """A folder of the notebook's modules with or without an ``__init__.py`` (a namespace package has no origin,
+    only its folders), imported twice; kernelexec's own startup modules stay refused by their names."""
+    s = await harness.new_session()
+    r = await harness.run("import os\nos.makedirs('kxns', exist_ok=True)\nopen('kxns/m.py', 'w').write('Y = 2')\n"
+                          "os.makedirs('kxpkg', exist_ok=True)\nopen('kxpkg/__init__.py', 'w').write('Z = 3')\n"
+                          "import kxns.m, kxpkg\nresult = kxns.m.Y + kxpkg.Z", session=s)
+    assert r["success"] and r["result"] == 5, (r["error"], r["traceback"])
+    again = await harness.run("import kxns.m, kxpkg\nresult = kxns.m.Y + kxpkg.Z", session=s)
+    assert again["success"] and again["result"] == 5, again["error"]
+    refused = await harness.run("import _kernelexec_guard", session=s)
+    assert refused["error_type"] == "ImportError" and "Import of _kernelexec_guard is not allowed" in refused["error"], refused
+
+
 @pytest.mark.parametrize("module", [m for m in GUARD_BLOCKED_MODULES if importlib.util.find_spec(m) is not None])
 async def test_guarded_kernels_cannot_import_the_sub_interpreter_and_test_modules(harness: Harness, strict: Harness,
                                                                                   module: str) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelexec.config import Profile
-from kernelexec.layout import kernel_writable
+from kernelexec.layout import kernel_writable, startup_file
 
 # The old safe executor's list, plus the four its description promised.
 STRICT_IMPORTS = frozenset(
@@ -116,10 +116,14 @@ def kernel_policy(
     }
     if profile == "trusted":
         return base | {"allowed_imports": None, "file_io": "all", "warm_imports": list(warm_imports or ())}
-    guarded = {"deny_process": True, "deny_network": True, "deny_tamper": True, "readonly_roots": list(protected or ())}
+    guarded: dict[str, Any] = {"deny_process": True, "deny_network": True, "deny_tamper": True,
+                               "readonly_roots": list(protected or ())}
     python_roots = python_read_roots()
     if environment_paths:
         python_roots = sorted({*python_roots, *environment_paths})
+    # where installed code lives, even inside a work root (a .venv, kernelexec's own checkout): never a notebook's
+    # own module to the guard (startup/guard.py)
+    guarded["installed_roots"] = [*python_roots, str(Path(__file__).resolve().parents[1]), str(startup_file("guard.py").parent)]
     if profile == "strict":
         return base | guarded | {
             "allowed_imports": sorted(STRICT_IMPORTS | CODE_MODE_MODULES | set(allow_imports)),
