@@ -100,19 +100,24 @@ def _as_old_server(value: Any) -> Any:
     value JSON does not know (its SDK's JSON with ``fallback=str``): a set, frozenset or deque as the array of its
     items (in iteration order), a date, datetime or time in ISO 8601, a numpy scalar as its number
     (``_numpy_scalar``), anything else as its ``str()`` (a class's own ``__str__``; for most objects the same text as
-    their repr), each in place inside lists and dicts."""
-    if isinstance(value, (set, frozenset, collections.deque)):
-        return list(value)
-    if type(value).__module__ == "datetime" and type(value).__name__ in ("date", "datetime", "time"):
-        return value.isoformat()  # the SDK's ISO 8601: 2024-01-02T03:04:05, where str() puts a space
+    their repr), each in place inside lists and dicts. Only the built-in types themselves are taken apart (a subclass's
+    own ``__iter__`` or ``isoformat`` could run forever or raise); whatever a value's own code raises, ``SystemExit``
+    included, is a TypeError here, so the caller falls back to the repr."""
     try:
-        return _numpy_scalar(value)
-    except TypeError:
-        pass
-    try:
-        return str(value)
-    except Exception as exc:  # noqa: BLE001 - a broken __str__: the caller falls back to the repr
-        raise TypeError(f"str() of {type(value).__qualname__} failed") from exc
+        if type(value) in (set, frozenset, collections.deque):
+            return list(value)
+        if type(value).__module__ == "datetime" and type(value).__name__ in ("date", "datetime", "time"):
+            return value.isoformat()  # the SDK's ISO 8601: 2024-01-02T03:04:05, where str() puts a space
+        try:
+            return _numpy_scalar(value)
+        except TypeError:
+            pass
+        text = str(value)
+    except (Exception, SystemExit) as exc:  # a value's own code: never the kernel's end
+        raise TypeError(f"{type(value).__qualname__} could not be reported") from exc
+    if not isinstance(text, str):
+        raise TypeError(f"str() of {type(value).__qualname__} gave no text")
+    return text
 
 
 class LastStatement:
@@ -352,10 +357,10 @@ class Runtime:
         try:
             text = json.dumps(value, allow_nan=False, default=_as_old_server if kind == "statement" else _numpy_scalar)
             out["format"] = "json"
-        except (TypeError, ValueError, RecursionError):
+        except (Exception, SystemExit):  # no JSON (a value's own code may raise anything, SystemExit too): its repr
             try:
                 text = repr(value)
-            except Exception as exc:  # a broken __repr__ must not break the answer
+            except (Exception, SystemExit) as exc:  # a broken __repr__ must not break the answer, nor end the kernel
                 text = f"<unrepresentable {type(value).__qualname__}: {exc!r}>"
             out["format"] = "repr"
         if len(text) > self.result_cap:

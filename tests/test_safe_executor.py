@@ -325,6 +325,29 @@ async def test_a_refused_import_is_said_in_the_old_executors_words(safe: Harness
     assert answer.is_error and old_words in answer.content[0].text.splitlines()[0], (old_words, answer.content[0].text)
 
 
+HOSTILE_RESULTS = [
+    "class X:\n    def __str__(self):\n        raise SystemExit('bye')\nX()",
+    "class X:\n    def __str__(self):\n        raise SystemExit('bye')\n[X()]",
+    "import datetime\nclass D(datetime.date):\n    def isoformat(self):\n        raise LookupError('iso')\nD(2024, 1, 2)",
+]
+
+
+@pytest.mark.parametrize("code", HOSTILE_RESULTS, ids=["str-exits", "str-exits-in-list", "isoformat-raises"])
+async def test_a_result_whose_own_code_misbehaves_is_reported_and_ends_nothing(safe: Harness, code: str) -> None:
+    """A value's ``__str__`` or ``isoformat`` is the cell's code running in the report: whatever it raises (SystemExit
+    ended the kernel), the answer comes with the value's repr."""
+    answer = await safe.call("run_python", code=code)
+    assert not answer.is_error, answer.content[0].text
+    assert (await run_python(safe, "1 + 1"))["result"] == 2  # the same kernel, alive
+
+
+async def test_execute_code_reports_a_value_whose_repr_exits(harness: Harness) -> None:
+    session = await harness.new_session()
+    answer = await harness.run("class Y:\n    def __repr__(self):\n        raise SystemExit('bye')\nresult = Y()", session=session)
+    assert answer["success"] and "unrepresentable" in str(answer["result"]), answer
+    assert (await harness.run("result = 6 * 7", session=session))["result"] == 42
+
+
 def test_the_protected_names_are_the_old_executors_tools() -> None:
     executor_module = pytest.importorskip("smolagents.local_python_executor")
     from startup.protected import PROTECTED
