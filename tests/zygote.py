@@ -95,12 +95,14 @@ def serve_forks(fd: int) -> None:
             for descriptor in fds:
                 os.close(descriptor)
             pidfd = os.pidfd_open(pid)  # before any reap: it names this child, never a reused pid
-            send({"pid": pid}, [pidfd])
+            send({"pid": pid, "id": request["id"]}, [pidfd])
             os.close(pidfd)
 
 
 def _run_server(request: dict[str, Any], fds: list[int]) -> None:
-    """In the forked child: become ``kernelexec <argv>`` with the request's environment, directory and output."""
+    """In the forked child: become ``kernelexec <argv>`` with the request's environment, directory and output. It
+    ends by raising SystemExit through ``serve_forks``, so the interpreter shuts down as a started one does (its
+    non-daemon threads joined, atexit run): a server that would hang at its exit hangs here too."""
     code = 1
     try:
         signal.set_wakeup_fd(-1)
@@ -127,12 +129,7 @@ def _run_server(request: dict[str, Any], fds: list[int]) -> None:
         import traceback
 
         traceback.print_exc()
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+    raise SystemExit(code)
 
 
 # --- the test's side -----------------------------------------------------------------------------------------
@@ -149,6 +146,7 @@ class Zygote:
         self.control = ours
         self.lock = threading.Lock()
         self.exits: dict[int, int] = {}
+        self.requests = 0
 
     def _receive(self, timeout: float | None) -> tuple[dict[str, Any], list[int]] | None:
         """One message (None when ``timeout`` passed first); an exit report is kept in ``exits``. Under ``lock``."""
@@ -157,6 +155,8 @@ class Zygote:
             data, fds, _flags, _addr = socket.recv_fds(self.control, MAX_MESSAGE, 1)
         except TimeoutError:
             return None
+        for descriptor in fds:
+            os.set_inheritable(descriptor, False)  # recv_fds leaves them inheritable
         if not data:
             raise RuntimeError(f"the server zygote exited with {self.proc.wait(15)} (its error is in the test's output)")
         message = json.loads(data)
@@ -166,16 +166,21 @@ class Zygote:
 
     def fork(self, argv: list[str], env: dict[str, str], stdout: int, stderr: int) -> tuple[int, int]:
         """A server running ``kernelexec <argv>``: its pid and a pidfd of it."""
-        request = {"argv": argv, "env": env, "cwd": os.getcwd()}
         with self.lock:
+            self.requests += 1
+            request = {"argv": argv, "env": env, "cwd": os.getcwd(), "id": self.requests}
             socket.send_fds(self.control, [json.dumps(request).encode()], [stdout, stderr])
             while True:
                 received = self._receive(120)
                 if received is None:
                     raise TimeoutError("the server zygote did not answer a fork in 120 s")
                 message, fds = received
-                if "pid" in message:
+                if "pid" not in message:
+                    continue
+                if message["id"] == request["id"]:
                     return message["pid"], fds[0]
+                signal.pidfd_send_signal(fds[0], signal.SIGKILL)  # a late answer to a fork that timed out:
+                os.close(fds[0])  # that server was never handed out
 
     def exit_code(self, pid: int, timeout: float) -> int | None:
         """``pid``'s exit code once the zygote reported it (within ``timeout`` s), else None."""
@@ -201,13 +206,13 @@ def zygote() -> Zygote:
         return _zygote
 
 
-def _ended(pidfd: int, timeout: float) -> bool:
+def _ended(pidfd: int, timeout: float | None) -> bool:
     """Whether the process of ``pidfd`` has ended (a pidfd is readable once it has), waiting up to ``timeout`` s."""
     import select
 
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
-    return bool(poller.poll(max(0, timeout) * 1000))
+    return bool(poller.poll(None if timeout is None else max(0, timeout) * 1000))
 
 
 class ForkedServer:
@@ -229,7 +234,7 @@ class ForkedServer:
 
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
-            if not _ended(self.pidfd, 1e9 if timeout is None else timeout):
+            if not _ended(self.pidfd, timeout):
                 raise subprocess.TimeoutExpired(self.args, timeout or 0)
             self._collect(15)
         assert self.returncode is not None
