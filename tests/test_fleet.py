@@ -478,7 +478,9 @@ async def test_no_replica_answers_a_run_before_the_store_holds_its_answer(fleet:
     a, b = fleet.replicas[0], fleet.replicas[1]
     handle = (await call(a.url, "q = 40"))["session"]
     async with Client(a.url) as on_a, Client(b.url) as on_b:
-        going = await on_a.call_tool("execute_code", {"code": "import time\ntime.sleep(2)\nq + 2", "session": handle})
+        # a 4 s cell: the row's lock below must be taken before it ends (a 2 s cell left ~1 s, which a busy machine's
+        # connect and SELECT once took; A then wrote the end first and B read it)
+        going = await on_a.call_tool("execute_code", {"code": "import time\ntime.sleep(4)\nq + 2", "session": handle})
         running = going.structured_content
         assert running is not None and running.get("ending") == "running", going.content
         run_id = running["run_id"]
@@ -492,7 +494,7 @@ async def test_no_replica_answers_a_run_before_the_store_holds_its_answer(fleet:
         async with await psycopg.AsyncConnection.connect(fleet.store) as holder, anyio.create_task_group() as tg:
             await holder.execute("SELECT 1 FROM runs WHERE id = %s FOR UPDATE", (run_id,))  # (a transaction, held)
             tg.start_soon(follow)
-            await anyio.sleep(3.5)  # the cell ended ~2.5 s ago; its final record waits on the lock
+            await anyio.sleep(5.5)  # the cell ended ~2.5 s ago; its final record waits on the lock
             said = await on_b.call_tool("get_run", {"run_id": run_id, "wait_s": 0})
             assert said.structured_content is not None and said.structured_content["ending"] == "running", said.content
             assert not answered, "A answered the run while the store still said running (and B said so)"

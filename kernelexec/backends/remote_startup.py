@@ -50,7 +50,7 @@ def _kernelexec_remote_boot(args):
     policy = args["policy"]
     policy["spill_dir"] = os.path.join(root, "spill")
     policy["checkpoint_dir"] = os.path.join(root, "checkpoint")
-    for key in ("write_roots", "read_roots"):
+    for key in ("write_roots", "read_roots", "installed_roots"):
         if key in policy:
             policy[key] = expand(policy[key])
     # the startup files go next to the session directory, outside every root the policy allows, and
@@ -108,6 +108,8 @@ def remote_policy(policy: dict[str, Any]) -> dict[str, Any]:
         remote["write_roots"] = ["<session>"] if remote["write_roots"] else []
     if "read_roots" in remote:
         remote["read_roots"] = ["<python>"]
+    if "installed_roots" in remote:  # the guard's installed code (never a notebook's own module): the remote Python's
+        remote["installed_roots"] = ["<python>"]
     return remote
 
 
