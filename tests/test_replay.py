@@ -490,6 +490,8 @@ def test_normalise_hides_whole_microsecond_cpu_times_and_where_ipykernel_compile
     ipykernel's per-kernel temp folder (its pid in the name; under kernelexec in the session's tmp/)."""
     assert normalise("CPU times: user 263 ms, sys: 14 µs, total: 277 ms\nWall time: 1 s") == (
         "CPU times: user <time>, sys: <time>, total: <time>\nWall time: <time>")
+    assert normalise("CPU times: user 2 µs, sys: 1e+03 ns, total: 3 µs\nWall time: 5.01 µs") == (  # IPython's %.3g of 1000
+        "CPU times: user <time>, sys: <time>, total: <time>\nWall time: <time>")
     recorded = normalise("/tmp/ipykernel_17793/2608338407.py:2: UserWarning: careful")
     assert recorded == "<ipykernel>/2608338407.py:2: UserWarning: careful"
     assert normalise("/tmp/x/sessions/abc/tmp/ipykernel_2/2608338407.py:2: UserWarning: careful",

@@ -27,7 +27,8 @@ _NORMALISE: list[tuple[re.Pattern[str], str]] = [
     # %timeit's remark when one run was much slower (a matter of load): said some runs, not others
     (re.compile(r"The slowest run took [\d.]+ times longer than the fastest\. This could mean that an intermediate "
                 r"result is being cached\.\n"), ""),
-    (re.compile(rf"\b(Wall time:|CPU times: user|sys:|total:) [\d.]+\s?{_TIME_UNIT}"), r"\1 <time>"),  # %%time: "user 14 µs" too
+    # %%time: "user 14 µs" too, and IPython's "%.3g" of a whole thousand, "sys: 1e+03 ns"
+    (re.compile(rf"\b(Wall time:|CPU times: user|sys:|total:) [\d.]+(?:e[+-]?\d+)?\s?{_TIME_UNIT}"), r"\1 <time>"),
     (re.compile(rf"\b\d+\.\d+\s?{_TIME_UNIT}\b"), "<time>"),
 ]
 
